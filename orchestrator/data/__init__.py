@@ -1,0 +1,1 @@
+"""Data: the synthetic embedding benchmark, real dataset readers and the stream container."""
