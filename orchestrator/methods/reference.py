@@ -1,0 +1,168 @@
+"""The BCA family (clip, la, pa, bca) as a plain per-sample loop written from the paper's equations.
+
+This is the readable implementation that tests and benchmarks compare the blocked engine against; it is
+the paper's own implementation style (one sample, one softmax, one optional row update).
+
+State (REFERENCE.md section 1, Algorithm 1): class embeddings U [M, d] (initialised from the prompt
+embeddings), prior V [M, K] (row m one-hot at class_ids[m]), counters C1 = n1 and C2 = n2 [M].
+Per sample f, in stream order:
+
+1. p = softmax(logit_scale * U f) over the M class embeddings                     (Eq. 6 / 10)
+2. post = p V over the K classes: the returned posterior and prediction          (Eq. 8 / 10)
+3. select a row s and its confidence c:
+   - select_on='likelihood' (paper text):  s = argmax_m p[m],  c = p[s]
+   - select_on='posterior' (public code):  k = argmax_k post[k], c = post[k], s = the row of class k
+     (only defined for M == K, one embedding per class)
+4. gates, strict as in the paper: likelihood gate c > tau_likelihood, prior gate c > tau_prior;
+   `la` has only the likelihood gate, `pa` only the prior gate, `clip` neither (and selects nothing).
+5. if the likelihood gate fires: U[s] = normalise(blend(U[s], f)), C1[s] advances;
+   if the prior gate fires:      V[s] = blend(V[s], post), C2[s] advances (no renormalisation: a convex
+   combination of rows on the simplex stays on the simplex).
+
+The blend, for a row r, new observation x and its counter C (n = n1 for U, n2 for V):
+
+- update='count' (Eqs. 7 and 9):     r <- (C r + x) / (C + 1);            C <- C + 1
+  The weight of a new sample is 1 / (C + 1): a running mean seeded with n pseudo-observations.
+- update='momentum' (fixed-rate EMA): r <- ((1 - m) r + m x) / 1 with m = 1 / (n + 1);  C <- C + 1
+  The rate is the count rule's first-step rate and never shrinks, so the row forgets old samples
+  geometrically. Tying m to n1 / n2 (rather than one free momentum) keeps the paper's two learning rates
+  (slow for U, fast for V) and makes the three strategies differ in exactly one thing, as in the
+  supplementary's ablation; with n1 = 30000 a shared m = 0.01 would move U 300 times faster than Eq. 7.
+  C only counts the absorbed samples here.
+- update='decay' (exponentially forgetting counter): C' = decay * C;  r <- (C' r + x) / (C' + 1);
+  C <- C' + 1. The weight of a new sample is 1 / C (after the step); decay = 1 is exactly 'count'.
+  C tends to 1 / (1 - decay) from either side, so each row's effective memory is capped at
+  1 / (1 - decay) absorbed samples: the default 0.999 (about 1000 samples per row) leaves the paper's
+  benchmarks (tens to hundreds of updates per row) close to 'count' while letting U and V keep tracking
+  a drifting (continual) stream.
+
+Precision (state_dtype): U and V are stored in that dtype and every update operation runs on tensors of
+that dtype (torch rounds after each op: C * r, + x, / (C + 1), normalise), so float16 reproduces the
+effect in REFERENCE.md section 1 where C1 * U[s] rounds the feature away. Counters are float32 in both
+cases; the scalar weights (C, m, decay * C) are Python floats. Logits and posteriors are computed in
+float32 from the stored values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from orchestrator.methods.base import StageTimer, Trace, empty_trace
+
+SELECT_ON = ("likelihood", "posterior")
+UPDATES = ("count", "momentum", "decay")
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class BCAConfig:
+    """One BCA-family variant, fully resolved (gates separate, flags for which parts adapt)."""
+
+    adapt_likelihood: bool
+    adapt_prior: bool
+    tau_likelihood: float = 0.3
+    tau_prior: float = 0.3
+    n1: float = 30000.0
+    n2: float = 10.0
+    logit_scale: float = 100.0
+    select_on: str = "likelihood"
+    update: str = "count"
+    decay: float = 0.999
+    state_dtype: str = "float32"
+
+    @property
+    def selects(self) -> bool:
+        return self.adapt_likelihood or self.adapt_prior
+
+
+def init_state(class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
+               cfg: BCAConfig) -> dict[str, torch.Tensor]:
+    """Algorithm 1, lines 1-3: U from the prompt embeddings, V one-hot rows, C1 = n1, C2 = n2."""
+    dtype = STATE_DTYPES[cfg.state_dtype]
+    m = class_embeddings.shape[0]
+    device = class_embeddings.device
+    return {
+        "U": class_embeddings.to(dtype).clone(),
+        "V": torch.nn.functional.one_hot(class_ids, num_classes).to(dtype),
+        "C1": torch.full((m,), cfg.n1, dtype=torch.float32, device=device),
+        "C2": torch.full((m,), cfg.n2, dtype=torch.float32, device=device),
+    }
+
+
+def rows_of_classes(class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """For M == K with one embedding per class: the row index of each class (select_on='posterior')."""
+    rows = torch.empty(num_classes, dtype=torch.int64, device=class_ids.device)
+    rows[class_ids] = torch.arange(class_ids.shape[0], device=class_ids.device)
+    return rows
+
+
+def update_weights(update: str, counter: float, n: float, decay: float) -> tuple[float, float, float]:
+    """(weight of the old row a, weight of the new observation b, next counter) for one gated update.
+
+    The new row is (a * r + b * x) / (a + b); see the module docstring for each rule.
+    """
+    if update == "count":
+        return counter, 1.0, counter + 1.0
+    if update == "momentum":
+        m = 1.0 / (n + 1.0)
+        return 1.0 - m, m, counter + 1.0
+    if update == "decay":
+        kept = decay * counter
+        return kept, 1.0, kept + 1.0
+    raise ValueError(f"update must be one of {list(UPDATES)}, got {update!r}")
+
+
+def blend(row: torch.Tensor, x: torch.Tensor, a: float, b: float) -> torch.Tensor:
+    """(a * row + b * x) / (a + b), in the dtype of `row` (x is cast to it first)."""
+    return (a * row + b * x.to(row.dtype)) / (a + b)
+
+
+def normalise(v: torch.Tensor) -> torch.Tensor:
+    return v / torch.linalg.vector_norm(v)
+
+
+def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor], class_ids: torch.Tensor,
+                         num_classes: int, cfg: BCAConfig) -> Trace:
+    """Run the per-sample loop over `features` [n, d] from `state` (not modified); the Trace holds the new state."""
+    U, V = state["U"].clone(), state["V"].clone()
+    C1, C2 = state["C1"].clone(), state["C2"].clone()
+    # float32 mirrors of the stored rows: the logits and posteriors are always computed in float32.
+    U32, V32 = U.float(), V.float()
+    n = features.shape[0]
+    posteriors, selected, gated, gated_prior = empty_trace(n, num_classes, features.device)
+    rows = rows_of_classes(class_ids, num_classes) if cfg.select_on == "posterior" else None
+    timer = StageTimer()
+    for i in range(n):
+        f = features[i]
+        with timer("logits"):
+            p = torch.softmax(cfg.logit_scale * (U32 @ f), dim=0)
+        with timer("posterior"):
+            post = p @ V32
+            posteriors[i] = post
+        if not cfg.selects:
+            continue
+        with timer("update"):
+            if cfg.select_on == "likelihood":
+                s = int(torch.argmax(p))
+                conf = float(p[s])
+            else:
+                k = int(torch.argmax(post))
+                conf = float(post[k])
+                s = int(rows[k])
+            selected[i] = s
+            if cfg.adapt_likelihood and conf > cfg.tau_likelihood:
+                a, b, c_next = update_weights(cfg.update, float(C1[s]), cfg.n1, cfg.decay)
+                U[s] = normalise(blend(U[s], f, a, b))
+                U32[s] = U[s].float()
+                C1[s] = c_next
+                gated[i] = True
+            if cfg.adapt_prior and conf > cfg.tau_prior:
+                a, b, c_next = update_weights(cfg.update, float(C2[s]), cfg.n2, cfg.decay)
+                V[s] = blend(V[s], post, a, b)
+                V32[s] = V[s].float()
+                C2[s] = c_next
+                gated_prior[i] = True
+    return Trace(posteriors, selected, gated, gated_prior,
+                 state={"U": U, "V": V, "C1": C1, "C2": C2}, timings=timer.seconds)
