@@ -9,6 +9,8 @@ Per sample f, in stream order:
 
 1. p = softmax(logit_scale * U f) over the M class embeddings                     (Eq. 6 / 10)
 2. post = p V over the K classes: the returned posterior and prediction          (Eq. 8 / 10)
+   divided by its sum: a no-op up to rounding in float32, but float16 rows of V drift off the simplex
+   by about 1e-3, and the returned posterior must sum to 1 (the V update uses this same post).
 3. select a row s and its confidence c:
    - select_on='likelihood' (paper text):  s = argmax_m p[m],  c = p[s]
    - select_on='posterior' (public code):  k = argmax_k post[k], c = post[k], s = the row of class k
@@ -140,6 +142,7 @@ def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor],
             p = torch.softmax(cfg.logit_scale * (U32 @ f), dim=0)
         with timer("posterior"):
             post = p @ V32
+            post = post / post.sum()
             posteriors[i] = post
         if not cfg.selects:
             continue
