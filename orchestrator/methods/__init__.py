@@ -2,12 +2,17 @@
 
     run_stream(method, features, class_embeddings, class_ids, num_classes, **hparams) -> posteriors [n, K]
     make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features) -> Trace
+    hparam_defaults(method) -> every valid hparam with its default; tda_defaults(dataset) -> TDA's per-dataset
+    positive-cache alpha / beta.
 
-Methods: clip, la, pa, bca (the BCA family, `bca.py` / `reference.py`), tda, tda_pa (`tda.py`), zero (`zero.py`).
+Methods: clip, la, pa, bca (the BCA family: `bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`),
+zero (`zero.py`, features [n, V, d]). Inputs are float32, expected L2-normalised, on any one torch device.
 """
 
-from orchestrator.methods import bca as _bca  # noqa: F401  (registers clip, la, pa, bca)
-from orchestrator.methods.base import (METHODS, Method, Trace, hparam_defaults, make_method,  # noqa: F401
-                                       run_stream)
+# Importing the method modules registers them in METHODS.
+from orchestrator.methods import bca as _bca  # noqa: F401
+from orchestrator.methods import zero as _zero  # noqa: F401
+from orchestrator.methods.base import METHODS, Method, Trace, hparam_defaults, make_method, run_stream
+from orchestrator.methods.tda import tda_defaults
 
-__all__ = ["METHODS", "Method", "Trace", "hparam_defaults", "make_method", "run_stream"]
+__all__ = ["METHODS", "Method", "Trace", "hparam_defaults", "make_method", "run_stream", "tda_defaults"]
