@@ -1,0 +1,88 @@
+"""Which user SQL `bca query` runs: exactly one read-only SELECT over the results views.
+
+Two layers. Here, DuckDB's own parser and tokenizer decide: the statement must parse to one SELECT (so COPY,
+ATTACH, INSTALL/LOAD, CREATE, INSERT, UPDATE, DELETE, DROP, PRAGMA, SET, EXPORT, CALL... are refused by
+type), and a table function may only be called when it is on a short allowlist of ones that touch no files
+(so read_csv, read_parquet, glob, read_text, query, ... are refused by name). Underneath, db.py's
+connection has external access disabled outside the results dir and its configuration locked, so even
+SQL that slipped past this check could not write or read anywhere else.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+# Table functions that read nothing but their arguments or the in-memory catalog.
+ALLOWED_TABLE_FUNCTIONS = frozenset({
+    "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree", "summary",
+    "histogram", "histogram_values", "icu_calendar_names", "pg_timezone_names", "test_all_types",
+    "pragma_table_info", "pragma_version", "pragma_platform", "pragma_show", "pragma_collations",
+    "duckdb_columns", "duckdb_views", "duckdb_tables", "duckdb_functions", "duckdb_types", "duckdb_keywords",
+    "duckdb_schemas", "duckdb_databases", "duckdb_constraints", "duckdb_settings", "duckdb_extensions",
+    "duckdb_variables",
+})
+# Refused wherever they are called, even where the running DuckDB does not register them as table functions.
+DENIED_FUNCTIONS = frozenset({
+    "read_csv", "read_csv_auto", "sniff_csv", "read_parquet", "parquet_scan", "read_json", "read_json_auto",
+    "read_json_objects", "read_ndjson", "read_ndjson_auto", "read_ndjson_objects", "read_text", "read_blob",
+    "glob", "read_duckdb", "query", "query_table", "getenv", "json_execute_serialized_sql", "read_xlsx",
+    "st_read", "iceberg_scan", "delta_scan", "sqlite_scan", "postgres_scan", "mysql_scan",
+})
+DENIED_PREFIXES = ("read_", "parquet_", "sniff_", "iceberg_", "delta_", "sqlite_", "postgres_", "mysql_")
+
+
+class QueryRefused(ValueError):
+    """The SQL is valid but not allowed here; the message says why and what is allowed."""
+
+
+def _table_function_names() -> frozenset[str]:
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute("SELECT DISTINCT function_name FROM duckdb_functions() "
+                           "WHERE function_type IN ('table', 'table_macro')").fetchall()
+    finally:
+        con.close()
+    return frozenset(r[0].lower() for r in rows)
+
+
+_TABLE_FUNCTIONS: frozenset[str] | None = None
+
+
+def _called_names(sql: str) -> list[str]:
+    """Names directly followed by '(' (function calls, and CTE column lists, which are harmless)."""
+    tokens = duckdb.tokenize(sql)
+    spans = []
+    for i, (offset, kind) in enumerate(tokens):
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(sql)
+        spans.append((sql[offset:end].strip(), kind))
+    names = []
+    for (text, kind), (nxt, nkind) in zip(spans, spans[1:]):
+        if kind in (duckdb.token_type.identifier, duckdb.token_type.keyword) and nxt.startswith("(") \
+                and nkind == duckdb.token_type.operator:
+            names.append(text.strip('"').lower())
+    return names
+
+
+def check_query(sql: str) -> str:
+    """Return the single statement to run, or raise QueryRefused (duckdb.ParserException for malformed SQL)."""
+    global _TABLE_FUNCTIONS
+    statements = duckdb.extract_statements(sql)
+    if not statements:
+        raise QueryRefused("empty query: expected one SELECT statement")
+    if len(statements) > 1:
+        raise QueryRefused(f"one statement at a time: got {len(statements)}; run them separately")
+    stmt = statements[0]
+    if stmt.type != duckdb.StatementType.SELECT:
+        kind = stmt.type.name
+        hint = " (PIVOT needs an explicit IN list here)" if kind == "MULTI" else ""
+        raise QueryRefused(f"{kind} statements are not allowed{hint}: the results are read-only; use SELECT "
+                           "(WITH, FROM, DESCRIBE, SUMMARIZE, SHOW) over the views samples, runs, accuracy, summary")
+    if _TABLE_FUNCTIONS is None:
+        _TABLE_FUNCTIONS = _table_function_names()
+    for name in _called_names(stmt.query):
+        denied = name in DENIED_FUNCTIONS or name.startswith(DENIED_PREFIXES) or (
+            name in _TABLE_FUNCTIONS and name not in ALLOWED_TABLE_FUNCTIONS)
+        if denied:
+            raise QueryRefused(f"function {name}() is not allowed: queries may read only the views samples, runs, "
+                               "accuracy and summary, not files or other sources")
+    return stmt.query

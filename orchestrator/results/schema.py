@@ -1,0 +1,341 @@
+"""The one place that knows the results layout: Parquet columns and types, the run config, paths.
+
+Layout under a results dir (hive-style partitions; values percent-encoded so any name is a safe path part):
+    samples/sweep=<s>/backbone=<b>/dataset=<d>/method=<m>/run_id=<id>/part-<start:09d>.parquet
+    runs/sweep=<s>/run_id=<id>.parquet          one row per run, rewritten atomically on each status change
+    artifacts/<run_id>/state.npz                final V, C1, C2, class_ids (and U) of a run
+
+A run config is a dict:
+    sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
+    pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
+    hparams: {name: value}   every method hparam (defaults filled), one runs-table column each
+    any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
+run_id = config_hash = first 16 hex chars of sha256 over the canonical JSON of the normalised config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+DEFAULT_RESULTS_DIR = "results"
+
+# Keys in every Parquet file's key-value metadata.
+META_RUN_CONFIG = b"bca.run_config"
+META_RUN_ID = b"bca.run_id"
+META_SCHEMA_VERSION = b"bca.schema_version"
+META_KIND = b"bca.kind"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    arrow: pa.DataType
+    sql: str  # the DuckDB type the views cast to, so every view has fixed types even over hand-made files
+    doc: str
+
+
+# --------------------------------------------------------------------------------------------- samples
+SAMPLE_COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), "VARCHAR", "run the row belongs to"),
+    Column("sample_idx", pa.int64(), "BIGINT", "position in the stream (0-based)"),
+    Column("image_id", pa.string(), "VARCHAR", "dataset's id of the image"),
+    Column("label", pa.int32(), "INTEGER", "true class"),
+    Column("pred", pa.int32(), "INTEGER", "predicted class (argmax of the posterior)"),
+    Column("correct", pa.bool_(), "BOOLEAN", "pred == label"),
+    Column("confidence", pa.float32(), "FLOAT", "max posterior"),
+    Column("gated", pa.bool_(), "BOOLEAN", "the likelihood / cache update fired"),
+    Column("gated_prior", pa.bool_(), "BOOLEAN", "the prior update fired"),
+    Column("selected", pa.int32(), "INTEGER", "class embedding selected for the update, -1 if none"),
+)
+SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=False) for c in SAMPLE_COLUMNS])
+# A part lacking one of these cannot answer the views' questions and is reported as bad.
+SAMPLE_REQUIRED = ("run_id", "sample_idx", "label", "pred", "correct")
+# What write_part fills when the method has no such notion (e.g. CLIP never gates).
+SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1}
+PARTITION_KEYS = ("sweep", "backbone", "dataset", "method", "run_id")
+
+# ------------------------------------------------------------------------------------------------ runs
+IDENTITY_COLUMNS: tuple[Column, ...] = (
+    Column("sweep", pa.string(), "VARCHAR", "sweep name"),
+    Column("backbone", pa.string(), "VARCHAR", "open_clip model name"),
+    Column("pretrained", pa.string(), "VARCHAR", "open_clip pretrained tag or checkpoint, null = random"),
+    Column("dataset", pa.string(), "VARCHAR", "dataset or synthetic scenario name"),
+    Column("method", pa.string(), "VARCHAR", "clip, la, pa, bca, tda, tda_pa, zero"),
+    Column("seed", pa.int64(), "BIGINT", "stream seed"),
+    Column("templates", pa.string(), "VARCHAR", "template set name"),
+    Column("num_templates", pa.int64(), "BIGINT", "templates per class"),
+    Column("views", pa.string(), "VARCHAR", "view setting (e.g. 1, 64 or a named set)"),
+)
+# Every known method hparam; a config may carry others, which get a column typed from their value.
+HPARAM_COLUMNS: tuple[Column, ...] = (
+    Column("tau", pa.float64(), "DOUBLE", "confidence gate for both updates"),
+    Column("tau_likelihood", pa.float64(), "DOUBLE", "gate of the U update (null = tau)"),
+    Column("tau_prior", pa.float64(), "DOUBLE", "gate of the V update (null = tau)"),
+    Column("n1", pa.int64(), "BIGINT", "initial count of the likelihood running mean"),
+    Column("n2", pa.int64(), "BIGINT", "initial count of the prior running mean"),
+    Column("logit_scale", pa.float64(), "DOUBLE", "softmax scale"),
+    Column("update", pa.string(), "VARCHAR", "count, momentum or decay"),
+    Column("decay", pa.float64(), "DOUBLE", "decay rate for update=decay"),
+    Column("select_on", pa.string(), "VARCHAR", "likelihood or posterior"),
+    Column("state_dtype", pa.string(), "VARCHAR", "float32 or float16"),
+    Column("pos_alpha", pa.float64(), "DOUBLE", "TDA positive cache alpha"),
+    Column("pos_beta", pa.float64(), "DOUBLE", "TDA positive cache beta"),
+    Column("neg_alpha", pa.float64(), "DOUBLE", "TDA negative cache alpha"),
+    Column("neg_beta", pa.float64(), "DOUBLE", "TDA negative cache beta"),
+    Column("pos_shot", pa.int64(), "BIGINT", "TDA positive entries per class"),
+    Column("neg_shot", pa.int64(), "BIGINT", "TDA negative entries per class"),
+)
+# What RunWriter.mark accepts as keyword arguments.
+METRIC_COLUMNS: tuple[Column, ...] = (
+    Column("n_samples", pa.int64(), "BIGINT", "length of the run's stream"),
+    Column("error", pa.string(), "VARCHAR", "error of a failed run"),
+    Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
+    Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
+    Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
+    Column("time_encoder_s", pa.float64(), "DOUBLE", "image encoding time (0 when features were cached)"),
+    Column("time_logits_s", pa.float64(), "DOUBLE", "logits stage time"),
+    Column("time_posterior_s", pa.float64(), "DOUBLE", "posterior stage time"),
+    Column("time_update_s", pa.float64(), "DOUBLE", "update stage time"),
+    Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
+)
+HEAD_COLUMNS: tuple[Column, ...] = (
+    Column("run_id", pa.string(), "VARCHAR", "= config_hash"),
+    Column("config_hash", pa.string(), "VARCHAR", "sha256 of the canonical config, 16 hex"),
+    Column("group_id", pa.string(), "VARCHAR", "hash of the config without seed: runs that differ only by seed"),
+    Column("setting_id", pa.string(), "VARCHAR",
+           "hash of the config without sweep, method, hparams and seed: the data CLIP's baseline must share"),
+)
+STATUS_COLUMN = Column("status", pa.string(), "VARCHAR", "running, finished or failed")
+TAIL_COLUMNS: tuple[Column, ...] = (
+    Column("host", pa.string(), "VARCHAR", "hostname of the writer"),
+    Column("versions", pa.string(), "VARCHAR", "JSON of package versions"),
+    Column("started_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ", "first time marked running"),
+    Column("finished_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ", "time marked finished or failed"),
+    Column("updated_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ", "time of the last status change"),
+    Column("config_json", pa.string(), "VARCHAR", "the full normalised run config"),
+)
+RUN_COLUMNS: tuple[Column, ...] = (HEAD_COLUMNS + IDENTITY_COLUMNS + HPARAM_COLUMNS
+                                   + (METRIC_COLUMNS[0], STATUS_COLUMN) + METRIC_COLUMNS[1:] + TAIL_COLUMNS)
+RUN_REQUIRED = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "status")
+STATUSES = ("running", "finished", "failed")
+HPARAM_NAMES = tuple(c.name for c in HPARAM_COLUMNS)
+METRIC_NAMES = tuple(c.name for c in METRIC_COLUMNS)
+_RUN_COLUMN_NAMES = frozenset(c.name for c in RUN_COLUMNS)
+_BY_NAME = {c.name: c for c in RUN_COLUMNS}
+
+REQUIRED_CONFIG_KEYS = ("sweep", "backbone", "dataset", "method", "seed")
+OPTIONAL_CONFIG_KEYS = ("pretrained", "templates", "num_templates", "views", "hparams")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RUN_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+# ---------------------------------------------------------------------------------------------- config
+def _plain(value: Any, where: str) -> Any:
+    """Python scalars/lists/dicts only (numpy scalars unwrapped), so the canonical JSON is stable."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"run config {where}: expected a finite number, got {value!r}")
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise ValueError(f"run config {where}: expected a JSON value (str, number, bool, None, list, dict), "
+                     f"got {type(value).__name__} {value!r}")
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"run config {where}: expected an integer, got {value!r}")
+    return int(value)
+
+
+def _coerce_hparam(name: str, value: Any) -> Any:
+    """Known hparams take their column's type (so n1=30000.0 and n1=30000 hash alike); others pass as is."""
+    if value is None or name not in _BY_NAME:
+        return value
+    arrow = _BY_NAME[name].arrow
+    where = f"hparams.{name}"
+    if pa.types.is_integer(arrow):
+        return _as_int(value, where)
+    if pa.types.is_floating(arrow):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"run config {where}: expected a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"run config {where}: expected a string, got {value!r}")
+    return value
+
+
+def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate a run config and return it in canonical form (the form that is hashed and stored)."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"run config: expected a dict, got {type(config).__name__}")
+    cfg = _plain(dict(config), "config")
+    for key in ("run_id", "config_hash"):
+        if key in cfg:
+            raise ValueError(f"run config: {key!r} is derived from the config and must not be part of it")
+    for key in REQUIRED_CONFIG_KEYS:
+        if key not in cfg or cfg[key] is None:
+            raise ValueError(f"run config: missing required key {key!r} (required: {list(REQUIRED_CONFIG_KEYS)})")
+    for key in ("sweep", "backbone", "dataset", "method"):
+        if not isinstance(cfg[key], str) or not cfg[key]:
+            raise ValueError(f"run config {key}: expected a non-empty string, got {cfg[key]!r}")
+    cfg["seed"] = _as_int(cfg["seed"], "seed")
+    for key in ("pretrained", "templates"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
+            raise ValueError(f"run config {key}: expected a string or null, got {cfg[key]!r}")
+        cfg.setdefault(key, None)
+    cfg["num_templates"] = None if cfg.get("num_templates") is None else _as_int(cfg["num_templates"],
+                                                                                   "num_templates")
+    views = cfg.get("views")
+    if views is not None and (isinstance(views, bool) or not isinstance(views, (str, int))):
+        raise ValueError(f"run config views: expected a string or an integer, got {views!r}")
+    cfg["views"] = None if views is None else str(views)
+    hparams = cfg.get("hparams") or {}
+    if not isinstance(hparams, dict):
+        raise ValueError(f"run config hparams: expected a dict of name -> value, got {hparams!r}")
+    clean = {}
+    for name, value in hparams.items():
+        if not _NAME_RE.match(name):
+            raise ValueError(f"run config hparams: {name!r} is not a valid column name (letters, digits, _)")
+        if name in _RUN_COLUMN_NAMES and name not in HPARAM_NAMES:
+            raise ValueError(f"run config hparams: {name!r} collides with the runs-table column of that name")
+        clean[name] = _coerce_hparam(name, value)
+    cfg["hparams"] = dict(sorted(clean.items()))
+    return cfg
+
+
+def canonical_json(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:16]
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """run_id of a config: 16 hex chars of sha256 over its canonical JSON (after normalize_config)."""
+    return _hash(normalize_config(config))
+
+
+def group_id(config: Mapping[str, Any]) -> str:
+    """Same for every seed of one configuration: the summary view aggregates over it."""
+    cfg = normalize_config(config)
+    cfg.pop("seed")
+    return _hash(cfg)
+
+
+def setting_id(config: Mapping[str, Any]) -> str:
+    """Same for every method, hparam setting, seed and sweep on one backbone/dataset/templates/views/data
+    setting: zero-shot CLIP with this id is the baseline a method's gain is measured against."""
+    cfg = normalize_config(config)
+    for key in ("seed", "method", "hparams", "sweep"):
+        cfg.pop(key)
+    return _hash(cfg)
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+        raise ValueError(f"run_id: expected 16 lowercase hex characters, got {run_id!r}")
+    return run_id
+
+
+def extra_hparam_type(name: str, value: Any) -> pa.DataType:
+    """Column type of an hparam the schema does not list, from its value (lists/dicts stored as JSON text)."""
+    if name in _BY_NAME:
+        return _BY_NAME[name].arrow
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    return pa.string()
+
+
+def run_table_schema(hparams: Mapping[str, Any]) -> pa.Schema:
+    """Runs-table schema for one run: the fixed columns, then its hparams the schema does not list."""
+    fields = [pa.field(c.name, c.arrow) for c in RUN_COLUMNS]
+    fields += [pa.field(k, extra_hparam_type(k, v)) for k, v in hparams.items() if k not in _BY_NAME]
+    return pa.schema(fields)
+
+
+# ----------------------------------------------------------------------------------------------- paths
+def resolve_results_dir(results_dir: str | Path | None) -> Path:
+    """The results dir as an absolute path (Ray Tune changes each trial's working directory)."""
+    return Path(results_dir if results_dir is not None else DEFAULT_RESULTS_DIR).expanduser().absolute()
+
+
+def partition_value(value: Any) -> str:
+    """Percent-encode a partition value; DuckDB's hive partitioning decodes it back."""
+    text = str(value)
+    if not text:
+        raise ValueError("partition value: expected a non-empty string")
+    return quote(text, safe="")
+
+
+def samples_root(results_dir: Path) -> Path:
+    return Path(results_dir) / "samples"
+
+
+def runs_root(results_dir: Path) -> Path:
+    return Path(results_dir) / "runs"
+
+
+def artifacts_root(results_dir: Path) -> Path:
+    return Path(results_dir) / "artifacts"
+
+
+def run_samples_dir(results_dir: Path, config: Mapping[str, Any], run_id: str) -> Path:
+    parts = [f"{k}={partition_value(config[k])}" for k in PARTITION_KEYS[:-1]]
+    return samples_root(results_dir).joinpath(*parts, f"run_id={check_run_id(run_id)}")
+
+
+def run_file(results_dir: Path, sweep: str, run_id: str) -> Path:
+    return runs_root(results_dir) / f"sweep={partition_value(sweep)}" / f"run_id={check_run_id(run_id)}.parquet"
+
+
+def state_file(results_dir: Path, run_id: str) -> Path:
+    return artifacts_root(results_dir) / check_run_id(run_id) / "state.npz"
+
+
+# Globs relative to the results dir, matching the layout's depth exactly.
+SAMPLES_GLOB = "samples/*/*/*/*/*/part-*.parquet"
+RUNS_GLOB = "runs/*/run_id=*.parquet"
+_PART_RE = re.compile(r"^part-(\d{9})\.parquet$")
+TEMP_SUFFIX = ".tmp"
+
+
+def part_name(start: int) -> str:
+    return f"part-{start:09d}.parquet"
+
+
+def part_start(name: str) -> int | None:
+    """Stream position a part file starts at, or None when the name is not a part's."""
+    m = _PART_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def temp_name(final_name: str, token: str) -> str:
+    """Hidden and not ending in .parquet, so no glob ever picks up a file still being written."""
+    return f".{final_name}.{token}{TEMP_SUFFIX}"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)

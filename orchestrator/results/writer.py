@@ -1,0 +1,315 @@
+"""RunWriter: one run's per-sample parts, its runs-table row and its final state, written so that nothing
+half-written is ever visible and a resumed run continues exactly where the complete parts end.
+
+Free of Ray: the sweep calls it from inside trial actors. Parts of one run are written append-only under a
+file lock in the run's folder, so two writers of the same run (a retried trial beside a zombie) cannot
+interleave or duplicate rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import importlib.metadata
+import json
+import logging
+import platform
+import socket
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from filelock import FileLock
+
+from orchestrator.results import schema
+from orchestrator.results.atomic import ResultsWriteError, atomic_write, ensure_dir
+from orchestrator.results.files import FileChecker
+
+log = logging.getLogger(__name__)
+
+_VERSIONED = ("numpy", "torch", "open_clip_torch", "ray", "pyarrow", "duckdb", "bca-orchestrator")
+
+
+@functools.lru_cache(maxsize=1)
+def package_versions() -> str:
+    """JSON of the versions that matter for reproducing a number, read without importing the packages."""
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return json.dumps(out, sort_keys=True)
+
+
+def _to_numpy(value: Any, name: str) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor, without importing torch here
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except Exception as e:
+        raise ValueError(f"column {name!r}: cannot convert {type(value).__name__} to an array: {e}") from e
+
+
+def _int_column(arr: np.ndarray, name: str, dtype: np.dtype) -> np.ndarray:
+    if arr.dtype.kind == "b" or arr.dtype.kind not in "iu":
+        raise ValueError(f"column {name!r}: expected integers, got dtype {arr.dtype}")
+    info = np.iinfo(dtype)
+    if arr.size and (arr.min() < info.min or arr.max() > info.max):
+        raise ValueError(f"column {name!r}: values {arr.min()}..{arr.max()} do not fit {np.dtype(dtype).name}")
+    return arr.astype(dtype)
+
+
+def _bool_column(arr: np.ndarray, name: str) -> np.ndarray:
+    if arr.dtype.kind != "b":
+        raise ValueError(f"column {name!r}: expected booleans, got dtype {arr.dtype}")
+    return arr
+
+
+class RunWriter:
+    """Writes one run: RunWriter(results_dir, run_config) (see schema.py for the config's keys)."""
+
+    def __init__(self, results_dir: str | Path | None, run_config: Mapping[str, Any]) -> None:
+        self.results_dir = schema.resolve_results_dir(results_dir)
+        self.config = schema.normalize_config(run_config)
+        self.run_id = schema.config_hash(self.config)
+        self.group_id = schema.group_id(self.config)
+        self.setting_id = schema.setting_id(self.config)
+        self.config_json = schema.canonical_json(self.config)
+        self.samples_dir = schema.run_samples_dir(self.results_dir, self.config, self.run_id)
+        self.run_path = schema.run_file(self.results_dir, self.config["sweep"], self.run_id)
+        self.state_path = schema.state_file(self.results_dir, self.run_id)
+        self._checker = FileChecker()
+        self._metadata = {
+            schema.META_RUN_CONFIG: self.config_json.encode("utf-8"),
+            schema.META_RUN_ID: self.run_id.encode("ascii"),
+            schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii"),
+        }
+
+    # ------------------------------------------------------------------------------------------ parts
+    def _lock(self) -> FileLock:
+        ensure_dir(self.samples_dir, f"run {self.run_id}")
+        return FileLock(str(self.samples_dir / ".lock"))
+
+    def _scan(self) -> tuple[int, list[Path]]:
+        """(end of the complete contiguous parts from 0, part files outside that prefix). Removes temp files
+        left by killed writers: callers hold the run's lock, so no live writer owns them."""
+        parts = []
+        for path in self.samples_dir.iterdir():
+            if schema.is_temp_name(path.name):
+                log.warning("removing unfinished temp file %s left by an interrupted writer", path)
+                path.unlink(missing_ok=True)
+            elif (start := schema.part_start(path.name)) is not None:
+                parts.append((start, path))
+        end, stray = 0, []
+        for start, path in sorted(parts):
+            check = self._checker.check(path, "samples")
+            if not stray and check is not None and check.ok and start == end:
+                end += check.num_rows
+            else:
+                stray.append(path)
+        return end, stray
+
+    def rows_done(self) -> int:
+        """Rows in complete, readable parts contiguous from stream position 0: where a resumed run goes on."""
+        if not self.samples_dir.is_dir():
+            return 0
+        with self._lock():
+            return self._scan()[0]
+
+    def _samples_table(self, start: int, columns: Mapping[str, Any]) -> pa.Table:
+        known = {c.name for c in schema.SAMPLE_COLUMNS}
+        unknown = sorted(set(columns) - known)
+        if unknown:
+            raise ValueError(f"write_part: unknown column(s) {unknown}; valid columns: {sorted(known)}")
+        for name in ("image_id", "label", "pred", "confidence"):
+            if name not in columns:
+                raise ValueError(f"write_part: missing required column {name!r}")
+        arrays = {name: _to_numpy(value, name) for name, value in columns.items() if name != "image_id"}
+        image_ids = list(columns["image_id"])
+        lengths = {name: len(a) if a.ndim == 1 else None for name, a in arrays.items()} | {"image_id": len(image_ids)}
+        bad_shape = [name for name, n in lengths.items() if n is None]
+        if bad_shape:
+            raise ValueError(f"write_part: column(s) {bad_shape} must be one-dimensional")
+        n = lengths["label"]
+        if n == 0 or any(v != n for v in lengths.values()):
+            raise ValueError(f"write_part: columns must have the same non-zero length, got {lengths}")
+        idx = np.arange(start, start + n, dtype=np.int64)
+        label = _int_column(arrays["label"], "label", np.int32)
+        pred = _int_column(arrays["pred"], "pred", np.int32)
+        correct = label == pred
+        if "sample_idx" in arrays and not np.array_equal(_int_column(arrays["sample_idx"], "sample_idx", np.int64),
+                                                         idx):
+            raise ValueError(f"write_part: sample_idx must be {start}..{start + n - 1} for a part starting at {start}")
+        if "correct" in arrays and not np.array_equal(_bool_column(arrays["correct"], "correct"), correct):
+            raise ValueError("write_part: column 'correct' disagrees with label == pred")
+        if "run_id" in arrays and not (arrays["run_id"] == self.run_id).all():
+            raise ValueError(f"write_part: run_id column must be {self.run_id!r} (this writer's run)")
+        conf = arrays["confidence"]
+        if conf.dtype.kind != "f" or not np.isfinite(conf).all():
+            raise ValueError(f"write_part: confidence must be finite floats, got dtype {conf.dtype}")
+        cols = {
+            "run_id": pa.array([self.run_id] * n, pa.string()),
+            "sample_idx": idx,
+            "image_id": pa.array(image_ids, pa.string()),
+            "label": label,
+            "pred": pred,
+            "correct": correct,
+            "confidence": conf.astype(np.float32),
+            "gated": _bool_column(arrays["gated"], "gated") if "gated" in arrays
+            else np.full(n, schema.SAMPLE_DEFAULTS["gated"]),
+            "gated_prior": _bool_column(arrays["gated_prior"], "gated_prior") if "gated_prior" in arrays
+            else np.full(n, schema.SAMPLE_DEFAULTS["gated_prior"]),
+            "selected": _int_column(arrays["selected"], "selected", np.int32) if "selected" in arrays
+            else np.full(n, schema.SAMPLE_DEFAULTS["selected"], np.int32),
+        }
+        table = pa.Table.from_pydict(cols, schema=schema.SAMPLE_ARROW_SCHEMA)
+        return table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"samples"})
+
+    def write_part(self, start: int, columns: Mapping[str, Any]) -> int:
+        """Write stream rows start..start+n-1 as one part; returns rows_done() after it.
+
+        `columns` holds image_id, label, pred, confidence and optionally gated, gated_prior, selected (defaults
+        False, False, -1); sample_idx, correct and run_id are derived (checked when given). Parts are
+        append-only: `start` must equal rows_done(); an overlap with rows already written or a gap is refused.
+        """
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+            raise ValueError(f"write_part: start must be a non-negative integer, got {start!r}")
+        start = int(start)
+        table = self._samples_table(start, columns)
+        with self._lock():
+            end, stray = self._scan()
+            n = table.num_rows
+            if start < end:
+                raise ValueError(f"write_part: rows {start}..{start + n - 1} overlap rows 0..{end - 1} already "
+                                 f"written for run {self.run_id} in {self.samples_dir}")
+            if start > end:
+                raise ValueError(f"write_part: part starting at {start} would leave rows {end}..{start - 1} missing "
+                                 f"for run {self.run_id} (rows_done() = {end}); parts must be written in order")
+            for path in stray:
+                # Only reachable by hand-made damage: a bad part or one past a gap. The resumed stream rewrites it.
+                log.warning("removing %s: not part of the complete parts 0..%d of run %s", path, end - 1, self.run_id)
+                path.unlink(missing_ok=True)
+            path = self.samples_dir / schema.part_name(start)
+            atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), "results part")
+            return end + n
+
+    # -------------------------------------------------------------------------------------- runs table
+    def read_row(self) -> dict[str, Any] | None:
+        """This run's current runs-table row, or None when none was written (or it is unreadable)."""
+        return read_run(self.results_dir, self.config["sweep"], self.run_id)
+
+    def status(self) -> str | None:
+        """'running', 'finished', 'failed', or None for a run never marked: the sweep skips 'finished'."""
+        row = self.read_row()
+        return None if row is None else row.get("status")
+
+    def _base_row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {c.name: None for c in schema.RUN_COLUMNS}
+        row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,
+                   config_json=self.config_json)
+        row.update({c.name: self.config.get(c.name) for c in schema.IDENTITY_COLUMNS})
+        for name, value in self.config["hparams"].items():
+            row[name] = json.dumps(value) if isinstance(value, (list, dict)) else value
+        return row
+
+    def mark(self, status: str, **fields: Any) -> None:
+        """Set the run's status (running | finished | failed) and metrics, rewriting its row atomically.
+
+        Keyword fields are the metric columns (schema.METRIC_NAMES): n_samples, error, accuracy (%),
+        last50_accuracy (%), samples_per_s, time_encoder_s, time_logits_s, time_posterior_s, time_update_s,
+        peak_mem_mb. 'running' starts a fresh attempt (metrics and error cleared; started_at kept from the first
+        attempt); 'failed' needs error=...; 'finished' checks rows_done() == n_samples when n_samples is known.
+        """
+        if status not in schema.STATUSES:
+            raise ValueError(f"mark: status must be one of {list(schema.STATUSES)}, got {status!r}")
+        unknown = sorted(set(fields) - set(schema.METRIC_NAMES))
+        if unknown:
+            raise ValueError(f"mark: unknown field(s) {unknown}; valid fields: {list(schema.METRIC_NAMES)}")
+        fields = {k: self._coerce_metric(k, v) for k, v in fields.items()}
+        previous = self.read_row()
+        row = self._base_row()
+        now = dt.datetime.now(dt.timezone.utc)
+        if previous is not None:
+            row.update({k: previous.get(k) for k in ("started_at", "n_samples", *schema.METRIC_NAMES)})
+        if status == "running":
+            row.update({k: None for k in schema.METRIC_NAMES if k != "n_samples"})
+            row["started_at"] = row["started_at"] or now
+        else:
+            row["finished_at"] = now
+        row.update(fields)
+        if status == "failed" and not row.get("error"):
+            raise ValueError("mark('failed'): pass error='...' saying what went wrong")
+        if status == "finished":
+            row["error"] = None
+            expected, done = row.get("n_samples"), self.rows_done()
+            if expected is not None and done != expected:
+                raise ValueError(f"mark('finished'): run {self.run_id} has {done} complete rows but n_samples = "
+                                 f"{expected}; write the missing parts first")
+        row.update(status=status, updated_at=now, host=socket.gethostname(), versions=package_versions())
+        table = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
+        table = table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"runs"})
+        atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row")
+
+    @staticmethod
+    def _coerce_metric(name: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
+        if name == "error":
+            return str(value)
+        if name == "n_samples":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"mark: n_samples must be a non-negative integer, got {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"mark: {name} must be a number, got {value!r}")
+        return float(value)
+
+    # ------------------------------------------------------------------------------------------- state
+    def save_state(self, state: Mapping[str, Any]) -> Path:
+        """Save the run's final state (V, C1, C2, class_ids, U, ...: name -> numeric array) as state.npz."""
+        if not state:
+            raise ValueError("save_state: state is empty; expected arrays such as V, C1, C2, class_ids")
+        arrays = {}
+        for name, value in state.items():
+            if not isinstance(name, str) or not name.isidentifier() or name == "run_config":
+                raise ValueError(f"save_state: {name!r} is not a valid array name")
+            arr = _to_numpy(value, name)
+            if arr.dtype.kind not in "biuf":
+                raise ValueError(f"save_state: {name!r} must be numeric, got dtype {arr.dtype}")
+            arrays[name] = arr
+        arrays["run_config"] = np.array(self.config_json)
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+
+        atomic_write(self.state_path, write, "state artifact")
+        return self.state_path
+
+
+def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[str, Any] | None:
+    """A run's runs-table row as a dict, or None when it has none or its file is unreadable."""
+    path = schema.run_file(schema.resolve_results_dir(results_dir), sweep, run_id)
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except FileNotFoundError:
+        return None
+    except Exception as e:
+        log.warning("ignoring unreadable runs-table file %s: %s", path, e)
+        return None
+    return rows[0] if rows and rows[0].get("run_id") == run_id else None
+
+
+def load_state(results_dir: str | Path | None, run_id: str) -> dict[str, np.ndarray]:
+    """A run's saved state arrays (without the stored config); FileNotFoundError names the path if absent."""
+    path = schema.state_file(schema.resolve_results_dir(results_dir), run_id)
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files if k != "run_config"}
+
+
+__all__ = ["RunWriter", "ResultsWriteError", "read_run", "load_state", "package_versions"]
