@@ -1,0 +1,135 @@
+"""Every bad input to the methods API raises a ValueError that names the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.methods import METHODS, hparam_defaults, make_method, run_stream
+
+K, D = 3, 4
+EMB = torch.nn.functional.normalize(torch.randn(K, D, generator=torch.Generator().manual_seed(0)), dim=1)
+IDS = torch.arange(K)
+FEATS = torch.nn.functional.normalize(torch.randn(5, D, generator=torch.Generator().manual_seed(1)), dim=1)
+
+
+def raises(match: str):
+    return pytest.raises(ValueError, match=match)
+
+
+def test_unknown_method_lists_the_valid_ones():
+    with raises(r"unknown method 'bcaa'; valid methods: \['bca', 'clip', 'la', 'pa', 'tda', 'tda_pa', 'zero'\]"):
+        run_stream("bcaa", FEATS, EMB, IDS, K)
+    with raises("unknown method 'nope'"):
+        hparam_defaults("nope")
+
+
+def test_unknown_hparam_names_it_and_lists_the_valid_ones():
+    with raises(r"unknown hparam 'n3' for method 'bca'; valid hparams: \[.*'n1', 'n2'.*'tau_prior'"):
+        run_stream("bca", FEATS, EMB, IDS, K, n3=1)
+    with raises("unknown hparam 'n1' for method 'pa'"):       # pa's U never adapts: n1 does not apply
+        make_method("pa", EMB, IDS, K, n1=5)
+    with raises("unknown hparam 'tau' for method 'clip'"):
+        make_method("clip", EMB, IDS, K, tau=0.3)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_default_is_valid(method):
+    feats = FEATS[:, None] if METHODS[method].takes_views else FEATS
+    posteriors = run_stream(method, feats, EMB, IDS, K, **hparam_defaults(method))
+    assert posteriors.shape == (5, K)
+
+
+@pytest.mark.parametrize("features,match", [
+    ([[1.0, 0.0, 0.0, 0.0]], "features must be a torch.Tensor"),
+    (FEATS.double(), "features must be float32, got torch.float64"),
+    (FEATS[0], r"features must have shape \[n, d\], got \(4,\)"),
+    (FEATS[:, None], r"features must have shape \[n, d\].*select_views"),
+    (FEATS[:, :3], "features have dimension 3 but class_embeddings have 4"),
+    (torch.cat([FEATS, torch.full((1, D), float("nan"))]), "non-finite values.*first at sample 5"),
+    (torch.cat([FEATS, torch.tensor([[float("inf"), 0.0, 0.0, 0.0]])]), "non-finite values"),
+    (torch.cat([FEATS, torch.zeros(1, D)]), "feature of sample 5 has zero norm"),
+    (FEATS.to("meta"), "features are on meta but class_embeddings on cpu"),
+])
+def test_bad_features(features, match):
+    with raises(match):
+        run_stream("bca", features, EMB, IDS, K)
+
+
+def test_view_methods_need_a_view_axis():
+    with raises(r"zero: features must have shape \[n, V, d\].*features\[:, None\]"):
+        run_stream("zero", FEATS, EMB, IDS, K)
+    with raises("zero: features need at least one view"):
+        run_stream("zero", FEATS[:, None][:, :0], EMB, IDS, K)
+
+
+@pytest.mark.parametrize("emb,match", [
+    (EMB.numpy(), r"class_embeddings must be a torch.Tensor \[M, d\]"),
+    (EMB.double(), "class_embeddings must be float32"),
+    (EMB[0], r"class_embeddings must have shape \[M, d\]"),
+    (EMB[:0], r"class_embeddings must have shape \[M, d\] with M, d >= 1"),
+    (torch.cat([EMB[:2], torch.full((1, D), float("nan"))]), "class_embeddings contain non-finite values"),
+])
+def test_bad_class_embeddings(emb, match):
+    with raises(match):
+        run_stream("clip", FEATS, emb, IDS, K)
+
+
+@pytest.mark.parametrize("ids,match", [
+    ([0, 1, 2], "class_ids must be a torch.Tensor"),
+    (IDS.int(), "class_ids must be int64, got torch.int32"),
+    (torch.arange(2), r"class_ids must have shape \[M\] = \[3\]"),
+    (torch.tensor([0, 1, 3]), r"class_ids must lie in \[0, num_classes\) = \[0, 3\), found 3"),
+    (torch.tensor([-1, 1, 2]), "found -1"),
+    (torch.tensor([0, 1, 1]), r"every class needs at least one class embedding; classes without one: \[2\]"),
+    (IDS.to("meta"), "class_ids are on meta but class_embeddings on cpu"),
+])
+def test_bad_class_ids(ids, match):
+    with raises(match):
+        run_stream("clip", FEATS, EMB, ids, K)
+
+
+@pytest.mark.parametrize("num_classes", [1, 3.0, True, "3"])
+def test_bad_num_classes(num_classes):
+    with raises("num_classes must be an integer >= 2"):
+        run_stream("clip", FEATS, EMB, IDS, num_classes)
+
+
+@pytest.mark.parametrize("method,hparams,match", [
+    ("bca", {"tau": -0.1}, r"bca: hparam 'tau' must be a number in \[0.0, inf\] \(a probability threshold"),
+    ("bca", {"tau": float("nan")}, "hparam 'tau' must be a number"),
+    ("bca", {"tau": "0.3"}, "hparam 'tau' must be a number"),
+    ("bca", {"tau": True}, "hparam 'tau' must be a number"),
+    ("bca", {"tau_likelihood": -1}, "hparam 'tau_likelihood' must be a number"),
+    ("pa", {"tau_prior": "high"}, "pa: hparam 'tau_prior' must be a number"),
+    ("bca", {"n1": -1}, r"hparam 'n1' must be a number in \[0.0, inf\] \(an initial counter\)"),
+    ("la", {"n1": float("inf")}, "hparam 'n1' must be a number"),
+    ("pa", {"n2": None}, "hparam 'n2' must be a number"),
+    ("clip", {"logit_scale": 0}, r"clip: hparam 'logit_scale' must be a number in \(0.0, inf\]"),
+    ("bca", {"select_on": "prior"}, r"hparam 'select_on' must be one of \['likelihood', 'posterior'\]"),
+    ("bca", {"update": "ema"}, r"hparam 'update' must be one of \['count', 'momentum', 'decay'\]"),
+    ("bca", {"decay": 0.0}, r"hparam 'decay' must be a number in \(0.0, 1.0\]"),
+    ("bca", {"decay": 1.5}, "hparam 'decay' must be a number"),
+    ("bca", {"state_dtype": "bfloat16"}, r"hparam 'state_dtype' must be one of \['float32', 'float16'\]"),
+    ("tda", {"pos_shot": -1}, "tda: hparam 'pos_shot' must be an integer >= 0"),
+    ("tda", {"neg_shot": 2.5}, "hparam 'neg_shot' must be an integer >= 0"),
+    ("tda", {"pos_alpha": -1.0}, "hparam 'pos_alpha' must be a number"),
+    ("tda", {"neg_beta": float("inf")}, "hparam 'neg_beta' must be a number"),
+    ("tda_pa", {"tau": -0.5}, "tda_pa: hparam 'tau' must be a number"),
+    ("tda_pa", {"n2": -2}, "hparam 'n2' must be a number"),
+    ("zero", {"keep": 0.0}, r"zero: hparam 'keep' must be a number in \(0.0, 1.0\] \(the fraction of views kept\)"),
+    ("zero", {"keep": 2}, "hparam 'keep' must be a number"),
+])
+def test_bad_hparams(method, hparams, match):
+    with raises(match):
+        make_method(method, EMB, IDS, K, **hparams)
+
+
+@pytest.mark.parametrize("method", ["la", "pa", "bca"])
+def test_select_on_posterior_needs_one_embedding_per_class(method):
+    emb = torch.cat([EMB, EMB])
+    ids = torch.arange(2 * K) % K
+    with raises(r"select_on='posterior' selects a class, so it needs exactly one class embedding per class "
+                r"\(M == K\); got M=6, K=3"):
+        make_method(method, emb, ids, K, select_on="posterior")
+    make_method(method, emb, ids, K, select_on="likelihood")
