@@ -1,0 +1,197 @@
+"""TDA's caches and logits against hand computation; TDA + PA; the per-dataset defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.methods import make_method, run_stream, tda_defaults
+from orchestrator.methods.tda import class_logits
+
+EYE2 = torch.eye(2)
+IDS2 = torch.tensor([0, 1])
+NO_NEG = {"neg_shot": 0}
+
+
+def unit(xs: list[float]) -> list[float]:
+    norm = math.sqrt(sum(x * x for x in xs))
+    return [x / norm for x in xs]
+
+
+def softmax(xs: list[float]) -> list[float]:
+    e = [math.exp(x) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def entropy(ps: list[float]) -> float:
+    return -sum(p * math.log(p) for p in ps)
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def close(tensor: torch.Tensor, expected, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(tensor.float(), torch.tensor(expected, dtype=torch.float32), atol=atol, rtol=0)
+
+
+def test_one_sample_sees_itself_in_the_positive_cache():
+    # The public code updates the caches before computing the sample's own logits.
+    f = unit([0.8, 0.6])
+    assert entropy(softmax(f)) > 0.5                  # (K = 2: gating entropy = nats / log2(2)) no negative
+    trace = make_method("tda", EYE2, IDS2, 2, logit_scale=1.0, pos_alpha=2.0, pos_beta=5.0).run(torch.tensor([f]))
+    close(trace.posteriors, [softmax([f[0] + 2.0 * math.exp(-5.0 * (1 - dot(f, f))), f[1]])])
+    assert trace.gated.tolist() == [True] and trace.selected.tolist() == [-1]
+    close(trace.state["pos_keys"][0, 0], f)
+    close(trace.state["pos_entropy"][0], [entropy(softmax(f)), math.inf, math.inf])
+
+
+def test_two_samples_of_one_class_share_its_slot():
+    f1, f2 = unit([0.8, 0.6]), unit([0.9, 0.3])
+    trace = make_method("tda", EYE2, IDS2, 2, logit_scale=1.0, pos_alpha=1.5, pos_beta=3.0, **NO_NEG).run(
+        torch.tensor([f1, f2]))
+    affinity = math.exp(-3.0 * (1 - dot(f1, f2))) + math.exp(-3.0 * (1 - dot(f2, f2)))
+    close(trace.posteriors[1], softmax([f2[0] + 1.5 * affinity, f2[1]]))
+    # ranked by entropy: f2 is the more confident sample
+    close(trace.state["pos_entropy"][0].sort().values, sorted([entropy(softmax(f1)), entropy(softmax(f2))]) + [math.inf])
+
+
+def test_full_slot_keeps_the_lowest_entropy_entries():
+    a, worse, better = unit([0.8, 0.6]), unit([0.7, 0.65]), unit([0.95, 0.2])
+    losses = [entropy(softmax(x)) for x in (a, worse, better)]
+    assert losses[1] > losses[0] > losses[2]
+    trace = make_method("tda", EYE2, IDS2, 2, logit_scale=1.0, pos_shot=1, pos_alpha=2.0, pos_beta=4.0,
+                        **NO_NEG).run(torch.tensor([a, worse, better]))
+    assert trace.gated.tolist() == [True, False, True]
+    # `worse` is scored against the cache holding only `a`
+    close(trace.posteriors[1], softmax([worse[0] + 2.0 * math.exp(-4.0 * (1 - dot(a, worse))), worse[1]]))
+    close(trace.state["pos_keys"][0, 0], better)
+
+
+def test_equal_entropy_does_not_replace():
+    f = unit([0.8, 0.6])
+    trace = make_method("tda", EYE2, IDS2, 2, logit_scale=1.0, pos_shot=1, **NO_NEG).run(torch.tensor([f, f]))
+    assert trace.gated.tolist() == [True, False]
+
+
+def test_negative_cache_masks_uncertain_classes():
+    # Three classes, U = I, logit scale 5: p ~ [0.894, 0.096, 0.010]; gating entropy ~0.235 is in (0.2, 0.5),
+    # and the mask (0.03 < p < 1) keeps classes 0 and 1.
+    f = unit([1.0, 0.5, 0.0])
+    logits = [5.0 * x for x in f]
+    p = softmax(logits)
+    assert 0.2 < entropy(p) / math.log2(3) < 0.5 and p[2] < 0.03 < p[1]
+    hp = {"logit_scale": 5.0, "pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.5, "neg_beta": 1.0}
+    trace = make_method("tda", torch.eye(3), torch.arange(3), 3, **hp).run(torch.tensor([f]))
+    weight_pos = 2.0 * math.exp(-5.0 * (1 - dot(f, f)))
+    weight_neg = 0.5 * math.exp(-1.0 * (1 - dot(f, f)))
+    expected = softmax([logits[0] + weight_pos - weight_neg, logits[1] - weight_neg, logits[2]])
+    close(trace.posteriors, [expected])
+    close(trace.state["neg_values"][0, 0], [1.0, 1.0, 0.0])
+    close(trace.state["neg_keys"][0, 0], f)
+
+
+def test_negative_cache_ignores_samples_outside_the_entropy_band():
+    f = unit([0.8, 0.6])                              # gating entropy ~0.69 > 0.5
+    trace = make_method("tda", EYE2, IDS2, 2, logit_scale=1.0).run(torch.tensor([f]))
+    assert bool(torch.isinf(trace.state["neg_entropy"]).all())
+
+
+def _stream(n: int = 400, k: int = 4, d: int = 12, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.nn.functional.normalize(torch.randn(k, d, generator=gen), dim=1)
+    labels = torch.randint(k, (n,), generator=gen)
+    feats = torch.nn.functional.normalize(emb[labels] + 0.9 * torch.randn(n, d, generator=gen), dim=1)
+    return feats, emb, torch.arange(k), k
+
+
+def test_caches_hold_the_lowest_entropy_samples_per_predicted_class():
+    feats, emb, ids, k = _stream()
+    scale = 10.0
+    trace = make_method("tda", emb, ids, k, logit_scale=scale, pos_shot=3, neg_shot=2).run(feats)
+    clip = run_stream("clip", feats, emb, ids, k, logit_scale=scale)
+    loss = -(clip * clip.log()).sum(dim=1)
+    pred = clip.argmax(dim=1)
+    banded = (loss / math.log2(k) > 0.2) & (loss / math.log2(k) < 0.5)
+    assert 0 < int(banded.sum()) < feats.shape[0]
+    for c in range(k):
+        for prefix, shot, eligible in (("pos", 3, pred == c), ("neg", 2, (pred == c) & banded)):
+            kept = trace.state[f"{prefix}_entropy"][c]
+            expected = loss[eligible].sort().values[:shot]
+            torch.testing.assert_close(kept[torch.isfinite(kept)].sort().values, expected, atol=1e-5, rtol=0)
+
+
+def test_posteriors_are_distributions_and_chunks_continue_the_state():
+    feats, emb, ids, k = _stream()
+    for method in ("tda", "tda_pa"):
+        whole = make_method(method, emb, ids, k, logit_scale=10.0).run(feats)
+        torch.testing.assert_close(whole.posteriors.sum(dim=1), torch.ones(feats.shape[0]), atol=1e-5, rtol=0)
+        obj = make_method(method, emb, ids, k, logit_scale=10.0)
+        parts = [obj.run(feats[:150]), obj.run(feats[150:])]
+        assert torch.equal(torch.cat([p.posteriors for p in parts]), whole.posteriors)
+        assert all(torch.equal(parts[1].state[key], whole.state[key]) for key in whole.state)
+
+
+def test_disabled_caches_give_clip():
+    feats, emb, ids, k = _stream(n=100)
+    tda = run_stream("tda", feats, emb, ids, k, pos_shot=0, neg_shot=0)
+    torch.testing.assert_close(tda, run_stream("clip", feats, emb, ids, k), atol=1e-6, rtol=0)
+
+
+def test_several_embeddings_per_class_combine_by_log_sum_exp():
+    # Duplicating every embedding adds log 2 to every class logit: the posterior is unchanged.
+    feats, emb, ids, k = _stream(n=200)
+    once = run_stream("tda", feats, emb, ids, k, logit_scale=10.0)
+    twice = run_stream("tda", feats, torch.cat([emb, emb]), torch.cat([ids, ids]), k, logit_scale=10.0)
+    torch.testing.assert_close(once, twice, atol=1e-5, rtol=0)
+    logits = torch.tensor([1.0, 2.0, 3.0, 0.5])
+    close(class_logits(logits, torch.tensor([1, 0, 1, 2]), 3),
+          [2.0, math.log(math.exp(1.0) + math.exp(3.0)), 0.5])
+
+
+def test_tda_pa_with_tau_above_one_is_tda():
+    feats, emb, ids, k = _stream()
+    tda = make_method("tda", emb, ids, k, logit_scale=10.0).run(feats)
+    tda_pa = make_method("tda_pa", emb, ids, k, logit_scale=10.0, tau=1.01).run(feats)
+    torch.testing.assert_close(tda_pa.posteriors, tda.posteriors, atol=1e-5, rtol=0)
+    assert torch.equal(tda_pa.gated, tda.gated)
+    assert not tda_pa.gated_prior.any()
+    assert torch.equal(tda_pa.state["V"], torch.eye(k))
+
+
+def test_tda_pa_adapts_the_selected_prior_row():
+    f = unit([0.8, 0.6])
+    trace = make_method("tda_pa", EYE2, IDS2, 2, logit_scale=1.0, pos_alpha=2.0, pos_beta=5.0, tau=0.5,
+                        n2=3).run(torch.tensor([f]))
+    post = softmax([f[0] + 2.0, f[1]])                # |f| = 1: the sample's own cache entry adds alpha
+    close(trace.posteriors, [post])
+    assert trace.selected.tolist() == [0] and trace.gated_prior.tolist() == [True]
+    close(trace.state["V"], [[(3 * 1.0 + post[0]) / 4, (3 * 0.0 + post[1]) / 4], [0.0, 1.0]])
+    close(trace.state["C2"], [4.0, 3.0])
+
+
+def test_tda_pa_prior_changes_later_posteriors():
+    feats, emb, ids, k = _stream()
+    trace = make_method("tda_pa", emb, ids, k, logit_scale=10.0, tau=0.5).run(feats)
+    tda = make_method("tda", emb, ids, k, logit_scale=10.0).run(feats)
+    assert 0 < int(trace.gated_prior.sum()) < feats.shape[0]
+    V = trace.state["V"]
+    torch.testing.assert_close(V.sum(dim=1), torch.ones(k), atol=1e-5, rtol=0)
+    assert not torch.allclose(trace.posteriors, tda.posteriors, atol=1e-3)
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("imagenet", (2.0, 5.0)), ("ImageNet-A", (2.0, 5.0)), ("imagenet_v2", (1.0, 8.0)), ("imagenet-r", (1.0, 8.0)),
+    ("imagenet_sketch", (2.363, 7.45)), ("caltech101", (5.0, 5.0)), ("dtd", (2.0, 3.0)), ("eurosat", (4.0, 8.0)),
+    ("fgvc_aircraft", (2.0, 2.0)), ("food101", (1.0, 1.0)), ("oxford_flowers", (1.0, 5.0)),
+    ("oxford_pets", (2.0, 7.0)), ("stanford_cars", (1.0, 7.0)), ("SUN397", (2.0, 3.0)), ("ucf101", (3.0, 8.0)),
+])
+def test_tda_defaults_per_dataset(name, expected):
+    assert tda_defaults(name) == {"pos_alpha": expected[0], "pos_beta": expected[1]}
+
+
+def test_tda_defaults_unknown_dataset():
+    with pytest.raises(ValueError, match=r"no TDA defaults for dataset 'synthetic_iid'; known datasets: \[.*'ucf101'\]"):
+        tda_defaults("synthetic_iid")
