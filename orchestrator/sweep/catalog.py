@@ -1,0 +1,62 @@
+"""What the sweep needs to know about real backbones and template sets, asked of orchestrator.clip.
+
+Imported only when a spec names a real dataset, so synthetic sweeps never import open_clip.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.clip import TEMPLATE_SET_NAMES, resolve_templates
+
+
+def template_set_names() -> tuple[str, ...]:
+    return TEMPLATE_SET_NAMES
+
+
+def template_counts(template_set: str, dataset: str) -> tuple[int, int]:
+    """(templates in the set for this dataset, class embeddings per class: 1 when the set is ensembled)."""
+    tset = resolve_templates(template_set, dataset=dataset)
+    return len(tset.templates), 1 if tset.ensemble else len(tset.templates)
+
+
+def register_model_config(path: str) -> None:
+    """Make a custom open_clip model config (a JSON file named <model>.json) known in this process."""
+    import open_clip
+
+    open_clip.add_model_config(path)
+
+
+def backbone_issue(model: str, pretrained: str | None, checkpoint: str | None,
+                   config: str | None) -> tuple[str, str] | None:
+    """(field, message) for a backbone that cannot be loaded as written, else None.
+
+    Checks what needs no weights: the model config exists (open_clip's or the `config` file), the pretrained tag
+    is one open_clip knows for the model, the checkpoint file exists. Whether tag weights are on disk is
+    checked where they are loaded (a trial), since on a cluster only the workers may hold them.
+    """
+    import open_clip
+
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            return "config", f"file {path} does not exist; expected an open_clip model config JSON"
+        if path.stem != model:
+            return "config", f"open_clip names a config after its file: expected {model}.json, got {path.name}"
+        try:
+            json.loads(path.read_text())
+        except ValueError as exc:
+            return "config", f"{path} is not valid JSON ({exc}); expected an open_clip model config"
+        register_model_config(str(path))
+    if open_clip.get_model_config(model.replace("/", "-")) is None:
+        return "model", (f"unknown open_clip model {model!r}; expected one of open_clip.list_models() (e.g. RN50, "
+                         f"ViT-B-16, ViT-L-14) or a `config` JSON file")
+    if checkpoint is not None and not Path(checkpoint).is_file():
+        return "checkpoint", f"file {checkpoint} does not exist; expected an open_clip or OpenAI checkpoint file"
+    if pretrained is not None:
+        tags = open_clip.list_pretrained_tags_by_model(model.replace("/", "-"))
+        if pretrained not in tags:
+            return "pretrained", (f"unknown tag {pretrained!r} for {model}; expected one of: {', '.join(tags) or 'none'}"
+                                  f" (or give a local file as checkpoint, or omit both for random weights)")
+    return None

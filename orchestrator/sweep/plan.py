@@ -1,0 +1,212 @@
+"""A validated spec expanded into runs (one config, one seed each) and grouped into trials.
+
+Expansion order is fixed (backbones x datasets x templates x method entries x grid points x seeds), so the
+same spec always gives the same runs with the same run_ids (results.schema.config_hash of the run config).
+A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
+and stream order) and run through the multi-config engine in one pass.
+
+Synthetic datasets do not depend on a backbone or template set: each runs once per (method config, seed),
+with backbone 'synthetic'. Its seed generates the benchmark; the stream is the scenario's own order.
+Real datasets stream in a seeded permutation of the dataset (the trial stores it with the run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.methods import hparam_defaults, tda_defaults
+from orchestrator.results.schema import canonical_json, config_hash, normalize_config
+from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views, method_grid,
+                                     spec_fingerprint)
+
+SYNTHETIC_BACKBONE = "synthetic"
+# Methods whose defaults for the positive cache depend on the dataset (REFERENCE.md section 3).
+_TDA_FAMILY = ("tda", "tda_pa")
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Everything that determines a run's input stream: features, class embeddings and stream order.
+
+    Hashable: trials with equal sources share the features a trial process has loaded (the per-process memo).
+    """
+
+    dataset: str
+    seed: int
+    views: str = "single"
+    synthetic: str | None = None          # scenario; None for a real dataset
+    synthetic_params: str = "{}"          # canonical JSON of the scenario's parameters
+    model: str | None = None
+    pretrained: str | None = None
+    checkpoint: str | None = None
+    model_config: str | None = None
+    quick_gelu: bool | None = None
+    templates: str | None = None
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.synthetic is not None
+
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.synthetic_params)
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    config: dict[str, Any]    # the normalised run config (results.schema), stored with every file of the run
+    source: DataSource
+
+    @property
+    def label(self) -> str:
+        """A short human description: method and the hparams the spec set, dataset, seed."""
+        return f"{self.config['method']} {self.config['dataset']} seed={self.config['seed']}"
+
+
+@dataclass(frozen=True)
+class Trial:
+    key: str                   # run_id of a single run; for a pack, a hash of its run_ids
+    source: DataSource
+    runs: tuple[Run, ...]
+
+
+def _grid_points(entry: Any) -> list[dict[str, Any]]:
+    grid = method_grid(entry)
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) -> dict[str, Any]:
+    """Every hparam of the method: its defaults, TDA's per-dataset cache defaults, then the grid point."""
+    resolved = hparam_defaults(method)
+    if method in _TDA_FAMILY and not synthetic:
+        resolved.update(tda_defaults(dataset))
+    resolved.update(point)
+    return resolved
+
+
+def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
+    """The data sources of one dataset and seed, each with the run-config fields it implies."""
+    if isinstance(dataset, SyntheticDataset):
+        params = dataset.params
+        source = DataSource(dataset=dataset.dataset_name, seed=seed, synthetic=dataset.synthetic,
+                            synthetic_params=canonical_json(params))
+        fields = {"backbone": SYNTHETIC_BACKBONE, "pretrained": None, "templates": None,
+                  "num_templates": params.get("templates_per_class", 1), "views": "single",
+                  "synthetic": {"scenario": dataset.synthetic, **params}, "stream_order": "scenario"}
+        return [(source, fields)]
+    from orchestrator.sweep.catalog import template_counts
+
+    views = dataset_views(spec, dataset)
+    out = []
+    for backbone, templates in itertools.product(spec.backbones, spec.templates):
+        source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
+                            pretrained=backbone.pretrained, checkpoint=backbone.checkpoint,
+                            model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
+        fields = {"backbone": backbone.model, "pretrained": _weights(backbone), "templates": templates,
+                  "num_templates": template_counts(templates, dataset.name)[0], "views": views,
+                  "stream_order": "permutation", **_backbone_extras(backbone)}
+        out.append((source, fields))
+    return out
+
+
+def _weights(backbone: Backbone) -> str | None:
+    return backbone.checkpoint if backbone.checkpoint is not None else backbone.pretrained
+
+
+def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
+    """Run-config keys a backbone sets only when used: the activation override, a custom config's content."""
+    extras: dict[str, Any] = {}
+    if backbone.quick_gelu is not None:
+        extras["quick_gelu"] = backbone.quick_gelu
+    if backbone.config is not None:
+        extras["model_config_sha256"] = hashlib.sha256(Path(backbone.config).read_bytes()).hexdigest()[:16]
+    return extras
+
+
+def expand(spec: SweepSpec) -> list[Run]:
+    """Every run of the spec, in the fixed expansion order; a config repeated by two method entries is an error."""
+    runs: list[Run] = []
+    seen: dict[str, str] = {}
+    for dataset in spec.datasets:
+        for seed in spec.seeds:
+            for source, fields in _sources(spec, dataset, seed):
+                for i, entry in enumerate(spec.methods):
+                    for point in _grid_points(entry):
+                        config = normalize_config({
+                            "sweep": spec.name, "dataset": source.dataset, "method": entry.method, "seed": seed,
+                            **fields,
+                            "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
+                        })
+                        run_id = config_hash(config)
+                        if run_id in seen:
+                            raise ValueError(f"methods[{i}] repeats a configuration given earlier by {seen[run_id]} "
+                                             f"({entry.method} {point}); expected each grid point once")
+                        seen[run_id] = f"methods[{i}]"
+                        runs.append(Run(run_id, config, source))
+    return _order_by_source(runs)
+
+
+def _order_by_source(runs: list[Run]) -> list[Run]:
+    """Runs sharing a data source next to each other (stable), so a trial process reuses loaded features."""
+    first: dict[DataSource, int] = {}
+    for i, run in enumerate(runs):
+        first.setdefault(run.source, i)
+    return sorted(runs, key=lambda r: first[r.source])
+
+
+def make_trials(runs: list[Run], pack: int) -> list[Trial]:
+    """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source."""
+    trials: list[Trial] = []
+    for source, group in itertools.groupby(runs, key=lambda r: r.source):
+        group = list(group)
+        for start in range(0, len(group), pack):
+            members = tuple(group[start:start + pack])
+            trials.append(Trial(_trial_key(members), source, members))
+    return trials
+
+
+def _trial_key(members: tuple[Run, ...]) -> str:
+    if len(members) == 1:
+        return members[0].run_id
+    return "pack-" + hashlib.sha256(",".join(r.run_id for r in members).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------ sweep record
+
+def sweep_record_path(results_dir: str | Path, name: str) -> Path:
+    """<results>/sweeps/<name>.json: the run_ids a sweep name stands for in this results dir."""
+    return Path(results_dir) / "sweeps" / f"{name}.json"
+
+
+def check_sweep_record(spec: SweepSpec, runs: list[Run]) -> str | None:
+    """None when the results dir has no sweep of this name or the same runs; else what differs."""
+    path = sweep_record_path(spec.results_dir, spec.name)
+    try:
+        recorded = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"cannot read the sweep record {path}: {exc}; expected the JSON this tool writes"
+    old, new = set(recorded.get("run_ids", [])), {r.run_id for r in runs}
+    if old == new:
+        return None
+    return (f"sweep {spec.name!r} already exists in {spec.results_dir} with a different configuration "
+            f"({len(old - new)} recorded runs not in this spec, {len(new - old)} runs new in it); expected the "
+            f"same configuration (to resume) or a new `name` (or remove {path} and that sweep's results)")
+
+
+def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> Path:
+    path = sweep_record_path(spec.results_dir, spec.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"name": spec.name, "run_ids": sorted(r.run_id for r in runs), "spec": json.loads(spec_fingerprint(spec))}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path

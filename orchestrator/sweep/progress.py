@@ -1,0 +1,169 @@
+"""What a person watching a sweep sees: one line per finished trial with done/total and ETA, retries and
+errors as they happen, and at the end an error summary and a method x dataset accuracy table.
+
+Runs, not trials, are counted (a packed trial finishes several runs at once). The ETA is the elapsed time per
+finished run times the runs left, measured from the first trial start so Ray's start-up does not inflate it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from ray import tune
+
+from orchestrator.sweep.plan import Run, Trial
+
+
+def format_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def run_label(run: Run, varying: dict[str, tuple[str, ...]]) -> str:
+    """'bca tau=0.2 n1=30000': the method with the hparams that vary for it in this sweep."""
+    config = run.config
+    keys = varying.get(config["method"], ())
+    return " ".join([config["method"]] + [f"{k}={_short(config['hparams'][k])}" for k in keys])
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def varying_hparams(runs: list[Run]) -> dict[str, tuple[str, ...]]:
+    """Per method, the hparams that take more than one value among the runs (in a stable order)."""
+    values: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
+    for run in runs:
+        for k, v in run.config["hparams"].items():
+            values[run.config["method"]][k].add(repr(v))
+    return {m: tuple(sorted(k for k, vs in hp.items() if len(vs) > 1)) for m, hp in values.items()}
+
+
+def first_line_of_error(text: str | None) -> str:
+    """The exception line of a traceback (its last non-empty line), shortened."""
+    if not text:
+        return "unknown error"
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else "unknown error"
+    return last if len(last) <= 300 else last[:297] + "..."
+
+
+class ProgressCallback(tune.Callback):
+    """Prints sweep progress from the driver; collects errors for the final summary."""
+
+    def __init__(self, trials: list[Trial], all_runs: list[Run], *, already_done: int = 0,
+                 out: Callable[[str], None] = print, on_failed: Callable[[Trial, str], None] | None = None) -> None:
+        self.trials = {t.key: t for t in trials}
+        self.total = already_done + sum(len(t.runs) for t in trials)
+        self.done = already_done
+        self.started_with = already_done
+        self.varying = varying_hparams(all_runs)
+        self.out = out
+        self.on_failed = on_failed
+        self.errors: dict[str, str] = {}
+        self.retries = 0
+        self.t0: float | None = None
+
+    def _trial(self, trial: Any) -> Trial | None:
+        return self.trials.get(trial.config.get("trial"))
+
+    def _eta(self) -> str:
+        finished_now = self.done - self.started_with
+        if self.t0 is None or finished_now <= 0:
+            return "?"
+        per_run = (time.monotonic() - self.t0) / finished_now
+        return format_seconds(per_run * (self.total - self.done))
+
+    def _describe(self, plan: Trial) -> str:
+        first = plan.runs[0]
+        what = run_label(first, self.varying) if len(plan.runs) == 1 else f"pack of {len(plan.runs)} runs"
+        return f"{what} | {first.config['backbone']} {first.config['dataset']} seed={first.config['seed']}"
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.t0 is None:
+            self.t0 = time.monotonic()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        plan = self._trial(trial)
+        if plan is None:
+            return
+        self.done += len(plan.runs)
+        result = trial.last_result or {}
+        acc = result.get("accuracy")
+        parts = [f"[{self.done}/{self.total}]", self._describe(plan)]
+        if acc is not None and result.get("n_runs", 0) > 0:
+            parts.append(f"acc {acc:.2f}%" + (" (mean)" if len(plan.runs) > 1 else ""))
+            parts.append(f"{result.get('samples_per_s', float('nan')):,.0f} samples/s")
+            if result.get("resumed_from"):
+                parts.append(f"resumed at row {result['resumed_from']}")
+        elif result.get("n_runs") == 0:
+            parts.append("already finished")
+        parts.append(f"ETA {self._eta()}")
+        self.out("  ".join(parts))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        plan = self._trial(trial)
+        self.retries += 1
+        error = first_line_of_error(trial.get_error())
+        self.out(f"retry: {self._describe(plan) if plan else trial} failed ({error}); "
+                 f"retrying from its last complete part")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        plan = self._trial(trial)
+        if plan is None:
+            return
+        self.done += len(plan.runs)
+        error = first_line_of_error(trial.get_error())
+        self.errors[plan.key] = error
+        if self.on_failed is not None:
+            self.on_failed(plan, error)
+        self.out(f"[{self.done}/{self.total}] FAILED {self._describe(plan)}: {error}  ETA {self._eta()}")
+
+
+def _mean_std(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.2f}"
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))  # sample std over seeds
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def accuracy_table(runs: list[Run], rows: dict[str, dict[str, Any]]) -> str:
+    """Method x dataset top-1 accuracy (%), mean ± std over seeds, from finished runs' runs-table rows.
+
+    A row is a method with the hparams that vary in the sweep (and the backbone / template set when the sweep
+    has several); a cell with no finished run shows '-', never a number.
+    """
+    varying = varying_hparams(runs)
+    backbones = len({r.config["backbone"] for r in runs}) > 1
+    templates = len({r.config["templates"] for r in runs}) > 1
+    datasets: list[str] = []
+    cells: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        config = run.config
+        if config["dataset"] not in datasets:
+            datasets.append(config["dataset"])
+        label = " ".join(([config["backbone"]] if backbones else []) + ([str(config["templates"])] if templates else [])
+                         + [run_label(run, varying)])
+        cell = cells.setdefault(label, {}).setdefault(config["dataset"], [])
+        row = rows.get(run.run_id) or {}
+        if row.get("status") == "finished" and row.get("accuracy") is not None:
+            cell.append(float(row["accuracy"]))
+    header = ["method"] + datasets
+    body = [[label] + [_mean_std(by_ds[d]) if by_ds.get(d) else "-" for d in datasets] for label, by_ds in cells.items()]
+    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+
+    def line(cols: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+
+    title = "top-1 accuracy (%), mean ± std over seeds"
+    return "\n".join([title, line(header), line(["-" * w for w in widths])] + [line(r) for r in body])

@@ -1,0 +1,186 @@
+"""Execute a sweep with Ray Tune: one trial per run (or per pack of runs), resumable from the results dir.
+
+The results dir, not Tune's experiment state, is the source of truth for resume: every invocation expands the
+spec, skips runs whose runs-table status is 'finished', and launches a fresh Tuner over the rest. Unfinished
+runs continue from their last complete part (see trial.py). So `bca sweep SPEC` after a crash, a Ctrl-C, a
+killed driver or a lost node picks up exactly where the complete parts end, on this machine or another one.
+
+Ray: local by default (num_cpus = this machine's cores); `address` or RAY_ADDRESS joins a running cluster.
+An already initialised Ray session is used as is (the tests share one). Tune's own console reporter is off;
+`ProgressCallback` prints one line per finished trial instead. Per-sample rows never travel through Ray: the
+trial writes them itself; only summary metrics go through `ray.tune.report`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
+from orchestrator.sweep.progress import ProgressCallback, accuracy_table, format_seconds
+from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.trial import Settings, execute_trial
+
+TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
+
+
+class NothingToResume(ValueError):
+    """--resume named a sweep that this results dir has never started."""
+
+
+@dataclass
+class SweepOutcome:
+    total: int                                  # runs in the spec
+    skipped: int                                # finished before this invocation
+    finished: int                               # finished now (including skipped)
+    failed: dict[str, str] = field(default_factory=dict)    # run_id -> error
+    unfinished: list[str] = field(default_factory=list)    # run_ids neither finished nor failed (interrupted)
+    table: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.finished == self.total
+
+
+def _trial_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Summary metrics a trial reports to Tune: the run's own, or the pack's means."""
+    if not results:
+        return {"n_runs": 0}
+    keys = ("accuracy", "last50_accuracy", "samples_per_s", "time_encoder_s", "time_logits_s",
+            "time_posterior_s", "time_update_s", "peak_mem_mb")
+    out: dict[str, Any] = {k: sum(r[k] for r in results) / len(results) for k in keys}
+    out["time_encoder_s"] = sum(r["time_encoder_s"] for r in results)
+    out["peak_mem_mb"] = max(r["peak_mem_mb"] for r in results)
+    out.update(n_runs=len(results), n_samples=results[0]["n_samples"],
+               rows_written=sum(r["rows_written"] for r in results),
+               resumed_from=max(r["resumed_from"] for r in results))
+    if len(results) == 1:
+        out["run_id"] = results[0]["run_id"]
+    return out
+
+
+def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
+    """The Tune function trainable: one trial of the plan, metrics through tune.report only."""
+    from ray import tune
+
+    trial = plan["trials"][config["trial"]]
+    tune.report(_trial_metrics(execute_trial(trial, plan["settings"])))
+
+
+def settings_of(spec: SweepSpec) -> Settings:
+    return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
+                    part_rows=spec.part_rows)
+
+
+def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
+    return {run.run_id: (read_run(spec.results_dir, spec.name, run.run_id) or {}).get("status") for run in runs}
+
+
+def _init_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+
+
+def _mark_failed(settings: Settings) -> Callable[[Trial, str], None]:
+    """Record a trial's final error on each of its runs that did not finish (a killed worker cannot)."""
+    def mark(trial: Trial, error: str) -> None:
+        for run in trial.runs:
+            writer = RunWriter(settings.results_dir, run.config)
+            if writer.status() != "finished":
+                writer.mark("failed", error=error)
+    return mark
+
+
+def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
+              out: Callable[[str], None] = print) -> SweepOutcome:
+    """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or stayed unfinished."""
+    runs = expand(spec)
+    if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
+        raise NothingToResume(f"--resume: sweep {spec.name!r} has not been started in {spec.results_dir} "
+                              f"(no {sweep_record_path(spec.results_dir, spec.name)}); run without --resume")
+    write_sweep_record(spec, runs)
+    status = run_status(spec, runs)
+    todo = [r for r in runs if status[r.run_id] != "finished"]
+    skipped = len(runs) - len(todo)
+    out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
+        f"-> {spec.results_dir}")
+    if todo:
+        _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
+    return _outcome(spec, runs, skipped, out)
+
+
+def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
+          out: Callable[[str], None]) -> None:
+    # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    from ray import tune
+
+    _init_ray(address)
+    settings = settings_of(spec)
+    callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings))
+    trainable = tune.with_resources(
+        tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),
+        {"cpu": spec.resources.cpus, "gpu": spec.resources.gpu})
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search([t.key for t in trials])},
+        tune_config=tune.TuneConfig(reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=f"{spec.name}_{stamp}", storage_path=str(Path(spec.results_dir) / TUNE_DIR), verbose=0,
+            callbacks=[callback], failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            log_to_file=True),
+    )
+    controller_log = logging.getLogger("ray.tune.execution.tune_controller")
+    level = controller_log.level
+    controller_log.setLevel(logging.CRITICAL)
+    try:
+        tuner.fit()
+    finally:
+        controller_log.setLevel(level)
+
+
+def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, out: Callable[[str], None]) -> SweepOutcome:
+    rows = {r.run_id: read_run(spec.results_dir, spec.name, r.run_id) or {} for r in runs}
+    failed = {rid: (row.get("error") or "unknown error") for rid, row in rows.items() if row.get("status") == "failed"}
+    unfinished = [rid for rid, row in rows.items() if row.get("status") not in ("finished", "failed")]
+    finished = sum(1 for row in rows.values() if row.get("status") == "finished")
+    table = accuracy_table(runs, rows)
+    outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
+                           unfinished=unfinished, table=table)
+    out("")
+    out(table)
+    out("")
+    out(f"{finished}/{len(runs)} runs finished, {len(failed)} failed, {len(unfinished)} unfinished")
+    if failed:
+        out("errors:")
+        for error, count in _count(failed.values()):
+            out(f"  {count} run(s): {error}")
+    if failed or unfinished:
+        out(f"continue with: bca sweep <spec> --resume   (finished runs are skipped, unfinished ones go on "
+            f"from their last complete part)")
+    out(f"open the dashboard: bca dashboard --results {spec.results_dir}")
+    return outcome
+
+
+def _count(errors: Any) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for e in errors:
+        line = e.strip().splitlines()[-1] if e.strip() else e
+        counts[line] = counts.get(line, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
+__all__ = ["run_sweep", "SweepOutcome", "NothingToResume", "format_seconds"]

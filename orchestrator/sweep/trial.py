@@ -1,0 +1,245 @@
+"""One trial: load (or reuse) a data source's stream, run its online run(s), write every row through RunWriter.
+
+Ray-free on purpose: the Tune trainable in `runner.py` is a thin wrapper around `execute_trial`, and the
+benchmark's plain loop calls `execute_trial` directly, so both do exactly the same work.
+
+Streams are memoised per process, keyed by the DataSource (backbone, dataset, views, templates, seed): with
+`reuse_actors=True` a Tune actor runs trial after trial, and every trial after the first on the same source
+skips loading. Real datasets come through the feature cache (`load_benchmark`), which encodes each cache key
+once across all processes (file lock), so at most the first trial of a source pays for the encoder.
+
+Resume is exact because the method state is a deterministic function of the stream prefix: a trial replays
+the whole stream and writes only the rows at or past `RunWriter.rows_done()` (the end of the run's complete
+parts), so a run killed mid-way ends with exactly n rows, the same ones an uninterrupted run writes.
+
+Fault injection (the reliability tests): BCA_SWEEP_FAILPOINT="<action>:<parts>:<flag file>" makes the first
+trial process that has written <parts> parts of one run, with <flag file> absent, create the flag and then
+`sigkill` itself, `raise` an error, or `stall` (sleep) until killed. Unset, it costs one environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.methods import METHODS, make_method
+from orchestrator.results.writer import RunWriter
+from orchestrator.sweep.plan import DataSource, Run, Trial
+
+FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
+# Streams kept per process: one source is all a trial needs; a second spares reloading when trials of two
+# sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
+_MEMO_SIZE = 2
+_MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every trial of a sweep shares: absolute paths (Tune changes the working directory) and part size."""
+
+    results_dir: str
+    cache_dir: str | None
+    data_root: str | None
+    part_rows: int
+
+
+@dataclass
+class Stream:
+    """A data source ready to run, everything in stream order."""
+
+    features: torch.Tensor               # [n, d]: the single view, or the AugMix views' selected mean
+    view_features: torch.Tensor | None   # [n, V, d] for methods voting over views (zero); None without views
+    labels: torch.Tensor                 # [n] int64
+    image_ids: list[str]
+    order: torch.Tensor                  # [n] int64: dataset index of each stream position
+    class_embeddings: torch.Tensor
+    class_ids: torch.Tensor
+    num_classes: int
+    encode_s: float                      # encoder time spent producing these features in this process
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def stream_order(n: int, seed: int) -> torch.Tensor:
+    """The real-dataset stream: a permutation drawn from a CPU torch.Generator seeded with the run's seed."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
+    if source.is_synthetic:
+        from orchestrator.data.synthetic import make_synthetic
+
+        bench = make_synthetic(source.synthetic, seed=source.seed, **source.params())
+        order = torch.arange(len(bench))  # the scenario's own order is the stream
+        encode_s = 0.0
+    else:
+        from orchestrator.features import load_benchmark
+
+        if source.model_config is not None:
+            from orchestrator.sweep.catalog import register_model_config
+
+            register_model_config(source.model_config)
+        bench = load_benchmark(source.dataset, data_root=settings.data_root, cache_dir=settings.cache_dir,
+                               backbone=source.model, pretrained=source.checkpoint or source.pretrained,
+                               views=source.views, templates=source.templates, seed=source.seed,
+                               quick_gelu=source.quick_gelu, reduce_views=not keep_views)
+        encode_s = bench.encode_seconds
+        order = stream_order(len(bench), source.seed)
+    device = _device()
+    features = bench.features[order].to(device)
+    class_embeddings = bench.class_embeddings.to(device)
+    class_ids = bench.class_ids.to(device)
+    view_features = None
+    if features.ndim == 3:
+        from orchestrator.clip import select_views
+
+        view_features = features
+        features = select_views(view_features, class_embeddings, class_ids, bench.num_classes)
+    return Stream(features=features, view_features=view_features, labels=bench.labels[order],
+                  image_ids=[bench.image_ids[i] for i in order.tolist()], order=order,
+                  class_embeddings=class_embeddings, class_ids=class_ids, num_classes=bench.num_classes,
+                  encode_s=encode_s)
+
+
+def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
+    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
+    otherwise only the confident-view means are built, without a float32 copy of all views."""
+    key = (source, keep_views)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key], True
+    stream = _build_stream(source, settings, keep_views)
+    _MEMO[key] = stream
+    while len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return stream, False
+
+
+# --------------------------------------------------------------------------------------------- faults
+
+def _failpoint(parts_written: int) -> None:
+    spec = os.environ.get(FAILPOINT_ENV)
+    if not spec:
+        return
+    action, parts, flag = spec.split(":", 2)
+    if parts_written != int(parts) or os.path.exists(flag):
+        return
+    Path(flag).write_text(str(os.getpid()))
+    if action == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stall":
+        while True:
+            time.sleep(60)
+    elif action == "raise":
+        raise RuntimeError(f"failpoint {FAILPOINT_ENV} fired after {parts} parts")
+    else:
+        raise ValueError(f"{FAILPOINT_ENV}: unknown action {action!r}; expected sigkill, raise or stall")
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+def _peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; the process's peak
+
+
+def _accuracy(pred: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    correct = pred == labels
+    half = len(correct) // 2
+    return 100.0 * float(correct.mean()), 100.0 * float(correct[half:].mean())
+
+
+class _RowSink:
+    """Writes a run's rows from `rows_done` on, in parts of at most `part_rows`, firing the failpoint after each."""
+
+    def __init__(self, writer: RunWriter, stream: Stream, part_rows: int) -> None:
+        self.writer, self.stream, self.part_rows = writer, stream, part_rows
+        self.done = writer.rows_done()
+        self.resumed_from = self.done
+        self.parts = 0
+
+    def offer(self, start: int, pred: np.ndarray, conf: np.ndarray, gated: np.ndarray, gated_prior: np.ndarray,
+              selected: np.ndarray) -> None:
+        """Rows start..start+len-1 of the stream; only those not yet on disk are written."""
+        end = start + len(pred)
+        while self.done < end:
+            lo = self.done
+            hi = min(end, lo + self.part_rows)
+            a, b = lo - start, hi - start
+            self.done = self.writer.write_part(lo, {
+                "image_id": self.stream.image_ids[lo:hi], "label": self.stream.labels[lo:hi].numpy(),
+                "pred": pred[a:b], "confidence": conf[a:b], "gated": gated[a:b], "gated_prior": gated_prior[a:b],
+                "selected": selected[a:b]})
+            self.parts += 1
+            _failpoint(self.parts)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
+    """One online run over the stream, chunk by chunk (the method keeps its state between chunks)."""
+    writer = RunWriter(settings.results_dir, run.config)
+    n = len(stream)
+    writer.mark("running", n_samples=n)
+    try:
+        config = run.config
+        method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                             **config["hparams"])
+        features = stream.view_features if METHODS[config["method"]].takes_views else stream.features
+        sink = _RowSink(writer, stream, settings.part_rows)
+        preds, timings, run_s, trace = [], {}, 0.0, None
+        for start in range(0, n, settings.part_rows):
+            began = time.perf_counter()
+            trace = method.run(features[start:start + settings.part_rows])
+            run_s += time.perf_counter() - began
+            for stage, seconds in trace.timings.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+            pred = _numpy(trace.predictions)
+            preds.append(pred)
+            sink.offer(start, pred, _numpy(trace.confidences), _numpy(trace.gated), _numpy(trace.gated_prior),
+                       _numpy(trace.selected))
+        state = {k: _numpy(v) for k, v in trace.state.items()} if trace is not None else {}
+        writer.save_state({**state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
+        accuracy, last50 = _accuracy(np.concatenate(preds), stream.labels.numpy())
+        metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
+                   "samples_per_s": n / run_s if run_s > 0 else float("inf"), "time_encoder_s": encode_s,
+                   **{f"time_{stage}_s": timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
+                   "peak_mem_mb": _peak_mem_mb(stream.features.device)}
+        writer.mark("finished", **metrics)
+    except BaseException as exc:
+        # KeyboardInterrupt / SystemExit included: the run is recorded as failed, with what stopped it.
+        writer.mark("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+        raise
+    return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
+
+
+def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
+    """Run every run of a trial that is not finished yet; returns one metrics dict per run executed."""
+    todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
+    if not todo:
+        return []
+    keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
+    stream, cached = load_stream(trial.source, settings, keep_views)
+    encode_s = 0.0 if cached else stream.encode_s
+    out = []
+    for i, run in enumerate(todo):
+        out.append(execute_run(run, stream, settings, encode_s=encode_s if i == 0 else 0.0))
+    return out
