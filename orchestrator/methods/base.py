@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
@@ -106,7 +107,7 @@ def check_choice(method: str, name: str, value: Any, choices: tuple[str, ...]) -
 
 # ---------------------------------------------------------------------------------------------- registry
 
-class Method:
+class Method(ABC):
     """Base of every method. Subclasses set `name`, `hparams` (every valid hparam with its default),
     `takes_views` (features [n, V, d] instead of [n, d]), and implement `check_hparams` and `_run`.
 
@@ -126,12 +127,13 @@ class Method:
         self.hp = hparams
 
     @classmethod
+    @abstractmethod
     def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
         """Validate a complete hparam dict (defaults filled) and return it with normalised values."""
-        raise TypeError(f"{cls.__name__} must define check_hparams")
 
+    @abstractmethod
     def _run(self, features: torch.Tensor) -> Trace:
-        raise TypeError(f"{type(self).__name__} must define _run")
+        """Process validated features in stream order, continuing from the current state."""
 
     def run(self, features: torch.Tensor) -> Trace:
         """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
@@ -222,9 +224,9 @@ def validate_features(method: str, features: Any, class_embeddings: torch.Tensor
     if not bool(torch.isfinite(features).all()):
         bad = int(torch.nonzero(~torch.isfinite(features).reshape(features.shape[0], -1).all(dim=1))[0])
         raise ValueError(f"{method}: features contain non-finite values (nan or inf), first at sample {bad}")
-    if features.numel() and bool((torch.linalg.vector_norm(features, dim=-1) == 0).any()):
-        bad = int(torch.nonzero((torch.linalg.vector_norm(features, dim=-1) == 0).reshape(features.shape[0], -1)
-                                .any(dim=1))[0])
+    zero_norm = (torch.linalg.vector_norm(features, dim=-1) == 0).reshape(features.shape[0], -1).any(dim=1)
+    if bool(zero_norm.any()):
+        bad = int(torch.nonzero(zero_norm)[0])
         raise ValueError(f"{method}: feature of sample {bad} has zero norm (features are expected L2-normalised)")
 
 

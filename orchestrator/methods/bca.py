@@ -47,8 +47,10 @@ class BCAFamily(Method):
         name = cls.name
         out = dict(hp)
         out["logit_scale"] = check_real(name, "logit_scale", hp["logit_scale"], low=0.0, low_inclusive=False)
-        for key in ("tau", "tau_likelihood", "tau_prior"):
-            if key in hp and not (key != "tau" and hp[key] is None):
+        if "tau" in hp:
+            out["tau"] = check_real(name, "tau", hp["tau"], low=0.0, allow_inf=True, hint=_TAU_HINT)
+        for key in ("tau_likelihood", "tau_prior"):
+            if hp.get(key) is not None:                 # None: inherit tau
                 out[key] = check_real(name, key, hp[key], low=0.0, allow_inf=True, hint=_TAU_HINT)
         for key in ("n1", "n2"):
             if key in hp:
