@@ -14,6 +14,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# Results subcommands (query, report, verify) live with the results package.
+from orchestrator.results.cli import register as _register_results  # noqa: E402
+
+_register_results(app)
+
 
 @app.command("dashboard")
 def dashboard_cmd(
@@ -26,6 +31,20 @@ def dashboard_cmd(
 
     typer.echo(f"dashboard for {results.resolve()} at http://{host}:{port}")
     launch(results, host=host, port=port)
+
+
+@app.command("sweep")
+def sweep_cmd(
+    spec: Path = typer.Argument(..., help="Sweep spec YAML (e.g. experiments/demo.yaml)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a sweep started before: finished runs are "
+                                "skipped, unfinished ones go on from their last complete part."),
+    address: str = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
+                                "local Ray using this machine's cores)."),
+) -> None:
+    """Run a sweep spec on Ray Tune: one trial per online run, per-sample rows as Parquet under results_dir."""
+    from orchestrator.sweep.command import sweep_command
+
+    raise typer.Exit(sweep_command(spec, resume=resume, address=address))
 
 
 def main() -> None:

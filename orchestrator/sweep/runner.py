@@ -39,7 +39,7 @@ class SweepOutcome:
     skipped: int                                # finished before this invocation
     finished: int                               # finished now (including skipped)
     failed: dict[str, str] = field(default_factory=dict)    # run_id -> error
-    unfinished: list[str] = field(default_factory=list)    # run_ids neither finished nor failed (interrupted)
+    interrupted: list[str] = field(default_factory=list)   # run_ids stopped by Ctrl-C (recorded as failed)
     table: str = ""
 
     @property
@@ -104,8 +104,9 @@ def _mark_failed(settings: Settings) -> Callable[[Trial, str], None]:
 
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
-              out: Callable[[str], None] = print) -> SweepOutcome:
-    """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or stayed unfinished."""
+              out: Callable[[str], None] = print, command: str = "bca sweep SPEC") -> SweepOutcome:
+    """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or was interrupted.
+    `command` is how the user started it, for the resume hints."""
     runs = expand(spec)
     if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
         raise NothingToResume(f"--resume: sweep {spec.name!r} has not been started in {spec.results_dir} "
@@ -116,9 +117,24 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     skipped = len(runs) - len(todo)
     out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
         f"-> {spec.results_dir}")
+    interrupted: list[str] = []
     if todo:
         _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
-    return _outcome(spec, runs, skipped, out)
+        interrupted = _record_interrupted(spec, todo, command)
+    return _outcome(spec, runs, skipped, interrupted, out, command)
+
+
+def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str) -> list[str]:
+    """Runs still 'running' once Tune returned were stopped by Ctrl-C (a failed trial is marked by the
+    callback): record them as failed, with how far they got, so the runs table tells the truth."""
+    stopped = []
+    for run in todo:
+        writer = RunWriter(spec.results_dir, run.config)
+        if writer.status() == "running":
+            writer.mark("failed", error=f"interrupted after {writer.rows_done()} complete rows; "
+                                        f"resume with {command} --resume")
+            stopped.append(run.run_id)
+    return stopped
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
@@ -143,34 +159,40 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
             callbacks=[callback], failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             log_to_file=True),
     )
-    controller_log = logging.getLogger("ray.tune.execution.tune_controller")
-    level = controller_log.level
-    controller_log.setLevel(logging.CRITICAL)
+    # Tune logs each trial error with a traceback and, after Ctrl-C, one warning per trial without results;
+    # the callback and the final summary say the same in one line each.
+    quiet = [logging.getLogger(name) for name in ("ray.tune.execution.tune_controller",
+                                                  "ray.tune.analysis.experiment_analysis")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.CRITICAL)
     try:
         tuner.fit()
     finally:
-        controller_log.setLevel(level)
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
 
 
-def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, out: Callable[[str], None]) -> SweepOutcome:
+def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str],
+             out: Callable[[str], None], command: str) -> SweepOutcome:
     rows = {r.run_id: read_run(spec.results_dir, spec.name, r.run_id) or {} for r in runs}
-    failed = {rid: (row.get("error") or "unknown error") for rid, row in rows.items() if row.get("status") == "failed"}
-    unfinished = [rid for rid, row in rows.items() if row.get("status") not in ("finished", "failed")]
+    failed = {rid: (row.get("error") or "unknown error") for rid, row in rows.items()
+              if row.get("status") == "failed" and rid not in interrupted}
     finished = sum(1 for row in rows.values() if row.get("status") == "finished")
     table = accuracy_table(runs, rows)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
-                           unfinished=unfinished, table=table)
+                           interrupted=interrupted, table=table)
     out("")
     out(table)
     out("")
-    out(f"{finished}/{len(runs)} runs finished, {len(failed)} failed, {len(unfinished)} unfinished")
+    out(f"{finished}/{len(runs)} runs finished, {len(failed)} failed, {len(interrupted)} interrupted")
     if failed:
         out("errors:")
         for error, count in _count(failed.values()):
             out(f"  {count} run(s): {error}")
-    if failed or unfinished:
-        out(f"continue with: bca sweep <spec> --resume   (finished runs are skipped, unfinished ones go on "
-            f"from their last complete part)")
+    if failed or interrupted:
+        out(f"continue with: {command} --resume   (finished runs are skipped, the others go on from their "
+            f"last complete part)")
     out(f"open the dashboard: bca dashboard --results {spec.results_dir}")
     return outcome
 

@@ -1,0 +1,33 @@
+"""`bca sweep SPEC [--resume] [--address ADDR]`: load and validate the spec, run it, set the exit code.
+
+Exit codes: 0 every run finished; 1 some runs failed or were left unfinished (the summary says which and how
+to resume); 2 the spec is invalid (every problem listed) or --resume named a sweep never started; 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from orchestrator.sweep.runner import NothingToResume, run_sweep
+from orchestrator.sweep.spec import SpecError, load_spec
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None) -> int:
+    try:
+        spec = load_spec(spec_path)
+        outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}")
+    except (SpecError, NothingToResume) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: everything written so far is complete and queryable; continue with "
+              f"bca sweep {spec_path} --resume", file=sys.stderr)
+        return 130
+    if outcome.interrupted:
+        return 130
+    return 0 if outcome.ok else 1
