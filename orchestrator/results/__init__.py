@@ -3,13 +3,34 @@
     from orchestrator.results import RunWriter, ResultsDB
     w = RunWriter(results_dir, run_config); w.mark("running", n_samples=n); w.write_part(w.rows_done(), cols)
     ResultsDB(results_dir).df("SELECT * FROM summary")
+
+Names are imported on first use, so `bca --help` and the writer in trial actors do not pay for DuckDB/pandas.
 """
 
-from orchestrator.results.atomic import ResultsWriteError
-from orchestrator.results.db import VIEWS, BadFile, ResultsDB
-from orchestrator.results.safety import QueryRefused
-from orchestrator.results.schema import config_hash, normalize_config, resolve_results_dir
-from orchestrator.results.writer import RunWriter, load_state, read_run
+from __future__ import annotations
 
-__all__ = ["VIEWS", "BadFile", "QueryRefused", "ResultsDB", "ResultsWriteError", "RunWriter", "config_hash",
-           "load_state", "normalize_config", "read_run", "resolve_results_dir"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ResultsWriteError": "orchestrator.results.atomic",
+    "VIEWS": "orchestrator.results.db",
+    "BadFile": "orchestrator.results.db",
+    "ResultsDB": "orchestrator.results.db",
+    "QueryRefused": "orchestrator.results.safety",
+    "config_hash": "orchestrator.results.schema",
+    "normalize_config": "orchestrator.results.schema",
+    "resolve_results_dir": "orchestrator.results.schema",
+    "RunWriter": "orchestrator.results.writer",
+    "load_state": "orchestrator.results.writer",
+    "read_run": "orchestrator.results.writer",
+    "method_dataset_table": "orchestrator.results.report",
+    "verify_results": "orchestrator.results.verify",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'orchestrator.results' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,185 @@
+"""The results subcommands of `bca`: query, report, verify (registered on the app by orchestrator/cli.py).
+
+Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep; 2 bad usage, refused or
+malformed SQL, unwritable output, missing results dir for verify.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from orchestrator.results import schema
+
+RESULTS_HELP = f"Results directory written by `bca sweep` (default ./{schema.DEFAULT_RESULTS_DIR})."
+
+
+def _err(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, soft_wrap=True).print(message, markup=False, highlight=False)
+
+
+def _warn_bad_files(db: Any) -> None:
+    for bad in db.bad_files:
+        _err(f"warning: skipped bad file {bad.path}: {bad.error}")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def query_cmd(
+    sql: Optional[str] = typer.Argument(None, help="One SELECT over the views samples, runs, accuracy, summary."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the SQL from this file instead."),
+    results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
+    csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout."),
+    json_out: bool = typer.Option(False, "--json", help="Write a JSON array of row objects to stdout."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the result to this Parquet file."),
+    max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table view."),
+) -> None:
+    """Run read-only SQL over the results (views: samples, runs, accuracy, summary)."""
+    import duckdb
+    import pyarrow.parquet as pq
+
+    from orchestrator.results.atomic import atomic_write
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.safety import QueryRefused
+
+    if (sql is None) == (file is None):
+        _err("error: give the SQL as an argument or with --file, not both or neither")
+        raise typer.Exit(2)
+    if sum([csv, json_out, parquet is not None]) > 1:
+        _err("error: choose one of --csv, --json, --parquet")
+        raise typer.Exit(2)
+    if file is not None:
+        try:
+            sql = file.read_text(encoding="utf-8")
+        except OSError as e:
+            _err(f"error: cannot read SQL file {file}: {e.strerror or e}")
+            raise typer.Exit(2)
+    with ResultsDB(results) as db:
+        try:
+            table = db.query(sql or "")
+        except QueryRefused as e:
+            _err(f"refused: {e}")
+            raise typer.Exit(2)
+        except duckdb.Error as e:
+            _err(str(e))
+            raise typer.Exit(2)
+        finally:
+            _warn_bad_files(db)
+    if parquet is not None:
+        try:
+            atomic_write(parquet.absolute(), lambda tmp: pq.write_table(table, tmp), "query result")
+        except OSError as e:
+            _err(f"error: {e}")
+            raise typer.Exit(2)
+        _err(f"wrote {table.num_rows} row(s) to {parquet.absolute()}")
+    elif csv:
+        table.to_pandas().to_csv(sys.stdout, index=False)
+    elif json_out:
+        sys.stdout.write(json.dumps(_jsonable(table.to_pylist()), ensure_ascii=False) + "\n")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        view = Table(show_lines=False, header_style="bold")
+        for name in table.column_names:
+            view.add_column(name, overflow="fold")
+        for row in table.slice(0, max_rows).to_pylist():
+            view.add_row(*(_cell(v) for v in row.values()))
+        console = Console()
+        console.print(view)
+        shown = min(max_rows, table.num_rows)
+        more = f"; showing {shown} (--max-rows, or --csv for all)" if shown < table.num_rows else ""
+        console.print(f"{table.num_rows} row(s){more}", highlight=False)
+
+
+def report_cmd(
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's runs."),
+    paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
+    results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
+) -> None:
+    """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds."""
+    from rich.console import Console
+
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import report_tables
+
+    console = Console()
+    with ResultsDB(results) as db:
+        tables = report_tables(db, sweep=sweep, paper=paper)
+        _warn_bad_files(db)
+        if not any(not t.empty for t in tables) and not paper:
+            sweeps = [r["sweep"] for r in db.sql("SELECT DISTINCT sweep FROM runs ORDER BY 1").to_pylist()]
+            where = f"for sweep {sweep!r} " if sweep else ""
+            _err(f"no finished runs {where}in {db.results_dir}" + (f" (sweeps there: {', '.join(sweeps)})" if sweeps
+                                                                   else ""))
+            if sweep:
+                raise typer.Exit(1)
+            return
+    for table in tables:
+        console.print(table.render())
+
+
+def verify_cmd(
+    results: Path = typer.Argument(Path(schema.DEFAULT_RESULTS_DIR), help=RESULTS_HELP),
+) -> None:
+    """List bad or unfinished parts and runs with missing or duplicate rows; exit code 1 when there are any."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.results.verify import verify_results
+
+    root = schema.resolve_results_dir(results)
+    if not root.is_dir():
+        _err(f"error: results dir {root} does not exist")
+        raise typer.Exit(2)
+    report = verify_results(root)
+    console = Console()
+    summary = f"{root}: {report.parts} part(s), {report.rows} row(s), {report.runs} run(s)"
+    if report.ok:
+        console.print(f"{summary}: OK", highlight=False)
+        return
+    view = Table(title=f"{len(report.problems)} problem(s)", title_justify="left", header_style="bold")
+    for name in ("kind", "where", "detail"):
+        view.add_column(name, overflow="fold")
+    for p in report.problems:
+        view.add_row(p.kind, p.where, p.detail)
+    console.print(summary, highlight=False)
+    console.print(view)
+    raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("query")(query_cmd)
+    app.command("report")(report_cmd)
+    app.command("verify")(verify_cmd)

@@ -1,0 +1,385 @@
+"""Tables from stored results: the paper's Table 1 (OOD) and Table 2 (cross-domain), and a generic
+method x dataset table for any sweep (synthetic scenarios included).
+
+Cells are mean ± std over seeds of finished runs (the accuracy view). An average column is computed per seed
+over the seeds that cover all of its datasets, then mean ± std over those seeds; if no seed covers them all
+it is missing. Missing cells are NaN in frames and "—" when rendered, never zero. Rows are (backbone, method);
+when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
+that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
+same backbone (and same setting label, if CLIP has several).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.results import schema
+from orchestrator.results.db import ResultsDB
+
+MISSING = "—"
+PAPER_FILE = "paper_results.json"
+
+
+@dataclass(frozen=True)
+class Layout:
+    key: str
+    title: str
+    datasets: tuple[tuple[str, str], ...]  # (canonical dataset key, column label)
+    averages: tuple[tuple[str, tuple[str, ...]], ...]  # (column label, dataset keys it averages)
+
+    @property
+    def columns(self) -> list[str]:
+        return [label for _, label in self.datasets] + [label for label, _ in self.averages]
+
+
+_OOD = (("imagenet", "ImageNet"), ("imagenet_a", "ImageNet-A"), ("imagenet_v2", "ImageNet-V2"),
+        ("imagenet_r", "ImageNet-R"), ("imagenet_sketch", "ImageNet-Sketch"))
+_CD = (("aircraft", "Aircraft"), ("caltech101", "Caltech101"), ("cars", "Cars"), ("dtd", "DTD"),
+       ("eurosat", "EuroSAT"), ("flowers102", "Flowers102"), ("food101", "Food101"), ("pets", "Pets"),
+       ("sun397", "SUN397"), ("ucf101", "UCF101"))
+TABLE1 = Layout("ood", "Table 1: OOD benchmark, top-1 accuracy (%)", _OOD,
+                (("Average", tuple(k for k, _ in _OOD)), ("OOD Average", tuple(k for k, _ in _OOD[1:]))))
+TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark, top-1 accuracy (%)", _CD,
+                (("Average", tuple(k for k, _ in _CD)),))
+PAPER_LAYOUTS = (TABLE1, TABLE2)
+
+# Spellings of each benchmark dataset, compared after lower-casing and dropping everything but letters/digits.
+_DATASET_ALIASES = {
+    "imagenet": ("imagenet", "imagenet1k", "ilsvrc2012", "in1k"),
+    "imagenet_a": ("imageneta", "imagenetadversarial"),
+    "imagenet_v2": ("imagenetv2", "imagenetv2matchedfrequency"),
+    "imagenet_r": ("imagenetr", "imagenetrendition"),
+    "imagenet_sketch": ("imagenetsketch", "imagenets"),
+    "aircraft": ("aircraft", "fgvcaircraft", "fgvc"),
+    "caltech101": ("caltech101", "caltech"),
+    "cars": ("cars", "stanfordcars"),
+    "dtd": ("dtd", "describabletextures"),
+    "eurosat": ("eurosat",),
+    "flowers102": ("flowers102", "flower102", "flowers", "oxfordflowers"),
+    "food101": ("food101", "food"),
+    "pets": ("pets", "oxfordpets"),
+    "sun397": ("sun397", "sun"),
+    "ucf101": ("ucf101", "ucf"),
+}
+_ALIAS_TO_KEY = {alias: key for key, aliases in _DATASET_ALIASES.items() for alias in aliases}
+_DATASET_LABELS = dict(_OOD + _CD)
+METHOD_LABELS = {"clip": "CLIP", "la": "CLIP+LA", "pa": "CLIP+PA", "bca": "BCA", "tda": "TDA", "tda_pa": "TDA+PA",
+                 "zero": "Zero"}
+_METHOD_ORDER = list(METHOD_LABELS)
+# Run settings that may tell rows of one method apart (besides every hparam column).
+_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def canonical_dataset(name: str) -> str | None:
+    """The benchmark key (e.g. 'imagenet_a') of a dataset name in any usual spelling, or None."""
+    return _ALIAS_TO_KEY.get(_squash(name))
+
+
+def dataset_label(name: str) -> str:
+    key = canonical_dataset(name)
+    return _DATASET_LABELS[key] if key else name
+
+
+def backbone_label(name: str) -> str:
+    """open_clip names to the paper's: ViT-B-16 -> ViT-B/16, RN50-quickgelu -> RN50."""
+    base = re.sub(r"-quickgelu$", "", name, flags=re.IGNORECASE)
+    m = re.match(r"^(ViT-[A-Za-z]+)-(\d+)$", base)
+    return f"{m.group(1)}/{m.group(2)}" if m else base
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def load_paper_results() -> dict[str, Any]:
+    """The published numbers (with their source), as carried in paper_results.json."""
+    text = resources.files("orchestrator.results").joinpath(PAPER_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+# ------------------------------------------------------------------------------------------------- data
+def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
+    """One row per finished run with its accuracy (accuracy view), optionally for one sweep."""
+    where = "status = 'finished'" + (" AND sweep = $sweep" if sweep is not None else "")
+    params = {"sweep": sweep} if sweep is not None else None
+    return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
+
+
+def _fmt_value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
+    """Display backbones, and a 'row' label per run: the method's label plus the settings that vary between its
+    runs of one dataset. Returns the frame and the names of the settings that split rows."""
+    runs = runs.copy()
+    runs["backbone_name"] = runs["backbone"]
+    runs["backbone"] = runs["backbone"].map(backbone_label)
+    runs["row"] = runs["method"].map(method_label)
+    candidates = [c for c in ("backbone_name", *_VARIANT_CANDIDATES, *hparams) if c in runs.columns]
+    split: set[str] = set()
+    for (_backbone, _method), part in runs.groupby(["backbone", "method"], sort=False):
+        per_dataset = part.groupby("dataset")
+        vary = [c for c in candidates if per_dataset[c].nunique(dropna=False).max() > 1]
+        if not vary and per_dataset["group_id"].nunique(dropna=False).max() > 1:
+            vary = ["group_id"]
+        if vary:
+            split.update(vary)
+            labels = part[vary].apply(lambda r: ", ".join(f"{c}={_fmt_value(r[c])}" for c in vary), axis=1)
+            runs.loc[part.index, "row"] = part["method"].map(method_label) + " (" + labels + ")"
+    return runs, sorted(split)
+
+
+def _method_rank(method: str) -> tuple[int, str]:
+    return (_METHOD_ORDER.index(method) if method in _METHOD_ORDER else len(_METHOD_ORDER), method)
+
+
+@dataclass
+class ReportTable:
+    """One rendered table. Frames are indexed by (backbone, method[, source]) with one column per table column.
+
+    mean / std / n: over seeds; best: the highest measured mean of each column within each backbone;
+    gain: mean minus the CLIP row's mean (same backbone); source rows 'paper' and 'Δ paper' only with paper=True.
+    """
+
+    title: str
+    columns: list[str]
+    gain_columns: list[str]
+    mean: pd.DataFrame
+    std: pd.DataFrame
+    n: pd.DataFrame
+    gain: pd.DataFrame
+    best: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.mean.empty
+
+    def to_frame(self) -> pd.DataFrame:
+        """Numbers as a flat frame: '<column>' (mean), '<column> std', '<column> n', then 'Δ CLIP (<column>)'."""
+        out = pd.DataFrame(index=self.mean.index)
+        for col in self.columns:
+            out[col] = self.mean[col]
+            out[f"{col} std"] = self.std[col]
+            out[f"{col} n"] = self.n[col]
+        for col in self.gain_columns:
+            out[f"Δ CLIP ({col})"] = self.gain[col]
+        return out
+
+    def formatted(self) -> pd.DataFrame:
+        """Display strings: 'mean ± std' (just 'mean' for one seed), signed differences, '—' for missing."""
+        out = pd.DataFrame(index=self.mean.index)
+        sources = (list(self.mean.index.get_level_values("source")) if "source" in self.mean.index.names
+                   else ["measured"] * len(self.mean))
+        for col in self.columns:
+            cells = []
+            for key, source in zip(self.mean.index, sources):
+                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source))
+            out[col] = cells
+        for col in self.gain_columns:
+            out[f"Δ CLIP ({col})"] = [_signed(v) for v in self.gain[col]]
+        return out
+
+    def render(self) -> Table:
+        """A rich table; best measured cell per column and backbone in bold."""
+        text = self.formatted()
+        table = Table(title=self.title, title_justify="left", header_style="bold")
+        for name in text.index.names:
+            table.add_column(name or "", no_wrap=True)
+        for col in text.columns:
+            table.add_column(col, justify="right", no_wrap=True)
+        previous_backbone = None
+        for key, row in text.iterrows():
+            if previous_backbone is not None and key[0] != previous_backbone:
+                table.add_section()
+            previous_backbone = key[0]
+            cells: list[Text | str] = [str(k) for k in key]
+            for col in text.columns:
+                bold = col in self.columns and bool(self.best.at[key, col])
+                cells.append(Text(row[col], style="bold green" if bold else ""))
+            table.add_row(*cells)
+        if self.notes:
+            table.caption = "\n".join(self.notes)
+            table.caption_justify = "left"
+        return table
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def _cell(mean: Any, std: Any, n: Any, source: str) -> str:
+    if _is_missing(mean):
+        return MISSING
+    if source == "Δ paper":
+        return _signed(mean)
+    if source == "paper" or _is_missing(std) or _is_missing(n) or n < 2:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def _signed(value: Any) -> str:
+    return MISSING if _is_missing(value) else f"{value:+.2f}"
+
+
+def _aggregate(runs: pd.DataFrame, layout: Layout) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
+    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns."""
+    out: dict[tuple[str, str, str], dict[str, tuple[float, float, int]]] = {}
+    label_of = dict(layout.datasets)
+    for (backbone, method, row), part in runs.groupby(["backbone", "method", "row"], sort=False):
+        # one accuracy per dataset and seed (several sweeps with the same setting are averaged)
+        per_seed = part.groupby(["key", "seed"])["accuracy"].mean().unstack("key")
+        cells = {}
+        for key, label in label_of.items():
+            if key in per_seed.columns:
+                values = per_seed[key].dropna()
+                cells[label] = (float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                                int(len(values)))
+        for label, keys in layout.averages:
+            if all(k in per_seed.columns for k in keys):
+                values = per_seed[list(keys)].dropna().mean(axis=1)
+                if len(values):
+                    cells[label] = (float(values.mean()),
+                                    float(values.std(ddof=1)) if len(values) > 1 else math.nan, int(len(values)))
+        out[(backbone, method, row)] = cells
+    return out
+
+
+def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: str, method: str) -> tuple | None:
+    clip_rows = [r for r in rows if r[0] == backbone and r[1] == "clip"]
+    suffix = variant_row[len(method_label(method)):]
+    same = [r for r in clip_rows if r[2] == method_label("clip") + suffix]
+    if same:
+        return same[0]
+    return clip_rows[0] if len(clip_rows) == 1 else None
+
+
+def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,
+                runs: pd.DataFrame | None = None) -> ReportTable:
+    """The layout's table from the finished runs (of `sweep`, if given); paper=True adds the published rows
+    ('paper') and measured minus published ('Δ paper') under each (backbone, method)."""
+    runs = finished_runs(db, sweep) if runs is None else runs
+    keys = {k for k, _ in layout.datasets}
+    runs = runs.assign(key=[canonical_dataset(d) if layout.key != "generic" else d for d in runs["dataset"]])
+    runs = runs[runs["key"].isin(keys)]
+    hparams = [c.name for c in schema.HPARAM_COLUMNS] + list(db.extra_run_columns)
+    runs, split = _with_row_labels(runs, hparams)
+    cells = _aggregate(runs, layout) if len(runs) else {}
+    columns = layout.columns
+    gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
+
+    paper_rows: dict[tuple[str, str], dict[str, float]] = {}
+    notes = []
+    if paper:
+        published = load_paper_results()
+        table = published["tables"].get(layout.key)
+        if table is not None:
+            for row in table["rows"]:
+                paper_rows[(row["backbone"], row["method"])] = row["values"]
+            notes.append(f"paper: {published['source']['paper']}")
+
+    row_keys = list(cells)
+    for backbone, method in paper_rows:
+        if not any(r[0] == backbone and r[1] == method for r in row_keys):
+            row_keys.append((backbone, method, method_label(method)))
+    row_keys.sort(key=lambda r: (r[0], _method_rank(r[1]), r[2]))
+
+    index, means, stds, ns, gains = [], [], [], [], []
+    for backbone, method, row in row_keys:
+        measured = cells.get((backbone, method, row), {})
+        clip_key = _clip_row(list(cells), backbone, row, method)
+        clip_cells = cells.get(clip_key, {}) if clip_key else {}
+        gain = {c: measured[c][0] - clip_cells[c][0] if c in measured and c in clip_cells else math.nan
+                for c in columns}
+        sources = [("measured", {c: measured.get(c, (math.nan, math.nan, 0)) for c in columns})]
+        published = paper_rows.get((backbone, method))
+        if published is not None:
+            sources.append(("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns}))
+            sources.append(("Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published
+                                            else math.nan, math.nan, 1) for c in columns}))
+        for source, values in sources:
+            index.append((backbone, row, source) if paper else (backbone, row))
+            means.append({c: values[c][0] for c in columns})
+            stds.append({c: values[c][1] for c in columns})
+            ns.append({c: values[c][2] for c in columns})
+            gains.append(gain if source == "measured" else {c: math.nan for c in columns})
+    names = ["backbone", "method", "source"] if paper else ["backbone", "method"]
+    idx = pd.MultiIndex.from_tuples(index, names=names) if index else pd.MultiIndex.from_tuples([], names=names)
+    mean = pd.DataFrame(means, index=idx, columns=columns, dtype=float)
+    std = pd.DataFrame(stds, index=idx, columns=columns, dtype=float)
+    n = pd.DataFrame(ns, index=idx, columns=columns).fillna(0).astype(int)
+    gain = pd.DataFrame(gains, index=idx, columns=columns, dtype=float)
+    best = _best(mean, paper)
+    if split:
+        notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
+    return ReportTable(layout.title, columns, gain_columns, mean, std, n, gain, best, notes)
+
+
+def _best(mean: pd.DataFrame, paper: bool) -> pd.DataFrame:
+    best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
+    if mean.empty:
+        return best
+    measured = mean[mean.index.get_level_values(-1) == "measured"] if paper else mean
+    for _backbone, block in measured.groupby(level=0, sort=False):
+        for col in mean.columns:
+            top = block[col].max()
+            if not _is_missing(top):
+                best.loc[block.index[block[col] == top], col] = True
+    return best
+
+
+def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method and dataset") -> Layout:
+    """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
+    def order(d: str) -> tuple[int, str]:
+        key = canonical_dataset(d)
+        keys = [k for k, _ in _OOD + _CD]
+        return (keys.index(key), d) if key else (len(keys), d)
+
+    ordered = sorted(dict.fromkeys(datasets), key=order)
+    cols = tuple((d, dataset_label(d)) for d in ordered)
+    averages = (("Average", tuple(ordered)),) if len(ordered) > 1 else ()
+    return Layout("generic", title, cols, averages)
+
+
+def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | None = None,
+                         title: str | None = None) -> ReportTable:
+    """Method x dataset accuracy (mean ± std over seeds) for any sweep: the sweep's end summary and the demo.
+
+    `results` is a ResultsDB or a results dir. `.to_frame()` gives the numbers, `.render()` a rich table.
+    """
+    db = results if isinstance(results, ResultsDB) else ResultsDB(results)
+    runs = finished_runs(db, sweep)
+    layout = generic_layout(list(runs["dataset"].unique()),
+                            title or f"Accuracy (%) by method and dataset{f' — sweep {sweep}' if sweep else ''}")
+    return build_table(db, layout, sweep=sweep, runs=runs)
+
+
+def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False) -> list[ReportTable]:
+    """What `bca report` prints: Table 1 and Table 2 where they have measured cells (always with paper=True),
+    then a method x dataset table for datasets outside both (e.g. synthetic scenarios)."""
+    runs = finished_runs(db, sweep)
+    keys = {canonical_dataset(d) for d in runs["dataset"]}
+    tables = []
+    for layout in PAPER_LAYOUTS:
+        if paper or keys & {k for k, _ in layout.datasets}:
+            tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs))
+    others = [d for d in runs["dataset"].unique() if canonical_dataset(d) is None]
+    if others:
+        layout = generic_layout(others, "Other datasets: accuracy (%) by method and dataset")
+        tables.append(build_table(db, layout, sweep=sweep, runs=runs))
+    return tables
