@@ -221,10 +221,11 @@ WITH stats AS (
     FROM samples GROUP BY run_id
 ),
 acc AS (
-    -- last 50%: stream positions i with 2 i >= n, n = the run's n_samples (its row count when unknown)
+    -- last 50%: stream positions i >= n // 2 (numpy's correct[n // 2:]), n = the run's n_samples (its row
+    -- count when unknown)
     SELECT s.run_id,
            100 * avg(s.correct::DOUBLE) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE 2 * s.sample_idx >= coalesce(r.n_samples, st.n_rows))
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= coalesce(r.n_samples, st.n_rows) // 2)
                AS last50_accuracy
     FROM samples s JOIN stats st USING (run_id) LEFT JOIN runs r USING (run_id)
     GROUP BY s.run_id
