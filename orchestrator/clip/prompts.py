@@ -1,0 +1,171 @@
+"""Prompt templates and class embeddings from the text encoder.
+
+Named template sets:
+- 'dataset': the dataset's own templates in the public protocol (REFERENCE.md section 3);
+- 'ensemble7': the 7-template ImageNet ensemble, 'clip80': CLIP's 80 ImageNet templates (both taken from
+  open_clip.zero_shot_metadata);
+- 'handcrafted1'..'handcrafted4': the supplementary's M = K*t sets without ensembling ("a photo of a {}",
+  "a origami {}", "art of the {}", "itap of a {}": the first t of them); embedding m is template m // K
+  for class m % K.
+
+Ensembled sets: each prompt is L2-normalised, prompts are averaged per class, and the mean is
+L2-normalised again (M = K). Text embeddings are cached on disk (keyed by the backbone's identity, the
+device's precision, the prompts and the mode) so a sweep's trials do not re-run the text encoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from orchestrator.clip.backbone import (
+    Backbone,
+    BackboneSpec,
+    auto_device,
+    precision_for,
+    resolve_weights,
+    shared_backbone,
+)
+from orchestrator.data.datasets import canonical_dataset_name
+
+HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
+
+_SINGLE_DATASET_TEMPLATES = {
+    "dtd": "{} texture.",
+    "eurosat": "a centered satellite photo of {}.",
+    "pets": "a photo of a {}, a type of pet.",
+    "aircraft": "a photo of a {}, a type of aircraft.",
+    "food101": "a photo of {}, a type of food.",
+    "flowers102": "a photo of a {}, a type of flower.",
+    "ucf101": "a photo of a person doing {}.",
+}
+_ENSEMBLE7_DATASETS = ("imagenet", "imagenet-a", "imagenet-v2", "caltech101", "cars", "sun397")
+_CLIP80_DATASETS = ("imagenet-r", "imagenet-sketch")
+_TEXT_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TemplateSet:
+    name: str
+    templates: tuple[str, ...]
+    ensemble: bool  # True: average per class (M = K); False: one embedding per (template, class) (M = K*t)
+
+
+def _from_open_clip(templates) -> tuple[str, ...]:
+    """open_clip ships templates as functions of the class name; turn them into '{}' strings."""
+    out = tuple(t("{}") for t in templates)
+    bad = [t for t in out if t.count("{}") != 1]
+    if bad:
+        raise ValueError(f"open_clip templates without exactly one class slot: {bad}")
+    return out
+
+
+def ensemble7() -> tuple[str, ...]:
+    from open_clip.zero_shot_metadata import SIMPLE_IMAGENET_TEMPLATES
+
+    return _from_open_clip(SIMPLE_IMAGENET_TEMPLATES)
+
+
+def clip80() -> tuple[str, ...]:
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    return _from_open_clip(OPENAI_IMAGENET_TEMPLATES)
+
+
+TEMPLATE_SET_NAMES = ("dataset", "ensemble7", "clip80", "handcrafted1", "handcrafted2", "handcrafted3", "handcrafted4")
+
+
+def resolve_templates(
+    templates: str | list[str] | tuple[str, ...], dataset: str | None = None, ensemble: bool | None = None
+) -> TemplateSet:
+    """A named set (TEMPLATE_SET_NAMES) or explicit '{}' templates (ensembled unless ensemble=False)."""
+    if isinstance(templates, str):
+        name = templates.strip().lower()
+        if name == "dataset":
+            if dataset is None:
+                raise ValueError("templates='dataset' needs the dataset name (dataset=...)")
+            ds = canonical_dataset_name(dataset)
+            if ds in _ENSEMBLE7_DATASETS:
+                return TemplateSet(f"dataset:{ds}", ensemble7(), True)
+            if ds in _CLIP80_DATASETS:
+                return TemplateSet(f"dataset:{ds}", clip80(), True)
+            return TemplateSet(f"dataset:{ds}", (_SINGLE_DATASET_TEMPLATES[ds],), True)
+        if name == "ensemble7":
+            return TemplateSet(name, ensemble7(), True)
+        if name == "clip80":
+            return TemplateSet(name, clip80(), True)
+        if name.startswith("handcrafted") and name[len("handcrafted"):] in ("1", "2", "3", "4"):
+            return TemplateSet(name, HANDCRAFTED[: int(name[-1])], False)
+        raise ValueError(f"unknown template set {templates!r}; named sets: {', '.join(TEMPLATE_SET_NAMES)}, "
+                         f"or pass a list of templates with one '{{}}' for the class name")
+    templates = tuple(templates)
+    bad = [t for t in templates if t.count("{}") != 1]
+    if not templates or bad:
+        raise ValueError(f"templates must be a non-empty list of strings with exactly one '{{}}'; bad: {bad}")
+    return TemplateSet("custom", templates, True if ensemble is None else ensemble)
+
+
+def _encode(backbone: Backbone, class_names: list[str], tset: TemplateSet) -> tuple[torch.Tensor, torch.Tensor]:
+    K, t = len(class_names), len(tset.templates)
+    # template-major order: row j*K + k is template j for class k, so class(m) = m % K
+    prompts = [tmpl.replace("{}", name) for tmpl in tset.templates for name in class_names]
+    feats = backbone.encode_texts(prompts).view(t, K, -1)
+    if tset.ensemble:
+        return F.normalize(feats.mean(dim=0), dim=-1), torch.arange(K, dtype=torch.int64)
+    return feats.reshape(t * K, -1).contiguous(), torch.arange(t * K, dtype=torch.int64) % K
+
+
+def _text_key(identity: dict, precision: str, class_names: list[str], tset: TemplateSet) -> str:
+    blob = json.dumps({"v": _TEXT_CACHE_VERSION, "backbone": identity, "precision": precision,
+                       "classes": class_names, "templates": tset.templates, "ensemble": tset.ensemble},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def class_embeddings(
+    backbone: Backbone | BackboneSpec,
+    class_names: list[str],
+    templates: str | list[str] | tuple[str, ...] = "dataset",
+    *,
+    dataset: str | None = None,
+    ensemble: bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    device: str | torch.device | None = None,
+    **load_kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class embeddings [M, d] float32 (rows L2-normalised) and class_ids [M] int64 in [0, K).
+
+    backbone may be a loaded Backbone or a BackboneSpec; with a spec and a cache hit no model is loaded.
+    cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache.
+    """
+    tset = resolve_templates(templates, dataset, ensemble)
+    class_names = list(class_names)
+    if not class_names:
+        raise ValueError("class_names is empty")
+    if isinstance(backbone, Backbone):
+        identity, precision = backbone.resolved.identity(), backbone.precision
+    else:
+        resolved = resolve_weights(backbone, **{k: v for k, v in load_kwargs.items()
+                                                if k in ("weights_dir", "allow_download")})
+        identity, precision = resolved.identity(), precision_for(auto_device(device))
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / "text" / f"{_text_key(identity, precision, class_names, tset)}.npz"
+        if path.is_file():
+            with np.load(path) as z:
+                return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])
+    model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs)
+    emb, ids = _encode(model, class_names, tset)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, embeddings=emb.numpy(), class_ids=ids.numpy())
+        os.replace(tmp, path)  # readers never see a half-written file
+    return emb, ids

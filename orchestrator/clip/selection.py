@@ -1,0 +1,68 @@
+"""Confident-view selection for augmented views (the public protocol, REFERENCE.md section 3).
+
+Done at run time, not at encode time, because it depends on the class embeddings (the prompts): for each
+sample the views' class posteriors are computed against the current class embeddings, the `keep` fraction
+with the lowest softmax entropy is kept, and the sample's feature is the mean of the kept views' features,
+not renormalised, as the public code does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def view_posteriors(
+    view_features: torch.Tensor,
+    class_embeddings: torch.Tensor,
+    class_ids: torch.Tensor,
+    num_classes: int,
+    logit_scale: float = 100.0,
+) -> torch.Tensor:
+    """[n, V, d] -> [n, V, K]: softmax over the M class embeddings, summed into their K classes.
+
+    With one embedding per class (M = K) this is the plain softmax over classes.
+    """
+    probs = torch.softmax(logit_scale * view_features.float() @ class_embeddings.float().T, dim=-1)
+    out = probs.new_zeros(*probs.shape[:-1], num_classes)
+    return out.index_add_(-1, class_ids.to(probs.device), probs)
+
+
+def confident_view_indices(
+    view_features: torch.Tensor,
+    class_embeddings: torch.Tensor,
+    class_ids: torch.Tensor,
+    num_classes: int,
+    logit_scale: float = 100.0,
+    keep: float = 0.1,
+) -> torch.Tensor:
+    """[n, V, d] -> [n, k] indices of the k = max(1, int(V * keep)) lowest-entropy views (as int() truncates)."""
+    post = view_posteriors(view_features, class_embeddings, class_ids, num_classes, logit_scale)
+    entropy = -(post * torch.log(post.clamp_min(1e-30))).sum(-1)
+    k = max(1, int(view_features.shape[1] * keep))
+    return torch.argsort(entropy, dim=1, stable=True)[:, :k]
+
+
+def select_views(
+    view_features: torch.Tensor,
+    class_embeddings: torch.Tensor,
+    class_ids: torch.Tensor,
+    num_classes: int,
+    logit_scale: float = 100.0,
+    keep: float = 0.1,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """[n, V, d] view features -> [n, d] mean of each sample's confident views (float32, not renormalised).
+
+    Processed `chunk` samples at a time so ImageNet-scale view sets need little extra memory.
+    """
+    if view_features.ndim != 3:
+        raise ValueError(f"select_views needs view features [n, V, d]; got shape {tuple(view_features.shape)}")
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1]; got {keep}")
+    out = []
+    for start in range(0, view_features.shape[0], chunk):
+        block = view_features[start:start + chunk].float()
+        idx = confident_view_indices(block, class_embeddings, class_ids, num_classes, logit_scale, keep)
+        kept = torch.gather(block, 1, idx.unsqueeze(-1).expand(-1, -1, block.shape[-1]))
+        out.append(kept.mean(dim=1))
+    return torch.cat(out) if out else view_features.new_zeros(0, view_features.shape[-1], dtype=torch.float32)

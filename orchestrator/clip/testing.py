@@ -1,0 +1,142 @@
+"""Test helpers shared by every test suite: tiny open_clip models and tiny datasets in the real layouts.
+
+Nothing here touches the network. The tiny models are ordinary open_clip configs registered with
+`open_clip.add_model_config`, so they run exactly the code path of the paper's backbones (random weights:
+pretrained=None, or a checkpoint file saved from one). The dataset builders write a few small images per
+class in each layout of REFERENCE.md section 4, for end-to-end tests of readers, cache and sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from orchestrator.data.datasets import DATASETS, EUROSAT_RENAMES, canonical_dataset_name, imagenet_wnids
+
+TINY_VIT = "bca-tiny-vit"  # 2-layer width-128 ViT at 64 px, patch 16, 64-d embeddings: ~7.2M parameters
+TINY_RN = "bca-tiny-rn"  # ModifiedResNet [1, 1, 1, 1] width 16 at 64 px: the RN50 code path, ~6.9M parameters
+
+_TEXT = {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2}
+TINY_CONFIGS = {
+    TINY_VIT: {"embed_dim": 64, "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "patch_size": 16,
+                                               "head_width": 64}, "text_cfg": _TEXT},
+    TINY_RN: {"embed_dim": 64, "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 16,
+                                              "head_width": 64}, "text_cfg": _TEXT},
+}
+
+
+def register_tiny_models() -> tuple[str, ...]:
+    """Register the tiny configs with open_clip (idempotent); returns their model names."""
+    import open_clip
+
+    missing = [name for name in TINY_CONFIGS if name not in open_clip.list_models()]
+    if missing:
+        directory = Path(tempfile.mkdtemp(prefix="bca-tiny-models-"))
+        for name in missing:
+            (directory / f"{name}.json").write_text(json.dumps(TINY_CONFIGS[name]))
+        open_clip.add_model_config(directory)
+    return tuple(TINY_CONFIGS)
+
+
+# --------------------------------------------------------------------------------------------- images
+
+
+def write_image(path: Path, label: int, index: int, size: int = 32) -> None:
+    """A small image whose colour depends on the class (so features differ by class), plus seeded noise."""
+    rng = np.random.default_rng(1000 * label + index)
+    base = np.array([(53 * label) % 256, (97 * label + 80) % 256, (151 * label + 160) % 256], dtype=np.float32)
+    pixels = np.clip(base + rng.normal(0, 25, size=(size, size, 3)), 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = path.suffix.lower()
+    Image.fromarray(pixels).save(path, format="PNG" if suffix == ".png" else "JPEG")
+
+
+def write_corrupt_image(path: Path) -> None:
+    """A file with an image extension and bytes no decoder accepts (truncated JPEG header)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+
+
+def _file_names(per_class: int, ext: str) -> list[str]:
+    """Image names including ones with 'sh' in them, which the public reader's listing helper drops."""
+    names = ["sketch_0", "fish_1", "img_2", "img_3", "shadow_4", "img_5"]
+    return [f"{names[i % len(names)]}{'' if i < len(names) else i}{ext}" for i in range(per_class)]
+
+
+# --------------------------------------------------------------------------------------------- layouts
+
+
+def _wnid_layout(base: Path, wnids: list[str], per_class: int, ext: str) -> None:
+    for label, wnid in enumerate(wnids):
+        for i, name in enumerate(_file_names(per_class, ext)):
+            write_image(base / wnid / name, label, i)
+
+
+def _split_layout(data_root: Path, name: str, num_classes: int, per_class: int) -> None:
+    info = DATASETS[name]
+    folder = data_root / info.folder
+    if name == "eurosat":
+        raw = list(EUROSAT_RENAMES)[:num_classes]
+        # the split file may already carry the renamed names (CoOp's do): mix both forms
+        classes = [EUROSAT_RENAMES[c] if i % 2 else c for i, c in enumerate(raw)]
+    else:
+        classes = [f"class_{k}_name" for k in range(num_classes)]
+    entries = []
+    for label, cname in enumerate(classes):
+        for i, fname in enumerate(_file_names(per_class, ".jpg")):
+            rel = f"{cname.replace(' ', '_')}/{fname}"
+            write_image(folder / info.image_dir / rel, label, i)
+            entries.append([rel, label, cname])
+    split = {"train": entries[:1], "val": [], "test": entries}
+    (folder / info.split_file).write_text(json.dumps(split))
+
+
+def _aircraft_layout(data_root: Path, num_classes: int, per_class: int) -> None:
+    folder = data_root / DATASETS["aircraft"].folder
+    variants = [f"7{k}7-{100 + k}" for k in range(num_classes)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "variants.txt").write_text("\n".join(variants) + "\n")
+    lines = []
+    for label, variant in enumerate(variants):
+        for i in range(per_class):
+            image = f"{1000000 + 10 * label + i}"
+            write_image(folder / "images" / f"{image}.jpg", label, i)
+            lines.append(f"{image} {variant}")
+    (folder / "images_variant_test.txt").write_text("\n".join(lines) + "\n")
+
+
+def build_dataset(name: str, data_root: str | Path, num_classes: int = 3, per_class: int = 2) -> Path:
+    """Write a tiny copy of dataset `name` in its real layout under data_root; returns the dataset folder.
+
+    ImageNet / -Sketch use the first ImageNet WordNet ids, -A / -R ids from their 200-class lists (every
+    other one, so labels differ from folder positions), -V2 the class folders 0, 2, 10, ... (numeric order
+    differs from string order). File names include 'sh' ('sketch_0', 'fish_1', 'shadow_4').
+    """
+    name = canonical_dataset_name(name)
+    root = Path(data_root)
+    info = DATASETS[name]
+    table = imagenet_wnids()
+    if name in ("imagenet", "imagenet-sketch"):
+        _wnid_layout(root / info.folder / info.image_dir, table["imagenet"][:num_classes], per_class, ".JPEG")
+    elif name in ("imagenet-a", "imagenet-r"):
+        _wnid_layout(root / info.folder / info.image_dir, table[name][1:2 * num_classes:2], per_class, ".jpg")
+    elif name == "imagenet-v2":
+        base = root / info.folder / info.image_dir
+        for k in range(num_classes):
+            label = 0 if k == 0 else 2 * 5 ** (k - 1)  # 0, 2, 10, 50, ...: '10' sorts before '2' as strings
+            for i in range(per_class):
+                write_image(base / str(label) / f"{k}{i}abc.jpeg", label, i)
+    elif name == "aircraft":
+        _aircraft_layout(root, num_classes, per_class)
+    else:
+        _split_layout(root, name, num_classes, per_class)
+    return root / info.folder
+
+
+def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -> None:
+    for name in DATASETS:
+        build_dataset(name, data_root, num_classes, per_class)

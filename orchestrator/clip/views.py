@@ -1,0 +1,101 @@
+"""Image views per test sample: 'single' (the backbone's own eval transform) or 'augmix' (original + 63 AugMix).
+
+'single': resize the shorter side to the backbone's input size (bicubic for CLIP), centre crop, CLIP
+normalisation: open_clip's eval transform for the backbone, so its size follows the model (224 for the
+paper's backbones).
+
+'augmix' follows the public protocol's AugMixAugmenter (TPT/TDA): view 0 is the 'single' view; each of the
+63 others is a RandomResizedCrop to the input size and a random horizontal flip of the original image,
+then AugMix (torchvision's, severity 1, width 3, depth 1-3, the geometric + posterize/solarize/equalize/
+autocontrast operations the public augmentation list uses, i.e. all_ops=False), then CLIP normalisation.
+Randomness is seeded per image from (seed, image id), so a view set does not depend on DataLoader workers,
+batch order or which images were skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+VIEW_KINDS = ("single", "augmix")
+AUGMIX_VIEWS = 63
+_PIPELINE_VERSION = 1  # bump when the transforms change, so old cache entries are not reused
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """A view protocol: 'single', or 'augmix' with n_aug augmented views (plus the original) and a seed."""
+
+    kind: str = "single"
+    n_aug: int = AUGMIX_VIEWS
+    severity: int = 1
+    seed: int | None = None
+
+    @property
+    def num_views(self) -> int:
+        return 1 if self.kind == "single" else 1 + self.n_aug
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind == "single" or self.n_aug == AUGMIX_VIEWS else f"augmix{self.n_aug}"
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the views' pixels; 'single' is deterministic, so its seed is left out (one cache entry)."""
+        if self.kind == "single":
+            return {"kind": "single", "pipeline": _PIPELINE_VERSION}
+        return {"kind": "augmix", "n_aug": self.n_aug, "severity": self.severity, "seed": self.seed,
+                "crop": "RandomResizedCrop+hflip", "augmix": "torchvision all_ops=False width=3 depth=-1 alpha=1",
+                "pipeline": _PIPELINE_VERSION}
+
+
+def parse_views(views: str | ViewConfig, seed: int | None = None) -> ViewConfig:
+    """'single', 'augmix' (63 + original) or 'augmixN' (N augmented + original)."""
+    if isinstance(views, ViewConfig):
+        return views
+    key = views.strip().lower()
+    if key == "single":
+        return ViewConfig("single", seed=None)
+    if key.startswith("augmix"):
+        rest = key[len("augmix"):].lstrip(":-_")
+        if rest == "" or (rest.isdigit() and int(rest) > 0):
+            return ViewConfig("augmix", n_aug=int(rest) if rest else AUGMIX_VIEWS, seed=1 if seed is None else seed)
+    raise ValueError(f"unknown views {views!r}: expected 'single', 'augmix' (63 AugMix views + the original) "
+                     f"or 'augmixN' (N augmented views + the original)")
+
+
+def _item_seed(seed: int, image_id: str) -> int:
+    digest = hashlib.sha256(f"{seed}\0{image_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class ViewTransform:
+    """PIL image (+ its id) -> [V, 3, H, W] tensor of views, view 0 the backbone's own eval transform."""
+
+    def __init__(self, config: ViewConfig, base: Any, preprocess_cfg: dict[str, Any]):
+        self.config = config
+        self.base = base
+        if config.kind == "augmix":
+            size = preprocess_cfg["size"]
+            size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+            self.augment = T.Compose([
+                T.RandomResizedCrop(size),
+                T.RandomHorizontalFlip(),
+                T.AugMix(severity=config.severity, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=False),
+                T.ToTensor(),
+                T.Normalize(preprocess_cfg["mean"], preprocess_cfg["std"]),
+            ])
+
+    def __call__(self, image: Image.Image, image_id: str) -> torch.Tensor:
+        image = image.convert("RGB")
+        original = self.base(image)
+        if self.config.kind == "single":
+            return original.unsqueeze(0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_item_seed(self.config.seed, image_id))
+            views = [self.augment(image) for _ in range(self.config.n_aug)]
+        return torch.stack([original, *views])

@@ -1,0 +1,111 @@
+"""`bca cache`: pre-encode feature-cache entries (and their text embeddings) before a sweep runs.
+
+Each job is one (backbone, dataset, views, seed) entry plus the template sets whose text embeddings it
+needs. A job whose entry exists is a no-op ("hit"); a run that is interrupted leaves no partial entry.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
+from orchestrator.clip.prompts import class_embeddings
+from orchestrator.clip.views import parse_views
+from orchestrator.data.datasets import DatasetLayoutError, canonical_dataset_name, protocol_views
+from orchestrator.features.cache import CorruptImageError, FeatureCache
+
+
+@dataclass(frozen=True)
+class CacheJob:
+    backbone: BackboneSpec
+    dataset: str
+    data_root: Path
+    cache_dir: Path
+    views: str
+    seed: int
+    templates: tuple[str, ...]
+
+
+def jobs_from_args(
+    model: str,
+    pretrained: str | None,
+    datasets: list[str],
+    data_root: Path,
+    cache_dir: Path,
+    views: str,
+    seeds: list[int],
+    templates: list[str],
+    quick_gelu: bool | None = None,
+) -> list[CacheJob]:
+    """One job per dataset and seed; 'protocol' views resolve per dataset, and 'single' needs one seed only."""
+    spec = BackboneSpec(model, pretrained, quick_gelu)
+    jobs: list[CacheJob] = []
+    for name in datasets:
+        ds = canonical_dataset_name(name)
+        ds_views = protocol_views(ds) if views == "protocol" else views
+        parse_views(ds_views)  # fail on a bad value before any encoding
+        for seed in (seeds[:1] if ds_views == "single" else seeds):
+            jobs.append(CacheJob(spec, ds, data_root.resolve(), cache_dir.resolve(), ds_views, seed, tuple(templates)))
+    return list(dict.fromkeys(jobs))
+
+
+def run_jobs(
+    jobs: list[CacheJob],
+    *,
+    device: str | None = None,
+    batch_size: int = 256,
+    num_workers: int | None = None,
+    corrupt: str = "skip",
+    force: bool = False,
+    weights_dir: str | None = None,
+    allow_download: bool = False,
+    echo=print,
+) -> int:
+    """Run the jobs in order; returns a process exit code (0 ok, 2 on a user-facing error)."""
+    load = {"weights_dir": weights_dir, "allow_download": allow_download}
+    try:
+        for n, job in enumerate(jobs, start=1):
+            cached = FeatureCache(job.cache_dir).get_or_encode(
+                job.backbone, job.dataset, job.data_root, job.views, job.seed, device=device,
+                batch_size=batch_size, num_workers=num_workers, corrupt=corrupt, progress=True, force=force, **load)
+            m = cached.manifest
+            state = "encoded" if cached.encoded else "hit"
+            echo(f"[{n}/{len(jobs)}] {state:7s} {job.backbone.label} {job.dataset} views={job.views} "
+                 f"seed={m['seed']}: {m['count']} images ({m['skipped_count']} skipped), "
+                 f"features {tuple(m['shape'])} -> {cached.path}")
+            for skip in m["skipped"][:5]:
+                echo(f"    skipped {skip['image_id']}: {skip['reason']}")
+            for templates in job.templates:
+                emb, _ = class_embeddings(job.backbone, cached.class_names, templates, dataset=job.dataset,
+                                          cache_dir=job.cache_dir, device=device, **load)
+                echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
+    except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def jobs_from_spec(path: Path) -> list[CacheJob]:
+    """Every real-dataset entry a sweep spec's trials will ask for (synthetic datasets need none)."""
+    import open_clip
+
+    from orchestrator.sweep.spec import RealDataset, dataset_views, load_spec
+
+    spec = load_spec(path, check_existing=False)
+    real = [d for d in spec.datasets if isinstance(d, RealDataset)]
+    if not real:
+        return []
+    jobs: list[CacheJob] = []
+    for backbone in spec.backbones:
+        if backbone.config is not None:  # a custom architecture: trials register it the same way
+            open_clip.add_model_config(backbone.config)
+        weights = backbone.checkpoint if backbone.checkpoint is not None else backbone.pretrained
+        bspec = BackboneSpec(backbone.model, weights, backbone.quick_gelu)
+        for ds in real:
+            views = dataset_views(spec, ds)
+            for seed in (spec.seeds[:1] if views == "single" else spec.seeds):
+                jobs.append(CacheJob(bspec, ds.name, Path(spec.data_root), Path(spec.cache_dir), views, seed,
+                                     tuple(spec.templates)))
+    return list(dict.fromkeys(jobs))
