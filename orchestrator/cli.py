@@ -47,6 +47,51 @@ def sweep_cmd(
     raise typer.Exit(sweep_command(spec, resume=resume, address=address))
 
 
+@app.command("cache")
+def cache_cmd(
+    spec: Path = typer.Argument(None, help="Sweep spec YAML: pre-encode every real (backbone, dataset, views, "
+                                "seed) it uses. Or leave it out and give the explicit options below."),
+    model: str = typer.Option(None, "--model", help="open_clip model name, e.g. ViT-B-16."),
+    pretrained: str = typer.Option(None, "--pretrained", help="Tag (e.g. openai) or a checkpoint file; "
+                                   "leave out for random weights."),
+    dataset: list[str] = typer.Option(None, "--dataset", help="Dataset name (repeatable), e.g. imagenet-a."),
+    data_root: Path = typer.Option(None, "--data-root", help="Folder holding the datasets (REFERENCE layouts)."),
+    cache_dir: Path = typer.Option(None, "--cache-dir", help="Feature cache folder."),
+    views: str = typer.Option("protocol", "--views", help="single | augmix | augmixN | protocol (augmix for "
+                              "ImageNet-A/-V2/-R/-Sketch, single otherwise)."),
+    seed: list[int] = typer.Option([1], "--seed", help="AugMix seed (repeatable); ignored for single views."),
+    templates: list[str] = typer.Option(["dataset"], "--templates", help="Template set whose text embeddings "
+                                        "to cache too (repeatable)."),
+    quick_gelu: bool = typer.Option(None, "--quick-gelu/--no-quick-gelu", help="Override the activation "
+                                    "(default: from the tag; QuickGELU for OpenAI TorchScript files)."),
+    workers: int = typer.Option(None, "--workers", min=0, help="DataLoader workers (default min(8, cores))."),
+    batch_size: int = typer.Option(256, "--batch-size", min=1, help="Views per encoder call."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N."),
+    corrupt: str = typer.Option("skip", "--corrupt", help="skip (record unreadable images) | error."),
+    force: bool = typer.Option(False, "--force", help="Re-encode entries that exist."),
+    weights_dir: str = typer.Option(None, "--weights-dir", help="Where tag weights are cached "
+                                    "(default: the Hugging Face cache and ~/.cache/clip)."),
+    allow_download: bool = typer.Option(False, "--allow-download", help="Fetch tag weights that are not "
+                                        "cached (needs network)."),
+) -> None:
+    """Pre-encode image features (and text embeddings) into the feature cache; a re-run is a no-op."""
+    from orchestrator.features.command import jobs_from_args, jobs_from_spec, run_jobs
+
+    if spec is not None:
+        if model or dataset or data_root or cache_dir:
+            raise typer.BadParameter("give a spec or --model/--dataset/--data-root/--cache-dir, not both")
+        jobs = jobs_from_spec(spec)
+    else:
+        missing = [flag for flag, value in (("--model", model), ("--dataset", dataset), ("--data-root", data_root),
+                                            ("--cache-dir", cache_dir)) if not value]
+        if missing:
+            raise typer.BadParameter(f"without a spec, give {', '.join(missing)}")
+        jobs = jobs_from_args(model, pretrained, dataset, data_root, cache_dir, views, seed, templates, quick_gelu)
+    raise typer.Exit(run_jobs(jobs, device=device, batch_size=batch_size, num_workers=workers, corrupt=corrupt,
+                              force=force, weights_dir=weights_dir, allow_download=allow_download,
+                              echo=typer.echo))
+
+
 def main() -> None:
     app()
 
