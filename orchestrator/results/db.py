@@ -246,19 +246,22 @@ def _summary_sql(hparams: Sequence[str]) -> str:
 CREATE OR REPLACE VIEW summary AS
 WITH finished AS (SELECT * FROM accuracy WHERE status = 'finished' AND group_id IS NOT NULL),
 grouped AS (
+    -- only complete runs count: a finished run with lost or duplicated rows would shift the mean silently
     SELECT group_id, any_value(setting_id) AS setting_id, any_value(sweep) AS sweep,
            any_value(backbone) AS backbone, any_value(pretrained) AS pretrained, any_value(dataset) AS dataset,
            any_value(method) AS method, any_value(templates) AS templates,
            any_value(num_templates) AS num_templates, any_value(views) AS views, {any_h},
-           count(*) AS n, list(seed ORDER BY seed) AS seeds,
-           avg(accuracy) AS mean, stddev_samp(accuracy) AS std,
-           avg(last50_accuracy) AS last50_mean, stddev_samp(last50_accuracy) AS last50_std,
-           bool_and(complete) AS complete
+           count(*) FILTER (WHERE complete) AS n, list(seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
+           avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
+           stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
+           count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
-    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = 'clip' GROUP BY setting_id
+    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = 'clip' AND complete
+    GROUP BY setting_id
 )
 SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain
 FROM grouped g LEFT JOIN clip USING (setting_id)

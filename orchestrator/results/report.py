@@ -1,7 +1,7 @@
 """Tables from stored results: the paper's Table 1 (OOD) and Table 2 (cross-domain), and a generic
 method x dataset table for any sweep (synthetic scenarios included).
 
-Cells are mean ± std over seeds of finished runs (the accuracy view). An average column is computed per seed
+Cells are mean ± std over seeds of finished runs with all their rows (the accuracy view's `complete`). An average column is computed per seed
 over the seeds that cover all of its datasets, then mean ± std over those seeds; if no seed covers them all
 it is missing. Missing cells are NaN in frames and "—" when rendered, never zero. Rows are (backbone, method);
 when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
@@ -113,8 +113,8 @@ def load_paper_results() -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- data
 def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
-    """One row per finished run with its accuracy (accuracy view), optionally for one sweep."""
-    where = "status = 'finished'" + (" AND sweep = $sweep" if sweep is not None else "")
+    """One row per finished, complete run with its accuracy (accuracy view), optionally for one sweep."""
+    where = "status = 'finished' AND complete" + (" AND sweep = $sweep" if sweep is not None else "")
     params = {"sweep": sweep} if sweep is not None else None
     return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
 
