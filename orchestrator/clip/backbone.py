@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import pickle
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from functools import cache
@@ -234,7 +235,9 @@ def _load_weights(net: torch.nn.Module, resolved: ResolvedWeights, weights_only:
         if resolved.torchscript:
             # TorchScript runs its own code on load: the equivalent of weights_only=False, which OpenAI's
             # originals need. Keys match open_clip's CLIP; drop the archive's scalar metadata and buffers.
-            state = torch.jit.load(resolved.path, map_location="cpu").state_dict()
+            with warnings.catch_warnings():  # torch deprecates jit.load, but OpenAI's files exist only in it
+                warnings.simplefilter("ignore", FutureWarning)
+                state = torch.jit.load(resolved.path, map_location="cpu").state_dict()
             state = {k: v for k, v in state.items() if k not in _TORCHSCRIPT_EXTRA_KEYS}
             if "logit_scale" in state and state["logit_scale"].ndim != net.logit_scale.ndim:
                 state["logit_scale"] = state["logit_scale"].reshape(net.logit_scale.shape)
@@ -302,6 +305,13 @@ class Backbone:
         return torch.cat(out)
 
 
+class _DropRandomInitWarning(logging.Filter):
+    """open_clip warns 'initialized randomly' for the empty model the checkpoint is loaded into next."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No pretrained weights loaded")
+
+
 def load_backbone(
     model: str,
     pretrained: str | None = None,
@@ -323,17 +333,24 @@ def load_backbone(
     spec = BackboneSpec(model, pretrained, quick_gelu)
     resolved = resolve_weights(spec, weights_dir=weights_dir, allow_download=allow_download)
     dev = auto_device(device)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(RANDOM_INIT_SEED)
-        net = open_clip.create_model(
-            resolved.model,
-            pretrained=None,
-            device="cpu",
-            force_preprocess_cfg=resolved.preprocess,
-            pretrained_image=False,  # never fetch tower weights: the full checkpoint (or nothing) is loaded below
-            pretrained_text=False,
-            quick_gelu=resolved.quick_gelu,
-        )
+    quiet = _DropRandomInitWarning() if resolved.path is not None else None
+    if quiet:
+        logging.getLogger().addFilter(quiet)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_INIT_SEED)
+            net = open_clip.create_model(
+                resolved.model,
+                pretrained=None,
+                device="cpu",
+                force_preprocess_cfg=resolved.preprocess,
+                pretrained_image=False,  # never fetch tower weights: the full checkpoint (or nothing) is loaded below
+                pretrained_text=False,
+                quick_gelu=resolved.quick_gelu,
+            )
+    finally:
+        if quiet:
+            logging.getLogger().removeFilter(quiet)
     if resolved.path is not None:
         _load_weights(net, resolved, weights_only)
     net = net.to(dev).eval()
