@@ -106,7 +106,7 @@ class FileChecker:
         if hit is not None and hit[:2] == key:
             return hit[2]
         try:
-            pq.read_table(path)
+            pq.ParquetFile(path).read()
             result = shallow
         except Exception as e:
             result = FileCheck(path, False, f"unreadable data: {str(e).splitlines()[0]}")

@@ -296,7 +296,7 @@ def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[st
     """A run's runs-table row as a dict, or None when it has none or its file is unreadable."""
     path = schema.run_file(schema.resolve_results_dir(results_dir), sweep, run_id)
     try:
-        rows = pq.read_table(path).to_pylist()
+        rows = pq.ParquetFile(path).read().to_pylist()
     except FileNotFoundError:
         return None
     except Exception as e:
