@@ -22,8 +22,8 @@ from typing import Any
 
 from orchestrator.methods import hparam_defaults, tda_defaults
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
-from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views, method_grid,
-                                     spec_fingerprint)
+from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views,
+                                     entry_datasets, method_grid, spec_fingerprint)
 
 SYNTHETIC_BACKBONE = "synthetic"
 # Methods whose defaults for the positive cache depend on the dataset (REFERENCE.md section 3).
@@ -131,13 +131,15 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
 
 
 def expand(spec: SweepSpec) -> list[Run]:
-    """Every run of the spec, in the fixed expansion order; a config repeated by two method entries is an error."""
+    """Every run of the spec, in the fixed expansion order. A config that two method entries both give (e.g.
+    the shared centre of one-at-a-time sensitivity grids) is one run."""
     runs: list[Run] = []
-    seen: dict[str, str] = {}
+    seen: set[str] = set()
     for dataset in spec.datasets:
+        entries = [e for e in spec.methods if dataset in entry_datasets(spec, e)]
         for seed in spec.seeds:
             for source, fields in _sources(spec, dataset, seed):
-                for i, entry in enumerate(spec.methods):
+                for entry in entries:
                     for point in _grid_points(entry):
                         config = normalize_config({
                             "sweep": spec.name, "dataset": source.dataset, "method": entry.method, "seed": seed,
@@ -145,11 +147,9 @@ def expand(spec: SweepSpec) -> list[Run]:
                             "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
                         })
                         run_id = config_hash(config)
-                        if run_id in seen:
-                            raise ValueError(f"methods[{i}] repeats a configuration given earlier by {seen[run_id]} "
-                                             f"({entry.method} {point}); expected each grid point once")
-                        seen[run_id] = f"methods[{i}]"
-                        runs.append(Run(run_id, config, source))
+                        if run_id not in seen:
+                            seen.add(run_id)
+                            runs.append(Run(run_id, config, source))
     return _order_by_source(runs)
 
 

@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.datasets import canonical_dataset_name, protocol_views
 from orchestrator.data.synthetic import SYNTHETIC_SCENARIOS, make_synthetic
 from orchestrator.methods import METHODS, hparam_defaults
+from orchestrator.results.schema import normalize_config
 
 # 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
 VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*)$"
@@ -167,8 +168,11 @@ Dataset = Annotated[Union[Annotated[RealDataset, Tag("real")], Annotated[Synthet
 
 
 def _method_model(name: str) -> type[BaseModel]:
+    """A method entry: the method, optionally the datasets it runs on (default: all), and a grid per hparam."""
     fields = {hp: (Grid | None, None) for hp in hparam_defaults(name)}
-    return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...), **fields)
+    only = Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] | None
+    return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
+                        datasets=(only, None), **fields)
 
 
 _METHOD_MODELS = {name: _method_model(name) for name in sorted(METHODS)}
@@ -189,7 +193,26 @@ MethodEntry = Annotated[
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method"}).items() if v is not None}
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets"}).items() if v is not None}
+
+
+def dataset_name(dataset: RealDataset | SyntheticDataset) -> str:
+    return dataset.dataset_name if isinstance(dataset, SyntheticDataset) else dataset.name
+
+
+def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | SyntheticDataset]:
+    """The datasets a method entry runs on: those it names (aliases of real datasets accepted), else all."""
+    if entry.datasets is None:
+        return list(spec.datasets)
+    wanted = {_canonical_or_same(n) for n in entry.datasets}
+    return [d for d in spec.datasets if dataset_name(d) in wanted]
+
+
+def _canonical_or_same(name: str) -> str:
+    try:
+        return canonical_dataset_name(name)
+    except ValueError:
+        return name
 
 
 class SweepSpec(_Strict):
@@ -258,7 +281,7 @@ def _pydantic_issues(exc: ValidationError) -> list[tuple[str, str]]:
             loc = loc + (ctx["key"],)
         elif err["type"] == "unknown_method":
             loc = loc + ("method",)
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] not in ("unknown_key", "missing", "unknown_method"):
             msg += f" (got {err['input']!r})"
         issues.append((_path_of(loc), msg))
@@ -356,7 +379,7 @@ def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     names: dict[str, int] = {}
     for i, ds in enumerate(spec.datasets):
-        label = ds.dataset_name if isinstance(ds, SyntheticDataset) else ds.name
+        label = dataset_name(ds)
         if label in names:
             issues.append((f"datasets[{i}]", f"dataset name {label!r} repeats datasets[{names[label]}]; expected "
                                              f"unique names (give a synthetic entry its own `name`)"))
@@ -413,13 +436,19 @@ def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
-    views = {dataset_views(spec, ds) for ds in spec.datasets}
-    try:
-        max_per_class = max(embeddings_per_class(spec, ds, t) for ds in spec.datasets for t in spec.templates)
-    except ValueError:  # an unknown template set, already reported by _dataset_issues
-        max_per_class = 1
+    known = {dataset_name(d) for d in spec.datasets}
     for i, entry in enumerate(spec.methods):
         cls = METHODS[entry.method]
+        for j, name in enumerate(entry.datasets or []):
+            if _canonical_or_same(name) not in known:
+                issues.append((f"methods[{i}].datasets[{j}]", f"{name!r} is not among the spec's datasets; expected "
+                                                              f"one of: {', '.join(sorted(known))}"))
+        datasets = entry_datasets(spec, entry)
+        views = {dataset_views(spec, ds) for ds in datasets}
+        try:
+            max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets for t in spec.templates] + [1])
+        except ValueError:  # an unknown template set, already reported by _dataset_issues
+            max_per_class = 1
         grid = method_grid(entry)
         defaults = hparam_defaults(entry.method)
         for key, values in grid.items():
@@ -431,6 +460,9 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                     continue
                 try:
                     cls.check_hparams({**defaults, key: value}, 1, 1)
+                    # the runs table's column type (e.g. n1 is an integer count)
+                    normalize_config({"sweep": "s", "backbone": "b", "dataset": "d", "method": entry.method,
+                                      "seed": 0, "hparams": {key: value}})
                 except ValueError as exc:
                     issues.append((where, str(exc)))
         if "tau" in grid and any(k in grid for k in ("tau_likelihood", "tau_prior")):
@@ -440,9 +472,9 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
         if cls.takes_views and not all(v.startswith("augmix") for v in views):
-            issues.append((f"methods[{i}].method", f"{entry.method!r} votes over augmented views, so every dataset "
-                                                   f"needs views 'augmix' (got {', '.join(sorted(views))}); "
-                                                   f"expected views: augmix or a separate sweep"))
+            issues.append((f"methods[{i}].method", f"{entry.method!r} votes over augmented views, so each of its "
+                                                   f"datasets needs views 'augmix' (got {', '.join(sorted(views))}); "
+                                                   f"expected views: augmix, or `datasets:` naming AugMix ones"))
     return issues
 
 
