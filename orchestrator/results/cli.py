@@ -110,12 +110,13 @@ def query_cmd(
     else:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         view = Table(show_lines=False, header_style="bold")
         for name in table.column_names:
-            view.add_column(name, overflow="fold")
-        for row in table.slice(0, max_rows).to_pylist():
-            view.add_row(*(_cell(v) for v in row.values()))
+            view.add_column(Text(name), overflow="fold")
+        for row in table.slice(0, max_rows).to_pylist():  # Text: values are never read as rich markup
+            view.add_row(*(Text(_cell(v)) for v in row.values()))
         console = Console()
         console.print(view)
         shown = min(max_rows, table.num_rows)
@@ -155,7 +156,6 @@ def verify_cmd(
 ) -> None:
     """List bad or unfinished parts and runs with missing or duplicate rows; exit code 1 when there are any."""
     from rich.console import Console
-    from rich.table import Table
 
     from orchestrator.results.verify import verify_results
 
@@ -167,15 +167,13 @@ def verify_cmd(
     console = Console()
     summary = f"{root}: {report.parts} part(s), {report.rows} row(s), {report.runs} run(s)"
     if report.ok:
-        console.print(f"{summary}: OK", highlight=False)
+        console.print(f"{summary}: OK", markup=False, highlight=False)
         return
-    view = Table(title=f"{len(report.problems)} problem(s)", title_justify="left", header_style="bold")
-    for name in ("kind", "where", "detail"):
-        view.add_column(name, overflow="fold")
+    # one plain line per problem, so paths stay whole for copying and grep
+    console.print(summary, markup=False, highlight=False)
+    console.print(f"{len(report.problems)} problem(s):", highlight=False)
     for p in report.problems:
-        view.add_row(p.kind, p.where, p.detail)
-    console.print(summary, highlight=False)
-    console.print(view)
+        console.print(f"  {p.kind}: {p.where}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 

@@ -201,14 +201,14 @@ class ReportTable:
         table = Table(title=self.title, title_justify="left", header_style="bold")
         for name in text.index.names:
             table.add_column(name or "", no_wrap=True)
-        for col in text.columns:
-            table.add_column(col, justify="right", no_wrap=True)
+        for col in text.columns:  # Text: names from the results are never read as rich markup
+            table.add_column(Text(col), justify="right", no_wrap=True)
         previous_backbone = None
         for key, row in text.iterrows():
             if previous_backbone is not None and key[0] != previous_backbone:
                 table.add_section()
             previous_backbone = key[0]
-            cells: list[Text | str] = [str(k) for k in key]
+            cells = [Text(str(k)) for k in key]
             for col in text.columns:
                 bold = col in self.columns and bool(self.best.at[key, col])
                 cells.append(Text(row[col], style="bold green" if bold else ""))

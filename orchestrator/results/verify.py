@@ -112,7 +112,8 @@ GROUP BY s.run_id
 
 
 def _rows_source(good: list[Path]) -> str:
-    """(run_id, sample_idx, filename) of every row in the given parts (the samples view drops the file name)."""
+    """(run_id, sample_idx, filename) of every row in the given parts, run_id as stored in the file (the samples view
+    takes it from the folder name and drops the file name)."""
     listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in good)
     return (f"(SELECT CAST(run_id AS VARCHAR) AS run_id, CAST(sample_idx AS BIGINT) AS sample_idx, filename "
-            f"FROM read_parquet([{listed}], filename=true, union_by_name=true))")
+            f"FROM read_parquet([{listed}], filename=true, union_by_name=true, hive_partitioning=false))")

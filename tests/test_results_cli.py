@@ -1,0 +1,173 @@
+"""`bca query`, `bca report`, `bca verify`: output formats, exit codes, messages without tracebacks."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.results.testing import make_fake_results, write_fake_run
+
+runner = CliRunner()
+ENV = {"COLUMNS": "300", "NO_COLOR": "1"}
+
+
+def bca(*args: str):
+    return runner.invoke(app, list(args), env=ENV)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("results")
+    make_fake_results(root, datasets=("imagenet", "imagenet_a", "dtd"), methods={"clip": {}, "bca": {"tau": 0.3}},
+                      seeds=(1, 2), n=30)
+    return root
+
+
+SQL = "SELECT method, dataset, n, mean FROM summary ORDER BY method, dataset"
+
+
+def test_query_table_view(results):
+    r = bca("query", SQL, "--results", str(results))
+    assert r.exit_code == 0, r.output
+    assert "method" in r.stdout and "bca" in r.stdout and "imagenet_a" in r.stdout and "6 row(s)" in r.stdout
+    r = bca("query", "SELECT * FROM samples", "--results", str(results), "--max-rows", "3")
+    assert "360 row(s); showing 3" in r.stdout
+
+
+def test_query_csv_json_parquet_agree(results, tmp_path):
+    csv = bca("query", SQL, "--results", str(results), "--csv")
+    assert csv.exit_code == 0
+    frame = pd.read_csv(io.StringIO(csv.stdout))
+    assert list(frame.columns) == ["method", "dataset", "n", "mean"] and len(frame) == 6
+    js = bca("query", SQL, "--results", str(results), "--json")
+    rows = json.loads(js.stdout)
+    assert [r["mean"] for r in rows] == pytest.approx(frame["mean"].tolist())
+    out = tmp_path / "out.parquet"
+    pq_run = bca("query", SQL, "--results", str(results), "--parquet", str(out))
+    assert pq_run.exit_code == 0 and "wrote 6 row(s)" in pq_run.stderr
+    assert pq.read_table(out).to_pandas()["mean"].tolist() == pytest.approx(frame["mean"].tolist())
+
+
+def test_query_json_handles_nan_lists_and_timestamps(results):
+    r = bca("query", "SELECT seeds, std, started_at, 'NaN'::DOUBLE AS x FROM summary JOIN runs USING (group_id) "
+                     "LIMIT 1", "--results", str(results), "--json")
+    row = json.loads(r.stdout)[0]
+    assert row["seeds"] == [1, 2] and row["x"] is None and "T" in row["started_at"]
+
+
+def test_query_from_file(results, tmp_path):
+    f = tmp_path / "q.sql"
+    f.write_text("-- per method\nSELECT method, count(*) AS runs FROM runs GROUP BY method ORDER BY method;\n")
+    r = bca("query", "--file", str(f), "--results", str(results), "--csv")
+    assert r.exit_code == 0 and r.stdout.splitlines() == ["method,runs", "bca,6", "clip,6"]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["COPY samples TO '/tmp/x.csv'"], 2, "refused: COPY statements are not allowed"),
+    (["SELECT * FROM read_csv('/etc/passwd')"], 2, "refused: function read_csv() is not allowed"),
+    (["SELECT 1; SELECT 2"], 2, "refused: one statement at a time"),
+    (["SELEC 1"], 2, "Parser Error"),
+    (["SELECT nope FROM runs"], 2, "Binder Error"),
+    ([], 2, "give the SQL as an argument or with --file"),
+    (["SELECT 1", "--csv", "--json"], 2, "choose one of --csv, --json, --parquet"),
+    (["--file", "/nonexistent/q.sql"], 2, "cannot read SQL file /nonexistent/q.sql"),
+])
+def test_query_errors(results, args, code, message):
+    r = bca("query", *args, "--results", str(results))
+    assert r.exit_code == code
+    assert message in r.stderr
+    assert "Traceback" not in r.output
+
+
+def test_query_parquet_to_unwritable_path(results, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = bca("query", "SELECT 1 AS a", "--results", str(results), "--parquet", str(blocker / "out.parquet"))
+    assert r.exit_code == 2 and "cannot write" in r.stderr and str(blocker) in r.stderr
+
+
+def test_query_on_missing_results_dir(tmp_path):
+    r = bca("query", "SELECT count(*) AS n FROM runs", "--results", str(tmp_path / "none"), "--csv")
+    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "0"]
+
+
+def test_query_names_bad_files_and_goes_on(tmp_path):
+    make_fake_results(tmp_path, methods={"clip": {}}, seeds=(1,), n=80, part_size=40)
+    part = sorted((tmp_path / "samples").rglob("part-000000040.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:100])
+    r = bca("query", "SELECT count(*) AS n FROM samples", "--results", str(tmp_path), "--csv")
+    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "40"]
+    assert f"warning: skipped bad file {part}" in r.stderr
+
+
+def test_query_in_a_real_process_has_no_traceback(results):
+    bca_exe = Path(sys.executable).with_name("bca")
+    cmd = [str(bca_exe)] if bca_exe.exists() else [sys.executable, "-m", "orchestrator.cli"]
+    out = subprocess.run([*cmd, "query", "SELECT FROM WHERE", "--results", str(results)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **ENV})
+    assert out.returncode == 2 and "Parser Error" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_report(results):
+    r = bca("report", "--results", str(results))
+    assert r.exit_code == 0, r.output
+    assert "Table 1: OOD benchmark" in r.stdout and "Table 2: cross-domain benchmark" in r.stdout
+    assert "ImageNet-Sketch" in r.stdout and "—" in r.stdout and "BCA" in r.stdout
+    p = bca("report", "--results", str(results), "--paper")
+    assert p.exit_code == 0 and "Δ paper" in p.stdout and "70.22" in p.stdout and "CVPR 2025" in p.stdout
+    s = bca("report", "--results", str(results), "--sweep", "fake")
+    assert s.exit_code == 0 and "Table 1" in s.stdout
+
+
+def test_report_unknown_sweep_and_empty_dir(results, tmp_path):
+    r = bca("report", "--results", str(results), "--sweep", "nope")
+    assert r.exit_code == 1 and "no finished runs for sweep 'nope'" in r.stderr and "sweeps there: fake" in r.stderr
+    e = bca("report", "--results", str(tmp_path))
+    assert e.exit_code == 0 and "no finished runs in" in e.stderr
+    p = bca("report", "--results", str(tmp_path), "--paper")
+    assert p.exit_code == 0 and "61.81" in p.stdout
+
+
+def test_verify_ok(results):
+    r = bca("verify", str(results))
+    assert r.exit_code == 0 and "OK" in r.stdout and "12 run(s)" in r.stdout
+
+
+def test_verify_lists_problems_with_exit_code_1(tmp_path):
+    cfg = {"sweep": "s", "backbone": "RN50", "dataset": "dtd", "method": "clip"}
+    make_fake_results(tmp_path, methods={"clip": {}}, seeds=(1,), n=80, part_size=40)
+    write_fake_run(tmp_path, {**cfg, "seed": 2}, n=100, rows=40, status="running")
+    part = sorted((tmp_path / "samples").rglob("part-000000040.parquet"))[0]
+    part.write_bytes(part.read_bytes()[:100])
+    r = bca("verify", str(tmp_path))
+    assert r.exit_code == 1
+    assert "bad_part" in r.stdout and str(part) in r.stdout.replace("\n", "")
+    assert "missing_rows" in r.stdout and "running: 40 of 100 rows present" in r.stdout
+
+
+def test_verify_missing_dir(tmp_path):
+    r = bca("verify", str(tmp_path / "none"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_verify_temp_files_by_age(tmp_path):
+    make_fake_results(tmp_path, methods={"clip": {}}, seeds=(1,), n=20)
+    run_dir = next((tmp_path / "samples").rglob("run_id=*"))
+    tmp = run_dir / ".part-000000020.parquet.123.abcd.tmp"
+    tmp.write_bytes(b"PAR1")
+    assert bca("verify", str(tmp_path)).exit_code == 0  # a live writer's temp file is not a problem yet
+    old = time.time() - 3600
+    os.utime(tmp, (old, old))
+    r = bca("verify", str(tmp_path))
+    assert r.exit_code == 1 and "temp_file" in r.stdout
