@@ -16,7 +16,8 @@ def streamlit_command(host: str, port: int) -> list[str]:
 
     Headless so it never tries to open a browser, no usage statistics (the machines may have no
     internet, and results stay local), no file watcher (the results dir is read through DuckDB,
-    not watched; re-running on source edits is a development feature).
+    not watched; re-running on source edits is a development feature), and the viewer's toolbar (no
+    "Deploy" button for a local results browser).
     """
     return [
         sys.executable, "-m", "streamlit", "run", str(APP_PATH),
@@ -26,6 +27,7 @@ def streamlit_command(host: str, port: int) -> list[str]:
         "--server.fileWatcherType", "none",
         "--browser.gatherUsageStats", "false",
         "--global.developmentMode", "false",
+        "--client.toolbarMode", "viewer",
     ]
 
 
