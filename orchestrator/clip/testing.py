@@ -55,10 +55,15 @@ def write_image(path: Path, label: int, index: int, size: int = 32) -> None:
     Image.fromarray(pixels).save(path, format="PNG" if suffix == ".png" else "JPEG")
 
 
-def write_corrupt_image(path: Path) -> None:
-    """A file with an image extension and bytes no decoder accepts (truncated JPEG header)."""
+def write_corrupt_image(path: Path, truncated: bool = False) -> None:
+    """Overwrite `path` with bytes no decoder recognises, or (truncated=True) with the first half of a JPEG."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    if truncated:
+        write_image(path, label=0, index=0, size=64)
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        path.write_bytes(b"this is not an image")
 
 
 def _file_names(per_class: int, ext: str) -> list[str]:
