@@ -282,3 +282,28 @@ def test_bca_cache_needs_a_spec_or_the_explicit_options(tmp_path):
 
     result = CliRunner().invoke(app, ["cache", "--model", TINY_VIT])
     assert result.exit_code != 0 and "--dataset" in result.output and "--data-root" in result.output
+
+
+def test_bca_cache_from_a_sweep_spec(tmp_path, data_root):
+    from orchestrator.cli import app
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(textwrap.dedent(f"""
+        name: cache-from-spec
+        results_dir: results
+        data_root: {data_root}
+        cache_dir: cache
+        backbones: [{{model: {TINY_VIT}}}]
+        datasets: [dtd, {{name: imagenet-a, views: augmix2}}, {{synthetic: iid}}]
+        templates: [handcrafted1]
+        methods: [{{method: clip}}]
+        seeds: [1, 2]
+    """))
+    result = CliRunner().invoke(app, ["cache", str(spec), "--workers", "0", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    # single views need one entry whatever the seeds; AugMix one per seed; synthetic datasets none
+    assert "[1/3] encoded bca-tiny-vit/random dtd views=single" in result.output
+    assert "imagenet-a views=augmix2 seed=1" in result.output and "imagenet-a views=augmix2 seed=2" in result.output
+    assert len(list((tmp_path / "cache" / "features").glob("*/manifest.json"))) == 3
+    again = CliRunner().invoke(app, ["cache", str(spec), "--workers", "0", "--device", "cpu"])
+    assert again.exit_code == 0 and again.output.count(" hit ") == 3
