@@ -248,8 +248,8 @@ def test_two_processes_writing_one_run_leave_exact_rows(tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         from orchestrator.results.writer import RunWriter
         w = RunWriter({str(tmp_path)!r}, {CONFIG!r})
-        while (done := w.rows_done()) < 120:
-            n = min(7, 120 - done)
+        while (done := w.rows_done()) < 60:
+            n = min(7, 60 - done)
             try:
                 w.write_part(done, dict(image_id=['x'] * n, label=np.zeros(n, int), pred=np.zeros(n, int),
                                         confidence=np.ones(n)))
@@ -260,4 +260,4 @@ def test_two_processes_writing_one_run_leave_exact_rows(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     w = RunWriter(tmp_path, CONFIG)
     idx = pq.read_table(w.samples_dir).column("sample_idx").to_pylist()
-    assert sorted(idx) == list(range(120))
+    assert sorted(idx) == list(range(60))

@@ -1,11 +1,15 @@
 """DuckDB over the results' Parquet files: views samples, runs, accuracy, summary.
 
-An in-memory connection takes no file lock, so any number of readers run while sweeps write. Before every
-query the results dir is re-scanned (one stat per file; footers read once per new or changed file): while
-all files are good the views read the layout's globs, which DuckDB re-expands on each query, so new runs
-appear even through a cursor held by another thread; once a bad file (truncated, foreign, inconsistent) is
-found, the views list the good files explicitly and the bad ones are reported in `bad_files`. A file that
-only fails past its footer (while a query reads its data) is marked bad and the query retried without it.
+An in-memory connection takes no file lock, so any number of readers run while sweeps write. Every query
+through ResultsDB (sql, df, query, cursor) first re-scans the results dir (one stat per file; a footer is
+read once per new or changed file) and rebuilds only what changed:
+- samples: while every part is good the view reads the layout's glob, which DuckDB re-expands on each query,
+  so new parts appear even through a cursor another thread holds; once a bad part (truncated, inconsistent
+  with its name, unreadable) is found, the view lists the good parts explicitly.
+- runs: one small row per run, kept in an in-memory table rebuilt whenever a run file changes (reading
+  hundreds of one-row files on every query would cost more than the query).
+Bad files are left out and reported in `bad_files`. A file that fails only past its footer, while a query
+reads its data, is marked bad and the query retried without it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any, Callable, Sequence, TypeVar
 import duckdb
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from orchestrator.results import files, schema, safety
 
@@ -53,8 +58,8 @@ def _source(results_dir: Path, glob: str, good: Sequence[Path], use_glob: bool, 
     return f"read_parquet({target}, {hive_opts}, union_by_name=true)"
 
 
-def _select_list(columns: Sequence[schema.Column], present: set[str]) -> list[str]:
-    return [f"CAST({_ident(c.name)} AS {c.sql}) AS {_ident(c.name)}" if c.name in present
+def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str = "CAST") -> list[str]:
+    return [f"{cast}({_ident(c.name)} AS {c.sql}) AS {_ident(c.name)}" if c.name in present
             else f"CAST(NULL AS {c.sql}) AS {_ident(c.name)}" for c in columns]
 
 
@@ -62,6 +67,25 @@ _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the pa
 _RUN_NAMES = {c.name for c in schema.RUN_COLUMNS}
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
 _CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
+_RUNS_TABLE = "runs_rows"
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table | None:
+    """One table from the runs rows; columns whose types differ between files (hand-made or extra hparams
+    with mixed value types) become text rather than failing the whole view."""
+    if not tables:
+        return None
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        types: dict[str, set] = {}
+        for t in tables:
+            for f in t.schema:
+                types.setdefault(f.name, set()).add(f.type)
+        mixed = {name for name, ts in types.items() if len(ts) > 1}
+        fixed = [t.cast(pa.schema([pa.field(f.name, pa.string()) if f.name in mixed else f for f in t.schema]))
+                 for t in tables]
+        return pa.concat_tables(fixed, promote_options="permissive")
 
 
 class ResultsDB:
@@ -71,7 +95,9 @@ class ResultsDB:
         self.results_dir = schema.resolve_results_dir(results_dir)
         self._checker = files.FileChecker()
         self._lock = threading.RLock()
-        self._state_key: tuple | None = None
+        self._samples_key: tuple | None = None
+        self._runs_key: tuple | None = None
+        self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
         self._con = duckdb.connect(":memory:")
@@ -117,45 +143,82 @@ class ResultsDB:
         return good, bad, present, extra
 
     def refresh(self) -> list[BadFile]:
-        """Re-scan the results dir and rebuild the views when the set of good files changed; returns bad_files."""
+        """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files."""
         with self._lock:
             root = self.results_dir
             s_good, s_bad, s_cols, _ = self._scan(files.sample_parts(root), "samples")
-            r_good, r_bad, r_cols, r_extra = self._scan(files.run_files(root), "runs")
-            # With no bad file the views use globs, which need no rebuild when files are added.
-            key = (tuple(s_good) if s_bad else bool(s_good), tuple(sorted(s_cols)),
-                   tuple(r_good) if r_bad else bool(r_good), tuple(sorted(r_cols)))
-            if key != self._state_key:
-                self._build(s_good, not s_bad, s_cols, r_good, not r_bad, r_cols, sorted(r_extra))
-                self._state_key = key
+            r_good, r_bad, _, _ = self._scan(files.run_files(root), "runs")
+            rows = []
+            for path in r_good:
+                row = self._run_row(path)
+                if row is not None:
+                    rows.append(row)
+                else:
+                    check = self._checker.check(path, "runs")
+                    if check is not None:
+                        r_bad.append(BadFile(path, check.error or "unreadable data"))
+            samples_key = (tuple(s_good) if s_bad else bool(s_good), tuple(sorted(s_cols)))
+            runs_key = tuple((path, stamp) for path, stamp, _ in rows)
+            if samples_key != self._samples_key or runs_key != self._runs_key:
+                if samples_key != self._samples_key:
+                    self._build_samples(s_good, not s_bad, s_cols)
+                if runs_key != self._runs_key:
+                    self._build_runs([table for _, _, table in rows])
+                hparams = [c.name for c in schema.HPARAM_COLUMNS] + self.extra_run_columns
+                self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
+                self._con.execute(_summary_sql(hparams))
+                self._samples_key, self._runs_key = samples_key, runs_key
             self._bad = s_bad + r_bad
             return self.bad_files
 
-    def _build(self, s_good: list[Path], s_glob: bool, s_cols: set[str], r_good: list[Path], r_glob: bool,
-               r_cols: set[str], r_extra: list[str]) -> None:
-        root = self.results_dir
-        sample_cols = _select_list(schema.SAMPLE_COLUMNS, s_cols) + _select_list(_PARTITION_COLUMNS, set(
-            schema.PARTITION_KEYS) if s_good else set())
-        if s_good:
-            samples = (f"SELECT {', '.join(sample_cols)} FROM "
-                       f"{_source(root, schema.SAMPLES_GLOB, s_good, s_glob, hive=True)}")
-        else:
-            samples = f"SELECT {', '.join(sample_cols)} WHERE false"
-        run_cols = _select_list(schema.RUN_COLUMNS, r_cols) + [_ident(c) for c in r_extra]
-        if r_good:
-            runs = f"SELECT {', '.join(run_cols)} FROM {_source(root, schema.RUNS_GLOB, r_good, r_glob, hive=False)}"
-        else:
-            runs = f"SELECT {', '.join(run_cols)} WHERE false"
-        self.extra_run_columns = list(r_extra)
-        hparams = [c.name for c in schema.HPARAM_COLUMNS] + list(r_extra)
-        carried = [*_CONFIG_COLUMNS, *hparams]
-        con = self._con
-        con.execute(f"CREATE OR REPLACE VIEW samples AS {samples}")
-        con.execute(f"CREATE OR REPLACE VIEW runs AS {runs}")
-        con.execute(_accuracy_sql(carried))
-        con.execute(_summary_sql(hparams))
+    def _run_row(self, path: Path) -> tuple[Path, tuple[int, int], pa.Table] | None:
+        """A runs-table file's row, read once per version of the file; None (marked bad) when unreadable."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size)
+        hit = self._run_rows.get(path)
+        if hit is not None and hit[0] == stamp:
+            return path, stamp, hit[1]
+        try:
+            table = pq.ParquetFile(path).read()
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # damage past the footer
+            self._checker.mark_bad(path, f"unreadable data: {str(e).splitlines()[0]}")
+            return None
+        self._run_rows[path] = (stamp, table)
+        return path, stamp, table
 
-    # --------------------------------------------------------------------------------------- queries
+    def _build_samples(self, good: list[Path], use_glob: bool, present: set[str]) -> None:
+        cols = _select_list(schema.SAMPLE_COLUMNS, present) + _select_list(
+            _PARTITION_COLUMNS, set(schema.PARTITION_KEYS) if good else set())
+        if good:
+            source = _source(self.results_dir, schema.SAMPLES_GLOB, good, use_glob, hive=True)
+            sql = f"SELECT {', '.join(cols)} FROM {source}"
+        else:
+            sql = f"SELECT {', '.join(cols)} WHERE false"
+        self._con.execute(f"CREATE OR REPLACE VIEW samples AS {sql}")
+
+    def _build_runs(self, tables: list[pa.Table]) -> None:
+        merged = _concat(tables)
+        names = merged.column_names if merged is not None else []
+        extras = [c for c in names if c not in _RUN_NAMES]
+        # TRY_CAST: a hand-made file with an odd value gives a NULL cell, not a runs view that never works
+        cols = _select_list(schema.RUN_COLUMNS, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
+        con = self._con
+        if merged is None:
+            con.execute(f"CREATE OR REPLACE TABLE {_RUNS_TABLE} AS SELECT {', '.join(cols)} WHERE false")
+        else:
+            con.register("runs_arrow", merged)
+            try:
+                con.execute(f"CREATE OR REPLACE TABLE {_RUNS_TABLE} AS SELECT {', '.join(cols)} FROM runs_arrow")
+            finally:
+                con.unregister("runs_arrow")
+        con.execute(f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {_RUNS_TABLE}")
+        self.extra_run_columns = extras
+
     def _blame(self, error: duckdb.Error) -> bool:
         """Mark the files to blame for a failed query as bad: those its message names, else (for errors that can
         come from reading data, not from the SQL itself) any good file that fails a full read. Any found?"""
@@ -214,29 +277,25 @@ def _accuracy_sql(carried: Sequence[str]) -> str:
     r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
     return f"""
 CREATE OR REPLACE VIEW accuracy AS
-WITH stats AS (
-    SELECT run_id, any_value(sweep) AS s_sweep, any_value(backbone) AS s_backbone,
-           any_value(dataset) AS s_dataset, any_value(method) AS s_method,
-           count(*) AS n_rows, count(DISTINCT sample_idx) AS n_distinct
-    FROM samples GROUP BY run_id
-),
-acc AS (
-    -- last 50%: stream positions i >= n // 2 (numpy's correct[n // 2:]), n = the run's n_samples (its row
-    -- count when unknown)
-    SELECT s.run_id,
+WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
+per_run AS (
+    -- one pass over the samples; last 50% = stream positions i >= n // 2 (numpy's correct[n // 2:]) with
+    -- n the run's n_samples (NULL when the run has no runs-table row to say how long its stream is)
+    SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
+           any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
+           count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
            100 * avg(s.correct::DOUBLE) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= coalesce(r.n_samples, st.n_rows) // 2)
-               AS last50_accuracy
-    FROM samples s JOIN stats st USING (run_id) LEFT JOIN runs r USING (run_id)
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2) AS last50_accuracy
+    FROM samples s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
 )
-SELECT st.run_id,
-       coalesce(r.sweep, st.s_sweep) AS sweep, coalesce(r.backbone, st.s_backbone) AS backbone,
-       coalesce(r.dataset, st.s_dataset) AS dataset, coalesce(r.method, st.s_method) AS method,
-       r.status, r.n_samples, st.n_rows, st.n_distinct,
-       coalesce(r.n_samples = st.n_rows AND st.n_distinct = st.n_rows, false) AS complete,
-       acc.accuracy, acc.last50_accuracy, {r_cols}
-FROM stats st JOIN acc USING (run_id) LEFT JOIN runs r USING (run_id)
+SELECT p.run_id,
+       coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
+       coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
+       r.status, r.n_samples, p.n_rows, p.n_distinct,
+       coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
+       p.accuracy, p.last50_accuracy, {r_cols}
+FROM per_run p LEFT JOIN runs r USING (run_id)
 """
 
 
@@ -244,7 +303,7 @@ def _summary_sql(hparams: Sequence[str]) -> str:
     any_h = ", ".join(f"any_value({_ident(h)}) AS {_ident(h)}" for h in hparams)
     return f"""
 CREATE OR REPLACE VIEW summary AS
-WITH finished AS (SELECT * FROM accuracy WHERE status = 'finished' AND group_id IS NOT NULL),
+WITH finished AS MATERIALIZED (SELECT * FROM accuracy WHERE status = 'finished' AND group_id IS NOT NULL),
 grouped AS (
     -- only complete runs count: a finished run with lost or duplicated rows would shift the mean silently
     SELECT group_id, any_value(setting_id) AS setting_id, any_value(sweep) AS sweep,

@@ -130,17 +130,23 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     runs["backbone_name"] = runs["backbone"]
     runs["backbone"] = runs["backbone"].map(backbone_label)
     runs["row"] = runs["method"].map(method_label)
-    candidates = [c for c in ("backbone_name", *_VARIANT_CANDIDATES, *hparams) if c in runs.columns]
+    candidates = [c for c in ("backbone_name", *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
+    if runs.empty:
+        return runs, []
+    # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
+    distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
+    most = distinct.groupby(level=["backbone", "method"]).max()
     split: set[str] = set()
-    for (_backbone, _method), part in runs.groupby(["backbone", "method"], sort=False):
-        per_dataset = part.groupby("dataset")
-        vary = [c for c in candidates if per_dataset[c].nunique(dropna=False).max() > 1]
-        if not vary and per_dataset["group_id"].nunique(dropna=False).max() > 1:
-            vary = ["group_id"]
+    for (backbone, method), counts in most.iterrows():
+        vary = [c for c in candidates if c != "group_id" and counts[c] > 1]
+        if not vary and counts["group_id"] > 1:
+            vary = ["group_id"]  # configs differ only in keys without a column (e.g. synthetic parameters)
         if vary:
             split.update(vary)
-            labels = part[vary].apply(lambda r: ", ".join(f"{c}={_fmt_value(r[c])}" for c in vary), axis=1)
-            runs.loc[part.index, "row"] = part["method"].map(method_label) + " (" + labels + ")"
+            part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
+            labels = [", ".join(f"{c}={_fmt_value(v)}" for c, v in zip(vary, values))
+                      for values in part[vary].itertuples(index=False)]
+            runs.loc[part.index, "row"] = [f"{method_label(method)} ({label})" for label in labels]
     return runs, sorted(split)
 
 
