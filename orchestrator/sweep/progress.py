@@ -8,6 +8,8 @@ finished run times the runs left, measured from the first trial start so Ray's s
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -48,13 +50,33 @@ def varying_hparams(runs: list[Run]) -> dict[str, tuple[str, ...]]:
     return {m: tuple(sorted(k for k, vs in hp.items() if len(vs) > 1)) for m, hp in values.items()}
 
 
-def first_line_of_error(text: str | None) -> str:
-    """The exception line of a traceback (its last non-empty line), shortened."""
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
+def summarise_error(text: str | None) -> str:
+    """One line for a trial's error text: the exception line of a traceback, or for a worker that died
+    (SIGKILL, out of memory, crash) what Ray says about the process, without its generic advice."""
     if not text:
         return "unknown error"
-    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-    last = lines[-1] if lines else "unknown error"
-    return last if len(last) <= 300 else last[:297] + "..."
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip() and not ln.startswith("Failure #")]
+    died = next((ln for ln in lines if ln.startswith("The actor is dead because")), None)
+    if died is not None:
+        detail = died.split(" Some common causes")[0]
+        line = f"worker process died (killed, out of memory or crashed): {detail}"
+    else:
+        line = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[0] if lines else "unknown error")
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def trial_error(trial: Any) -> str:
+    """The trial's latest error, summarised; read from the driver's local error file (Tune syncs the copy in
+    storage later), falling back to storage."""
+    path = getattr(trial, "error_file", None)
+    text = None
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            text = "Failure #" + f.read().split("Failure #")[-1]  # the latest attempt's error
+    return summarise_error(text if text else trial.get_error())
 
 
 class ProgressCallback(tune.Callback):
@@ -113,7 +135,7 @@ class ProgressCallback(tune.Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         plan = self._trial(trial)
         self.retries += 1
-        error = first_line_of_error(trial.get_error())
+        error = trial_error(trial)
         self.out(f"retry: {self._describe(plan) if plan else trial} failed ({error}); "
                  f"retrying from its last complete part")
 
@@ -122,7 +144,7 @@ class ProgressCallback(tune.Callback):
         if plan is None:
             return
         self.done += len(plan.runs)
-        error = first_line_of_error(trial.get_error())
+        error = trial_error(trial)
         self.errors[plan.key] = error
         if self.on_failed is not None:
             self.on_failed(plan, error)

@@ -24,7 +24,7 @@ from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
 from orchestrator.sweep.progress import ProgressCallback, accuracy_table, format_seconds
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.trial import Settings, execute_trial
+from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
 
@@ -74,7 +74,7 @@ def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
 
 def settings_of(spec: SweepSpec) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
-                    part_rows=spec.part_rows)
+                    part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)))
 
 
 def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:

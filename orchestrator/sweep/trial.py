@@ -12,9 +12,10 @@ Resume is exact because the method state is a deterministic function of the stre
 the whole stream and writes only the rows at or past `RunWriter.rows_done()` (the end of the run's complete
 parts), so a run killed mid-way ends with exactly n rows, the same ones an uninterrupted run writes.
 
-Fault injection (the reliability tests): BCA_SWEEP_FAILPOINT="<action>:<parts>:<flag file>" makes the first
-trial process that has written <parts> parts of one run, with <flag file> absent, create the flag and then
-`sigkill` itself, `raise` an error, or `stall` (sleep) until killed. Unset, it costs one environment lookup.
+Fault injection (the reliability tests): BCA_SWEEP_FAILPOINT="<action>:<parts>:<flag file>" in the driver's
+environment (the runner forwards it to every trial through Settings, so it reaches workers of a running
+cluster too) makes the first trial that has written <parts> parts of one run, with <flag file> absent, create
+the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep) until killed.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Settings:
     cache_dir: str | None
     data_root: str | None
     part_rows: int
+    failpoint: str | None = None  # see the module docstring
 
 
 @dataclass
@@ -132,8 +134,18 @@ def load_stream(source: DataSource, settings: Settings, keep_views: bool = False
 
 # --------------------------------------------------------------------------------------------- faults
 
-def _failpoint(parts_written: int) -> None:
-    spec = os.environ.get(FAILPOINT_ENV)
+def parse_failpoint(text: str | None) -> str | None:
+    """Validate a failpoint string in the driver, so a typo fails the sweep at start, not inside a trial."""
+    if not text:
+        return None
+    action, _, rest = text.partition(":")
+    parts, _, flag = rest.partition(":")
+    if action not in ("sigkill", "raise", "stall") or not parts.isdigit() or not flag:
+        raise ValueError(f"{FAILPOINT_ENV}={text!r}: expected '<sigkill|raise|stall>:<parts>:<flag file>'")
+    return text
+
+
+def _failpoint(spec: str | None, parts_written: int) -> None:
     if not spec:
         return
     action, parts, flag = spec.split(":", 2)
@@ -145,10 +157,8 @@ def _failpoint(parts_written: int) -> None:
     elif action == "stall":
         while True:
             time.sleep(60)
-    elif action == "raise":
-        raise RuntimeError(f"failpoint {FAILPOINT_ENV} fired after {parts} parts")
     else:
-        raise ValueError(f"{FAILPOINT_ENV}: unknown action {action!r}; expected sigkill, raise or stall")
+        raise RuntimeError(f"failpoint {FAILPOINT_ENV} fired after {parts} parts")
 
 
 # ----------------------------------------------------------------------------------------------- runs
@@ -168,8 +178,8 @@ def _accuracy(pred: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
 class _RowSink:
     """Writes a run's rows from `rows_done` on, in parts of at most `part_rows`, firing the failpoint after each."""
 
-    def __init__(self, writer: RunWriter, stream: Stream, part_rows: int) -> None:
-        self.writer, self.stream, self.part_rows = writer, stream, part_rows
+    def __init__(self, writer: RunWriter, stream: Stream, part_rows: int, failpoint: str | None) -> None:
+        self.writer, self.stream, self.part_rows, self.failpoint = writer, stream, part_rows, failpoint
         self.done = writer.rows_done()
         self.resumed_from = self.done
         self.parts = 0
@@ -187,7 +197,7 @@ class _RowSink:
                 "pred": pred[a:b], "confidence": conf[a:b], "gated": gated[a:b], "gated_prior": gated_prior[a:b],
                 "selected": selected[a:b]})
             self.parts += 1
-            _failpoint(self.parts)
+            _failpoint(self.failpoint, self.parts)
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -204,7 +214,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
                              **config["hparams"])
         features = stream.view_features if METHODS[config["method"]].takes_views else stream.features
-        sink = _RowSink(writer, stream, settings.part_rows)
+        sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         preds, timings, run_s, trace = [], {}, 0.0, None
         for start in range(0, n, settings.part_rows):
             began = time.perf_counter()

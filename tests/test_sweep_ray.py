@@ -1,0 +1,215 @@
+"""Sweeps against a real local Ray (num_cpus=2 and a fake GPU, so fractional-GPU trials are scheduled):
+end to end, a trial's worker SIGKILLed mid-run, the driver SIGKILLed then --resume, determinism and replay.
+
+One Ray session serves the whole module (starting Ray costs seconds on 2 cores). Faults are injected with
+the trial failpoint (BCA_SWEEP_FAILPOINT, see orchestrator/sweep/trial.py), so a kill always lands mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from orchestrator.data.synthetic import make_synthetic
+from orchestrator.methods import run_stream
+from orchestrator.results.writer import load_state, read_run
+from orchestrator.sweep.plan import expand
+from orchestrator.sweep.runner import NothingToResume, run_sweep
+from orchestrator.sweep.spec import load_spec
+from orchestrator.sweep.trial import FAILPOINT_ENV
+
+ray = pytest.importorskip("ray")
+
+N = 600
+PART = 100
+SAMPLE_KEYS = ["run_id", "sample_idx"]
+ROW_COLUMNS = ["run_id", "sample_idx", "image_id", "label", "pred", "correct", "confidence", "gated", "gated_prior",
+               "selected"]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="WARNING")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def write_spec(directory: Path, *, name: str = "t", results: str = "results", **overrides) -> Path:
+    spec = {
+        "name": name,
+        "results_dir": results,
+        "datasets": [{"synthetic": "label_shift", "n": N, "num_classes": 6, "dim": 32}],
+        "methods": [{"method": "clip"}, {"method": "bca", "tau": [0.2, 0.4], "n1": 50}, {"method": "tda_pa"}],
+        "seeds": [1, 2],
+        "resources": {"gpu": 0.5, "cpus": 1},
+        "part_rows": PART,
+        "max_failures": 1,
+        **overrides,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def sample_rows(results_dir: str | Path) -> dict[str, list[dict]]:
+    """run_id -> its rows in stream order, read back from every part file."""
+    parts = sorted(Path(results_dir).glob("samples/*/*/*/*/*/part-*.parquet"))
+    rows: dict[str, list[dict]] = {}
+    for part in parts:
+        for row in pq.read_table(part, columns=ROW_COLUMNS).to_pylist():
+            rows.setdefault(row["run_id"], []).append(row)
+    return {rid: sorted(r, key=lambda x: x["sample_idx"]) for rid, r in rows.items()}
+
+
+def assert_complete(results_dir: str | Path, spec_path: Path) -> dict[str, list[dict]]:
+    """Every run of the spec finished, with exactly N rows 0..N-1 and no duplicate (run_id, sample_idx)."""
+    spec = load_spec(spec_path, check_existing=False)
+    runs = expand(spec)
+    rows = sample_rows(results_dir)
+    assert set(rows) == {r.run_id for r in runs}
+    for run in runs:
+        assert [r["sample_idx"] for r in rows[run.run_id]] == list(range(N)), run.label
+        assert read_run(results_dir, spec.name, run.run_id)["status"] == "finished"
+    assert not list(Path(results_dir).rglob(".*.tmp")), "temp files left behind"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def reference(ray_session, tmp_path_factory):
+    """An uninterrupted run of the standard spec: the rows every faulted run must reproduce."""
+    directory = tmp_path_factory.mktemp("reference")
+    spec_path = write_spec(directory)
+    lines: list[str] = []
+    outcome = run_sweep(load_spec(spec_path), out=lines.append)
+    return directory, spec_path, outcome, lines
+
+
+def test_small_sweep_end_to_end(reference):
+    directory, spec_path, outcome, lines = reference
+    assert outcome.ok and outcome.total == 2 * (1 + 2 + 1) and not outcome.failed
+    rows = assert_complete(directory / "results", spec_path)
+    spec = load_spec(spec_path, check_existing=False)
+    for run in expand(spec):
+        row = read_run(spec.results_dir, spec.name, run.run_id)
+        assert row["n_samples"] == N and 0 <= row["accuracy"] <= 100 and row["samples_per_s"] > 0
+        assert row["config_hash"] == run.run_id and row["seed"] == run.config["seed"]
+        assert row["time_logits_s"] is not None and row["peak_mem_mb"] > 0 and row["host"]
+        correct = np.array([r["correct"] for r in rows[run.run_id]])
+        assert row["accuracy"] == pytest.approx(100 * correct.mean())
+        if run.config["method"] == "bca":
+            assert row["tau"] in (0.2, 0.4) and row["n1"] == 50 and row["n2"] == 10
+        part = next(Path(spec.results_dir).glob(f"samples/*/*/*/*/run_id={run.run_id}/part-000000000.parquet"))
+        metadata = pq.read_schema(part).metadata
+        assert metadata[b"bca.run_id"] == run.run_id.encode()
+        assert json.loads(metadata[b"bca.run_config"]) == run.config
+        state = load_state(spec.results_dir, run.run_id)
+        assert np.array_equal(state["stream_order"], np.arange(N))  # synthetic: the scenario's own order
+    # progress: one line per finished trial with done/total, then the table and the dashboard command
+    done_lines = [ln for ln in lines if ln.startswith("[")]
+    assert len(done_lines) == outcome.total and done_lines[-1].startswith(f"[{outcome.total}/{outcome.total}]")
+    assert any("mean ± std over seeds" in ln for ln in lines)
+    assert any("bca dashboard --results" in ln for ln in lines)
+
+
+def test_rerun_skips_finished_runs(reference):
+    directory, spec_path, outcome, _ = reference
+    lines: list[str] = []
+    again = run_sweep(load_spec(spec_path), resume=True, out=lines.append)
+    assert again.ok and again.skipped == again.total
+    assert not [ln for ln in lines if ln.startswith("[")]
+
+
+def test_resume_of_a_sweep_never_started(ray_session, tmp_path):
+    with pytest.raises(NothingToResume, match="has not been started"):
+        run_sweep(load_spec(write_spec(tmp_path)), resume=True, out=lambda line: None)
+
+
+def test_trial_worker_sigkilled_mid_run_is_retried_from_its_last_part(reference, tmp_path, monkeypatch):
+    ref_dir, ref_spec, _, _ = reference
+    flag = tmp_path / "killed"
+    monkeypatch.setenv(FAILPOINT_ENV, f"sigkill:2:{flag}")
+    spec_path = write_spec(tmp_path)
+    lines: list[str] = []
+    outcome = run_sweep(load_spec(spec_path), out=lines.append)
+    assert flag.exists(), "the failpoint never fired"
+    assert outcome.ok, outcome.failed
+    assert any(ln.startswith("retry:") for ln in lines)
+    assert any(f"resumed at row {2 * PART}" in ln for ln in lines)
+    assert assert_complete(tmp_path / "results", spec_path) == assert_complete(ref_dir / "results", ref_spec)
+
+
+def test_failed_trial_is_recorded_then_resumed(reference, tmp_path, monkeypatch):
+    ref_dir, ref_spec, _, _ = reference
+    flag = tmp_path / "killed"
+    monkeypatch.setenv(FAILPOINT_ENV, f"sigkill:3:{flag}")
+    spec_path = write_spec(tmp_path, max_failures=0)
+    outcome = run_sweep(load_spec(spec_path), out=lambda line: None)
+    assert len(outcome.failed) == 1 and not outcome.ok
+    (run_id, error), = outcome.failed.items()
+    assert "died" in error.lower() or "actor" in error.lower(), error
+    spec = load_spec(spec_path)
+    assert read_run(spec.results_dir, spec.name, run_id)["status"] == "failed"
+    assert len(sample_rows(spec.results_dir)[run_id]) == 3 * PART  # complete parts survive the kill
+
+    monkeypatch.delenv(FAILPOINT_ENV)
+    lines: list[str] = []
+    resumed = run_sweep(load_spec(spec_path), resume=True, out=lines.append)
+    assert resumed.ok and resumed.skipped == resumed.total - 1
+    assert any(f"resumed at row {3 * PART}" in ln for ln in lines)
+    assert assert_complete(tmp_path / "results", spec_path) == assert_complete(ref_dir / "results", ref_spec)
+
+
+def _bca(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+def test_driver_sigkilled_then_resume(reference, tmp_path):
+    ref_dir, ref_spec, _, _ = reference
+    address = ray.get_runtime_context().gcs_address
+    flag = tmp_path / "stalled"
+    spec_path = write_spec(tmp_path)
+    driver = _bca("sweep", str(spec_path), "--address", address,
+                  env={**os.environ, FAILPOINT_ENV: f"stall:2:{flag}"})
+    deadline = time.monotonic() + 240
+    while not flag.exists():
+        assert driver.poll() is None, driver.stdout.read()
+        assert time.monotonic() < deadline, "the trial never reached its second part"
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and anything it spawned; Ray ends the job's actors
+    driver.wait()
+
+    resumed = _bca("sweep", str(spec_path), "--resume", "--address", address)
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    assert "to run" in output and "runs finished" in output
+    assert assert_complete(tmp_path / "results", spec_path) == assert_complete(ref_dir / "results", ref_spec)
+
+
+def test_same_spec_and_seed_give_identical_rows_and_the_stored_order_replays(reference, tmp_path):
+    ref_dir, ref_spec, _, _ = reference
+    spec_path = write_spec(tmp_path)
+    assert run_sweep(load_spec(spec_path), out=lambda line: None).ok
+    assert sample_rows(tmp_path / "results") == sample_rows(ref_dir / "results")
+    # Replay one adaptive run outside the sweep from its recorded stream order.
+    spec = load_spec(spec_path, check_existing=False)
+    run = next(r for r in expand(spec) if r.config["method"] == "bca")
+    order = load_state(spec.results_dir, run.run_id)["stream_order"]
+    bench = make_synthetic("label_shift", seed=run.config["seed"], **{
+        k: v for k, v in run.config["synthetic"].items() if k != "scenario"})
+    posteriors = run_stream("bca", bench.features[torch.from_numpy(order)], bench.class_embeddings, bench.class_ids,
+                            bench.num_classes, **run.config["hparams"])
+    stored = [r["pred"] for r in sample_rows(spec.results_dir)[run.run_id]]
+    assert posteriors.argmax(dim=1).tolist() == stored
