@@ -29,15 +29,24 @@ TINY_CONFIGS = {
 }
 
 
+def write_model_config(name: str, directory: str | Path) -> Path:
+    """Write tiny config `name` as <directory>/<name>.json (what a sweep spec's backbone `config` points at,
+    so Ray trial processes register it too); returns the file."""
+    path = Path(directory) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(TINY_CONFIGS[name]))
+    return path
+
+
 def register_tiny_models() -> tuple[str, ...]:
-    """Register the tiny configs with open_clip (idempotent); returns their model names."""
+    """Register the tiny configs with open_clip in this process (idempotent); returns their model names."""
     import open_clip
 
     missing = [name for name in TINY_CONFIGS if name not in open_clip.list_models()]
     if missing:
         directory = Path(tempfile.mkdtemp(prefix="bca-tiny-models-"))
         for name in missing:
-            (directory / f"{name}.json").write_text(json.dumps(TINY_CONFIGS[name]))
+            write_model_config(name, directory)
         open_clip.add_model_config(directory)
     return tuple(TINY_CONFIGS)
 

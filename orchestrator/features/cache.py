@@ -10,7 +10,9 @@ The key is a content hash of everything that decides the numbers (KEY FIELDS bel
 
 Concurrency: a file lock per key, so two trials asking for the same entry encode it once (the second
 waits, then reads). An entry is written into a temporary folder and renamed into place only when
-complete, so nobody ever reads half an entry; the manifest's presence marks completeness.
+complete, so nobody ever reads half an entry; the manifest's presence marks completeness. Across nodes the
+lock is only as good as the shared file system's locking (local disks and NFSv4 are fine); where that is in
+doubt, pre-encode with `bca cache` before the sweep starts.
 
 Corrupt or unreadable images (policy): recorded skip. The image is left out of the entry; the manifest
 lists it under "skipped" with the reason (exception type and message), the entry's counts say how many,
