@@ -210,3 +210,26 @@ def test_connection_cannot_reach_outside_the_results_even_without_the_query_chec
     with pytest.raises(duckdb.Error, match="locked"):
         cur.execute("SET enable_external_access = true")
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_status_changes_show_on_the_next_query(tmp_path):
+    from orchestrator.results.writer import RunWriter
+
+    db = ResultsDB(tmp_path)
+    w = RunWriter(tmp_path, {"sweep": "s", "backbone": "RN50", "dataset": "dtd", "method": "clip", "seed": 1})
+    w.mark("running", n_samples=4)
+    w.write_part(0, {"image_id": list("abcd"), "label": np.arange(4), "pred": np.arange(4),
+                     "confidence": np.ones(4)})
+    assert db.df("SELECT status FROM runs")["status"].tolist() == ["running"]
+    assert len(db.df("SELECT * FROM summary")) == 0
+    w.mark("finished", accuracy=100.0)
+    assert db.df("SELECT status FROM runs")["status"].tolist() == ["finished"]
+    assert db.df("SELECT n, mean FROM summary").values.tolist() == [[1, 100.0]]
+
+
+def test_results_dir_with_glob_characters(tmp_path):
+    root = tmp_path / "we[ir]d*" / "results"
+    make_fake_results(root, seeds=(1,), n=10)
+    db = ResultsDB(root)
+    assert db.sql("SELECT count(*) AS c FROM samples").to_pylist() == [{"c": 20}]
+    assert db.sql("SELECT count(*) AS c FROM summary").to_pylist() == [{"c": 2}]

@@ -188,3 +188,16 @@ def test_backbone_labels():
     assert report.backbone_label("ViT-L-14-quickgelu") == "ViT-L/14"
     assert report.backbone_label("RN50") == "RN50"
     assert report.backbone_label("tiny-test") == "tiny-test"
+
+
+def test_incomplete_finished_runs_never_reach_a_table(tmp_path):
+    make_fake_results(tmp_path, methods={"clip": {}}, seeds=(1, 2), n=40, part_size=20)
+    db = ResultsDB(tmp_path)
+    runs = db.df("SELECT * FROM accuracy")
+    part = sorted((tmp_path / "samples").rglob("part-000000020.parquet"))[0]
+    part.unlink()  # one finished run loses half its rows
+    t = report.build_table(db, report.TABLE1)
+    assert t.n.at[("RN50", "CLIP"), "ImageNet"] == 1
+    # also when the caller hands in its own (stale) selection of accuracy rows
+    stale = runs.assign(complete=[True, False])
+    assert report.build_table(db, report.TABLE1, runs=stale).n.at[("RN50", "CLIP"), "ImageNet"] == 1

@@ -157,11 +157,14 @@ class ResultsDB:
                     check = self._checker.check(path, "runs")
                     if check is not None:
                         r_bad.append(BadFile(path, check.error or "unreadable data"))
-            samples_key = (tuple(s_good) if s_bad else bool(s_good), tuple(sorted(s_cols)))
+            # a glob needs no rebuild when parts are added; not usable with a bad part or a root DuckDB would
+            # read as a pattern
+            use_glob = not s_bad and not any(ch in str(root) for ch in "*?[{")
+            samples_key = (bool(s_good) if use_glob else tuple(s_good), tuple(sorted(s_cols)))
             runs_key = tuple((path, stamp) for path, stamp, _ in rows)
             if samples_key != self._samples_key or runs_key != self._runs_key:
                 if samples_key != self._samples_key:
-                    self._build_samples(s_good, not s_bad, s_cols)
+                    self._build_samples(s_good, use_glob, s_cols)
                 if runs_key != self._runs_key:
                     self._build_runs([table for _, _, table in rows])
                 hparams = [c.name for c in schema.HPARAM_COLUMNS] + self.extra_run_columns

@@ -277,9 +277,12 @@ def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: 
 
 def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,
                 runs: pd.DataFrame | None = None) -> ReportTable:
-    """The layout's table from the finished runs (of `sweep`, if given); paper=True adds the published rows
-    ('paper') and measured minus published ('Δ paper') under each (backbone, method)."""
+    """The layout's table from the finished, complete runs (of `sweep`, if given; or the accuracy-view rows in
+    `runs`); paper=True adds the published rows ('paper') and measured minus published ('Δ paper') under each
+    (backbone, method)."""
     runs = finished_runs(db, sweep) if runs is None else runs
+    # the rule lives here too, so a caller's own selection of accuracy rows cannot let a partial run in
+    runs = runs[(runs["status"] == "finished") & runs["complete"].fillna(False).astype(bool)]
     keys = {k for k, _ in layout.datasets}
     runs = runs.assign(key=[canonical_dataset(d) if layout.key != "generic" else d for d in runs["dataset"]])
     runs = runs[runs["key"].isin(keys)]
