@@ -133,3 +133,9 @@ def test_select_on_posterior_needs_one_embedding_per_class(method):
                 r"\(M == K\); got M=6, K=3"):
         make_method(method, emb, ids, K, select_on="posterior")
     make_method(method, emb, ids, K, select_on="likelihood")
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_an_empty_stream_is_not_an_error(method):
+    feats = FEATS[:0, None] if METHODS[method].takes_views else FEATS[:0]
+    assert run_stream(method, feats, EMB, IDS, K).shape == (0, K)

@@ -222,9 +222,11 @@ def validate_features(method: str, features: Any, class_embeddings: torch.Tensor
         raise ValueError(f"{method}: features are on {features.device} but class_embeddings on "
                          f"{class_embeddings.device}")
     if not bool(torch.isfinite(features).all()):
-        bad = int(torch.nonzero(~torch.isfinite(features).reshape(features.shape[0], -1).all(dim=1))[0])
+        bad = int(torch.nonzero(~torch.isfinite(features).flatten(1).all(dim=1))[0])
         raise ValueError(f"{method}: features contain non-finite values (nan or inf), first at sample {bad}")
-    zero_norm = (torch.linalg.vector_norm(features, dim=-1) == 0).reshape(features.shape[0], -1).any(dim=1)
+    zero_norm = torch.linalg.vector_norm(features, dim=-1) == 0
+    if views:
+        zero_norm = zero_norm.any(dim=1)
     if bool(zero_norm.any()):
         bad = int(torch.nonzero(zero_norm)[0])
         raise ValueError(f"{method}: feature of sample {bad} has zero norm (features are expected L2-normalised)")
