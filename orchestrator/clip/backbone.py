@@ -17,6 +17,7 @@ setting, else True for a TorchScript archive (every OpenAI original is one), els
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import logging
@@ -305,6 +306,23 @@ class Backbone:
         return torch.cat(out)
 
 
+@contextlib.contextmanager
+def _hub_offline(enabled: bool):
+    """Hugging Face Hub offline mode for the duration (read at call time by huggingface_hub), so a model
+    config or tokenizer that would fetch from the Hub fails at once instead of waiting on the network."""
+    if not enabled:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
 class _DropRandomInitWarning(logging.Filter):
     """open_clip warns 'initialized randomly' for the empty model the checkpoint is loaded into next."""
 
@@ -329,6 +347,7 @@ def load_backbone(
     files; TorchScript archives are always loaded as TorchScript.
     """
     import open_clip
+    from open_clip.transform import PreprocessCfg, image_transform_v2
 
     spec = BackboneSpec(model, pretrained, quick_gelu)
     resolved = resolve_weights(spec, weights_dir=weights_dir, allow_download=allow_download)
@@ -337,7 +356,7 @@ def load_backbone(
     if quiet:
         logging.getLogger().addFilter(quiet)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _hub_offline(not allow_download):
             torch.manual_seed(RANDOM_INIT_SEED)
             net = open_clip.create_model(
                 resolved.model,
@@ -354,14 +373,14 @@ def load_backbone(
     if resolved.path is not None:
         _load_weights(net, resolved, weights_only)
     net = net.to(dev).eval()
-    from open_clip.transform import PreprocessCfg, image_transform_v2
-
+    with _hub_offline(not allow_download):
+        tokenizer = open_clip.get_tokenizer(resolved.model)
     cfg = PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved.preprocess.items()})
     return Backbone(
         spec=spec,
         resolved=resolved,
         model=net,
-        tokenizer=open_clip.get_tokenizer(resolved.model),
+        tokenizer=tokenizer,
         preprocess=image_transform_v2(cfg, is_train=False),
         device=dev,
         precision=precision_for(dev),
