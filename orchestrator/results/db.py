@@ -52,10 +52,12 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _source(results_dir: Path, glob: str, good: Sequence[Path], use_glob: bool, hive: bool) -> str:
-    target = _sql_str(str(results_dir / glob)) if use_glob else "[" + ", ".join(_sql_str(str(p)) for p in good) + "]"
-    hive_opts = "hive_partitioning=true, hive_types_autocast=false" if hive else "hive_partitioning=false"
-    return f"read_parquet({target}, {hive_opts}, union_by_name=true)"
+def _samples_source(results_dir: Path, good: Sequence[Path], use_glob: bool) -> str:
+    """read_parquet over the layout's glob or the listed parts; partition values stay text (a run_id of digits
+    or a dataset called 2024 must not turn into numbers)."""
+    target = (_sql_str(str(results_dir / schema.SAMPLES_GLOB)) if use_glob
+              else "[" + ", ".join(_sql_str(str(p)) for p in good) + "]")
+    return f"read_parquet({target}, hive_partitioning=true, hive_types_autocast=false, union_by_name=true)"
 
 
 def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str = "CAST") -> list[str]:
@@ -128,8 +130,9 @@ class ResultsDB:
         """Files left out of the views at the last refresh, each with why."""
         return list(self._bad)
 
-    def _scan(self, paths: list[Path], kind: str) -> tuple[list[Path], list[BadFile], set[str], dict[str, str]]:
-        good, bad, present, extra = [], [], set(), {}
+    def _scan(self, paths: list[Path], kind: str) -> tuple[list[Path], list[BadFile], set[str]]:
+        """(good files, bad files, the columns the good files have)."""
+        good, bad, present = [], [], set()
         for path in paths:
             check = self._checker.check(path, kind)
             if check is None:
@@ -137,17 +140,16 @@ class ResultsDB:
             if check.ok:
                 good.append(path)
                 present.update(check.columns)
-                extra.update({k: v for k, v in check.columns.items() if k not in _RUN_NAMES})
             else:
                 bad.append(BadFile(path, check.error or "bad file"))
-        return good, bad, present, extra
+        return good, bad, present
 
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files."""
         with self._lock:
             root = self.results_dir
-            s_good, s_bad, s_cols, _ = self._scan(files.sample_parts(root), "samples")
-            r_good, r_bad, _, _ = self._scan(files.run_files(root), "runs")
+            s_good, s_bad, s_cols = self._scan(files.sample_parts(root), "samples")
+            r_good, r_bad, _ = self._scan(files.run_files(root), "runs")
             rows = []
             for path in r_good:
                 row = self._run_row(path)
@@ -198,8 +200,7 @@ class ResultsDB:
         cols = _select_list(schema.SAMPLE_COLUMNS, present) + _select_list(
             _PARTITION_COLUMNS, set(schema.PARTITION_KEYS) if good else set())
         if good:
-            source = _source(self.results_dir, schema.SAMPLES_GLOB, good, use_glob, hive=True)
-            sql = f"SELECT {', '.join(cols)} FROM {source}"
+            sql = f"SELECT {', '.join(cols)} FROM {_samples_source(self.results_dir, good, use_glob)}"
         else:
             sql = f"SELECT {', '.join(cols)} WHERE false"
         self._con.execute(f"CREATE OR REPLACE VIEW samples AS {sql}")
