@@ -97,6 +97,12 @@ def test_query_parquet_to_unwritable_path(results, tmp_path):
     assert r.exit_code == 2 and "cannot write" in r.stderr and str(blocker) in r.stderr
 
 
+def test_query_parquet_never_writes_into_the_results(results):
+    target = results / "samples" / "export.parquet"
+    r = bca("query", "SELECT 1 AS a", "--results", str(results), "--parquet", str(target))
+    assert r.exit_code == 2 and "inside the results dir" in r.stderr and not target.exists()
+
+
 def test_query_on_missing_results_dir(tmp_path):
     r = bca("query", "SELECT count(*) AS n FROM runs", "--results", str(tmp_path / "none"), "--csv")
     assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "0"]

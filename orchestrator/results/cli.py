@@ -97,12 +97,16 @@ def query_cmd(
         finally:
             _warn_bad_files(db)
     if parquet is not None:
+        out = parquet.absolute()
+        if out.resolve().is_relative_to(db.results_dir.resolve()):
+            _err(f"error: --parquet {out} is inside the results dir {db.results_dir}; the results are read-only")
+            raise typer.Exit(2)
         try:
-            atomic_write(parquet.absolute(), lambda tmp: pq.write_table(table, tmp), "query result")
+            atomic_write(out, lambda tmp: pq.write_table(table, tmp), "query result")
         except OSError as e:
             _err(f"error: {e}")
             raise typer.Exit(2)
-        _err(f"wrote {table.num_rows} row(s) to {parquet.absolute()}")
+        _err(f"wrote {table.num_rows} row(s) to {out}")
     elif csv:
         table.to_pandas().to_csv(sys.stdout, index=False)
     elif json_out:
