@@ -21,11 +21,13 @@ Per sample f, in stream order:
    if the prior gate fires:      V[s] = blend(V[s], post), C2[s] advances (no renormalisation: a convex
    combination of rows on the simplex stays on the simplex).
 
-The blend, for a row r, new observation x and its counter C (n = n1 for U, n2 for V):
+The blend, for a row r, new observation x and its counter C (n = n1 for U, n2 for V), always in the
+shared form r <- (a r + b x) / (a + b) (`update_weights` gives a, b and the next C):
 
 - update='count' (Eqs. 7 and 9):     r <- (C r + x) / (C + 1);            C <- C + 1
   The weight of a new sample is 1 / (C + 1): a running mean seeded with n pseudo-observations.
-- update='momentum' (fixed-rate EMA): r <- ((1 - m) r + m x) / 1 with m = 1 / (n + 1);  C <- C + 1
+- update='momentum' (fixed-rate EMA): r <- (1 - m) r + m x with m = 1 / (n + 1);  C <- C + 1
+  (the shared form with a = 1 - m, b = m)
   The rate is the count rule's first-step rate and never shrinks, so the row forgets old samples
   geometrically. Tying m to n1 / n2 (rather than one free momentum) keeps the paper's two learning rates
   (slow for U, fast for V) and makes the three strategies differ in exactly one thing, as in the
