@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.methods import hparam_defaults, tda_defaults
+from orchestrator.methods import METHODS, hparam_defaults, tda_defaults
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
 from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views,
                                      entry_datasets, method_grid, spec_fingerprint)
@@ -162,9 +162,11 @@ def _order_by_source(runs: list[Run]) -> list[Run]:
 
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
-    """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source."""
+    """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
+    of features they take (a view-voting method such as zero is packed only with its own kind)."""
     trials: list[Trial] = []
-    for source, group in itertools.groupby(runs, key=lambda r: r.source):
+    for (source, _views), group in itertools.groupby(
+            runs, key=lambda r: (r.source, METHODS[r.config["method"]].takes_views)):
         group = list(group)
         for start in range(0, len(group), pack):
             members = tuple(group[start:start + pack])

@@ -204,41 +204,108 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
-    """One online run over the stream, chunk by chunk (the method keeps its state between chunks)."""
-    writer = RunWriter(settings.results_dir, run.config)
+def _error_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _mark_failed(writer: RunWriter, exc: BaseException) -> None:
+    """Record why a run stopped (KeyboardInterrupt included); never let the recording hide the cause."""
+    try:
+        writer.mark("failed", error=_error_text(exc))
+    except Exception:  # noqa: BLE001 - e.g. the results dir became unwritable: the original error matters more
+        pass
+
+
+class _Outcome:
+    """A run's per-sample outputs over the whole stream and its timings, ready to finish."""
+
+    def __init__(self) -> None:
+        self.preds: list[np.ndarray] = []
+        self.timings: dict[str, float] = {}
+        self.run_s = 0.0
+        self.state: dict[str, np.ndarray] = {}
+
+    def add(self, trace: Any, seconds: float) -> np.ndarray:
+        self.run_s += seconds
+        for stage, t in trace.timings.items():
+            self.timings[stage] = self.timings.get(stage, 0.0) + t
+        pred = _numpy(trace.predictions)
+        self.preds.append(pred)
+        self.state = {k: _numpy(v) for k, v in trace.state.items()}
+        return pred
+
+
+def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stream: Stream,
+            encode_s: float) -> dict[str, Any]:
+    """Save the final state and stream order, mark the run finished with its metrics; return them."""
     n = len(stream)
-    writer.mark("running", n_samples=n)
+    writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
+    accuracy, last50 = _accuracy(np.concatenate(outcome.preds), stream.labels.numpy())
+    metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
+               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "time_encoder_s": encode_s,
+               **{f"time_{stage}_s": outcome.timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
+               "peak_mem_mb": _peak_mem_mb(stream.features.device)}
+    writer.mark("finished", **metrics)
+    return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
+
+
+def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
+    sink.offer(start, pred, _numpy(trace.confidences), _numpy(trace.gated), _numpy(trace.gated_prior),
+               _numpy(trace.selected))
+
+
+def _features_for(method: str, stream: Stream) -> torch.Tensor:
+    return stream.view_features if METHODS[method].takes_views else stream.features
+
+
+def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
+    """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
+    reach the disk while the run goes on."""
+    writer = RunWriter(settings.results_dir, run.config)
+    writer.mark("running", n_samples=len(stream))
     try:
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
                              **config["hparams"])
-        features = stream.view_features if METHODS[config["method"]].takes_views else stream.features
+        features = _features_for(config["method"], stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
-        preds, timings, run_s, trace = [], {}, 0.0, None
-        for start in range(0, n, settings.part_rows):
+        outcome = _Outcome()
+        for start in range(0, len(stream), settings.part_rows):
             began = time.perf_counter()
             trace = method.run(features[start:start + settings.part_rows])
-            run_s += time.perf_counter() - began
-            for stage, seconds in trace.timings.items():
-                timings[stage] = timings.get(stage, 0.0) + seconds
-            pred = _numpy(trace.predictions)
-            preds.append(pred)
-            sink.offer(start, pred, _numpy(trace.confidences), _numpy(trace.gated), _numpy(trace.gated_prior),
-                       _numpy(trace.selected))
-        state = {k: _numpy(v) for k, v in trace.state.items()} if trace is not None else {}
-        writer.save_state({**state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
-        accuracy, last50 = _accuracy(np.concatenate(preds), stream.labels.numpy())
-        metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
-                   "samples_per_s": n / run_s if run_s > 0 else float("inf"), "time_encoder_s": encode_s,
-                   **{f"time_{stage}_s": timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
-                   "peak_mem_mb": _peak_mem_mb(stream.features.device)}
-        writer.mark("finished", **metrics)
+            _offer(sink, start, trace, outcome.add(trace, time.perf_counter() - began))
+        return _finish(run, writer, sink, outcome, stream, encode_s)
     except BaseException as exc:
-        # KeyboardInterrupt / SystemExit included: the run is recorded as failed, with what stopped it.
-        writer.mark("failed", error="".join(traceback.format_exception_only(type(exc), exc)).strip())
+        _mark_failed(writer, exc)
         raise
-    return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
+
+
+def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> list[dict]:
+    """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
+    rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
+    from orchestrator.methods.many import run_traces_many
+
+    writers = [RunWriter(settings.results_dir, run.config) for run in runs]
+    for writer in writers:
+        writer.mark("running", n_samples=len(stream))
+    try:
+        features = _features_for(runs[0].config["method"], stream)
+        configs = [{"method": run.config["method"], **run.config["hparams"]} for run in runs]
+        began = time.perf_counter()
+        traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+        share = (time.perf_counter() - began) / len(runs)
+        out = []
+        for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
+            sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
+            outcome = _Outcome()
+            _offer(sink, 0, trace, outcome.add(trace, share))
+            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0))
+        return out
+    except BaseException as exc:
+        for writer in writers:
+            if writer.status() != "finished":
+                _mark_failed(writer, exc)
+        raise
 
 
 def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
@@ -249,7 +316,6 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
     stream, cached = load_stream(trial.source, settings, keep_views)
     encode_s = 0.0 if cached else stream.encode_s
-    out = []
-    for i, run in enumerate(todo):
-        out.append(execute_run(run, stream, settings, encode_s=encode_s if i == 0 else 0.0))
-    return out
+    if len(todo) > 1:
+        return execute_pack(todo, stream, settings, encode_s=encode_s)
+    return [execute_run(todo[0], stream, settings, encode_s=encode_s)]
