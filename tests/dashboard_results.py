@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 # Every method, a tau grid for the sensitivity view, two synthetic scenarios (so the comparison has an
-# average and a gain over CLIP), two seeds (mean ± std), several parts per run.
+# average and a gain over CLIP), two seeds (mean ± std), several parts per run. Small running-mean counts
+# (n1, n2) so that 600-sample streams adapt visibly; the paper's 30000 barely moves in 600 samples.
 SPEC = """\
 name: dashboard-test
 results_dir: results
@@ -24,11 +25,16 @@ datasets:
 methods:
   - method: clip
   - method: la
+    n1: 100
   - method: pa
+    n2: 5
   - method: bca
     tau: [0.2, 0.5]
+    n1: 100
+    n2: 5
   - method: tda
   - method: tda_pa
+    n2: 5
 seeds: [1, 2]
 pack: 7
 part_rows: 200
