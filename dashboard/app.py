@@ -232,6 +232,11 @@ def main() -> None:
     counts = queries.status_counts(table)
     st.caption(" · ".join(f"{counts.get(s, 0)} {s}" for s in schema.STATUSES) + f" runs in `{results_dir}`")
 
+    if all_runs.empty:
+        st.info("The runs below have started but none has written samples yet; refresh in a moment.")
+        table_with_csv(queries.runs_listing(table, all_runs), "runs", "runs")
+        return
+
     filters = sidebar_filters(queries.filter_options(all_runs))
     db = open_db(results_dir)
     runs = filters.apply(all_runs)

@@ -16,6 +16,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard import APP_PATH, RESULTS_ENV
 from dashboard_results import real_sweep_results
 from orchestrator.results.testing import make_fake_results, write_fake_run
+from orchestrator.results.writer import RunWriter
 
 # Generous: the first run opens DuckDB and reads every footer on a busy 2-core machine.
 TIMEOUT_S = 180
@@ -132,6 +133,15 @@ def test_run_still_writing_and_refresh(tmp_path: Path, monkeypatch: pytest.Monke
     at.button(key="refresh").click().run()
     assert_no_exception(at)
     assert "1 running · 2 finished" in at.main.caption[0].value
+
+
+def test_runs_started_without_samples_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    RunWriter(tmp_path, {"sweep": "s", "backbone": "RN50", "dataset": "imagenet", "method": "bca", "seed": 1,
+                         "hparams": {"tau": 0.3}}).mark("running", n_samples=100)
+    at = run_app(tmp_path, monkeypatch)
+    assert_no_exception(at)
+    assert "none has written samples yet" in at.info[0].value
+    assert at.dataframe[0].value["status"].tolist() == ["running"]
 
 
 def test_truncated_part_is_named_and_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
