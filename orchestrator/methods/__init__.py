@@ -2,6 +2,8 @@
 
     run_stream(method, features, class_embeddings, class_ids, num_classes, **hparams) -> posteriors [n, K]
     make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features) -> Trace
+    run_stream_many(features, class_embeddings, class_ids, num_classes, configs) -> (predictions [G, n],
+    confidences [G, n]); run_traces_many(...) -> one Trace per config (`many.py`)
     hparam_defaults(method) -> every valid hparam with its default; tda_defaults(dataset) -> TDA's per-dataset
     positive-cache alpha / beta.
 
@@ -13,6 +15,8 @@ zero (`zero.py`, features [n, V, d]). Inputs are float32, expected L2-normalised
 from orchestrator.methods import bca as _bca  # noqa: F401
 from orchestrator.methods import zero as _zero  # noqa: F401
 from orchestrator.methods.base import METHODS, Method, Trace, hparam_defaults, make_method, run_stream
+from orchestrator.methods.many import run_stream_many, run_traces_many
 from orchestrator.methods.tda import tda_defaults
 
-__all__ = ["METHODS", "Method", "Trace", "hparam_defaults", "make_method", "run_stream", "tda_defaults"]
+__all__ = ["METHODS", "Method", "Trace", "hparam_defaults", "make_method", "run_stream", "run_stream_many",
+           "run_traces_many", "tda_defaults"]

@@ -1,6 +1,8 @@
 """The BCA-family methods: `clip` (zero-shot), `la` (only U adapts), `pa` (only V adapts), `bca` (both).
 
-The equations, gates and update rules are documented in `orchestrator.methods.reference`. Hparams:
+The equations, gates and update rules are documented in `orchestrator.methods.reference`, the plain
+per-sample loop; `run()` computes the same thing with the exact blocked engine (`engine.run_bca_blocked`),
+which the tests hold to the reference. Hparams:
 
 - tau: shorthand for both gates (default 0.3, the paper's OOD value). tau_likelihood / tau_prior
   (default None = use tau) override it per gate, as the public code's two thresholds. A gate compares a
@@ -17,8 +19,8 @@ from typing import Any, ClassVar
 import torch
 
 from orchestrator.methods.base import Method, Trace, check_choice, check_real, register
-from orchestrator.methods.reference import (SELECT_ON, STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
-                                            init_state)
+from orchestrator.methods.engine import run_bca_blocked
+from orchestrator.methods.reference import SELECT_ON, STATE_DTYPES, UPDATES, BCAConfig, init_state
 
 _TAU_HINT = " (a probability threshold; values >= 1 disable the gate)"
 
@@ -70,7 +72,7 @@ class BCAFamily(Method):
         return out
 
     def _run(self, features: torch.Tensor) -> Trace:
-        trace = bca_family_reference(features, self.state, self.class_ids, self.num_classes, self.config)
+        trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
         self.state = trace.state
         # The caller gets its own copy; clip has no counters to report.
         keys = ("U", "V", "C1", "C2") if self.config.selects else ("U", "V")
