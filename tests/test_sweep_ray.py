@@ -25,7 +25,7 @@ from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import run_stream
 from orchestrator.results.writer import load_state, read_run
 from orchestrator.sweep.plan import expand
-from orchestrator.sweep.runner import NothingToResume, run_sweep
+from orchestrator.sweep.runner import run_sweep
 from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV
 
@@ -131,11 +131,6 @@ def test_rerun_skips_finished_runs(reference):
     assert not [ln for ln in lines if ln.startswith("[")]
 
 
-def test_resume_of_a_sweep_never_started(ray_session, tmp_path):
-    with pytest.raises(NothingToResume, match="has not been started"):
-        run_sweep(load_spec(write_spec(tmp_path)), resume=True, out=lambda line: None)
-
-
 def test_trial_worker_sigkilled_mid_run_is_retried_from_its_last_part(reference, tmp_path, monkeypatch):
     ref_dir, ref_spec, _, _ = reference
     flag = tmp_path / "killed"
@@ -191,7 +186,7 @@ def test_driver_sigkilled_then_resume(reference, tmp_path):
     os.killpg(driver.pid, signal.SIGKILL)  # the driver and anything it spawned; Ray ends the job's actors
     driver.wait()
 
-    resumed = _bca("sweep", str(spec_path), "--resume", "--address", address)
+    resumed = _bca("sweep", str(spec_path), "--resume", "--address", address)  # also tests joining a cluster
     output, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, output
     assert "to run" in output and "runs finished" in output

@@ -1,7 +1,7 @@
 """`bca sweep SPEC [--resume] [--address ADDR]`: load and validate the spec, run it, set the exit code.
 
 Exit codes: 0 every run finished; 1 some runs failed or were left unfinished (the summary says which and how
-to resume); 2 the spec is invalid (every problem listed) or --resume named a sweep never started; 130 Ctrl-C.
+to resume), or the results dir cannot be written; 2 the spec is invalid (every problem listed); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.sweep.runner import NothingToResume, run_sweep
+from orchestrator.sweep.runner import run_sweep
 from orchestrator.sweep.spec import SpecError, load_spec
 
 
@@ -21,9 +21,13 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
     try:
         spec = load_spec(spec_path)
         outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}")
-    except (SpecError, NothingToResume) as exc:
+    except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)
+        print(f"error: {exc}\nparts already written are intact; fix the results dir, then run "
+              f"bca sweep {spec_path} again (finished runs are skipped, the others go on)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"interrupted: everything written so far is complete and queryable; continue with "
               f"bca sweep {spec_path} --resume", file=sys.stderr)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.methods import METHODS, hparam_defaults, tda_defaults
+from orchestrator.results.atomic import atomic_write
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
 from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views,
                                      entry_datasets, method_grid, spec_fingerprint)
@@ -206,9 +206,7 @@ def check_sweep_record(spec: SweepSpec, runs: list[Run]) -> str | None:
 
 def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> Path:
     path = sweep_record_path(spec.results_dir, spec.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     body = {"name": spec.name, "run_ids": sorted(r.run_id for r in runs), "spec": json.loads(spec_fingerprint(spec))}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    # ResultsWriteError names the path and the OS reason when the results dir cannot be written
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(body, indent=1, sort_keys=True)), "sweep record")
     return path

@@ -1,7 +1,9 @@
 """Execute a sweep with Ray Tune: one trial per run (or per pack of runs), resumable from the results dir.
 
 The results dir, not Tune's experiment state, is the source of truth for resume: every invocation expands the
-spec, skips runs whose runs-table status is 'finished', and launches a fresh Tuner over the rest. Unfinished
+spec, skips runs whose runs-table status is 'finished', and launches a fresh Tuner over the rest. With or
+without `--resume` a re-run does exactly that; `--resume` states the intent (and starts a sweep that was never
+started, so scripts can always pass it). Unfinished
 runs continue from their last complete part (see trial.py). So `bca sweep SPEC` after a crash, a Ctrl-C, a
 killed driver or a lost node picks up exactly where the complete parts end, on this machine or another one.
 
@@ -27,10 +29,6 @@ from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
-
-
-class NothingToResume(ValueError):
-    """--resume named a sweep that this results dir has never started."""
 
 
 @dataclass
@@ -93,13 +91,22 @@ def _init_ray(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
 
 
-def _mark_failed(settings: Settings) -> Callable[[Trial, str], None]:
+def _mark(writer: RunWriter, error: str, out: Callable[[str], None]) -> None:
+    """Record a run as failed. A results dir that cannot take the record (disk full, read-only) must not end the
+    sweep from inside Tune's callback: the run stays unfinished, which verify and --resume both see."""
+    try:
+        writer.mark("failed", error=error)
+    except OSError as exc:
+        out(f"warning: cannot record run {writer.run_id} as failed: {exc}")
+
+
+def _mark_failed(settings: Settings, out: Callable[[str], None]) -> Callable[[Trial, str], None]:
     """Record a trial's final error on each of its runs that did not finish (a killed worker cannot)."""
     def mark(trial: Trial, error: str) -> None:
         for run in trial.runs:
             writer = RunWriter(settings.results_dir, run.config)
             if writer.status() != "finished":
-                writer.mark("failed", error=error)
+                _mark(writer, error, out)
     return mark
 
 
@@ -109,8 +116,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     `command` is how the user started it, for the resume hints."""
     runs = expand(spec)
     if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
-        raise NothingToResume(f"--resume: sweep {spec.name!r} has not been started in {spec.results_dir} "
-                              f"(no {sweep_record_path(spec.results_dir, spec.name)}); run without --resume")
+        # Accepted so that scripts can always pass --resume (the README's main job does).
+        out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
     write_sweep_record(spec, runs)
     status = run_status(spec, runs)
     todo = [r for r in runs if status[r.run_id] != "finished"]
@@ -120,19 +127,19 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     interrupted: list[str] = []
     if todo:
         _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
-        interrupted = _record_interrupted(spec, todo, command)
+        interrupted = _record_interrupted(spec, todo, command, out)
     return _outcome(spec, runs, skipped, interrupted, out, command)
 
 
-def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str) -> list[str]:
+def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None]) -> list[str]:
     """Runs still 'running' once Tune returned were stopped by Ctrl-C (a failed trial is marked by the
     callback): record them as failed, with how far they got, so the runs table tells the truth."""
     stopped = []
     for run in todo:
         writer = RunWriter(spec.results_dir, run.config)
         if writer.status() == "running":
-            writer.mark("failed", error=f"interrupted after {writer.rows_done()} complete rows; "
-                                        f"resume with {command} --resume")
+            _mark(writer, f"interrupted after {writer.rows_done()} complete rows; resume with {command} --resume",
+                  out)
             stopped.append(run.run_id)
     return stopped
 
@@ -145,7 +152,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
 
     _init_ray(address)
     settings = settings_of(spec)
-    callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings))
+    callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpu})
@@ -190,7 +197,7 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
         out("errors:")
         for error, count in _count(failed.values()):
             out(f"  {count} run(s): {error}")
-    if failed or interrupted:
+    if finished < len(runs):
         out(f"continue with: {command} --resume   (finished runs are skipped, the others go on from their "
             f"last complete part)")
     out(f"open the dashboard: bca dashboard --results {spec.results_dir}")
@@ -205,4 +212,4 @@ def _count(errors: Any) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
-__all__ = ["run_sweep", "SweepOutcome", "NothingToResume", "format_seconds"]
+__all__ = ["run_sweep", "SweepOutcome", "format_seconds"]
