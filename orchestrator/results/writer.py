@@ -8,6 +8,7 @@ interleave or duplicate rows.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import importlib.metadata
@@ -16,7 +17,7 @@ import logging
 import platform
 import socket
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -89,9 +90,19 @@ class RunWriter:
         }
 
     # ------------------------------------------------------------------------------------------ parts
-    def _lock(self) -> FileLock:
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
         ensure_dir(self.samples_dir, f"run {self.run_id}")
-        return FileLock(str(self.samples_dir / ".lock"))
+        path = self.samples_dir / ".lock"
+        lock = FileLock(str(path))
+        try:
+            lock.acquire()
+        except OSError as e:  # e.g. a read-only or permission-denied results dir: the lock file cannot be opened
+            raise ResultsWriteError(path, f"lock file of run {self.run_id}", e) from e
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _scan(self) -> tuple[int, list[Path]]:
         """(end of the complete contiguous parts from 0, part files outside that prefix). Removes temp files
