@@ -125,10 +125,11 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
         f"-> {spec.results_dir}")
     interrupted: list[str] = []
+    errors: dict[str, str] = {}
     if todo:
-        _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
-        interrupted = _record_interrupted(spec, todo, command, out)
-    return _outcome(spec, runs, skipped, interrupted, out, command)
+        errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
+        interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
+    return _outcome(spec, runs, skipped, interrupted, errors, out, command)
 
 
 def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None]) -> list[str]:
@@ -145,7 +146,8 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
-          out: Callable[[str], None]) -> None:
+          out: Callable[[str], None]) -> dict[str, str]:
+    """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good."""
     # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from ray import tune
@@ -166,25 +168,36 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
             callbacks=[callback], failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             log_to_file=True),
     )
-    # Tune logs each trial error with a traceback and, after Ctrl-C, one warning per trial without results;
-    # the callback and the final summary say the same in one line each.
+    # Tune logs each trial error with a traceback, after Ctrl-C one warning per trial without results, and a
+    # traceback for each failed save of its experiment state (a full disk); the callback, the final summary and
+    # the warning below say the same in one line each.
     quiet = [logging.getLogger(name) for name in ("ray.tune.execution.tune_controller",
-                                                  "ray.tune.analysis.experiment_analysis")]
+                                                  "ray.tune.analysis.experiment_analysis",
+                                                  "ray.tune.execution.experiment_state")]
     levels = [log.level for log in quiet]
     for log in quiet:
         log.setLevel(logging.CRITICAL)
     try:
         tuner.fit()
+    except (OSError, EOFError) as exc:
+        # Tune's own bookkeeping under <results>/tune failed, e.g. reading back an error file truncated when the
+        # disk filled up. Nothing reads that state to resume: the results dir says what finished.
+        out(f"warning: Ray Tune could not keep its experiment state under {Path(spec.results_dir) / TUNE_DIR}: "
+            f"{type(exc).__name__}: {exc}")
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
+    return {run.run_id: callback.errors[t.key] for t in trials if t.key in callback.errors for run in t.runs}
 
 
-def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str],
+def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str], errors: dict[str, str],
              out: Callable[[str], None], command: str) -> SweepOutcome:
     rows = {r.run_id: read_run(spec.results_dir, spec.name, r.run_id) or {} for r in runs}
     failed = {rid: (row.get("error") or "unknown error") for rid, row in rows.items()
               if row.get("status") == "failed" and rid not in interrupted}
+    # a failure the results dir could not record (disk full) is a failure all the same
+    failed.update({rid: error for rid, error in errors.items()
+                   if rid not in failed and rows[rid].get("status") != "finished"})
     finished = sum(1 for row in rows.values() if row.get("status") == "finished")
     table = accuracy_table(runs, rows)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
