@@ -15,6 +15,7 @@ reads its data, is marked bad and the query retried without it.
 from __future__ import annotations
 
 import re
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +104,11 @@ class ResultsDB:
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
         self._con = duckdb.connect(":memory:")
+        # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
+        # allowed_directories: a private empty one keeps whatever lies in ./.tmp out of reach.
+        self._spill = tempfile.TemporaryDirectory(prefix="bca-duckdb-")
         for stmt in (
+            f"SET temp_directory = {_sql_str(self._spill.name)}",
             "SET autoinstall_known_extensions = false",
             "SET autoload_known_extensions = false",
             "SET python_enable_replacements = false",
@@ -117,6 +122,7 @@ class ResultsDB:
     # ------------------------------------------------------------------------------------- lifecycle
     def close(self) -> None:
         self._con.close()
+        self._spill.cleanup()
 
     def __enter__(self) -> "ResultsDB":
         return self

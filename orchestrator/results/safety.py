@@ -2,13 +2,16 @@
 
 Two layers. Here, DuckDB's own parser and tokenizer decide: the statement must parse to one SELECT (so COPY,
 ATTACH, INSTALL/LOAD, CREATE, INSERT, UPDATE, DELETE, DROP, PRAGMA, SET, EXPORT, CALL... are refused by
-type), and a table function may only be called when it is on a short allowlist of ones that touch no files
-(so read_csv, read_parquet, glob, read_text, query, ... are refused by name). Underneath, db.py's
+type), a table function may only be called when it is on a short allowlist of ones that touch no files
+(so read_csv, read_parquet, glob, read_text, query, ... are refused by name), and no table name may look like
+a file path or URL (FROM 'x.csv' would open the file). Underneath, db.py's
 connection has external access disabled outside the results dir and its configuration locked, so even
 SQL that slipped past this check could not write or read anywhere else.
 """
 
 from __future__ import annotations
+
+import json
 
 import duckdb
 
@@ -29,6 +32,10 @@ DENIED_FUNCTIONS = frozenset({
     "st_read", "iceberg_scan", "delta_scan", "sqlite_scan", "postgres_scan", "mysql_scan",
 })
 DENIED_PREFIXES = ("read_", "parquet_", "sniff_", "iceberg_", "delta_", "sqlite_", "postgres_", "mysql_")
+
+
+# Characters of a file path, glob or URL, none of which the views' names (or sensible CTE names) contain.
+_PATH_CHARS = "/\\.:*?~"
 
 
 class QueryRefused(ValueError):
@@ -63,6 +70,29 @@ def _called_names(sql: str) -> list[str]:
     return names
 
 
+def _table_names(sql: str) -> list[str] | None:
+    """Names the statement reads as tables (views, CTEs, and strings DuckDB would open as files), from DuckDB's
+    own parse tree; None when DuckDB cannot serialise the statement."""
+    con = duckdb.connect(":memory:")
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+    finally:
+        con.close()
+    if tree.get("error"):
+        return None
+    names: list[str] = []
+    stack: list = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "BASE_TABLE":
+                names.append(str(node.get("table_name", "")))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return names
+
+
 def check_query(sql: str) -> str:
     """Return the single statement to run, or raise QueryRefused (duckdb.ParserException for malformed SQL)."""
     global _TABLE_FUNCTIONS
@@ -85,4 +115,15 @@ def check_query(sql: str) -> str:
         if denied:
             raise QueryRefused(f"function {name}() is not allowed: queries may read only the views samples, runs, "
                                "accuracy and summary, not files or other sources")
+    # A file path or URL in FROM ('x.csv', "dir/*.parquet") is opened by a replacement scan. The connection only
+    # allows the results dir, but DuckDB checks that lexically: results/<symlink>/../x is "inside" the results
+    # while the OS resolves it outside. So no table name may look like a path.
+    names = _table_names(stmt.query)
+    if names is None:
+        raise QueryRefused("this statement cannot be checked; write it as a plain SELECT over the views samples, "
+                           "runs, accuracy, summary")
+    for name in names:
+        if any(c in name for c in _PATH_CHARS):
+            raise QueryRefused(f"table {name!r} looks like a file or URL: queries may read only the views samples, "
+                               "runs, accuracy and summary, not files")
     return stmt.query
