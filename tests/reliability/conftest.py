@@ -229,3 +229,39 @@ def faults(ray_session):
     f.clear()
     yield f
     f.release_all()
+
+
+# ------------------------------------------------------------------------------------------------ storage
+
+def mount_tmpfs(where: Path, size: str, read_only: bool = False) -> bool:
+    """Mount a size-limited (or read-only) tmpfs at `where`; False where mounting is not permitted."""
+    where.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def fill_disk(directory: Path) -> Path:
+    """Write a filler file until the filesystem holding `directory` refuses more bytes."""
+    filler = directory / "filler.bin"
+    chunk = b"\0" * (1 << 16)
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError:
+            pass
+    return filler

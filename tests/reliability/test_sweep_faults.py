@@ -27,7 +27,8 @@ from orchestrator.sweep.plan import expand
 from orchestrator.sweep.runner import run_sweep
 from orchestrator.sweep.spec import load_spec
 
-from .conftest import N, PART, assert_exact, finish, reference_rows, sample_rows, start_bca, write_spec
+from .conftest import (N, PART, assert_exact, bca_cmd, fill_disk, finish, mount_tmpfs, reference_rows, sample_rows,
+                       start_bca, unmount, write_spec)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -77,3 +78,129 @@ def test_worker_sigkilled_with_a_part_half_written_then_resume(ray_session, faul
     assert_exact(spec.results_dir, spec_path, reference, ledger, "worker SIGKILL mid part write")
     assert verify_results(spec.results_dir).ok
     ledger.fault("trial worker SIGKILLed with a part half written", resumed="run_sweep(resume=True)")
+
+
+def _verify_cli(results_dir: Path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    return CliRunner().invoke(app, ["verify", str(results_dir)])
+
+
+def test_ctrl_c_while_a_part_is_being_written_then_resume(ray_session, faults, tmp_path, ledger):
+    address, _ = ray_session
+    spec_path = write_spec(tmp_path)
+    reference = reference_rows(spec_path, tmp_path)
+    bca = _run(spec_path, "bca")
+    faults.arm("ctrl-c", "pause", _part_match(bca, 2 * PART))
+    driver = start_bca("sweep", str(spec_path), "--address", address)
+    faults.wait("ctrl-c", driver)
+    driver.send_signal(signal.SIGINT)
+    output = finish(driver)
+    spec = load_spec(spec_path)
+
+    # Exit 130, no traceback, a resume hint; the run stopped mid-write is recorded with how far it got.
+    assert driver.returncode == 130, output
+    assert "Traceback" not in output and f"bca sweep {spec_path} --resume" in output, output
+    row = read_run(spec.results_dir, spec.name, bca.run_id)
+    assert row["status"] == "failed" and f"interrupted after {2 * PART} complete rows" in row["error"], row
+    # Everything written is queryable: whole parts only, no bad file; verify names the unfinished runs.
+    with ResultsDB(spec.results_dir) as db:
+        counts = db.sql("SELECT run_id, count(*) AS n, count(DISTINCT sample_idx) AS d FROM samples "
+                        "GROUP BY run_id").to_pylist()
+        assert db.bad_files == []
+    assert all(c["n"] == c["d"] and c["n"] % PART == 0 for c in counts), counts
+    assert {"run_id": bca.run_id, "n": 2 * PART, "d": 2 * PART} in counts
+    checked = _verify_cli(spec.results_dir)
+    assert checked.exit_code == 1 and f"missing_rows: {bca.run_id}: failed: {2 * PART} of {N}" in checked.stdout
+    assert "bad_part" not in checked.stdout
+
+    resumed = run_sweep(load_spec(spec_path), resume=True, out=lambda line: None)
+    assert resumed.ok
+    assert_exact(spec.results_dir, spec_path, reference, ledger, "Ctrl-C mid part write")
+    assert _verify_cli(spec.results_dir).exit_code == 0
+    ledger.fault("driver interrupted (SIGINT) while a worker was writing a part", exit_code=130)
+
+
+def test_disk_full_mid_sweep_then_resume(ray_session, faults, tmp_path, ledger):
+    address, _ = ray_session
+    results = tmp_path / "small-disk"
+    mounted = mount_tmpfs(results, "32m")
+    try:
+        spec_path = write_spec(tmp_path, results=results)
+        reference = reference_rows(spec_path, tmp_path)
+        bca = _run(spec_path, "bca")
+        # With a real small disk: pause bca's part at row 200 in its rename, fill the disk, let it go on. Where
+        # no tmpfs can be mounted the hook raises ENOSPC for that part instead (the writer's error path).
+        faults.arm("full", "pause" if mounted else "enospc", _part_match(bca, 2 * PART))
+        driver = start_bca("sweep", str(spec_path), "--address", address)
+        faults.wait("full", driver)
+        filler = fill_disk(results) if mounted else None
+        faults.release("full")
+        output = finish(driver)
+        spec = load_spec(spec_path)
+
+        assert driver.returncode == 1, output
+        assert "Traceback" not in output and "No space left on device" in output, output
+        # Nothing half-written is visible and the parts written before the disk filled are intact.
+        assert not [p for p in results.rglob("*") if schema.is_temp_name(p.name) and "samples" in p.parts]
+        problems = verify_results(results).problems
+        assert {p.kind for p in problems} <= {"missing_rows"}, problems
+        done = RunWriter(results, bca.config).rows_done()
+        assert done in (2 * PART, 3 * PART) and len(sample_rows(results)[bca.run_id]) == done
+        assert sample_rows(results)[bca.run_id] == reference[bca.run_id][:done]
+
+        if filler is not None:
+            filler.unlink()
+        resumed = start_bca("sweep", str(spec_path), "--resume", "--address", address)
+        output = finish(resumed)
+        assert resumed.returncode == 0, output
+        assert_exact(results, spec_path, reference, ledger, "disk full mid sweep")
+        ledger.fault("disk full mid sweep" + (" (32 MB tmpfs filled)" if mounted else " (simulated ENOSPC)"),
+                     mounted=mounted)
+    finally:
+        if mounted:
+            unmount(results)
+
+
+def test_two_sweeps_and_readers_share_one_results_dir(ray_session, faults, tmp_path, ledger):
+    from dashboard import queries
+
+    address, _ = ray_session
+    results = tmp_path / "shared-results"
+    spec_a = write_spec(tmp_path / "a", name="a", results=results)
+    spec_b = write_spec(tmp_path / "b", name="b", results=results, seeds=[2],
+                        methods=[{"method": "bca", "tau": [0.2, 0.4], "n1": 50}])
+    refs = {spec: reference_rows(spec, tmp_path) for spec in (spec_a, spec_b)}
+    # Hold each sweep in the rename of one of its parts, so the readers below run while both are mid-write.
+    faults.arm("a", "pause", ["sweep=a/", "method=bca", schema.part_name(2 * PART)])
+    faults.arm("b", "pause", ["sweep=b/", schema.part_name(3 * PART)])
+    drivers = [start_bca("sweep", str(spec), "--address", address) for spec in (spec_a, spec_b)]
+    try:
+        for name in ("a", "b"):
+            faults.wait(name, *drivers)
+
+        with ResultsDB(results) as db:
+            counts = db.sql("SELECT sweep, run_id, count(*) AS n, count(DISTINCT sample_idx) AS d, "
+                            "max(sample_idx) AS last FROM samples GROUP BY ALL").to_pylist()
+            assert db.bad_files == []
+            listing = queries.run_table(db)
+            per_run = queries.accuracy_runs(db)
+        assert {c["sweep"] for c in counts} == {"a", "b"}
+        assert all(c["n"] == c["d"] == c["last"] + 1 and c["n"] % PART == 0 for c in counts), counts
+        assert set(listing["sweep"]) == {"a", "b"} and "running" in set(listing["status"])
+        assert set(per_run["run_id"]) == {c["run_id"] for c in counts}
+        query = subprocess.run([*bca_cmd(), "query", "SELECT sweep, count(*) AS n FROM samples GROUP BY sweep",
+                                "--results", str(results), "--csv"], capture_output=True, text=True, timeout=300)
+        assert query.returncode == 0 and "warning" not in query.stderr, query.stderr
+        assert sorted(line.split(",")[0] for line in query.stdout.split()[1:]) == ["a", "b"]
+    finally:
+        faults.release("a")
+        faults.release("b")
+        outputs = [finish(d) for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0], outputs
+    for spec in (spec_a, spec_b):
+        assert_exact(results, spec, refs[spec], ledger, f"concurrent sweep {spec.stem}")
+    assert verify_results(results).ok
+    ledger.fault("two sweeps writing one results dir, read by bca query and the dashboard's queries mid-write")
