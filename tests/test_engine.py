@@ -140,6 +140,29 @@ def test_block_edges(method, n, block):
     assert_exact(reference(SHORT, method, hparams, feats), got)
 
 
+@pytest.fixture
+def torch_threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads,chunk", [(1, 32), (2, 1), (2, 5), (2, 32)])
+def test_threads_and_chunks(threads, chunk, torch_threads, monkeypatch):
+    """One thread walks whole blocks; more threads compute a block's products chunk by chunk ahead of
+    the walk (and run independent configs side by side). Same results either way."""
+    torch_threads(threads)
+    monkeypatch.setattr(engine, "DEFAULT_CHUNK", chunk)
+    hparams = {"tau": 0.4, "n1": 2, "n2": 1}
+    configs = [setup(SHORT, "bca", hparams), setup(SHORT, "clip", {}), setup(SHORT, "pa", {"tau": 0.4})]
+    states, cfgs = zip(*configs)
+    got = run_bca_blocked_many(SHORT.features, list(states), SHORT.class_ids, SHORT.num_classes, list(cfgs),
+                               block=16)
+    assert torch.get_num_threads() == threads
+    for (method, hp), trace in zip([("bca", hparams), ("clip", {}), ("pa", {"tau": 0.4})], got):
+        assert_exact(reference(SHORT, method, hp), trace)
+
+
 def test_gate_fires_on_every_sample():
     hparams = {"tau": 0.0, "n1": 5, "n2": 3}
     state, cfg = setup(SHORT, "bca", hparams)

@@ -23,18 +23,29 @@ dominant row moved away from sample j) that error would be amplified by S0_j / S
 stops before such a sample (S_j < S0_j / 16) or before a corrected logit exceeds the shift by more than
 `_EXP_LIMIT`, and the driver starts a fresh block there: the block boundary moves, the result does not.
 The row updates reproduce torch's rounding: float32 ops for float32 state, and for float16 state every
-op computed in float32 and rounded to half, as torch's CPU half kernels do.
+op computed in float32 and rounded to half, as torch's CPU half kernels do. float16 *prior* adaptation
+is the one case that cannot be reproduced from a blocked posterior and runs the reference loop itself
+(`needs_reference`).
 
-Devices. The products run on the features' device; per block, the block's logits, normaliser and Q0
-come to the host in a few transfers, the walk runs on the host, and only the rows it changed go back to
-the device copies of U and V. Results are returned on the features' device.
+Threads. With one torch thread the driver alternates products and walk. With more, it keeps torch at
+one thread per op and uses the threads itself: a block's products are computed chunk by chunk in a pool
+ahead of the walk (all chunks are against the same block-start state, so this changes nothing in the
+result), and independent configurations walk side by side. No intra-op thread team ever has to meet
+at a barrier, which on a busy machine stalls each op for a scheduler slice.
+
+Devices. The products run on the features' device; per chunk, its logits, normaliser and Q0 come to
+the host in a few transfers, the walk runs on the host, and at the end of a block only the rows it
+changed go back to the device copies of U and V. Results are returned on the features' device.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -46,7 +57,9 @@ from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bc
 
 # Block length: the corrections cost O(B) per sample (rows changed earlier in the block), the products
 # get more efficient with B; 64 is the best measured trade-off at K = M = 1000 (benchmarks/engine.py).
-DEFAULT_BLOCK = 64
+DEFAULT_BLOCK = 128
+# With more than one thread, a block's products are computed chunk by chunk ahead of the walk.
+DEFAULT_CHUNK = 32
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...
 _DRIFT = 16.0
@@ -115,6 +128,15 @@ def _dot(u, f):
     return acc
 
 
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum(q):
+    """Sum of a float64 vector; reassociation lets it vectorise (the order shows only at ~1e-16)."""
+    acc = 0.0
+    for k in range(q.shape[0]):
+        acc += q[k]
+    return acc
+
+
 @numba.njit(cache=True, nogil=True)
 def _weights(rule, counter, n, decay):
     """reference.update_weights in float64, as Python evaluates it: (a, b, next counter)."""
@@ -145,20 +167,21 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
           adapt_u, adapt_v, select_post, v_onehot, half, rule,
           scale, tau_l, tau_p, n1, n2, decay,
           post, sel, gated, gated_prior,
-          u_changed, v_changed, R, slot, Vstart, zc, ec, q, buf):
-    """Walk one block in stream order; returns (samples done, number of rows in R).
+          u_changed, v_changed, R, slot, Vstart, zc, ec, q, buf, nR0):
+    """Walk B consecutive samples of a block in stream order; returns (samples done, rows in R).
 
-    Inputs (block of B samples): F [B, d], Z0 [B, M] block-start logits, shift [B] their row max, E0 [B, M]
-    = exp(Z0 - shift), S0 [B] float64 row sums of E0, Q0 [B, K] = E0 V_start, amax0 [B] argmax of Z0.
-    State U [M, d], V [M, K], C1, C2 [M] (float32; half-valued when `half`) is updated in place.
-    R[:nR] lists the rows changed in this block, u_changed / v_changed flag them, Vstart[slot[r]] keeps
-    V_start[r]. The caller clears the flags. The walk stops early (returns j < B) only before a sample
-    whose corrections would lose precision; nothing of sample j has been written then.
+    Inputs for the B samples, all against the block-start state: F [B, d], Z0 [B, M] logits, shift [B]
+    their row max, E0 [B, M] = exp(Z0 - shift), S0 [B] float64 row sums of E0, Q0 [B, K] = E0 V_start,
+    amax0 [B] argmax of Z0. State U [M, d], V [M, K], C1, C2 [M] (float32; half-valued when `half`) is
+    updated in place. R[:nR] lists the rows changed since the block started (nR0 of them by earlier
+    chunks of the block), u_changed / v_changed flag them, Vstart[slot[r]] keeps V_start[r]; the caller
+    clears the flags when the block ends. The walk stops early (returns j < B) only before a sample whose
+    corrections would lose precision; nothing of sample j has been written then.
     """
     B, d = F.shape
     M = U.shape[0]
     K = V.shape[1]
-    nR = 0
+    nR = nR0
     for j in range(B):
         # 1. logits of rows updated earlier in the block, and the softmax normaliser
         sh = np.float64(shift[j])
@@ -195,11 +218,9 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
                 else:
                     for k in range(K):
                         q[k] += de * V[r, k]
-        total = 0.0
+        inv_total = 1.0 / _sum(q)
         for k in range(K):
-            total += q[k]
-        for k in range(K):
-            post[j, k] = np.float32(q[k] / total)
+            post[j, k] = np.float32(q[k] * inv_total)
         if not (adapt_u or adapt_v):
             continue
 
@@ -267,26 +288,28 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().contiguous().numpy()
 
 
+def _host_copy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).numpy().copy()
+
+
 @dataclass
-class _Products:
-    """One block's products against the block-start U: logits, their row max / argmax, exp, row sums."""
+class _Stream:
+    """What every lane of one call shares: the features (device and host), block and chunk lengths, and
+    the class maps (device class ids; host class ids and the row of each class for select_on='posterior')."""
 
-    E: torch.Tensor          # [B, M] on the device, exp(Z - shift); Q0 is built from it
-    host: tuple[np.ndarray, ...]   # Z, shift, E, S0, amax0 on the host, in `_walk`'s order
-
-
-def _block_products(Fb: torch.Tensor, U_dev: torch.Tensor, scale: float) -> _Products:
-    Z = (Fb @ U_dev.T).mul_(scale)  # the reference's logit_scale * (U32 @ f): product, then the scale
-    shift, amax = Z.max(dim=1)
-    E = torch.exp(Z - shift[:, None])
-    S = E.sum(dim=1, dtype=torch.float64)
-    return _Products(E, (_host(Z), _host(shift), _host(E), _host(S), _host(amax)))
+    features: torch.Tensor
+    host: np.ndarray
+    block: int
+    chunk: int
+    cls: torch.Tensor
+    maps: tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
 class _Lane:
     """One configuration while a stream runs: host state (updated by the walk), device copies of U and V
-    (for the block products), the outputs in stream order, the walk's scratch and the stage timings."""
+    as of the current block's start (for its products), the outputs in stream order, the walk's scratch
+    and the stage timings."""
 
     cfg: BCAConfig
     U: np.ndarray
@@ -303,9 +326,41 @@ class _Lane:
     scratch: tuple[np.ndarray, ...]
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
 
+    def walk(self, stream: _Stream, chunk: _Chunk, q0: np.ndarray, start: int, nR: int) -> tuple[int, int]:
+        """Walk the chunk at stream position `start`, `nR` rows already changed in this block;
+        returns (samples done, rows changed in the block so far)."""
+        cfg = self.cfg
+        Z, shift, E, S, amax = chunk.logits
+        end = start + Z.shape[0]
+        t0 = time.perf_counter()
+        done, nR = _walk(stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2,
+                         *stream.maps, cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior",
+                         self.v_onehot, cfg.state_dtype == "float16", _RULES[cfg.update],
+                         np.float32(cfg.logit_scale), cfg.tau_likelihood, cfg.tau_prior, float(cfg.n1),
+                         float(cfg.n2), float(cfg.decay), self.post[start:end], self.sel[start:end],
+                         self.gated[start:end], self.gated_prior[start:end], *self.scratch, nR)
+        self.seconds["update"] += time.perf_counter() - t0
+        return int(done), int(nR)
 
-def _host_copy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).numpy().copy()
+    def end_block(self, nR: int) -> None:
+        """Copy the rows the block changed to the device copies and clear the block's bookkeeping."""
+        u_changed, v_changed, R = self.scratch[:3]
+        rows = R[:nR]
+        for changed, host, dev in ((u_changed, self.U, self.U_dev), (v_changed, self.V, self.V_dev)):
+            moved = rows[changed[rows]]
+            if moved.size:
+                dev[torch.from_numpy(moved).to(dev.device)] = torch.from_numpy(host[moved]).to(dev.device)
+            changed[rows] = False
+
+    def trace(self, device: torch.device) -> Trace:
+        dtype = STATE_DTYPES[self.cfg.state_dtype]
+
+        def out(a: np.ndarray, dt: torch.dtype | None = None) -> torch.Tensor:
+            return torch.from_numpy(a).to(device=device, dtype=dt)
+
+        state = {"U": out(self.U, dtype), "V": out(self.V, dtype), "C1": out(self.C1), "C2": out(self.C2)}
+        return Trace(out(self.post), out(self.sel), out(self.gated), out(self.gated_prior), state=state,
+                     timings=dict(self.seconds))
 
 
 def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Tensor, n: int, block: int,
@@ -316,7 +371,7 @@ def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Ten
     # Without prior adaptation V keeps its initial one-hot rows: Q0 is then a scatter-add of E0 into the
     # classes instead of a product, and a changed U row moves one class's mass only.
     v_onehot = not cfg.adapt_prior and bool(torch.equal(state["V"].to(onehot.device, torch.float32), onehot))
-    rows = min(block, n) if n else 1
+    rows = max(min(block, n), 1)  # a block changes at most one row per sample
     scratch = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(rows, np.int64),  # u/v_changed, R
                np.zeros(m, np.int64), np.zeros((rows, k), np.float32),                  # slot, Vstart
                np.zeros(rows, np.float32), np.zeros(rows, np.float64),                  # zc, ec
@@ -327,57 +382,132 @@ def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Ten
                  np.zeros(n, np.bool_), scratch)
 
 
-def _step(lane: _Lane, start: int, Fh: np.ndarray, prod: _Products, prod_seconds: float,
-          cls: torch.Tensor, cls_h: np.ndarray, row_of_class: np.ndarray) -> int:
-    """Walk one block of `lane` from stream position `start`; returns the samples done (a restart point)."""
-    cfg = lane.cfg
-    b = Fh.shape[0]
+@dataclass
+class _Chunk:
+    """Products of a chunk of a block against the block-start state, on the host in `_walk`'s order."""
+
+    logits: tuple[np.ndarray, ...]  # Z, shift, E0, S0, amax0
+    q0: list[np.ndarray]            # Q0 = E0 V_start, one per lane
+    seconds: tuple[float, float]    # wall time of the logits and of the Q0 products
+
+
+def _chunk_products(Fc: torch.Tensor, U_dev: torch.Tensor, scale: float, lanes: list[_Lane],
+                    cls: torch.Tensor) -> _Chunk:
     t0 = time.perf_counter()
-    if lane.v_onehot:
-        Q0 = torch.zeros(b, lane.V_dev.shape[1], dtype=torch.float32, device=prod.E.device)
-        Q0.index_add_(1, cls, prod.E)
-    else:
-        Q0 = prod.E @ lane.V_dev
-    Q0h = _host(Q0)
+    Z = (Fc @ U_dev.T).mul_(scale)  # the reference's logit_scale * (U32 @ f): product, then the scale
+    shift, amax = Z.max(dim=1)
+    E = torch.exp(Z - shift[:, None])
+    S = E.sum(dim=1, dtype=torch.float64)
+    logits = (_host(Z), _host(shift), _host(E), _host(S), _host(amax))
     t1 = time.perf_counter()
-    end = start + b
-    done, nR = _walk(Fh, *prod.host[:4], Q0h, prod.host[4],
-                     lane.U, lane.V, lane.C1, lane.C2, cls_h, row_of_class,
-                     cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior", lane.v_onehot,
-                     cfg.state_dtype == "float16", _RULES[cfg.update],
-                     np.float32(cfg.logit_scale), cfg.tau_likelihood, cfg.tau_prior, float(cfg.n1),
-                     float(cfg.n2), float(cfg.decay),
-                     lane.post[start:end], lane.sel[start:end], lane.gated[start:end],
-                     lane.gated_prior[start:end], *lane.scratch)
-    u_changed, v_changed, R = lane.scratch[:3]
-    rows = R[:nR]
-    for changed, host, dev in ((u_changed, lane.U, lane.U_dev), (v_changed, lane.V, lane.V_dev)):
-        moved = rows[changed[rows]]
-        if moved.size:
-            dev[torch.from_numpy(moved).to(dev.device)] = torch.from_numpy(host[moved]).to(dev.device)
-        changed[rows] = False
-    t2 = time.perf_counter()
-    lane.seconds["logits"] += prod_seconds
-    lane.seconds["posterior"] += t1 - t0
-    lane.seconds["update"] += t2 - t1
-    return int(done)
+    q0 = []
+    for lane in lanes:
+        if lane.v_onehot:
+            Q = torch.zeros(E.shape[0], lane.V_dev.shape[1], dtype=E.dtype, device=E.device).index_add_(1, cls, E)
+        else:
+            Q = E @ lane.V_dev
+        q0.append(_host(Q))
+    return _Chunk(logits, q0, (t1 - t0, time.perf_counter() - t1))
 
 
-def _timed_products(Fb: torch.Tensor, U_dev: torch.Tensor, scale: float) -> tuple[_Products, float]:
-    t0 = time.perf_counter()
-    prod = _block_products(Fb, U_dev, scale)
-    return prod, time.perf_counter() - t0
+def _run_block(stream: _Stream, lanes: list[_Lane], start: int, pool: Executor) -> int:
+    """One block from stream position `start` for `lanes`: one lane, or lanes with the same fixed U that
+    share the logits. Its chunks' products are all against the block-start state, so they are computed
+    ahead (in `pool`) while the walk goes through the earlier chunks. Returns where the next block starts:
+    the block's end, or the sample before which the walk stopped (only a lane whose U adapts stops)."""
+    head = lanes[0]
+    end = min(start + stream.block, stream.host.shape[0])
+    bounds = [(a, min(a + stream.chunk, end)) for a in range(start, end, stream.chunk)]
+    futures = [pool.submit(_chunk_products, stream.features[a:b], head.U_dev, head.cfg.logit_scale, lanes,
+                           stream.cls) for a, b in bounds]
+    nR = [0] * len(lanes)
+    try:
+        for (a, b), future in zip(bounds, futures):
+            chunk = future.result()
+            for i, lane in enumerate(lanes):
+                lane.seconds["logits"] += chunk.seconds[0] / len(lanes)
+                lane.seconds["posterior"] += chunk.seconds[1] / len(lanes)
+                done, nR[i] = lane.walk(stream, chunk, chunk.q0[i], a, nR[i])
+                if done < b - a:
+                    end = a + done
+                    break
+            if end < b:
+                break
+    finally:
+        wait(futures)  # the pending products read the device copies that end_block is about to change
+    for i, lane in enumerate(lanes):
+        lane.end_block(nR[i])
+    return end
 
 
-def _trace(lane: _Lane, device: torch.device) -> Trace:
-    dtype = STATE_DTYPES[lane.cfg.state_dtype]
+def _run_group(stream: _Stream, lanes: list[_Lane], pool: Executor) -> None:
+    start = 0
+    while start < stream.host.shape[0]:
+        start = _run_block(stream, lanes, start, pool)
 
-    def out(a: np.ndarray, dt: torch.dtype | None = None) -> torch.Tensor:
-        return torch.from_numpy(a).to(device=device, dtype=dt)
 
-    state = {"U": out(lane.U, dtype), "V": out(lane.V, dtype), "C1": out(lane.C1), "C2": out(lane.C2)}
-    return Trace(out(lane.post), out(lane.sel), out(lane.gated), out(lane.gated_prior), state=state,
-                 timings=dict(lane.seconds))
+class _Inline(Executor):
+    """Runs each submitted call at once in the caller's thread (when the caller allows one thread)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:  # type: ignore[override]
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # delivered by future.result(), as a pool would
+            future.set_exception(exc)
+        return future
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
+               num_classes: int, cfgs: list[BCAConfig], block: int) -> list[Trace]:
+    if not cfgs:
+        return []
+    device = features.device
+    n = features.shape[0]
+    m = class_ids.shape[0]
+    row_of_class = _host(rows_of_classes(class_ids, num_classes)) if m == num_classes else np.zeros(1, np.int64)
+    # As many threads as the caller lets torch use: product threads run single-threaded torch ops ahead of
+    # the walks, so the cores stay busy through the serial walks and no intra-op thread team has to meet
+    # at a barrier (on a busy machine each such barrier can stall for a scheduler slice).
+    workers = torch.get_num_threads()
+    chunk = min(block, DEFAULT_CHUNK) if workers > 1 else block
+    stream = _Stream(features, _host(features), block, chunk, class_ids.to(device),
+                     (_host(class_ids).astype(np.int64), row_of_class))
+    onehot = torch.nn.functional.one_hot(stream.cls, num_classes).to(torch.float32)
+    lanes = [_make_lane(st, cfg, onehot, n, block, device) for st, cfg in zip(states, cfgs)]
+
+    # Lanes whose U never adapts and that start from the same U and logit_scale share their logits; with U
+    # fixed no logit is ever corrected, so their walks never stop early and their blocks stay aligned.
+    groups: list[list[_Lane]] = []
+    for lane in lanes:
+        for group in groups:
+            head = group[0]
+            if not (lane.cfg.adapt_likelihood or head.cfg.adapt_likelihood) and \
+                    head.cfg.logit_scale == lane.cfg.logit_scale and np.array_equal(head.U, lane.U):
+                group.append(lane)
+                break
+        else:
+            groups.append([lane])
+
+    if workers == 1:
+        for group in groups:
+            _run_group(stream, group, _Inline())
+    else:
+        with _torch_threads(1), ThreadPoolExecutor(workers) as products, \
+                ThreadPoolExecutor(min(workers, len(groups))) as walkers:
+            for _ in walkers.map(lambda group: _run_group(stream, group, products), groups):
+                pass
+    return [lane.trace(device) for lane in lanes]
 
 
 def run_bca_blocked_many(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
@@ -387,7 +517,8 @@ def run_bca_blocked_many(features: torch.Tensor, states: list[dict[str, torch.Te
 
     states[g]: 'U' [M, d], 'V' [M, K] (in cfgs[g].state_dtype), 'C1', 'C2' [M] float32; not modified.
     Configurations whose U never adapts (clip, pa) and that start from the same U and logit_scale share
-    one logits product per block; every other configuration walks the stream on its own.
+    one logits product per block; the others walk the stream each on its own. Independent configurations
+    run side by side on the threads torch may use (torch.get_num_threads()).
     """
     if len(states) != len(cfgs):
         raise ValueError(f"got {len(states)} states for {len(cfgs)} configs; expected one state per config")
@@ -412,50 +543,6 @@ def needs_reference(cfg: BCAConfig) -> bool:
     only the stored row and the feature, both bitwise equal to the reference's.
     """
     return cfg.state_dtype == "float16" and cfg.adapt_prior
-
-
-def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
-               num_classes: int, cfgs: list[BCAConfig], block: int) -> list[Trace]:
-    device = features.device
-    n = features.shape[0]
-    Fh = _host(features)
-    cls = class_ids.to(device)
-    cls_h = _host(class_ids).astype(np.int64)
-    m = cls_h.shape[0]
-    row_of_class = _host(rows_of_classes(class_ids, num_classes)) if m == num_classes else np.zeros(1, np.int64)
-    onehot = torch.nn.functional.one_hot(cls, num_classes).to(torch.float32)
-    lanes = [_make_lane(st, cfg, onehot, n, block, device) for st, cfg in zip(states, cfgs)]
-
-    # Lanes whose U stays fixed: group by (logit_scale, U) so each group computes its logits once per block.
-    groups: list[list[_Lane]] = []
-    for lane in lanes:
-        if lane.cfg.adapt_likelihood:
-            continue
-        for group in groups:
-            head = group[0]
-            if head.cfg.logit_scale == lane.cfg.logit_scale and np.array_equal(head.U, lane.U):
-                group.append(lane)
-                break
-        else:
-            groups.append([lane])
-    for group in groups:
-        head = group[0]
-        for start in range(0, n, block):
-            Fb = features[start:start + block]
-            prod, seconds = _timed_products(Fb, head.U_dev, head.cfg.logit_scale)
-            for lane in group:
-                # with U fixed nothing corrects a logit, so the walk never restarts: done == the block
-                _step(lane, start, Fh[start:start + block], prod, seconds / len(group), cls, cls_h, row_of_class)
-
-    for lane in lanes:
-        if not lane.cfg.adapt_likelihood:
-            continue
-        start = 0
-        while start < n:
-            Fb = features[start:start + block]
-            prod, seconds = _timed_products(Fb, lane.U_dev, lane.cfg.logit_scale)
-            start += _step(lane, start, Fh[start:start + block], prod, seconds, cls, cls_h, row_of_class)
-    return [_trace(lane, device) for lane in lanes]
 
 
 def run_bca_blocked(features: torch.Tensor, state: dict[str, torch.Tensor], class_ids: torch.Tensor,
