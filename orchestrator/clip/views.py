@@ -22,6 +22,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision import transforms as T
@@ -104,6 +105,22 @@ class PilAugMix(T.AugMix):
         return TF.to_pil_image(mix.to(torch.uint8))
 
 
+# 16-bit greyscale as Pillow opens it (PNG, TIFF); "I" (32-bit integer) is how some 16-bit files open.
+_WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL image as 8-bit RGB. Pillow's own convert('RGB') clips 16-bit greyscale at 255, which turns a
+    16-bit image almost white; such images keep their top 8 bits instead ("I" images whose values fit 8 bits
+    are taken as they are)."""
+    if image.mode in _WIDE_GREY:
+        values = np.asarray(image).astype(np.int64)
+        if image.mode != "I" or values.max(initial=0) > 255:
+            values = np.clip(values, 0, 65535) >> 8
+        image = Image.fromarray(values.astype(np.uint8))
+    return image.convert("RGB")
+
+
 def _item_seed(seed: int, image_id: str) -> int:
     digest = hashlib.sha256(f"{seed}\0{image_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
@@ -127,7 +144,7 @@ class ViewTransform:
             ])
 
     def __call__(self, image: Image.Image, image_id: str) -> torch.Tensor:
-        image = image.convert("RGB")
+        image = to_rgb(image)
         original = self.base(image)
         if self.config.kind == "single":
             return original.unsqueeze(0)
