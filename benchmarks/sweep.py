@@ -5,7 +5,7 @@
 Every variant does the same work: each of the 64 runs (clip / la / pa / bca over tau, n1 and n2 grids, two
 seeds) replays the stream through its method and writes every per-sample row as Parquet through RunWriter.
 
-1. loop: `execute_trial` for each run in one process (no Ray): the floor.
+1. loop: `execute_trial` for each run in one process (no Ray), one torch thread like each Ray trial.
 2. sweep: `run_sweep` on a local Ray, one trial per run (the same code inside Tune trials); Ray's start-up
    is timed apart. Target: sweep / loop <= 1.5.
 3. packed: the same sweep with `pack: 8`, eight grid points per trial through the multi-config engine.
@@ -60,13 +60,17 @@ def predictions(results_dir: Path) -> dict[tuple[str, int], int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=4000, help="stream length per run")
-    parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--n", type=int, default=10000, help="stream length per run")
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--dim", type=int, default=512)
     args = parser.parse_args()
 
     import ray
+    import torch
 
+    # Ray runs each trial with OMP_NUM_THREADS=1 (its CPU share); the loop gets the same, which is also its
+    # fastest setting here: two torch threads beside the engine's compiled walk oversubscribe 2 cores.
+    torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="bca-bench-sweep-"))
     loop_spec = bench_spec(root / "loop", args.n, args.classes, args.dim, pack=1)
     runs = expand(loop_spec)

@@ -208,3 +208,40 @@ def test_same_spec_and_seed_give_identical_rows_and_the_stored_order_replays(ref
                             bench.num_classes, **run.config["hparams"])
     stored = [r["pred"] for r in sample_rows(spec.results_dir)[run.run_id]]
     assert posteriors.argmax(dim=1).tolist() == stored
+
+
+def test_real_dataset_sweep_encodes_each_cache_key_once(ray_session, tmp_path):
+    """The real-data path through Ray: a tiny open_clip model (its config registered in every trial process),
+    datasets in their real layouts, single views shared by all seeds, AugMix views per seed, zero on them."""
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+    from orchestrator.sweep.trial import stream_order
+
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=4)
+    build_dataset("imagenet-a", tmp_path / "data", num_classes=3, per_class=3)
+    config = write_model_config(TINY_VIT, tmp_path / "models")
+    spec_path = tmp_path / "real.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "name": "real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+        "backbones": [{"model": TINY_VIT, "config": str(config)}],
+        "datasets": ["dtd", {"name": "imagenet-a", "views": "augmix4"}],
+        "methods": [{"method": "clip"}, {"method": "bca", "tau": 0.3, "n1": 10},
+                    {"method": "zero", "datasets": ["imagenet-a"]}],
+        "seeds": [1, 2], "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": 5,
+    }))
+    spec = load_spec(spec_path)
+    outcome = run_sweep(spec, out=lambda line: None)
+    assert outcome.ok, outcome.failed
+    runs = expand(spec)
+    assert len(runs) == 2 * 2 + 3 * 2
+    rows = sample_rows(spec.results_dir)
+    encoded = 0
+    for run in runs:
+        row = read_run(spec.results_dir, spec.name, run.run_id)
+        n = row["n_samples"]
+        assert [r["sample_idx"] for r in rows[run.run_id]] == list(range(n))
+        encoded += row["time_encoder_s"] > 0
+        order = load_state(spec.results_dir, run.run_id)["stream_order"]
+        assert order.tolist() == stream_order(n, run.config["seed"]).tolist()  # the recorded seeded permutation
+    entries = [p for p in Path(spec.cache_dir).glob("features/*") if p.is_dir()]
+    # dtd single view: one entry for both seeds; imagenet-a AugMix: one per seed. Each encoded by one trial.
+    assert len(entries) == 3 and encoded == 3
