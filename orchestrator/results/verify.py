@@ -4,7 +4,8 @@ Problems found (each names its file or run):
   bad_part         a sample part that is truncated, unreadable, or inconsistent with its name (fully read)
   bad_run_file     a runs-table file that cannot be read
   temp_file        a temp file older than a minute: a write that never finished (a live writer's are younger)
-  missing_rows     a run whose rows (in good parts) differ from its n_samples, whatever its status
+  missing_rows     a run whose rows (in good parts) differ from its n_samples, whatever its status, or an
+                   unfinished run with no rows
   duplicate_rows   a (run_id, sample_idx) present more than once
   gap              stream positions missing before a run's last row
   foreign_rows     rows whose run_id differs from the run folder they are in
@@ -74,7 +75,7 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
 
     with ResultsDB(root) as db:
         per_run = db.sql(_PER_RUN_SQL.format(source=_rows_source(good))).to_pylist() if good else []
-        runs = db.sql("SELECT run_id, n_samples, status FROM runs").to_pylist()
+        runs = db.sql("SELECT run_id, n_samples, status, error FROM runs").to_pylist()
     report.runs = len(runs)
     seen = set()
     for r in per_run:
@@ -98,6 +99,11 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         if r["run_id"] not in seen and r["n_samples"]:
             report.problems.append(Problem("missing_rows", r["run_id"],
                                            f"{r['status']}: 0 of {r['n_samples']} rows present"))
+        elif r["run_id"] not in seen and r["status"] != "finished":
+            # stopped before its length was known (e.g. its dataset could not be read): every row is missing
+            why = (r["error"] or "").strip().splitlines()
+            report.problems.append(Problem("missing_rows", r["run_id"], f"{r['status']}: no rows written"
+                                                                       + (f" ({why[-1]})" if why else "")))
     return report
 
 
