@@ -30,6 +30,7 @@ from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV
 
 ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 N = 600
 PART = 100
