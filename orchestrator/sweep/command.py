@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.sweep.runner import run_sweep
+from orchestrator.sweep.runner import NoGPU, run_sweep
 from orchestrator.sweep.spec import SpecError, load_spec
 
 
@@ -21,7 +21,7 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
     try:
         spec = load_spec(spec_path)
         outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}")
-    except SpecError as exc:
+    except (SpecError, NoGPU) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)

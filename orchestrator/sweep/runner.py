@@ -79,7 +79,11 @@ def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
     return {run.run_id: (read_run(spec.results_dir, spec.name, run.run_id) or {}).get("status") for run in runs}
 
 
-def _init_ray(address: str | None) -> None:
+class NoGPU(ValueError):
+    """The spec asks for GPU shares but the local Ray has no GPU (trials would wait forever)."""
+
+
+def _init_ray(address: str | None, gpu: float) -> None:
     import ray
 
     if ray.is_initialized():
@@ -87,8 +91,12 @@ def _init_ray(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
-    else:
-        ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+        return  # a cluster's autoscaler may still add GPU nodes: no check
+    ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+    if gpu > 0 and ray.cluster_resources().get("GPU", 0) < gpu:
+        ray.shutdown()
+        raise NoGPU(f"resources.gpu: each trial asks for {gpu} GPU but this machine has none; expected "
+                    f"resources.gpu: 0 to run on the CPU, or --address of a cluster with GPUs")
 
 
 def _mark(writer: RunWriter, error: str, out: Callable[[str], None]) -> None:
@@ -152,7 +160,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from ray import tune
 
-    _init_ray(address)
+    _init_ray(address, spec.resources.gpu)
     settings = settings_of(spec)
     callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
     trainable = tune.with_resources(
