@@ -1,5 +1,5 @@
 """What a person watching a sweep sees: one line per finished trial with done/total and ETA, retries and
-errors as they happen, and at the end an error summary and a method x dataset accuracy table.
+errors as they happen, and at the end the results module's method x dataset table (`summary_table`).
 
 Runs, not trials, are counted (a packed trial finishes several runs at once). The ETA is the elapsed time per
 finished run times the runs left, measured from the first trial start so Ray's start-up does not inflate it.
@@ -151,41 +151,20 @@ class ProgressCallback(tune.Callback):
         self.out(f"[{self.done}/{self.total}] FAILED {self._describe(plan)}: {error}  ETA {self._eta()}")
 
 
-def _mean_std(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) == 1:
-        return f"{mean:.2f}"
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))  # sample std over seeds
-    return f"{mean:.2f} ± {std:.2f}"
 
+def summary_table(results_dir: str, sweep: str) -> str:
+    """The sweep's method x dataset accuracy table (mean ± std over seeds, gain over CLIP) as plain text,
+    from the results module's report (finished runs only)."""
+    import io
+    import shutil
 
-def accuracy_table(runs: list[Run], rows: dict[str, dict[str, Any]]) -> str:
-    """Method x dataset top-1 accuracy (%), mean ± std over seeds, from finished runs' runs-table rows.
+    from rich.console import Console
 
-    A row is a method with the hparams that vary in the sweep (and the backbone / template set when the sweep
-    has several); a cell with no finished run shows '-', never a number.
-    """
-    varying = varying_hparams(runs)
-    backbones = len({r.config["backbone"] for r in runs}) > 1
-    templates = len({r.config["templates"] for r in runs}) > 1
-    datasets: list[str] = []
-    cells: dict[str, dict[str, list[float]]] = {}
-    for run in runs:
-        config = run.config
-        if config["dataset"] not in datasets:
-            datasets.append(config["dataset"])
-        label = " ".join(([config["backbone"]] if backbones else []) + ([str(config["templates"])] if templates else [])
-                         + [run_label(run, varying)])
-        cell = cells.setdefault(label, {}).setdefault(config["dataset"], [])
-        row = rows.get(run.run_id) or {}
-        if row.get("status") == "finished" and row.get("accuracy") is not None:
-            cell.append(float(row["accuracy"]))
-    header = ["method"] + datasets
-    body = [[label] + [_mean_std(by_ds[d]) if by_ds.get(d) else "-" for d in datasets] for label, by_ds in cells.items()]
-    widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+    from orchestrator.results.report import method_dataset_table
 
-    def line(cols: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
-
-    title = "top-1 accuracy (%), mean ± std over seeds"
-    return "\n".join([title, line(header), line(["-" * w for w in widths])] + [line(r) for r in body])
+    table = method_dataset_table(results_dir, sweep=sweep)
+    if table.empty:
+        return "no finished runs to tabulate yet"
+    buffer = io.StringIO()
+    Console(file=buffer, width=max(120, shutil.get_terminal_size().columns)).print(table.render())
+    return buffer.getvalue().rstrip()

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
-from orchestrator.sweep.progress import ProgressCallback, accuracy_table, format_seconds
+from orchestrator.sweep.progress import ProgressCallback, format_seconds, summary_table
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
 
@@ -207,7 +207,7 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
     failed.update({rid: error for rid, error in errors.items()
                    if rid not in failed and rows[rid].get("status") != "finished"})
     finished = sum(1 for row in rows.values() if row.get("status") == "finished")
-    table = accuracy_table(runs, rows)
+    table = summary_table(spec.results_dir, spec.name)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
                            interrupted=interrupted, table=table)
     out("")
