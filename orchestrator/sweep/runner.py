@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
-from orchestrator.sweep.progress import ProgressCallback, format_seconds, summary_table
+from orchestrator.sweep.progress import ProgressCallback, summary_table
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
 
@@ -233,4 +233,4 @@ def _count(errors: Any) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
-__all__ = ["run_sweep", "SweepOutcome", "format_seconds"]
+__all__ = ["run_sweep", "SweepOutcome", "NoGPU"]
