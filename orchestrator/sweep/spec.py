@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat,
-                      StrictInt, StrictStr, Tag, ValidationError, create_model, model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
+                      StrictFloat, StrictInt, StrictStr, Tag, ValidationError, create_model, model_validator)
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data.datasets import canonical_dataset_name, protocol_views
@@ -465,8 +465,6 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                       "seed": 0, "hparams": {key: value}})
                 except ValueError as exc:
                     issues.append((where, str(exc)))
-        if "tau" in grid and any(k in grid for k in ("tau_likelihood", "tau_prior")):
-            issues.append((f"methods[{i}]", "give either tau (both gates) or tau_likelihood / tau_prior, not both"))
         if "posterior" in grid.get("select_on", []) and max_per_class > 1:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
