@@ -100,7 +100,7 @@ def measure(K: int, d: int, n: int, naive_n: int, multi_n: int, groups: tuple[in
 
 
 def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
-    head = ["K", "d", "naive/s", "engine/s", "speedup", "agree (max|dpost|)"] + \
+    head = ["K", "d", "naive/s", "engine/s", "speedup", "agree, max dpost"] + \
         [f"G={g} cfg-samples/s" for g in groups] + ["peak MB"]
     lines = [head]
     for r in rows:

@@ -55,10 +55,12 @@ from orchestrator.methods.base import TIMING_KEYS, Trace
 from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
                                             rows_of_classes)
 
-# Block length: the corrections cost O(B) per sample (rows changed earlier in the block), the products
-# get more efficient with B; 64 is the best measured trade-off at K = M = 1000 (benchmarks/engine.py).
-DEFAULT_BLOCK = 128
-# With more than one thread, a block's products are computed chunk by chunk ahead of the walk.
+# Block length: the corrections cost O(B) per sample (rows changed earlier in the block; for bca at
+# K = M = 1000 the walk took ~11 us/sample at 64 and ~22 at 128) while the products get cheaper per
+# sample with B, and each block start waits for its first products; 64 to 128 measured alike end to end.
+DEFAULT_BLOCK = 64
+# With more than one thread, a block's products are computed in chunks of this many samples ahead of
+# the walk (smaller: the walk starts sooner; larger: more efficient products).
 DEFAULT_CHUNK = 32
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...
@@ -206,18 +208,19 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
         for t in range(nR):
             r = R[t]
             e0 = np.float64(E0[j, r])
+            vr = V[r]
             if v_changed[r]:
                 vs = Vstart[slot[r]]
                 e = ec[t]
                 for k in range(K):
-                    q[k] += e * V[r, k] - e0 * vs[k]
+                    q[k] += e * vr[k] - e0 * vs[k]
             elif u_changed[r]:
                 de = ec[t] - e0
                 if v_onehot:
                     q[cls[r]] += de
                 else:
                     for k in range(K):
-                        q[k] += de * V[r, k]
+                        q[k] += de * vr[k]
         inv_total = 1.0 / _sum(q)
         for k in range(K):
             post[j, k] = np.float32(q[k] * inv_total)
