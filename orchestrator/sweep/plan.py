@@ -1,7 +1,8 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
-Expansion order is fixed (backbones x datasets x templates x method entries x grid points x seeds), so the
-same spec always gives the same runs with the same run_ids (results.schema.config_hash of the run config).
+Expansion order is fixed (datasets x seeds x backbones x template sets x method entries x grid points, then
+runs sharing a data source brought together), so the same spec always gives the same runs with the same
+run_ids (results.schema.config_hash of the run config).
 A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
@@ -65,7 +66,7 @@ class Run:
 
     @property
     def label(self) -> str:
-        """A short human description: method and the hparams the spec set, dataset, seed."""
+        """A short human description: method, dataset, seed."""
         return f"{self.config['method']} {self.config['dataset']} seed={self.config['seed']}"
 
 
@@ -164,10 +165,11 @@ def _order_by_source(runs: list[Run]) -> list[Run]:
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
     of features they take (a view-voting method such as zero is packed only with its own kind)."""
+    groups: dict[tuple[DataSource, bool], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.source, METHODS[run.config["method"]].takes_views), []).append(run)
     trials: list[Trial] = []
-    for (source, _views), group in itertools.groupby(
-            runs, key=lambda r: (r.source, METHODS[r.config["method"]].takes_views)):
-        group = list(group)
+    for (source, _views), group in groups.items():
         for start in range(0, len(group), pack):
             members = tuple(group[start:start + pack])
             trials.append(Trial(_trial_key(members), source, members))
