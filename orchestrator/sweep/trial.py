@@ -314,6 +314,8 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     if not todo:
         return []
     keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
     stream, cached = load_stream(trial.source, settings, keep_views)
     encode_s = 0.0 if cached else stream.encode_s
     if len(todo) > 1:
