@@ -31,7 +31,8 @@ def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: t
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
                     num_classes: int, configs: list[dict[str, Any]], *, block: int = DEFAULT_BLOCK) -> list[Trace]:
-    """One Trace per config, each equal to `make_method(**config).run(features)`."""
+    """One Trace per config, each equal to `make_method(**config).run(features)` (a BCA-family trace's
+    state always holds U, V, C1 and C2, also for clip, whose counters never change)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
