@@ -99,6 +99,15 @@ def measure(K: int, d: int, n: int, naive_n: int, multi_n: int, groups: tuple[in
     return Row(K, d, n, naive_n / t_naive, n / t_engine, f"{'yes' if same else 'NO'} {diff:.0e}", multi, peak)
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.machine()
+
+
 def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
     head = ["K", "d", "naive/s", "engine/s", "speedup", "agree, max dpost"] + \
         [f"G={g} cfg-samples/s" for g in groups] + ["peak MB"]
@@ -129,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     multi_n = min(args.multi_n or preset["multi_n"], n)
     groups = preset["groups"]
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, device {args.device}, "
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cpus, device {args.device}, "
           f"torch threads {args.threads or 'default'}; load average at start {os.getloadavg()[0]:.1f}")
     print(f"config: bca {BCA_OOD}, logit_scale 100, M = K; engine n={n}, naive n={naive_n}, "
           f"multi-config n={multi_n} per config")
