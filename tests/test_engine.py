@@ -147,19 +147,19 @@ def torch_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("threads,chunk", [(1, 32), (2, 1), (2, 5), (2, 32)])
-def test_threads_and_chunks(threads, chunk, torch_threads, monkeypatch):
-    """One thread walks whole blocks; more threads compute a block's products chunk by chunk ahead of
-    the walk (and run independent configs side by side). Same results either way."""
+@pytest.mark.parametrize("threads,block", [(1, 1), (1, 16), (2, 1), (2, 5), (2, 16), (3, 16)])
+def test_threads(threads, block, torch_threads):
+    """One thread walks each block after its products; more threads compute the next block's products
+    (from the current block's start state) while the current block is walked, and run independent
+    configs side by side. Same results either way, restarts included (n1 = 2 moves U far)."""
     torch_threads(threads)
-    monkeypatch.setattr(engine, "DEFAULT_CHUNK", chunk)
-    hparams = {"tau": 0.4, "n1": 2, "n2": 1}
-    configs = [setup(SHORT, "bca", hparams), setup(SHORT, "clip", {}), setup(SHORT, "pa", {"tau": 0.4})]
-    states, cfgs = zip(*configs)
+    cases = [("bca", {"tau": 0.4, "n1": 2, "n2": 1}), ("clip", {}), ("pa", {"tau": 0.4}), ("pa", {"tau": 0.6}),
+             ("la", {"tau": 0.4, "n1": 0})]
+    states, cfgs = zip(*(setup(SHORT, method, hp) for method, hp in cases))
     got = run_bca_blocked_many(SHORT.features, list(states), SHORT.class_ids, SHORT.num_classes, list(cfgs),
-                               block=16)
+                               block=block)
     assert torch.get_num_threads() == threads
-    for (method, hp), trace in zip([("bca", hparams), ("clip", {}), ("pa", {"tau": 0.4})], got):
+    for (method, hp), trace in zip(cases, got):
         assert_exact(reference(SHORT, method, hp), trace)
 
 

@@ -5,15 +5,15 @@ Why blocks: the per-sample loop does two matrix-vector products per sample (logi
 plus a dozen small tensor ops, and on a CPU the small ops cost more than the products. Here a block of B
 samples gets its logits from ONE product against the block-start state, Z0 = logit_scale * F_B U^T, and its
 unnormalised posteriors from ONE product Q0 = exp(Z0 - shift) V. A compiled walk (numba) then visits the
-block's samples in stream order and corrects both for exactly the rows of U and V that earlier samples of
-the same block changed:
+block's samples in stream order and corrects both for exactly the rows of U and V that changed since
+the state the products came from (the block's start; with more threads, see below, the previous block's):
 
-    z_j[r]  = logit_scale * U_now[r] . f_j                       for rows r whose U row changed in the block
+    z_j[r]  = logit_scale * U_now[r] . f_j                       for rows r whose U row changed since
     S_j     = S0_j - sum_r E0[j, r] + sum_r exp(z_j[r] - shift_j)     (softmax normaliser, float64)
-    q_j     = Q0_j + sum_r (e_j[r] V_now[r] - E0[j, r] V_start[r])    for rows changed in U or V
+    q_j     = Q0_j + sum_r (e_j[r] V_now[r] - E0[j, r] V_base[r])     for rows changed in U or V
     post_j  = q_j / sum(q_j)                                     (the reference renormalises post too)
 
-so every sample sees the state as it is at its own position, never a stale block-start state. Selection,
+so every sample sees the state as it is at its own position, never a stale one. Selection,
 gates, counters and the row updates follow the reference operation by operation (see `_walk`).
 
 Numerics. exp uses a per-sample shift (the block-start row max) so nothing overflows; S_j is accumulated
@@ -27,15 +27,19 @@ op computed in float32 and rounded to half, as torch's CPU half kernels do. floa
 is the one case that cannot be reproduced from a blocked posterior and runs the reference loop itself
 (`needs_reference`).
 
-Threads. With one torch thread the driver alternates products and walk. With more, it keeps torch at
-one thread per op and uses the threads itself: a block's products are computed chunk by chunk in a pool
-ahead of the walk (all chunks are against the same block-start state, so this changes nothing in the
-result), and independent configurations walk side by side. No intra-op thread team ever has to meet
-at a barrier, which on a busy machine stalls each op for a scheduler slice.
+Threads. With one torch thread the driver alternates a block's products and its walk. With more, torch
+runs single-threaded ops in a pool of that many threads that computes the products of block b+1 (one
+chunk per thread) from the state at the start of block b while block b is walked; block b+1 then
+corrects for the rows changed in blocks b and b+1, so the walk never waits for a block boundary. After
+an early stop the next block starts from the current state again. Independent configurations walk side
+by side. No intra-op thread team ever has to meet at a barrier, which on a busy machine stalls each op
+for a scheduler slice. Thread count and block length change only float rounding (products of other
+shapes); the tests hold every setting to the reference.
 
 Devices. The products run on the features' device; per chunk, its logits, normaliser and Q0 come to
 the host in a few transfers, the walk runs on the host, and at the end of a block only the rows it
 changed go back to the device copies of U and V. Results are returned on the features' device.
+(Written for CUDA but only run on CPU so far: no GPU was available; tests/test_engine.py has the check.)
 """
 
 from __future__ import annotations
@@ -55,13 +59,11 @@ from orchestrator.methods.base import TIMING_KEYS, Trace
 from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
                                             rows_of_classes)
 
-# Block length: the corrections cost O(B) per sample (rows changed earlier in the block; for bca at
-# K = M = 1000 the walk took ~11 us/sample at 64 and ~22 at 128) while the products get cheaper per
-# sample with B, and each block start waits for its first products; 64 to 128 measured alike end to end.
-DEFAULT_BLOCK = 64
-# With more than one thread, a block's products are computed in chunks of this many samples ahead of
-# the walk (smaller: the walk starts sooner; larger: more efficient products).
-DEFAULT_CHUNK = 32
+# Block length: the walk's corrections cost O(B) per sample (rows changed since the products' base
+# state), the products get cheaper per sample with B. At K = M = 1000, d = 512 on this 2-core machine
+# 24 to 64 measured alike end to end (within the noise of a shared machine); the walk alone took
+# ~6 us/sample for bca at 32, ~11 at 64, ~22 at 128.
+DEFAULT_BLOCK = 32
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...
 _DRIFT = 16.0
@@ -169,21 +171,24 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
           adapt_u, adapt_v, select_post, v_onehot, half, rule,
           scale, tau_l, tau_p, n1, n2, decay,
           post, sel, gated, gated_prior,
-          u_changed, v_changed, R, slot, Vstart, zc, ec, q, buf, nR0):
-    """Walk B consecutive samples of a block in stream order; returns (samples done, rows in R).
+          u_changed, v_changed, R, slot, Vstart, nR,
+          wu, wv, W, wslot, Vsnap, nW,
+          zc, ec, q, buf):
+    """Walk B consecutive samples in stream order; returns (samples done, nR, nW).
 
-    Inputs for the B samples, all against the block-start state: F [B, d], Z0 [B, M] logits, shift [B]
-    their row max, E0 [B, M] = exp(Z0 - shift), S0 [B] float64 row sums of E0, Q0 [B, K] = E0 V_start,
-    amax0 [B] argmax of Z0. State U [M, d], V [M, K], C1, C2 [M] (float32; half-valued when `half`) is
-    updated in place. R[:nR] lists the rows changed since the block started (nR0 of them by earlier
-    chunks of the block), u_changed / v_changed flag them, Vstart[slot[r]] keeps V_start[r]; the caller
-    clears the flags when the block ends. The walk stops early (returns j < B) only before a sample whose
-    corrections would lose precision; nothing of sample j has been written then.
+    Inputs for the B samples, all against one base state (the state the products were computed from):
+    F [B, d], Z0 [B, M] logits, shift [B] their row max, E0 [B, M] = exp(Z0 - shift), S0 [B] float64 row
+    sums of E0, Q0 [B, K] = E0 V_base, amax0 [B] argmax of Z0. State U [M, d], V [M, K], C1, C2 [M]
+    (float32; half-valued when `half`) is updated in place.
+    Rows changed since the base: R[:nR], flagged in u_changed / v_changed, V_base[r] = Vstart[slot[r]].
+    Rows changed since the current block started: W[:nW], flagged in wu / wv, with the block-start V rows
+    in Vsnap[wslot[r]] (the base of a later block; see `_rebase`).
+    The walk stops early (returns j < B) only before a sample whose corrections would lose precision;
+    nothing of sample j has been written then.
     """
     B, d = F.shape
     M = U.shape[0]
     K = V.shape[1]
-    nR = nR0
     for j in range(B):
         # 1. logits of rows updated earlier in the block, and the softmax normaliser
         sh = np.float64(shift[j])
@@ -193,14 +198,14 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             if u_changed[r]:
                 z = np.float32(_dot(U[r], F[j])) * scale
                 if z - sh > _EXP_LIMIT:
-                    return j, nR
+                    return j, nR, nW
                 zc[t] = z
                 ec[t] = math.exp(np.float64(z) - sh)
                 S += ec[t] - E0[j, r]
             else:
                 ec[t] = E0[j, r]
         if S * _DRIFT < S0[j]:
-            return j, nR
+            return j, nR, nW
 
         # 2. posterior: q = E V with the block-start terms of changed rows swapped for current ones
         for k in range(K):
@@ -264,6 +269,10 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             slot[s] = nR
             R[nR] = s
             nR += 1
+        if (fire_u or fire_v) and not (wu[s] or wv[s]):
+            wslot[s] = nW
+            W[nW] = s
+            nW += 1
         if fire_u:
             a, b, c_next = _weights(rule, np.float64(C1[s]), n1, decay)
             _blend_into(U[s], F[j], a, b, half, buf)
@@ -273,15 +282,41 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             C1[s] = np.float32(c_next)
             gated[j] = True
             u_changed[s] = True
+            wu[s] = True
         if fire_v:
             if not v_changed[s]:
                 Vstart[slot[s]] = V[s]
                 v_changed[s] = True
+            if not wv[s]:
+                Vsnap[wslot[s]] = V[s]
+                wv[s] = True
             a, b, c_next = _weights(rule, np.float64(C2[s]), n2, decay)
             _blend_into(V[s], post[j], a, b, half, V[s])
             C2[s] = np.float32(c_next)
             gated_prior[j] = True
-    return B, nR
+    return B, nR, nW
+
+
+@numba.njit(cache=True, nogil=True)
+def _rebase(u_changed, v_changed, R, slot, Vstart, nR, wu, wv, W, wslot, Vsnap, nW, keep):
+    """End of a block. keep=True: the next block's products were computed from this block's start state,
+    so 'changed since the base' becomes 'changed in this block' (W, with V rows from Vsnap).
+    keep=False: the next products come from the current state; nothing is changed since. Returns nR."""
+    for t in range(nR):
+        u_changed[R[t]] = False
+        v_changed[R[t]] = False
+    for t in range(nW):
+        r = W[t]
+        if keep:
+            R[t] = r
+            slot[r] = t
+            u_changed[r] = wu[r]
+            v_changed[r] = wv[r]
+            if wv[r]:
+                Vstart[t] = Vsnap[wslot[r]]
+        wu[r] = False
+        wv[r] = False
+    return nW if keep else 0
 
 
 # ------------------------------------------------------------------------------------------ the driver
@@ -311,8 +346,9 @@ class _Stream:
 @dataclass
 class _Lane:
     """One configuration while a stream runs: host state (updated by the walk), device copies of U and V
-    as of the current block's start (for its products), the outputs in stream order, the walk's scratch
-    and the stage timings."""
+    (the state the next products are computed from), the outputs in stream order, the walk's bookkeeping
+    (`_walk`: base = (u_changed, v_changed, R, slot, Vstart) with nR rows, block = (wu, wv, W, wslot,
+    Vsnap) with nW rows, work = (zc, ec, q, buf)) and the stage timings."""
 
     cfg: BCAConfig
     U: np.ndarray
@@ -326,34 +362,40 @@ class _Lane:
     sel: np.ndarray
     gated: np.ndarray
     gated_prior: np.ndarray
-    scratch: tuple[np.ndarray, ...]
+    base: tuple[np.ndarray, ...]
+    block: tuple[np.ndarray, ...]
+    work: tuple[np.ndarray, ...]
+    nR: int = 0
+    nW: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
 
-    def walk(self, stream: _Stream, chunk: _Chunk, q0: np.ndarray, start: int, nR: int) -> tuple[int, int]:
-        """Walk the chunk at stream position `start`, `nR` rows already changed in this block;
-        returns (samples done, rows changed in the block so far)."""
+    def walk(self, stream: _Stream, chunk: _Chunk, q0: np.ndarray, start: int) -> int:
+        """Walk the chunk that starts at stream position `start`; returns the samples done."""
         cfg = self.cfg
         Z, shift, E, S, amax = chunk.logits
         end = start + Z.shape[0]
         t0 = time.perf_counter()
-        done, nR = _walk(stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2,
-                         *stream.maps, cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior",
-                         self.v_onehot, cfg.state_dtype == "float16", _RULES[cfg.update],
-                         np.float32(cfg.logit_scale), cfg.tau_likelihood, cfg.tau_prior, float(cfg.n1),
-                         float(cfg.n2), float(cfg.decay), self.post[start:end], self.sel[start:end],
-                         self.gated[start:end], self.gated_prior[start:end], *self.scratch, nR)
+        done, self.nR, self.nW = _walk(
+            stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2, *stream.maps,
+            cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior", self.v_onehot,
+            cfg.state_dtype == "float16", _RULES[cfg.update], np.float32(cfg.logit_scale), cfg.tau_likelihood,
+            cfg.tau_prior, float(cfg.n1), float(cfg.n2), float(cfg.decay), self.post[start:end],
+            self.sel[start:end], self.gated[start:end], self.gated_prior[start:end],
+            *self.base, self.nR, *self.block, self.nW, *self.work)
         self.seconds["update"] += time.perf_counter() - t0
-        return int(done), int(nR)
+        return int(done)
 
-    def end_block(self, nR: int) -> None:
-        """Copy the rows the block changed to the device copies and clear the block's bookkeeping."""
-        u_changed, v_changed, R = self.scratch[:3]
-        rows = R[:nR]
-        for changed, host, dev in ((u_changed, self.U, self.U_dev), (v_changed, self.V, self.V_dev)):
+    def end_block(self, keep: bool) -> None:
+        """Copy the rows this block changed to the device copies, then rebase the bookkeeping: keep=True
+        when the next block's products were computed from this block's start state (`_rebase`)."""
+        wu, wv, W = self.block[:3]
+        rows = W[:self.nW]
+        for changed, host, dev in ((wu, self.U, self.U_dev), (wv, self.V, self.V_dev)):
             moved = rows[changed[rows]]
             if moved.size:
                 dev[torch.from_numpy(moved).to(dev.device)] = torch.from_numpy(host[moved]).to(dev.device)
-            changed[rows] = False
+        self.nR = int(_rebase(*self.base, self.nR, *self.block, self.nW, keep))
+        self.nW = 0
 
     def trace(self, device: torch.device) -> Trace:
         dtype = STATE_DTYPES[self.cfg.state_dtype]
@@ -374,15 +416,17 @@ def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Ten
     # Without prior adaptation V keeps its initial one-hot rows: Q0 is then a scatter-add of E0 into the
     # classes instead of a product, and a changed U row moves one class's mass only.
     v_onehot = not cfg.adapt_prior and bool(torch.equal(state["V"].to(onehot.device, torch.float32), onehot))
-    rows = max(min(block, n), 1)  # a block changes at most one row per sample
-    scratch = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(rows, np.int64),  # u/v_changed, R
-               np.zeros(m, np.int64), np.zeros((rows, k), np.float32),                  # slot, Vstart
-               np.zeros(rows, np.float32), np.zeros(rows, np.float64),                  # zc, ec
-               np.zeros(k, np.float64), np.zeros(d, np.float32))                        # q, buf
+    rows = max(min(block, n), 1)  # a block changes at most one row per sample; the base spans two blocks
+    base = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(2 * rows, np.int64), np.zeros(m, np.int64),
+            np.zeros((2 * rows, k), np.float32))
+    blk = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(rows, np.int64), np.zeros(m, np.int64),
+           np.zeros((rows, k), np.float32))
+    work = (np.zeros(2 * rows, np.float32), np.zeros(2 * rows, np.float64), np.zeros(k, np.float64),
+            np.zeros(d, np.float32))
     return _Lane(cfg, U, V, _host_copy(state["C1"]), _host_copy(state["C2"]),
                  torch.from_numpy(U).to(device, copy=True), torch.from_numpy(V).to(device, copy=True),
                  v_onehot, np.zeros((n, k), np.float32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
-                 np.zeros(n, np.bool_), scratch)
+                 np.zeros(n, np.bool_), base, blk, work)
 
 
 @dataclass
@@ -413,40 +457,66 @@ def _chunk_products(Fc: torch.Tensor, U_dev: torch.Tensor, scale: float, lanes: 
     return _Chunk(logits, q0, (t1 - t0, time.perf_counter() - t1))
 
 
-def _run_block(stream: _Stream, lanes: list[_Lane], start: int, pool: Executor) -> int:
-    """One block from stream position `start` for `lanes`: one lane, or lanes with the same fixed U that
-    share the logits. Its chunks' products are all against the block-start state, so they are computed
-    ahead (in `pool`) while the walk goes through the earlier chunks. Returns where the next block starts:
-    the block's end, or the sample before which the walk stopped (only a lane whose U adapts stops)."""
+@dataclass
+class _Pending:
+    """A block whose products are being computed: its span in the stream and one future per chunk."""
+
+    start: int
+    end: int
+    bounds: list[tuple[int, int]]
+    futures: list[Future]
+
+
+def _launch(stream: _Stream, lanes: list[_Lane], start: int, pool: Executor) -> _Pending:
+    """Start the products of the block at `start` from the lanes' device copies as they are now."""
     head = lanes[0]
     end = min(start + stream.block, stream.host.shape[0])
     bounds = [(a, min(a + stream.chunk, end)) for a in range(start, end, stream.chunk)]
     futures = [pool.submit(_chunk_products, stream.features[a:b], head.U_dev, head.cfg.logit_scale, lanes,
                            stream.cls) for a, b in bounds]
-    nR = [0] * len(lanes)
-    try:
-        for (a, b), future in zip(bounds, futures):
-            chunk = future.result()
-            for i, lane in enumerate(lanes):
-                lane.seconds["logits"] += chunk.seconds[0] / len(lanes)
-                lane.seconds["posterior"] += chunk.seconds[1] / len(lanes)
-                done, nR[i] = lane.walk(stream, chunk, chunk.q0[i], a, nR[i])
-                if done < b - a:
-                    end = a + done
-                    break
-            if end < b:
-                break
-    finally:
-        wait(futures)  # the pending products read the device copies that end_block is about to change
-    for i, lane in enumerate(lanes):
-        lane.end_block(nR[i])
-    return end
+    return _Pending(start, end, bounds, futures)
 
 
-def _run_group(stream: _Stream, lanes: list[_Lane], pool: Executor) -> None:
-    start = 0
-    while start < stream.host.shape[0]:
-        start = _run_block(stream, lanes, start, pool)
+def _walk_block(stream: _Stream, lanes: list[_Lane], block: _Pending) -> int:
+    """Walk the block chunk by chunk as its products arrive; returns where the walk stopped (the block's
+    end, or the sample before which a lane's corrections would lose precision)."""
+    for (a, b), future in zip(block.bounds, block.futures):
+        chunk = future.result()
+        for i, lane in enumerate(lanes):
+            lane.seconds["logits"] += chunk.seconds[0] / len(lanes)
+            lane.seconds["posterior"] += chunk.seconds[1] / len(lanes)
+            done = lane.walk(stream, chunk, chunk.q0[i], a)
+            if done < b - a:
+                return a + done  # only a lane whose U adapts stops, and such a lane is alone in its group
+    return block.end
+
+
+def _run_group(stream: _Stream, lanes: list[_Lane], pool: Executor, lag: bool) -> None:
+    """Run `lanes` (one lane, or lanes with the same fixed U that share the logits) over the stream.
+
+    lag=False: each block's products come from the state at its own start. lag=True: the products of
+    block b+1 are computed from the state at the start of block b, in `pool` while block b is walked, so
+    the walk never waits for a block's first products; block b+1 then corrects for the rows changed in
+    blocks b and b+1. After a stop the next block starts from the current state again.
+    """
+    n = stream.host.shape[0]
+    block = _launch(stream, lanes, 0, pool) if n else None
+    while block is not None:
+        ahead = _launch(stream, lanes, block.end, pool) if lag and block.end < n else None
+        try:
+            stop = _walk_block(stream, lanes, block)
+        finally:
+            # pending products read the device copies that end_block is about to change
+            wait(block.futures + (ahead.futures if ahead else []))
+        restart = stop < block.end
+        for lane in lanes:
+            lane.end_block(keep=ahead is not None and not restart)
+        if stop >= n:
+            block = None
+        elif ahead is not None and not restart:
+            block = ahead
+        else:
+            block = _launch(stream, lanes, stop, pool)
 
 
 class _Inline(Executor):
@@ -479,11 +549,13 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
     n = features.shape[0]
     m = class_ids.shape[0]
     row_of_class = _host(rows_of_classes(class_ids, num_classes)) if m == num_classes else np.zeros(1, np.int64)
-    # As many threads as the caller lets torch use: product threads run single-threaded torch ops ahead of
-    # the walks, so the cores stay busy through the serial walks and no intra-op thread team has to meet
-    # at a barrier (on a busy machine each such barrier can stall for a scheduler slice).
+    # As many threads as the caller lets torch use. With more than one, torch runs single-threaded ops in
+    # a pool that computes the next block's products (split in one chunk per thread) while the current
+    # block is walked, and independent groups walk side by side: the cores stay busy through the serial
+    # walks, and no intra-op thread team has to meet at a barrier (on a busy machine each such barrier
+    # can stall for a scheduler slice).
     workers = torch.get_num_threads()
-    chunk = min(block, DEFAULT_CHUNK) if workers > 1 else block
+    chunk = -(-block // workers)
     stream = _Stream(features, _host(features), block, chunk, class_ids.to(device),
                      (_host(class_ids).astype(np.int64), row_of_class))
     onehot = torch.nn.functional.one_hot(stream.cls, num_classes).to(torch.float32)
@@ -504,11 +576,11 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
 
     if workers == 1:
         for group in groups:
-            _run_group(stream, group, _Inline())
+            _run_group(stream, group, _Inline(), lag=False)
     else:
         with _torch_threads(1), ThreadPoolExecutor(workers) as products, \
                 ThreadPoolExecutor(min(workers, len(groups))) as walkers:
-            for _ in walkers.map(lambda group: _run_group(stream, group, products), groups):
+            for _ in walkers.map(lambda group: _run_group(stream, group, products, lag=True), groups):
                 pass
     return [lane.trace(device) for lane in lanes]
 
