@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -42,6 +43,8 @@ def sweep_cmd(
                                 "local Ray using this machine's cores)."),
 ) -> None:
     """Run a sweep spec on Ray Tune: one trial per online run, per-sample rows as Parquet under results_dir."""
+    if address:
+        os.environ["RAY_ADDRESS"] = address  # before Ray is imported: it decides which address Ray binds
     from orchestrator.sweep.command import sweep_command
 
     raise typer.Exit(sweep_command(spec, resume=resume, address=address))
