@@ -549,11 +549,7 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
     n = features.shape[0]
     m = class_ids.shape[0]
     row_of_class = _host(rows_of_classes(class_ids, num_classes)) if m == num_classes else np.zeros(1, np.int64)
-    # As many threads as the caller lets torch use. With more than one, torch runs single-threaded ops in
-    # a pool that computes the next block's products (split in one chunk per thread) while the current
-    # block is walked, and independent groups walk side by side: the cores stay busy through the serial
-    # walks, and no intra-op thread team has to meet at a barrier (on a busy machine each such barrier
-    # can stall for a scheduler slice).
+    # As many threads as the caller lets torch use (module docstring, Threads).
     workers = torch.get_num_threads()
     chunk = -(-block // workers)
     stream = _Stream(features, _host(features), block, chunk, class_ids.to(device),
