@@ -107,6 +107,8 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("time_posterior_s", pa.float64(), "DOUBLE", "posterior stage time"),
     Column("time_update_s", pa.float64(), "DOUBLE", "update stage time"),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
+    Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
+    Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
 )
 HEAD_COLUMNS: tuple[Column, ...] = (
     Column("run_id", pa.string(), "VARCHAR", "= config_hash"),

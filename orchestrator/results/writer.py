@@ -270,11 +270,12 @@ class RunWriter:
             return None
         if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
             value = value.item()
-        if name == "error":
+        arrow = next(c.arrow for c in schema.METRIC_COLUMNS if c.name == name)
+        if pa.types.is_string(arrow):
             return str(value)
-        if name == "n_samples":
+        if pa.types.is_integer(arrow):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"mark: n_samples must be a non-negative integer, got {value!r}")
+                raise ValueError(f"mark: {name} must be a non-negative integer, got {value!r}")
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"mark: {name} must be a number, got {value!r}")

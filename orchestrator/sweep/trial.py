@@ -20,6 +20,7 @@ the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -68,6 +69,7 @@ class Stream:
     class_ids: torch.Tensor
     num_classes: int
     encode_s: float                      # encoder time spent producing these features in this process
+    skipped: list[dict[str, str]]        # unreadable images left out of the stream: {image_id, reason}
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -89,6 +91,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
         bench = make_synthetic(source.synthetic, seed=source.seed, **source.params())
         order = torch.arange(len(bench))  # the scenario's own order is the stream
         encode_s = 0.0
+        skipped = []
     else:
         from orchestrator.features import load_benchmark
 
@@ -101,6 +104,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
                                views=source.views, templates=source.templates, seed=source.seed,
                                quick_gelu=source.quick_gelu, reduce_views=not keep_views)
         encode_s = bench.encode_seconds
+        skipped = list(bench.skipped)
         order = stream_order(len(bench), source.seed)
     device = _device()
     features = bench.features[order].to(device)
@@ -115,7 +119,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
     return Stream(features=features, view_features=view_features, labels=bench.labels[order],
                   image_ids=[bench.image_ids[i] for i in order.tolist()], order=order,
                   class_embeddings=class_embeddings, class_ids=class_ids, num_classes=bench.num_classes,
-                  encode_s=encode_s)
+                  encode_s=encode_s, skipped=skipped)
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
@@ -244,7 +248,8 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
                "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "time_encoder_s": encode_s,
                **{f"time_{stage}_s": outcome.timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
-               "peak_mem_mb": _peak_mem_mb(stream.features.device)}
+               "peak_mem_mb": _peak_mem_mb(stream.features.device),
+               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
 
