@@ -112,8 +112,9 @@ def query_cmd(
     elif json_out:
         sys.stdout.write(json.dumps(_jsonable(table.to_pylist()), ensure_ascii=False) + "\n")
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from orchestrator.results.report import wide_console
         from rich.text import Text
 
         view = Table(show_lines=False, header_style="bold")
@@ -121,7 +122,7 @@ def query_cmd(
             view.add_column(Text(name), overflow="fold")
         for row in table.slice(0, max_rows).to_pylist():  # Text: values are never read as rich markup
             view.add_row(*(Text(_cell(v)) for v in row.values()))
-        console = Console()
+        console = wide_console()
         console.print(view)
         shown = min(max_rows, table.num_rows)
         more = f"; showing {shown} (--max-rows, or --csv for all)" if shown < table.num_rows else ""
@@ -134,12 +135,10 @@ def report_cmd(
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
     """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds."""
-    from rich.console import Console
-
     from orchestrator.results.db import ResultsDB
-    from orchestrator.results.report import report_tables
+    from orchestrator.results.report import report_tables, wide_console
 
-    console = Console()
+    console = wide_console()
     with ResultsDB(results) as db:
         tables = report_tables(db, sweep=sweep, paper=paper)
         _warn_bad_files(db)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -28,6 +30,12 @@ from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
 PAPER_FILE = "paper_results.json"
+
+
+def wide_console(file: Any = None) -> Console:
+    """A console wide enough for the paper's tables: piped output defaults to 80 columns, which folds them
+    (tables take only the width they need)."""
+    return Console(file=file, width=max(240, shutil.get_terminal_size().columns))
 
 
 @dataclass(frozen=True)

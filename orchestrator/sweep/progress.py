@@ -156,15 +156,12 @@ def summary_table(results_dir: str, sweep: str) -> str:
     """The sweep's method x dataset accuracy table (mean ± std over seeds, gain over CLIP) as plain text,
     from the results module's report (finished runs only)."""
     import io
-    import shutil
 
-    from rich.console import Console
-
-    from orchestrator.results.report import method_dataset_table
+    from orchestrator.results.report import method_dataset_table, wide_console
 
     table = method_dataset_table(results_dir, sweep=sweep)
     if table.empty:
         return "no finished runs to tabulate yet"
     buffer = io.StringIO()
-    Console(file=buffer, width=max(120, shutil.get_terminal_size().columns)).print(table.render())
+    wide_console(file=buffer).print(table.render())
     return buffer.getvalue().rstrip()
