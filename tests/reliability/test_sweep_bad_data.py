@@ -93,7 +93,9 @@ def test_undecodable_images_are_skipped_and_the_runs_finish(bad_data_sweep, ledg
             continue
         ids = [r["image_id"] for r in rows[run.run_id]]
         assert len(ids) == len(images) - len(bad) and not set(ids) & set(bad)
-        assert read_run(spec.results_dir, spec.name, run.run_id)["status"] == "finished"
+        row = read_run(spec.results_dir, spec.name, run.run_id)
+        assert row["status"] == "finished" and row["n_skipped"] == len(bad), row
+        assert sorted(s["image_id"] for s in json.loads(row["skipped"])) == sorted(bad), row["skipped"]
     manifest = next((Path(spec.cache_dir) / "features").glob("*/manifest.json"))
     assert sorted(s["image_id"] for s in json.loads(manifest.read_text())["skipped"]) == sorted(bad)
     ledger.bad_input("sweep over a dataset with a zero-byte and a non-image file", "recorded skip")

@@ -166,7 +166,9 @@ def test_disk_full_mid_sweep_then_resume(ray_session, faults, tmp_path, ledger):
 
 
 def test_two_sweeps_and_readers_share_one_results_dir(ray_session, faults, tmp_path, ledger):
-    from dashboard import queries
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH, RESULTS_ENV, queries
 
     address, _ = ray_session
     results = tmp_path / "shared-results"
@@ -192,6 +194,13 @@ def test_two_sweeps_and_readers_share_one_results_dir(ray_session, faults, tmp_p
         assert all(c["n"] == c["d"] == c["last"] + 1 and c["n"] % PART == 0 for c in counts), counts
         assert set(listing["sweep"]) == {"a", "b"} and "running" in set(listing["status"])
         assert set(per_run["run_id"]) == {c["run_id"] for c in counts}
+        # and the app itself, over the same half-written results
+        at = AppTest.from_file(str(APP_PATH), default_timeout=120)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(RESULTS_ENV, str(results))
+            at.run()
+        assert not at.exception and not at.warning, [e.value for e in (*at.exception, *at.warning)]
+        assert at.dataframe
         query = CliRunner().invoke(app, ["query", "SELECT sweep, count(*) AS n FROM samples GROUP BY sweep",
                                          "--results", str(results), "--csv"])
         assert query.exit_code == 0 and "warning" not in query.stderr, query.output
@@ -204,4 +213,4 @@ def test_two_sweeps_and_readers_share_one_results_dir(ray_session, faults, tmp_p
     for spec in (spec_a, spec_b):
         assert_exact(results, spec, refs[spec], ledger, f"concurrent sweep {spec.stem}")
     assert verify_results(results).ok
-    ledger.fault("two sweeps writing one results dir, read by bca query and the dashboard's queries mid-write")
+    ledger.fault("two sweeps writing one results dir, read by bca query and the dashboard mid-write")
