@@ -29,27 +29,48 @@ OWN = "tests/reliability"
 
 # Related tests of other modules: node id prefix (parameters stripped) -> (category, what it injects or tries).
 RELATED = {
-    "tests/test_sweep_ray.py::test_trial_worker_sigkilled_mid_run": ("fault", "trial worker SIGKILLed between parts, retried in the sweep"),
-    "tests/test_sweep_ray.py::test_failed_trial_is_recorded_then_resumed": ("fault", "trial SIGKILLed with no retries left, recorded, resumed"),
-    "tests/test_sweep_ray.py::test_driver_sigkilled_then_resume": ("fault", "driver SIGKILLed mid-run, then bca sweep --resume"),
-    "tests/test_sweep_ray.py::test_same_spec_and_seed": ("determinism", "same spec and seed twice: identical rows; stored order replays"),
-    "tests/test_results_writer.py::test_failed_write_leaves_no_file": ("fault", "ENOSPC half-way through a part (writer)"),
-    "tests/test_results_writer.py::test_file_size_limit": ("fault", "RLIMIT_FSIZE in a real process (writer)"),
-    "tests/test_results_writer.py::test_real_full_disk": ("fault", "writer filling a 256 KB tmpfs"),
-    "tests/test_results_writer.py::test_unwritable_results_dir": ("fault", "a file where the results dir should be (writer)"),
-    "tests/test_results_writer.py::test_two_processes_writing_one_run": ("fault", "two processes writing one run"),
-    "tests/test_results_writer.py::test_bad_part_ends_the_resume_prefix": ("fault", "bad part inside a run being resumed"),
-    "tests/test_feature_cache.py::test_two_processes_asking_at_once": ("fault", "two processes asking for one feature-cache entry"),
-    "tests/test_feature_cache.py::test_an_interrupted_encode": ("fault", "encode interrupted half-way"),
-    "tests/test_feature_cache.py::test_unreadable_images_are_recorded": ("bad_input", "undecodable and missing image files"),
-    "tests/test_results_verify.py::test_gap": ("bad_input", "results with a gap in a run's rows"),
-    "tests/test_results_verify.py::test_overlapping_parts": ("bad_input", "results with overlapping parts"),
-    "tests/test_results_verify.py::test_rows_copied_into_another": ("bad_input", "rows copied into another run's folder"),
-    "tests/test_results_verify.py::test_part_inconsistent_with_its_name": ("bad_input", "part whose rows disagree with its name"),
-    "tests/test_results_verify.py::test_rows_without_a_run_row": ("bad_input", "rows without a runs-table row, bad runs file"),
-    "tests/test_sweep_spec.py::test_malformed_spec_names_field": ("bad_spec", "malformed sweep spec (table)"),
-    "tests/test_results_safety.py::test_refused_statements": ("sql_refused", "SQL that writes or reads outside (table)"),
-    "tests/test_dashboard_browser.py::test_dashboard_in_chromium": ("security", "dashboard listens on 127.0.0.1 only"),
+    "tests/test_sweep_ray.py::test_trial_worker_sigkilled_mid_run":
+        ("fault", "trial worker SIGKILLed between parts, retried in the sweep"),
+    "tests/test_sweep_ray.py::test_failed_trial_is_recorded_then_resumed":
+        ("fault", "trial SIGKILLed with no retries left, recorded, resumed"),
+    "tests/test_sweep_ray.py::test_driver_sigkilled_then_resume":
+        ("fault", "driver SIGKILLed mid-run, then bca sweep --resume"),
+    "tests/test_sweep_ray.py::test_same_spec_and_seed":
+        ("determinism", "same spec and seed twice: identical rows; stored order replays"),
+    "tests/test_results_writer.py::test_failed_write_leaves_no_file":
+        ("fault", "ENOSPC half-way through a part (writer)"),
+    "tests/test_results_writer.py::test_file_size_limit":
+        ("fault", "RLIMIT_FSIZE in a real process (writer)"),
+    "tests/test_results_writer.py::test_real_full_disk":
+        ("fault", "writer filling a 256 KB tmpfs"),
+    "tests/test_results_writer.py::test_unwritable_results_dir":
+        ("fault", "a file where the results dir should be (writer)"),
+    "tests/test_results_writer.py::test_two_processes_writing_one_run":
+        ("fault", "two processes writing one run"),
+    "tests/test_results_writer.py::test_bad_part_ends_the_resume_prefix":
+        ("fault", "bad part inside a run being resumed"),
+    "tests/test_feature_cache.py::test_two_processes_asking_at_once":
+        ("fault", "two processes asking for one feature-cache entry"),
+    "tests/test_feature_cache.py::test_an_interrupted_encode":
+        ("fault", "encode interrupted half-way"),
+    "tests/test_feature_cache.py::test_unreadable_images_are_recorded":
+        ("bad_input", "undecodable and missing image files"),
+    "tests/test_results_verify.py::test_gap":
+        ("bad_input", "results with a gap in a run's rows"),
+    "tests/test_results_verify.py::test_overlapping_parts":
+        ("bad_input", "results with overlapping parts"),
+    "tests/test_results_verify.py::test_rows_copied_into_another":
+        ("bad_input", "rows copied into another run's folder"),
+    "tests/test_results_verify.py::test_part_inconsistent_with_its_name":
+        ("bad_input", "part whose rows disagree with its name"),
+    "tests/test_results_verify.py::test_rows_without_a_run_row":
+        ("bad_input", "rows without a runs-table row, bad runs file"),
+    "tests/test_sweep_spec.py::test_malformed_spec_names_field":
+        ("bad_spec", "malformed sweep spec (table)"),
+    "tests/test_results_safety.py::test_refused_statements":
+        ("sql_refused", "SQL that writes or reads outside (table)"),
+    "tests/test_dashboard_browser.py::test_dashboard_in_chromium":
+        ("security", "dashboard listens on 127.0.0.1 only"),
 }
 
 
@@ -96,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     own_faults = [e for e in ledger if e["kind"] == "fault"]
     own_bad = [e for e in ledger if e["kind"] == "bad_input"]
+    own_determinism = [e for e in ledger if e["kind"] == "determinism"]
     rows = [e for e in ledger if e["kind"] == "rows"]
     lost = sum(e["expected"] - e["distinct"] for e in rows)
     duplicated = sum(e["duplicates"] for e in rows)
@@ -115,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.own:
         print(f"malformed sweep specs refused:    {related['bad_spec']}")
         print(f"refused SQL statements (table):   {related['sql_refused']}")
-        print(f"determinism checks passed:        {related['determinism']}")
+        print(f"determinism checks passed:        {related['determinism'] + len(own_determinism)}")
         print(f"security checks passed:           {related['security']}")
     print(f"runs checked row by row:          {len(rows)} ({sum(e['expected'] for e in rows)} rows against an "
           f"uninterrupted run)")

@@ -57,6 +57,10 @@ class Ledger:
         """A bad input tried and handled as documented: outcome is 'error', 'skip', 'encoded' or 'refused'."""
         self.entries.append({"kind": "bad_input", "name": name, "outcome": outcome, **detail})
 
+    def determinism(self, name: str, **detail: Any) -> None:
+        """A run reproduced exactly (from its spec and seed, or from its recorded stream order)."""
+        self.entries.append({"kind": "determinism", "name": name, **detail})
+
     def rows(self, where: str, expected: int, distinct: int, duplicates: int) -> None:
         """Rows checked against what an uninterrupted run writes."""
         self.entries.append({"kind": "rows", "name": where, "expected": expected, "distinct": distinct,
