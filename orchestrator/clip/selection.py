@@ -10,21 +10,7 @@ from __future__ import annotations
 
 import torch
 
-
-def view_posteriors(
-    view_features: torch.Tensor,
-    class_embeddings: torch.Tensor,
-    class_ids: torch.Tensor,
-    num_classes: int,
-    logit_scale: float = 100.0,
-) -> torch.Tensor:
-    """[n, V, d] -> [n, V, K]: softmax over the M class embeddings, summed into their K classes.
-
-    With one embedding per class (M = K) this is the plain softmax over classes.
-    """
-    probs = torch.softmax(logit_scale * view_features.float() @ class_embeddings.float().T, dim=-1)
-    out = probs.new_zeros(*probs.shape[:-1], num_classes)
-    return out.index_add_(-1, class_ids.to(probs.device), probs)
+from orchestrator.methods.views import lowest_entropy_views, view_posteriors
 
 
 def confident_view_indices(
@@ -37,9 +23,7 @@ def confident_view_indices(
 ) -> torch.Tensor:
     """[n, V, d] -> [n, k] indices of the k = max(1, int(V * keep)) lowest-entropy views (as int() truncates)."""
     post = view_posteriors(view_features, class_embeddings, class_ids, num_classes, logit_scale)
-    entropy = -(post * torch.log(post.clamp_min(1e-30))).sum(-1)
-    k = max(1, int(view_features.shape[1] * keep))
-    return torch.argsort(entropy, dim=1, stable=True)[:, :k]
+    return lowest_entropy_views(post, keep)
 
 
 def select_views(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, check_real, empty_trace, register
+from orchestrator.methods.views import lowest_entropy_views, view_posteriors
 
 _CHUNK = 256  # samples per vectorised chunk: bounds the [chunk, V, M] logits in memory
 
@@ -42,20 +43,17 @@ class Zero(Method):
                                           low_inclusive=False)}
 
     def _run(self, features: torch.Tensor) -> Trace:
-        n, num_views, _ = features.shape
+        n = features.shape[0]
         K = self.num_classes
-        kept = max(1, int(num_views * self.hp["keep"]))
-        to_classes = torch.nn.functional.one_hot(self.class_ids, K).float()
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
         for start in range(0, n, _CHUNK):
             chunk = features[start:start + _CHUNK]
             with timer("logits"):
-                q = torch.softmax(self.hp["logit_scale"] * (chunk @ self.class_embeddings.T), dim=-1) @ to_classes
+                q = view_posteriors(chunk, self.class_embeddings, self.class_ids, K, self.hp["logit_scale"])
             with timer("posterior"):
-                entropy = -torch.special.xlogy(q, q).sum(dim=-1)
-                order = torch.sort(entropy, dim=1, stable=True).indices[:, :kept]
+                order = lowest_entropy_views(q, self.hp["keep"])
                 q_kept = torch.gather(q, 1, order[..., None].expand(-1, -1, K))
                 votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
-                posteriors[start:start + _CHUNK] = (votes + q_kept.mean(dim=1)) / (kept + 1)
+                posteriors[start:start + _CHUNK] = (votes + q_kept.mean(dim=1)) / (order.shape[1] + 1)
         return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
