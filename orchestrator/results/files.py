@@ -75,46 +75,44 @@ class FileChecker:
         self._deep: dict[Path, tuple[int, int, FileCheck]] = {}
         self._lock = threading.Lock()
 
-    def check(self, path: Path, kind: str) -> FileCheck | None:
-        """The file's check, or None when it vanished meanwhile (e.g. replaced by a resumed writer)."""
+    def _cached(self, cache: dict, path: Path, compute) -> FileCheck | None:
+        """compute((mtime_ns, size)) memoised in `cache` until the file changes; None when it vanished meanwhile
+        (e.g. replaced by a resumed writer)."""
         try:
             st = path.stat()
         except FileNotFoundError:
             return None
         key = (st.st_mtime_ns, st.st_size)
         with self._lock:
-            hit = self._cache.get(path)
+            hit = cache.get(path)
         if hit is not None and hit[:2] == key:
             return hit[2]
-        result = check_file(path, kind)
+        result = compute(key)
         with self._lock:
-            self._cache[path] = (*key, result)
+            cache[path] = (*key, result)
         return result
+
+    def check(self, path: Path, kind: str) -> FileCheck | None:
+        """The file's check (footer, columns, row range), or None when it vanished meanwhile."""
+        return self._cached(self._cache, path, lambda key: check_file(path, kind))
 
     def deep_check(self, path: Path, kind: str) -> FileCheck | None:
         """check() plus reading every page of the file: finds damage the footer does not reveal. Cached."""
         shallow = self.check(path, kind)
         if shallow is None or not shallow.ok:
             return shallow
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return None
-        key = (st.st_mtime_ns, st.st_size)
-        with self._lock:
-            hit = self._deep.get(path)
-        if hit is not None and hit[:2] == key:
-            return hit[2]
-        try:
-            pq.ParquetFile(path).read()
-            result = shallow
-        except Exception as e:
-            result = FileCheck(path, False, f"unreadable data: {str(e).splitlines()[0]}")
-            with self._lock:
-                self._cache[path] = (*key, result)
-        with self._lock:
-            self._deep[path] = (*key, result)
-        return result
+
+        def read_all(key: tuple[int, int]) -> FileCheck:
+            try:
+                pq.ParquetFile(path).read()
+                return shallow
+            except Exception as e:
+                bad = FileCheck(path, False, f"unreadable data: {str(e).splitlines()[0]}")
+                with self._lock:
+                    self._cache[path] = (*key, bad)
+                return bad
+
+        return self._cached(self._deep, path, read_all)
 
     def mark_bad(self, path: Path, error: str) -> None:
         """Record a failure found while reading data (past the footer), until the file changes."""
