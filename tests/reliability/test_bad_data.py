@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest

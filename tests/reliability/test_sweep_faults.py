@@ -142,7 +142,6 @@ def test_disk_full_mid_sweep_then_resume(ray_session, faults, tmp_path, ledger):
         filler = fill_disk(results) if mounted else None
         faults.release("full")
         output = finish(driver)
-        spec = load_spec(spec_path)
 
         assert driver.returncode == 1, output
         assert "Traceback" not in _driver_lines(output) and "No space left on device" in output, output
