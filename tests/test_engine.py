@@ -103,6 +103,30 @@ def test_many_configs_in_one_call_equal_separate_runs(long_references):
         assert_exact(long_references[name], got)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_configs_with_equal_logits_share_one_product(threads, monkeypatch, torch_threads):
+    """A tau_prior / n2 sweep at one (tau_likelihood, n1) keeps U equal across configs (select_on=
+    'likelihood': V never feeds back into U), so they share one logits product per block; select_on=
+    'posterior' or another n1 does not. Each result equals its separate run bitwise."""
+    torch_threads(threads)
+    bench = ONE_PER_CLASS
+    feats = bench.features[:3000]
+    shared = [{"tau_likelihood": 0.8, "tau_prior": tp, "n1": 20, "n2": n2}
+              for tp, n2 in ((0.8, 1), (0.9, 5), (0.95, 50))]
+    others = [{"tau_likelihood": 0.8, "n1": 21, "n2": 5}, {"tau": 0.8, "n1": 20, "select_on": "posterior"}]
+    states, cfgs = zip(*(setup(bench, "bca", hp) for hp in shared + others))
+    products = []
+    compute = engine._Products.compute
+    monkeypatch.setattr(engine._Products, "compute",
+                        lambda self, *args: products.append(len(self.dev) - 5) or compute(self, *args))
+    together = run_bca_blocked_many(feats, list(states), bench.class_ids, bench.num_classes, list(cfgs))
+    assert sorted(set(products)) == [1, 3]  # one group of three lanes, two of one lane
+    monkeypatch.setattr(engine._Products, "compute", compute)
+    for hp, state, cfg, got in zip(shared + others, states, cfgs, together):
+        assert_same(run_bca_blocked(feats, state, bench.class_ids, bench.num_classes, cfg), got)
+        assert_exact(reference(bench, "bca", hp, feats), got)
+
+
 def test_walk_restarts_blocks_and_stays_exact(monkeypatch):
     """A U row that moves far (n1 = 0: each update replaces the row by the feature) shrinks later samples'
     softmax normaliser; the walk stops there and a fresh block starts at that sample."""
@@ -149,9 +173,8 @@ def torch_threads():
 
 @pytest.mark.parametrize("threads,block", [(1, 1), (1, 16), (2, 1), (2, 5), (2, 16), (3, 16)])
 def test_threads(threads, block, torch_threads):
-    """One thread walks each block after its products; more threads compute the next block's products
-    (from the current block's start state) while the current block is walked, and run independent
-    configs side by side. Same results either way, restarts included (n1 = 2 moves U far)."""
+    """One group of configs uses the threads inside its products; several groups run side by side, one
+    thread each. Same results either way, restarts included (n1 = 2 moves U far)."""
     torch_threads(threads)
     cases = [("bca", {"tau": 0.4, "n1": 2, "n2": 1}), ("clip", {}), ("pa", {"tau": 0.4}), ("pa", {"tau": 0.6}),
              ("la", {"tau": 0.4, "n1": 0})]

@@ -5,10 +5,10 @@ Why blocks: the per-sample loop does two matrix-vector products per sample (logi
 plus a dozen small tensor ops, and on a CPU the small ops cost more than the products. Here a block of B
 samples gets its logits from ONE product against the block-start state, Z0 = logit_scale * F_B U^T, and its
 unnormalised posteriors from ONE product Q0 = exp(Z0 - shift) V. A compiled walk (numba) then visits the
-block's samples in stream order and corrects both for exactly the rows of U and V that changed since
-the state the products came from (the block's start; with more threads, see below, the previous block's):
+block's samples in stream order and corrects both for exactly the rows of U and V that changed since the
+block started:
 
-    z_j[r]  = logit_scale * U_now[r] . f_j                       for rows r whose U row changed since
+    z_j[r]  = logit_scale * U_now[r] . f_j                       for rows r whose U row changed
     S_j     = S0_j - sum_r E0[j, r] + sum_r exp(z_j[r] - shift_j)     (softmax normaliser, float64)
     q_j     = Q0_j + sum_r (e_j[r] V_now[r] - E0[j, r] V_base[r])     for rows changed in U or V
     post_j  = q_j / sum(q_j)                                     (the reference renormalises post too)
@@ -22,31 +22,39 @@ float32 product, so its absolute error is ~1e-7 * S0_j; if corrections shrink th
 dominant row moved away from sample j) that error would be amplified by S0_j / S_j. The walk therefore
 stops before such a sample (S_j < S0_j / 16) or before a corrected logit exceeds the shift by more than
 `_EXP_LIMIT`, and the driver starts a fresh block there: the block boundary moves, the result does not.
+A changed row whose weight in sample j is below `_NEGLIGIBLE` (1e-9) of S_j both before and after its
+change moves q_j by less than that (rows of V sum to 1), so its q correction is skipped: at most
+B * 1e-9 of the posterior, far below Q0's own rounding; at K = M = 1000 this skips about three rows in four.
 The row updates reproduce torch's rounding: float32 ops for float32 state, and for float16 state every
 op computed in float32 and rounded to half, as torch's CPU half kernels do. float16 *prior* adaptation
 is the one case that cannot be reproduced from a blocked posterior and runs the reference loop itself
 (`needs_reference`).
 
-Threads. With one torch thread the driver alternates a block's products and its walk. With more, torch
-runs single-threaded ops in a pool of that many threads that computes the products of block b+1 (one
-chunk per thread) from the state at the start of block b while block b is walked; block b+1 then
-corrects for the rows changed in blocks b and b+1, so the walk never waits for a block boundary. After
-an early stop the next block starts from the current state again. Independent configurations walk side
-by side. No intra-op thread team ever has to meet at a barrier, which on a busy machine stalls each op
-for a scheduler slice. Thread count and block length change only float rounding (products of other
-shapes); the tests hold every setting to the reference.
+Sharing. Configurations whose U stays equal over any stream share one logits product per block: those
+whose U never adapts and starts equal, and those whose U adapts by the same rule (tau_likelihood, n1,
+update, select_on='likelihood'), since then each sample's row, confidence and likelihood gate come from
+the logits alone. A tau / n1 / n2 sweep thus computes F U^T once per (tau, n1), not once per n2.
 
-Devices. The products run on the features' device; per chunk, its logits, normaliser and Q0 come to
-the host in a few transfers, the walk runs on the host, and at the end of a block only the rows it
-changed go back to the device copies of U and V. Results are returned on the features' device.
-(Written for CUDA but only run on CPU so far: no GPU was available; tests/test_engine.py has the check.)
+Threads. One configuration group (or one torch thread): blocks run one after another, the products using
+torch's threads, the walk on the calling thread. Several groups: they run side by side, one thread each,
+with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
+on a second thread while block b is walked was tried: on 2-vCPU machines, where two busy threads get
+about 1.4 cores of arithmetic, it was slower than this, as the walk then also corrects for block b's rows.)
+Thread count and block length change only float rounding (products of other shapes); the tests hold
+every setting to the reference.
+
+Devices. The products run on the features' device; a block's logits, normaliser and Q0 come to the
+host in a few transfers into pinned buffers, the walk runs on the host, and at the end of a block only
+the rows it changed go to the device copies of U and V (on a CPU the products read the host state
+itself). Results are returned on the features' device. (Written for CUDA but only run on CPU so far:
+no GPU was available; tests/test_engine.py has the check.)
 """
 
 from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -59,16 +67,20 @@ from orchestrator.methods.base import TIMING_KEYS, Trace
 from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
                                             rows_of_classes)
 
-# Block length: the walk's corrections cost O(B) per sample (rows changed since the products' base
-# state), the products get cheaper per sample with B. At K = M = 1000, d = 512 on this 2-core machine
-# 24 to 64 measured alike end to end (within the noise of a shared machine); the walk alone took
-# ~6 us/sample for bca at 32, ~11 at 64, ~22 at 128.
-DEFAULT_BLOCK = 32
+# Block length: the walk's corrections cost O(B) per sample (rows changed since the block started), the
+# products get cheaper per sample with B (fewer packings of U and V, fewer thread barriers). At K = M =
+# 1000, d = 512 on a 2-vCPU machine, medians of interleaved runs with 2 threads: 16.5k samples/s at 64,
+# 17.8k at 128, 16.9k at 192; the walk alone takes ~17 us/sample at 128.
+DEFAULT_BLOCK = 128
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...
 _DRIFT = 16.0
 # ... or whose corrected logit exceeds the block-start row max by this much (float64 exp stays finite).
 _EXP_LIMIT = 80.0
+# A changed row whose exp-weight in a sample is below this fraction of the sample's normaliser (before
+# and after the change) is left out of that sample's posterior correction: at K = M = 1000 about three
+# rows in four, each shifting the posterior by under 1e-9.
+_NEGLIGIBLE = 1e-9
 _RULES = {name: i for i, name in enumerate(UPDATES)}  # count 0, momentum 1, decay 2
 
 
@@ -172,17 +184,14 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
           scale, tau_l, tau_p, n1, n2, decay,
           post, sel, gated, gated_prior,
           u_changed, v_changed, R, slot, Vstart, nR,
-          wu, wv, W, wslot, Vsnap, nW,
           zc, ec, q, buf):
-    """Walk B consecutive samples in stream order; returns (samples done, nR, nW).
+    """Walk B consecutive samples in stream order; returns (samples done, nR).
 
-    Inputs for the B samples, all against one base state (the state the products were computed from):
+    Inputs for the B samples, all against the state at the block's start (the base):
     F [B, d], Z0 [B, M] logits, shift [B] their row max, E0 [B, M] = exp(Z0 - shift), S0 [B] float64 row
     sums of E0, Q0 [B, K] = E0 V_base, amax0 [B] argmax of Z0. State U [M, d], V [M, K], C1, C2 [M]
     (float32; half-valued when `half`) is updated in place.
     Rows changed since the base: R[:nR], flagged in u_changed / v_changed, V_base[r] = Vstart[slot[r]].
-    Rows changed since the current block started: W[:nW], flagged in wu / wv, with the block-start V rows
-    in Vsnap[wslot[r]] (the base of a later block; see `_rebase`).
     The walk stops early (returns j < B) only before a sample whose corrections would lose precision;
     nothing of sample j has been written then.
     """
@@ -198,32 +207,37 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             if u_changed[r]:
                 z = np.float32(_dot(U[r], F[j])) * scale
                 if z - sh > _EXP_LIMIT:
-                    return j, nR, nW
+                    return j, nR
                 zc[t] = z
                 ec[t] = math.exp(np.float64(z) - sh)
                 S += ec[t] - E0[j, r]
             else:
                 ec[t] = E0[j, r]
         if S * _DRIFT < S0[j]:
-            return j, nR, nW
+            return j, nR
 
-        # 2. posterior: q = E V with the block-start terms of changed rows swapped for current ones
+        # 2. posterior: q = E V with the block-start terms of changed rows swapped for current ones.
+        # A row's swap moves q by at most e + e0 in total (rows of V sum to 1); below _NEGLIGIBLE * S it
+        # is skipped, so the posterior moves by at most nR * _NEGLIGIBLE (module docstring, Numerics).
         for k in range(K):
             q[k] = Q0[j, k]
+        small = _NEGLIGIBLE * S
         for t in range(nR):
             r = R[t]
             e0 = np.float64(E0[j, r])
+            e = ec[t]
+            if e + e0 < small:
+                continue
             vr = V[r]
             if v_changed[r]:
                 vs = Vstart[slot[r]]
-                e = ec[t]
                 for k in range(K):
                     q[k] += e * vr[k] - e0 * vs[k]
             elif u_changed[r]:
-                de = ec[t] - e0
                 if v_onehot:
-                    q[cls[r]] += de
+                    q[cls[r]] += e - e0
                 else:
+                    de = e - e0
                     for k in range(K):
                         q[k] += de * vr[k]
         inv_total = 1.0 / _sum(q)
@@ -269,10 +283,6 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             slot[s] = nR
             R[nR] = s
             nR += 1
-        if (fire_u or fire_v) and not (wu[s] or wv[s]):
-            wslot[s] = nW
-            W[nW] = s
-            nW += 1
         if fire_u:
             a, b, c_next = _weights(rule, np.float64(C1[s]), n1, decay)
             _blend_into(U[s], F[j], a, b, half, buf)
@@ -282,41 +292,24 @@ def _walk(F, Z0, shift, E0, S0, Q0, amax0,
             C1[s] = np.float32(c_next)
             gated[j] = True
             u_changed[s] = True
-            wu[s] = True
         if fire_v:
             if not v_changed[s]:
                 Vstart[slot[s]] = V[s]
                 v_changed[s] = True
-            if not wv[s]:
-                Vsnap[wslot[s]] = V[s]
-                wv[s] = True
             a, b, c_next = _weights(rule, np.float64(C2[s]), n2, decay)
             _blend_into(V[s], post[j], a, b, half, V[s])
             C2[s] = np.float32(c_next)
             gated_prior[j] = True
-    return B, nR, nW
+    return B, nR
 
 
 @numba.njit(cache=True, nogil=True)
-def _rebase(u_changed, v_changed, R, slot, Vstart, nR, wu, wv, W, wslot, Vsnap, nW, keep):
-    """End of a block. keep=True: the next block's products were computed from this block's start state,
-    so 'changed since the base' becomes 'changed in this block' (W, with V rows from Vsnap).
-    keep=False: the next products come from the current state; nothing is changed since. Returns nR."""
+def _rebase(u_changed, v_changed, R, nR):
+    """The end of a block: the next block's products come from the current state, so no row has changed
+    since its base."""
     for t in range(nR):
         u_changed[R[t]] = False
         v_changed[R[t]] = False
-    for t in range(nW):
-        r = W[t]
-        if keep:
-            R[t] = r
-            slot[r] = t
-            u_changed[r] = wu[r]
-            v_changed[r] = wv[r]
-            if wv[r]:
-                Vstart[t] = Vsnap[wslot[r]]
-        wu[r] = False
-        wv[r] = False
-    return nW if keep else 0
 
 
 # ------------------------------------------------------------------------------------------ the driver
@@ -332,70 +325,106 @@ def _host_copy(t: torch.Tensor) -> np.ndarray:
 
 @dataclass
 class _Stream:
-    """What every lane of one call shares: the features (device and host), block and chunk lengths, and
-    the class maps (device class ids; host class ids and the row of each class for select_on='posterior')."""
+    """What every group of one call shares: the features (device and host), the block length, and the
+    class maps (device class ids; host class ids and the row of each class for select_on='posterior')."""
 
     features: torch.Tensor
     host: np.ndarray
     block: int
-    chunk: int
     cls: torch.Tensor
     maps: tuple[np.ndarray, np.ndarray]
 
 
 @dataclass
+class _Products:
+    """Buffers for one block's products against the block-start state, allocated once per group: Z [B, M]
+    logits, shift [B] their row max, amax [B] its argmax, E [B, M] = exp(Z - shift), S [B] float64 row sums
+    of E, then Q [B, K] = E V for each lane. `dev` is where the products run (the features' device); `host`
+    is what the walk reads: numpy views of the same memory on a CPU, of pinned copies (`pinned`) of a GPU's."""
+
+    dev: tuple[torch.Tensor, ...]
+    pinned: tuple[torch.Tensor, ...]
+    host: tuple[np.ndarray, ...]
+
+    @classmethod
+    def allocate(cls, block: int, m: int, k: int, lanes: int, device: torch.device) -> _Products:
+        def make(dev: torch.device, pin: bool) -> tuple[torch.Tensor, ...]:
+            def empty(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                return torch.empty(*shape, dtype=dtype, device=dev, pin_memory=pin)
+            return (empty(block, m), empty(block), empty(block, dtype=torch.int64), empty(block, m),
+                    empty(block, dtype=torch.float64), *(empty(block, k) for _ in range(lanes)))
+
+        dev = make(device, False)
+        pinned = dev if device.type == "cpu" else make(torch.device("cpu"), True)
+        return cls(dev, pinned, tuple(t.numpy() for t in pinned))
+
+    def compute(self, F: torch.Tensor, U: torch.Tensor, scale: float, V: list[torch.Tensor | None],
+                cls: torch.Tensor) -> tuple[float, float]:
+        """The first len(F) rows of every buffer from features F; V[g] None: lane g's V is its one-hot start,
+        so its Q is a scatter-add of E into the classes. Returns the seconds of the logits and of the Qs."""
+        Z, shift, amax, E, S, *Q = (t[:F.shape[0]] for t in self.dev)
+        t0 = time.perf_counter()
+        torch.matmul(F, U.T, out=Z).mul_(scale)  # the reference's logit_scale * (U32 @ f): product, then scale
+        torch.max(Z, dim=1, out=(shift, amax))
+        torch.sub(Z, shift[:, None], out=E).exp_()
+        torch.sum(E, dim=1, dtype=torch.float64, out=S)
+        t1 = time.perf_counter()
+        for q, v in zip(Q, V):
+            if v is None:
+                q.zero_().index_add_(1, cls, E)
+            else:
+                torch.matmul(E, v, out=q)
+        if self.pinned is not self.dev:
+            for src, dst in zip(self.dev, self.pinned):
+                dst[:F.shape[0]].copy_(src[:F.shape[0]])
+        return t1 - t0, time.perf_counter() - t1
+
+
+@dataclass
 class _Lane:
-    """One configuration while a stream runs: host state (updated by the walk), device copies of U and V
-    (the state the next products are computed from), the outputs in stream order, the walk's bookkeeping
-    (`_walk`: base = (u_changed, v_changed, R, slot, Vstart) with nR rows, block = (wu, wv, W, wslot,
-    Vsnap) with nW rows, work = (zc, ec, q, buf)) and the stage timings."""
+    """One configuration while a stream runs: host state (updated by the walk), the device copy of V that
+    products use (None while V is its one-hot start and never adapts; on a CPU the host V itself), the
+    outputs in stream order, the walk's bookkeeping (`_walk`: base = (u_changed, v_changed, R, slot, Vstart)
+    with nR rows, work = (zc, ec, q, buf)) and the stage timings."""
 
     cfg: BCAConfig
     U: np.ndarray
     V: np.ndarray
     C1: np.ndarray
     C2: np.ndarray
-    U_dev: torch.Tensor
-    V_dev: torch.Tensor
-    v_onehot: bool
+    V_dev: torch.Tensor | None
     post: np.ndarray
     sel: np.ndarray
     gated: np.ndarray
     gated_prior: np.ndarray
     base: tuple[np.ndarray, ...]
-    block: tuple[np.ndarray, ...]
     work: tuple[np.ndarray, ...]
     nR: int = 0
-    nW: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
 
-    def walk(self, stream: _Stream, chunk: _Chunk, q0: np.ndarray, start: int) -> int:
-        """Walk the chunk that starts at stream position `start`; returns the samples done."""
+    def walk(self, stream: _Stream, products: tuple[np.ndarray, ...], q0: np.ndarray, start: int, end: int) -> int:
+        """Walk stream positions start:end (rows 0:end-start of the products); returns the samples done."""
         cfg = self.cfg
-        Z, shift, E, S, amax = chunk.logits
-        end = start + Z.shape[0]
+        Z, shift, amax, E, S = products
         t0 = time.perf_counter()
-        done, self.nR, self.nW = _walk(
-            stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2, *stream.maps,
-            cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior", self.v_onehot,
+        done, self.nR = _walk(
+            stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2,
+            *stream.maps, cfg.adapt_likelihood, cfg.adapt_prior, cfg.select_on == "posterior", self.V_dev is None,
             cfg.state_dtype == "float16", _RULES[cfg.update], np.float32(cfg.logit_scale), cfg.tau_likelihood,
             cfg.tau_prior, float(cfg.n1), float(cfg.n2), float(cfg.decay), self.post[start:end],
-            self.sel[start:end], self.gated[start:end], self.gated_prior[start:end],
-            *self.base, self.nR, *self.block, self.nW, *self.work)
+            self.sel[start:end], self.gated[start:end], self.gated_prior[start:end], *self.base, self.nR,
+            *self.work)
         self.seconds["update"] += time.perf_counter() - t0
         return int(done)
 
-    def end_block(self, keep: bool) -> None:
-        """Copy the rows this block changed to the device copies, then rebase the bookkeeping: keep=True
-        when the next block's products were computed from this block's start state (`_rebase`)."""
-        wu, wv, W = self.block[:3]
-        rows = W[:self.nW]
-        for changed, host, dev in ((wu, self.U, self.U_dev), (wv, self.V, self.V_dev)):
-            moved = rows[changed[rows]]
-            if moved.size:
-                dev[torch.from_numpy(moved).to(dev.device)] = torch.from_numpy(host[moved]).to(dev.device)
-        self.nR = int(_rebase(*self.base, self.nR, *self.block, self.nW, keep))
-        self.nW = 0
+    def end_block(self) -> None:
+        """Copy the V rows this block changed to the device copy (when it is not the host V), then clear the
+        bookkeeping: the next block's products come from the current state."""
+        u_changed, v_changed, R = self.base[:3]
+        if self.V_dev is not None:
+            _sync_rows(self.V, self.V_dev, R[:self.nR], v_changed)
+        _rebase(u_changed, v_changed, R, self.nR)
+        self.nR = 0
 
     def trace(self, device: torch.device) -> Trace:
         dtype = STATE_DTYPES[self.cfg.state_dtype]
@@ -408,6 +437,21 @@ class _Lane:
                      timings=dict(self.seconds))
 
 
+def _sync_rows(host: np.ndarray, dev: torch.Tensor, rows: np.ndarray, changed: np.ndarray) -> None:
+    """Copy the flagged rows of the host state to its device copy (nothing to do where they share memory)."""
+    if dev.device.type == "cpu":
+        return
+    moved = rows[changed[rows]]
+    if moved.size:
+        dev[torch.from_numpy(moved).to(dev.device)] = torch.from_numpy(host[moved]).to(dev.device)
+
+
+def _device_copy(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """What the products read: the host array itself on a CPU (a block's products are computed before its
+    walk changes anything), a copy kept in step by `_sync_rows` elsewhere."""
+    return torch.from_numpy(host) if device.type == "cpu" else torch.from_numpy(host).to(device)
+
+
 def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Tensor, n: int, block: int,
                device: torch.device) -> _Lane:
     U, V = _host_copy(state["U"]), _host_copy(state["V"])
@@ -416,119 +460,61 @@ def _make_lane(state: dict[str, torch.Tensor], cfg: BCAConfig, onehot: torch.Ten
     # Without prior adaptation V keeps its initial one-hot rows: Q0 is then a scatter-add of E0 into the
     # classes instead of a product, and a changed U row moves one class's mass only.
     v_onehot = not cfg.adapt_prior and bool(torch.equal(state["V"].to(onehot.device, torch.float32), onehot))
-    rows = max(min(block, n), 1)  # a block changes at most one row per sample; the base spans two blocks
-    base = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(2 * rows, np.int64), np.zeros(m, np.int64),
-            np.zeros((2 * rows, k), np.float32))
-    blk = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(rows, np.int64), np.zeros(m, np.int64),
-           np.zeros((rows, k), np.float32))
-    work = (np.zeros(2 * rows, np.float32), np.zeros(2 * rows, np.float64), np.zeros(k, np.float64),
-            np.zeros(d, np.float32))
+    rows = max(min(block, n), 1)  # a block changes at most one row per sample
+    base = (np.zeros(m, np.bool_), np.zeros(m, np.bool_), np.zeros(rows, np.int64), np.zeros(m, np.int64),
+            np.zeros((rows, k), np.float32))
+    work = (np.zeros(rows, np.float32), np.zeros(rows, np.float64), np.zeros(k, np.float64), np.zeros(d, np.float32))
     return _Lane(cfg, U, V, _host_copy(state["C1"]), _host_copy(state["C2"]),
-                 torch.from_numpy(U).to(device, copy=True), torch.from_numpy(V).to(device, copy=True),
-                 v_onehot, np.zeros((n, k), np.float32), np.full(n, -1, np.int64), np.zeros(n, np.bool_),
-                 np.zeros(n, np.bool_), base, blk, work)
+                 None if v_onehot else _device_copy(V, device), np.zeros((n, k), np.float32),
+                 np.full(n, -1, np.int64), np.zeros(n, np.bool_), np.zeros(n, np.bool_), base, work)
+
+
+def _same_logits(a: _Lane, b: _Lane) -> bool:
+    """Whether two lanes' U, and so their logits, stay equal over any stream. U fixed: the same start U and
+    logit_scale. U adapting: also the same U-side rule; with select_on='likelihood' the row, confidence and
+    likelihood gate of every sample come from the logits alone, so V never feeds back into U."""
+    x, y = a.cfg, b.cfg
+    if x.logit_scale != y.logit_scale or x.adapt_likelihood != y.adapt_likelihood or not np.array_equal(a.U, b.U):
+        return False
+    if not x.adapt_likelihood:
+        return True
+    return (x.select_on == y.select_on == "likelihood" and x.state_dtype == y.state_dtype
+            and (x.tau_likelihood, x.n1, x.update) == (y.tau_likelihood, y.n1, y.update)
+            and (x.update != "decay" or x.decay == y.decay) and np.array_equal(a.C1, b.C1))
 
 
 @dataclass
-class _Chunk:
-    """Products of a chunk of a block against the block-start state, on the host in `_walk`'s order."""
+class _Group:
+    """Lanes whose logits are equal (`_same_logits`): one logits product per block serves them all. U_dev is
+    what the products read for their U (the head lane's)."""
 
-    logits: tuple[np.ndarray, ...]  # Z, shift, E0, S0, amax0
-    q0: list[np.ndarray]            # Q0 = E0 V_start, one per lane
-    seconds: tuple[float, float]    # wall time of the logits and of the Q0 products
+    lanes: list[_Lane]
+    U_dev: torch.Tensor
+    products: _Products
 
-
-def _chunk_products(Fc: torch.Tensor, U_dev: torch.Tensor, scale: float, lanes: list[_Lane],
-                    cls: torch.Tensor) -> _Chunk:
-    t0 = time.perf_counter()
-    Z = (Fc @ U_dev.T).mul_(scale)  # the reference's logit_scale * (U32 @ f): product, then the scale
-    shift, amax = Z.max(dim=1)
-    E = torch.exp(Z - shift[:, None])
-    S = E.sum(dim=1, dtype=torch.float64)
-    logits = (_host(Z), _host(shift), _host(E), _host(S), _host(amax))
-    t1 = time.perf_counter()
-    q0 = []
-    for lane in lanes:
-        if lane.v_onehot:
-            Q = torch.zeros(E.shape[0], lane.V_dev.shape[1], dtype=E.dtype, device=E.device).index_add_(1, cls, E)
-        else:
-            Q = E @ lane.V_dev
-        q0.append(_host(Q))
-    return _Chunk(logits, q0, (t1 - t0, time.perf_counter() - t1))
-
-
-@dataclass
-class _Pending:
-    """A block whose products are being computed: its span in the stream and one future per chunk."""
-
-    start: int
-    end: int
-    bounds: list[tuple[int, int]]
-    futures: list[Future]
-
-
-def _launch(stream: _Stream, lanes: list[_Lane], start: int, pool: Executor) -> _Pending:
-    """Start the products of the block at `start` from the lanes' device copies as they are now."""
-    head = lanes[0]
-    end = min(start + stream.block, stream.host.shape[0])
-    bounds = [(a, min(a + stream.chunk, end)) for a in range(start, end, stream.chunk)]
-    futures = [pool.submit(_chunk_products, stream.features[a:b], head.U_dev, head.cfg.logit_scale, lanes,
-                           stream.cls) for a, b in bounds]
-    return _Pending(start, end, bounds, futures)
-
-
-def _walk_block(stream: _Stream, lanes: list[_Lane], block: _Pending) -> int:
-    """Walk the block chunk by chunk as its products arrive; returns where the walk stopped (the block's
-    end, or the sample before which a lane's corrections would lose precision)."""
-    for (a, b), future in zip(block.bounds, block.futures):
-        chunk = future.result()
-        for i, lane in enumerate(lanes):
-            lane.seconds["logits"] += chunk.seconds[0] / len(lanes)
-            lane.seconds["posterior"] += chunk.seconds[1] / len(lanes)
-            done = lane.walk(stream, chunk, chunk.q0[i], a)
-            if done < b - a:
-                return a + done  # only a lane whose U adapts stops, and such a lane is alone in its group
-    return block.end
-
-
-def _run_group(stream: _Stream, lanes: list[_Lane], pool: Executor, lag: bool) -> None:
-    """Run `lanes` (one lane, or lanes with the same fixed U that share the logits) over the stream.
-
-    lag=False: each block's products come from the state at its own start. lag=True: the products of
-    block b+1 are computed from the state at the start of block b, in `pool` while block b is walked, so
-    the walk never waits for a block's first products; block b+1 then corrects for the rows changed in
-    blocks b and b+1. After a stop the next block starts from the current state again.
-    """
-    n = stream.host.shape[0]
-    block = _launch(stream, lanes, 0, pool) if n else None
-    while block is not None:
-        ahead = _launch(stream, lanes, block.end, pool) if lag and block.end < n else None
-        try:
-            stop = _walk_block(stream, lanes, block)
-        finally:
-            # pending products read the device copies that end_block is about to change
-            wait(block.futures + (ahead.futures if ahead else []))
-        restart = stop < block.end
-        for lane in lanes:
-            lane.end_block(keep=ahead is not None and not restart)
-        if stop >= n:
-            block = None
-        elif ahead is not None and not restart:
-            block = ahead
-        else:
-            block = _launch(stream, lanes, stop, pool)
-
-
-class _Inline(Executor):
-    """Runs each submitted call at once in the caller's thread (when the caller allows one thread)."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:  # type: ignore[override]
-        future: Future = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # delivered by future.result(), as a pool would
-            future.set_exception(exc)
-        return future
+    def run(self, stream: _Stream) -> None:
+        """Each block: its products from the state at its start, then the walk, sample by sample, of every
+        lane. A walk that stops early (precision, see `_walk`) ends the block there."""
+        n = stream.host.shape[0]
+        head = self.lanes[0]
+        V = [lane.V_dev for lane in self.lanes]
+        start = 0
+        while start < n:
+            end = min(start + stream.block, n)
+            seconds = self.products.compute(stream.features[start:end], self.U_dev, head.cfg.logit_scale, V,
+                                            stream.cls)
+            host = self.products.host
+            done = set()
+            for i, lane in enumerate(self.lanes):
+                lane.seconds["logits"] += seconds[0] / len(self.lanes)
+                lane.seconds["posterior"] += seconds[1] / len(self.lanes)
+                done.add(lane.walk(stream, host[:5], host[5 + i], start, end))
+            if len(done) > 1:  # only U's corrections stop a walk, and the lanes' U is the same
+                raise RuntimeError(f"lanes with equal logits stopped at different samples {sorted(done)}")
+            _sync_rows(head.U, self.U_dev, head.base[2][:head.nR], head.base[0])
+            for lane in self.lanes:
+                lane.end_block()
+            start += done.pop()
 
 
 @contextmanager
@@ -549,34 +535,29 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
     n = features.shape[0]
     m = class_ids.shape[0]
     row_of_class = _host(rows_of_classes(class_ids, num_classes)) if m == num_classes else np.zeros(1, np.int64)
-    # As many threads as the caller lets torch use (module docstring, Threads).
-    workers = torch.get_num_threads()
-    chunk = -(-block // workers)
-    stream = _Stream(features, _host(features), block, chunk, class_ids.to(device),
+    block = max(min(block, n), 1)
+    stream = _Stream(features, _host(features), block, class_ids.to(device),
                      (_host(class_ids).astype(np.int64), row_of_class))
     onehot = torch.nn.functional.one_hot(stream.cls, num_classes).to(torch.float32)
     lanes = [_make_lane(st, cfg, onehot, n, block, device) for st, cfg in zip(states, cfgs)]
-
-    # Lanes whose U never adapts and that start from the same U and logit_scale share their logits; with U
-    # fixed no logit is ever corrected, so their walks never stop early and their blocks stay aligned.
-    groups: list[list[_Lane]] = []
+    kinds: list[list[_Lane]] = []
     for lane in lanes:
-        for group in groups:
-            head = group[0]
-            if not (lane.cfg.adapt_likelihood or head.cfg.adapt_likelihood) and \
-                    head.cfg.logit_scale == lane.cfg.logit_scale and np.array_equal(head.U, lane.U):
-                group.append(lane)
-                break
+        same = next((kind for kind in kinds if _same_logits(kind[0], lane)), None)
+        if same is None:
+            kinds.append([lane])
         else:
-            groups.append([lane])
+            same.append(lane)
+    groups = [_Group(kind, _device_copy(kind[0].U, device),
+                     _Products.allocate(block, m, num_classes, len(kind), device)) for kind in kinds]
 
-    if workers == 1:
+    # Threads (module docstring): one group uses them inside its products; several run side by side.
+    workers = torch.get_num_threads()
+    if workers == 1 or len(groups) == 1:
         for group in groups:
-            _run_group(stream, group, _Inline(), lag=False)
+            group.run(stream)
     else:
-        with _torch_threads(1), ThreadPoolExecutor(workers) as products, \
-                ThreadPoolExecutor(min(workers, len(groups))) as walkers:
-            for _ in walkers.map(lambda group: _run_group(stream, group, products, lag=True), groups):
+        with _torch_threads(1), ThreadPoolExecutor(min(workers, len(groups))) as pool:
+            for _ in pool.map(lambda group: group.run(stream), groups):
                 pass
     return [lane.trace(device) for lane in lanes]
 
