@@ -50,23 +50,16 @@ class Row:
 
 
 def block_products(features, U, V, scale: float) -> None:
-    """The engine's per-block products alone (F Uᵀ, row max, exp, row sums, E V) against a fixed state, no
-    walk: the arithmetic every exact blocked pass does, so its rate bounds the engine's on this machine."""
+    """The engine's per-block products alone (`engine._Products.compute`: F Uᵀ, row max, exp, row sums, E V)
+    against a fixed state, no walk: the arithmetic every exact blocked pass does, so its rate bounds the
+    engine's on this machine."""
     import torch
 
-    from orchestrator.methods.engine import DEFAULT_BLOCK
+    from orchestrator.methods.engine import DEFAULT_BLOCK, _Products
 
-    b = DEFAULT_BLOCK
-    Z = torch.empty(b, U.shape[0], device=U.device)
-    E, Q = torch.empty_like(Z), torch.empty(b, V.shape[1], device=U.device)
-    shift, amax = torch.empty(b, device=U.device), torch.empty(b, dtype=torch.int64, device=U.device)
-    S = torch.empty(b, dtype=torch.float64, device=U.device)
-    for a in range(0, features.shape[0] - b + 1, b):
-        torch.matmul(features[a:a + b], U.T, out=Z).mul_(scale)
-        torch.max(Z, dim=1, out=(shift, amax))
-        torch.sub(Z, shift[:, None], out=E).exp_()
-        torch.sum(E, dim=1, dtype=torch.float64, out=S)
-        torch.matmul(E, V, out=Q)
+    products = _Products.allocate(DEFAULT_BLOCK, U.shape[0], V.shape[1], 1, U.device)
+    for a in range(0, features.shape[0], DEFAULT_BLOCK):
+        products.compute(features[a:a + DEFAULT_BLOCK], U, scale, [V], None)
     if U.device.type == "cuda":
         torch.cuda.synchronize()
 

@@ -405,7 +405,7 @@ class _Lane:
     def walk(self, stream: _Stream, products: tuple[np.ndarray, ...], q0: np.ndarray, start: int, end: int) -> int:
         """Walk stream positions start:end (rows 0:end-start of the products); returns the samples done."""
         cfg = self.cfg
-        Z, shift, amax, E, S = products
+        Z, shift, amax, E, S, q0 = (p[:end - start] for p in (*products, q0))
         t0 = time.perf_counter()
         done, self.nR = _walk(
             stream.host[start:end], Z, shift, E, S, q0, amax, self.U, self.V, self.C1, self.C2,
