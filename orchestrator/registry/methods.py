@@ -220,6 +220,7 @@ PLUGINS_ENV = "BCA_PLUGINS"
 def register_method(card: MethodCard) -> MethodCard:
     """Add a card. The same name twice is refused unless it is the same card (a module imported again); an hparam
     name shared with another method must have the same kind there (it is one results column)."""
+    _builtins()
     old = _CARDS.get(card.name)
     if old is not None and old != card:
         raise ValueError(f"method {card.name!r} is already registered (by {old.impl!r}); choose another name")
@@ -246,9 +247,13 @@ def load_plugins(modules: tuple[str, ...] | list[str] = ()) -> None:
 
 
 def _ensure_loaded() -> None:
-    if not _CARDS:
-        importlib.import_module("orchestrator.registry.cards")
+    _builtins()
     load_plugins()
+
+
+def _builtins() -> None:
+    """The built-in cards first (a no-op once imported, and while they are being imported)."""
+    importlib.import_module("orchestrator.registry.cards")
 
 
 def method_cards() -> list[MethodCard]:
