@@ -63,9 +63,9 @@ import numba
 import numpy as np
 import torch
 
-from orchestrator.methods.base import TIMING_KEYS, Trace
-from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
-                                            rows_of_classes)
+from orchestrator.methods.base import Trace
+from orchestrator.methods.reference import STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference, rows_of_classes
+from orchestrator.stages import METHOD_STAGES
 
 # Block length: the walk's corrections cost O(B) per sample (rows changed since the block started), the
 # products get cheaper per sample with B (fewer packings of U and V, fewer thread barriers). At K = M =
@@ -400,7 +400,7 @@ class _Lane:
     base: tuple[np.ndarray, ...]
     work: tuple[np.ndarray, ...]
     nR: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METHOD_STAGES, 0.0))
 
     def walk(self, stream: _Stream, products: tuple[np.ndarray, ...], q0: np.ndarray, start: int, end: int) -> int:
         """Walk stream positions start:end (rows 0:end-start of the products); returns the samples done."""

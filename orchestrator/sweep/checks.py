@@ -13,8 +13,15 @@ from pathlib import Path
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.registry import dataset_key, method_card
-from orchestrator.sweep.spec import (RealDataset, SweepSpec, SyntheticDataset, dataset_name, dataset_views,
-                                     entry_datasets, method_grid)
+from orchestrator.sweep.spec import (
+    RealDataset,
+    SweepSpec,
+    SyntheticDataset,
+    dataset_name,
+    dataset_views,
+    entry_datasets,
+    method_grid,
+)
 
 
 def embeddings_per_class(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, template_set: str) -> int:

@@ -37,6 +37,7 @@ import torch
 from orchestrator.methods import make_method
 from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
+from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
 FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
@@ -248,8 +249,9 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
     accuracy, last50 = _accuracy(np.concatenate(outcome.preds), stream.labels.numpy())
     metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
-               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "time_encoder_s": encode_s,
-               **{f"time_{stage}_s": outcome.timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
+               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               stage_column(ENCODER_STAGE): encode_s,
+               **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": _peak_mem_mb(stream.features.device),
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
     writer.mark("finished", **metrics)
