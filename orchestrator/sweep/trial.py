@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
@@ -83,10 +84,6 @@ def stream_order(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
     if source.is_synthetic:
         from orchestrator.data.synthetic import make_synthetic
@@ -109,7 +106,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
         encode_s = bench.encode_seconds
         skipped = list(bench.skipped)
         order = stream_order(len(bench), source.seed)
-    device = _device()
+    device = auto_device()
     features = bench.features[order].to(device)
     class_embeddings = bench.class_embeddings.to(device)
     class_ids = bench.class_ids.to(device)
