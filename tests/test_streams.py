@@ -165,7 +165,8 @@ def test_protocol_from_spec(value, expected):
 
 def test_describe_names_the_parameters():
     assert "gamma=0.01" in Dirichlet(0.01).describe()
-    assert "20%" in Contaminated(0.2, "imagenet-o").describe() and "imagenet-o" in Contaminated(0.2, "imagenet-o").describe()
+    text = Contaminated(0.2, "imagenet-o").describe()
+    assert "20%" in text and "imagenet-o" in text
     assert "held-out classes" in Contaminated(0.2).describe()
     assert "imagenet, imagenet-v2" in Continual(("imagenet", "imagenet-v2")).describe()
 
