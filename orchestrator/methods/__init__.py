@@ -8,11 +8,14 @@
     positive-cache alpha / beta.
 
 Methods: clip, la, pa, bca (the BCA family: `bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`),
-zero (`zero.py`, features [n, V, d]). Inputs are float32, expected L2-normalised, on any one torch device.
+zero (`zero.py`), dpe (`dpe.py`), tps (`tps.py`), dmn_zs (`dmn_zs.py`) take features [n, V, d]. Inputs are float32, expected L2-normalised, on any one torch device.
 """
 
 # Importing the method modules registers them in METHODS.
 from orchestrator.methods import bca as _bca  # noqa: F401
+from orchestrator.methods import dmn_zs as _dmn_zs  # noqa: F401
+from orchestrator.methods import dpe as _dpe  # noqa: F401
+from orchestrator.methods import tps as _tps  # noqa: F401
 from orchestrator.methods import zero as _zero  # noqa: F401
 from orchestrator.methods.base import METHODS, Method, Trace, hparam_defaults, make_method, run_stream
 from orchestrator.methods.many import run_stream_many, run_traces_many
