@@ -18,7 +18,8 @@ def raises(match: str):
 
 
 def test_unknown_method_lists_the_valid_ones():
-    with raises(r"unknown method 'bcaa'; valid methods: \['bca', 'clip', 'la', 'pa', 'tda', 'tda_pa', 'zero'\]"):
+    with raises(r"unknown method 'bcaa'; valid methods: \['bca', 'clip', 'dmn_zs', 'dpe', 'la', 'pa', 'tda', 'tda_pa', "
+                r"'tps', 'zero'\]"):
         run_stream("bcaa", FEATS, EMB, IDS, K)
     with raises("unknown method 'nope'"):
         hparam_defaults("nope")
