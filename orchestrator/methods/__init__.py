@@ -8,7 +8,8 @@
     positive-cache alpha / beta.
 
 Methods: clip, la, pa, bca (the BCA family: `bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`),
-zero (`zero.py`), dpe (`dpe.py`), tps (`tps.py`), dmn_zs (`dmn_zs.py`) take features [n, V, d]. Inputs are float32, expected L2-normalised, on any one torch device.
+and the view methods zero (`zero.py`), dpe (`dpe.py`), tps (`tps.py`), dmn_zs (`dmn_zs.py`), which take
+features [n, V, d]. Inputs are float32, expected L2-normalised, on any one torch device.
 """
 
 # Importing the method modules registers them in METHODS.

@@ -14,6 +14,9 @@ X [V, d] (view 0 the original image), class prototypes T [K, d] (prototypes.clas
    weights exp(-beta (1 - key . normalize(x_0))); a_k = normalize(sum of weight * key); p_mem = softmax(s A x_0).
 5. posterior = (p_0 + memory_weight * p_mem) / (1 + memory_weight).
 
+Trace: selected = the pseudo-label y, gated = the memory changed (appended or replaced), gated_prior always
+False; state: memory [K, memory_size, d] (zero where empty), memory_entropy, memory_count.
+
 Where the official code differs from the paper, this follows the code: the memory stores the original view's
 feature (not the augmented views') but chooses its class and entropy from the confident views; the read-out
 includes the current sample. The official code picks memory_weight per dataset afterwards, by a grid search

@@ -20,9 +20,13 @@ views X [V, d] (view 0 the original image), s = logit_scale:
 5. If H(softmax(z)) / log2 K < tau_global, W <- W * n / (n + 1) + W' / (n + 1) with n the number of such
    updates so far, counting this one (the official cumulative average; W is not renormalised, every use is).
 
+Trace: selected = the cache class pred, gated = the cache admitted the sample, gated_prior always False;
+state: text (W), text_updates (n), cache_keys / cache_entropy (TDA's layout, entropy inf where empty).
+
 Where the official code differs from the paper, this follows the code:
-- The entropy loss is that of softmax(mean confident-view logits + cache logits), not the paper's average of
-  the views' probabilities; the cache logits use the mean confident feature f.
+- The entropy loss is that of softmax(mean confident-view logits + cache logits), one distribution for the
+  averaged views, rather than TPT's entropy of the views' averaged probabilities; the cache logits use the
+  mean confident feature f.
 - The visual prototypes do not evolve themselves: R_v is rebuilt from zero every sample and acts on that
   sample's prediction only; the cache contents (TDA's rule) are what persists.
 - The official code runs in fp16 under autocast; this runs in float32 with torch.optim.AdamW.
@@ -80,7 +84,8 @@ FACTS = {
     "source": "zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/",
     "hparams": {
         "alpha": _real(6.0, "weight of the visual-cache logits", "weight", per_dataset=_per_dataset(0)),
-        "beta": _real(5.0, "sharpness of the cache affinity exp(-beta (1 - cos))", "scale", per_dataset=_per_dataset(1)),
+        "beta": _real(5.0, "sharpness of the cache affinity exp(-beta (1 - cos))", "scale",
+                      per_dataset=_per_dataset(1)),
         "lr_text": _real(6e-4, "AdamW learning rate of the textual residual", "rate", low_open=True, log=True,
                          per_dataset=_per_dataset(2)),
         "lr_image": _real(6e-4, "AdamW learning rate of the visual-cache residual", "rate", low_open=True, log=True,
@@ -140,9 +145,11 @@ class DPE(Method):
     def _cache_logits(self, f: torch.Tensor, keys: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
         hp = self.hp
         affinity = torch.exp(-hp["beta"] * (1.0 - keys @ f))
-        return torch.zeros(self.num_classes, dtype=f.dtype, device=f.device).index_add(0, cached, hp["alpha"] * affinity)
+        out = torch.zeros(self.num_classes, dtype=f.dtype, device=f.device)
+        return out.index_add(0, cached, hp["alpha"] * affinity)
 
-    def _residuals(self, f: torch.Tensor, keys: torch.Tensor, cached: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _residuals(self, f: torch.Tensor, keys: torch.Tensor,
+                   cached: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One AdamW step from zero on the text and cache residuals (the official per-sample optimizer)."""
         hp = self.hp
         r_text = torch.zeros_like(self.text, requires_grad=True)

@@ -12,6 +12,8 @@ cached prototypes P [K, d] (prototypes.class_prototypes) and s = logit_scale:
    decay 0.01, eps 1e-8) on S;
 4. the posterior is softmax(s W(S) x_0) on the original view.
 
+Trace: no state, selected = -1, gated and gated_prior False (the step is taken on every sample).
+
 Where the official code differs from the paper or this port, this follows the code:
 - The official step runs under fp16 autocast with a GradScaler (init scale 1e3): in float32 the scaled and
   unscaled gradients agree up to rounding, and the scaler's inf/nan step skipping never triggers.
@@ -19,8 +21,9 @@ Where the official code differs from the paper or this port, this follows the co
 - The confident views are chosen once against the unshifted prototypes and their logits recomputed under the
   step's graph: S = 0 there, so the values are the official ones.
 Learning rate: 5e-3 as in the README's example run; 1e-3 on the cross-domain sets as the paper reports (the
-official scripts take lr as an argument). Views: TPT's protocol, 63 random resized crops + flips and the original (`augmix=False` on ImageNet and its
-variants; the cross-domain sets add AugMix operations on top of the crops). Text: the official runs average a
+official scripts take lr as an argument). Views: TPT's protocol, 63 random resized crops + flips and the
+original (`augmix=False` on ImageNet and its variants; the cross-domain sets add AugMix operations on top of
+the crops). Text: the official runs average a
 template ensemble and GPT-4 descriptors (gpt4_descriptors/<dataset>-gpt4.json); give them as several rows per
 class (M > K), which are averaged and renormalised here.
 """
