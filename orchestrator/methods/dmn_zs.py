@@ -9,7 +9,8 @@ X [V, d] (view 0 the original image), class prototypes T [K, d] (prototypes.clas
 2. The max(1, int(V * keep)) views of lowest entropy -sum p log(p + 1e-6) give the mean probability m; the
    pseudo-label is y = argmax m and h = -sum m log(m + 1e-8).
 3. Memory write for class y: append normalize(x_0) while there is room; when full, replace the entry of
-   highest entropy if h is lower than it (ties between equal highest entropies: the later slot).
+   highest entropy if h is lower than it (equal highest entropies: the later slot, which a stable sort gives; the
+   official unstable sort leaves it unspecified).
 4. Read-out (after the write): for each class k, the keys are its memory entries and its text prototype, the
    weights exp(-beta (1 - key . normalize(x_0))); a_k = normalize(sum of weight * key); p_mem = softmax(s A x_0).
 5. posterior = (p_0 + memory_weight * p_mem) / (1 + memory_weight).
