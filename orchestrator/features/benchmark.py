@@ -34,6 +34,7 @@ class RealBenchmark(Benchmark):
     skipped: list[dict[str, str]] = field(default_factory=list)
     cache_key: str = ""
     cache_path: str = ""
+    listing_sha256: str = ""  # the image list it was encoded from (ImageList.fingerprint)
 
 
 def load_benchmark(
@@ -100,4 +101,5 @@ def load_benchmark(
         skipped=list(cached.skipped),
         cache_key=cached.key,
         cache_path=str(cached.path),
+        listing_sha256=manifest["key_fields"]["listing_sha256"],
     )

@@ -68,12 +68,6 @@ class CorruptImageError(RuntimeError):
 # --------------------------------------------------------------------------------------------- keys
 
 
-def _listing_hash(images: ImageList) -> str:
-    """Fingerprint of the image list (ids, labels, class names); file contents are not read."""
-    blob = json.dumps([images.image_ids, images.labels, images.class_names], separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, views: ViewConfig) -> dict[str, Any]:
     """KEY FIELDS: the backbone (model, weights id: tag or file sha256, quick_gelu, preprocessing: size, mean,
     std, interpolation, resize mode), the encoder precision (fp32 / amp_fp16), the dataset and a hash of its
@@ -83,7 +77,7 @@ def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, vie
         "backbone": resolved.identity(),
         "precision": precision,
         "dataset": images.name,
-        "listing_sha256": _listing_hash(images),
+        "listing_sha256": images.fingerprint(),
         "views": views.identity(),
     }
 

@@ -1,14 +1,23 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
-Expansion order is fixed (datasets x seeds x backbones x template sets x method entries x grid points, then
-runs sharing a data source brought together), so the same spec always gives the same runs with the same
-run_ids (results.schema.config_hash of the run config).
+Expansion order is fixed (datasets x seeds x backbones x template sets x method entries x grid points), so the
+same spec always gives the same runs with the same run_ids (results.schema.config_hash of the run config), and
+runs sharing a data source are already next to each other (a trial process reuses its loaded features).
 A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
 Synthetic datasets do not depend on a backbone or template set: each runs once per (method config, seed),
 with backbone 'synthetic'. Its seed generates the benchmark; the stream is the scenario's own order.
 Real datasets stream in a seeded permutation of the dataset (the trial stores it with the run).
+
+Hyperparameters a run cannot feel (their card's `when` is not met, e.g. `decay` with `update: count`) take
+their default in its config, so a grid over them gives one run, not several identical ones, and a run that
+already used the default keeps its run_id.
+
+Big grids: a run holds its run_id, its data source, a group shared by the runs of one (source, method entry)
+and a tuple of hparam values; its config dict is built only when asked for. The run_id is the sha256 of the
+canonical JSON, assembled from the group's fixed text and each value's precomputed JSON instead of
+normalising and serialising a dict per run (equal by construction; a test checks it against config_hash).
 """
 
 from __future__ import annotations
@@ -18,11 +27,12 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from orchestrator.registry import method_card
-from orchestrator.results.schema import canonical_json, config_hash, normalize_config
+from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep.spec import (
+    RANDOM_WEIGHTS,
     Backbone,
     RealDataset,
     SweepSpec,
@@ -33,6 +43,7 @@ from orchestrator.sweep.spec import (
 )
 
 SYNTHETIC_BACKBONE = "synthetic"
+_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in a group's canonical JSON
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,7 @@ class DataSource:
     """Everything that determines a run's input stream: features, class embeddings and stream order.
 
     Hashable: trials with equal sources share the features a trial process has loaded (the per-process memo).
+    `pretrained` is None for random weights (the run config says 'random').
     """
 
     dataset: str
@@ -67,16 +79,56 @@ class DataSource:
         return json.loads(self.synthetic_params)
 
 
-@dataclass(frozen=True)
+class _Group:
+    """What the runs of one (data source, method entry) share: the config without hparams, the hparam names
+    (sorted, as stored) and the canonical JSON around the hparams object."""
+
+    __slots__ = ("base", "names", "prefix", "suffix")
+
+    def __init__(self, base: dict[str, Any], names: tuple[str, ...]) -> None:
+        self.base = base
+        self.names = names
+        text = canonical_json({**base, "hparams": _HPARAMS_SLOT})
+        self.prefix, self.suffix = text.split(json.dumps(_HPARAMS_SLOT), 1)
+
+
 class Run:
-    run_id: str
-    config: dict[str, Any]    # the normalised run config (results.schema), stored with every file of the run
-    source: DataSource
+    """One online run: run_id, data source, and (built on demand) its normalised run config (results.schema),
+    stored with every file of the run."""
+
+    __slots__ = ("run_id", "source", "_group", "_values")
+
+    def __init__(self, run_id: str, source: DataSource, group: _Group, values: tuple[Any, ...]) -> None:
+        self.run_id, self.source, self._group, self._values = run_id, source, group, values
+
+    @property
+    def method(self) -> str:
+        return self._group.base["method"]
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return dict(zip(self._group.names, self._values))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {**self._group.base, "hparams": self.hparams}
 
     @property
     def label(self) -> str:
         """A short human description: method, dataset, seed."""
-        return f"{self.config['method']} {self.config['dataset']} seed={self.config['seed']}"
+        return f"{self.method} {self.source.dataset} seed={self.source.seed}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Run) and other.run_id == self.run_id
+
+    def __hash__(self) -> int:
+        return hash(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id}, {self.label})"
+
+    def __reduce__(self) -> tuple:
+        return Run, (self.run_id, self.source, self._group, self._values)
 
 
 @dataclass(frozen=True)
@@ -86,15 +138,50 @@ class Trial:
     runs: tuple[Run, ...]
 
 
-def _grid_points(entry: Any) -> list[dict[str, Any]]:
-    grid = method_grid(entry)
-    keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+@dataclass(frozen=True)
+class _Axis:
+    """One hparam of a method entry: its values as stored, their JSON members, and when it is inert."""
+
+    name: str
+    values: tuple[Any, ...]
+    members: tuple[str, ...]         # '"name":value' for each value
+    default: Any
+    default_member: str
+    when: tuple[tuple[int, tuple[Any, ...]], ...]   # (index of the other axis, values it must take)
 
 
-def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) -> dict[str, Any]:
-    """Every hparam of the method: its card's defaults (per dataset for a benchmark dataset), then the point."""
-    return method_card(method).resolve(point, None if synthetic else dataset)
+def _member(name: str, value: Any) -> str:
+    return f"{json.dumps(name, ensure_ascii=False)}:{json.dumps(value, ensure_ascii=False, allow_nan=False)}"
+
+
+def _axes(method: str, dataset: str | None, grid: dict[str, list[Any]]) -> list[_Axis]:
+    """The method's hparams in stored (sorted) order, each with its grid values (checked and in its kind, as
+    normalize_config stores them) or its default (per dataset for a benchmark dataset)."""
+    card = method_card(method)
+    defaults = card.defaults(dataset)
+    names = sorted(h.name for h in card.hparams)
+    index = {n: i for i, n in enumerate(names)}
+    axes = []
+    for name in names:
+        h = card.hparam(name)
+        values = tuple(dict.fromkeys(h.check(method, v) for v in grid.get(name, [defaults[name]])))
+        default = h.check(method, defaults[name])
+        axes.append(_Axis(name, values, tuple(_member(name, v) for v in values), default, _member(name, default),
+                          tuple((index[other], tuple(allowed)) for other, allowed in h.when.items())))
+    return axes
+
+
+def _points(axes: list[_Axis]) -> Iterator[tuple[tuple[Any, ...], str]]:
+    """(values, hparams JSON) for every grid point, inert hparams set to their default; repeats left to the
+    caller's run_id set. Only the index tuples are multiplied: values and JSON members come from the axes."""
+    conditional = [(i, a) for i, a in enumerate(axes) if a.when]
+    for idx in itertools.product(*(range(len(a.values)) for a in axes)):
+        values = [a.values[j] for a, j in zip(axes, idx)]
+        members = [a.members[j] for a, j in zip(axes, idx)]
+        for i, axis in conditional:
+            if any(values[k] not in allowed for k, allowed in axis.when):
+                values[i], members[i] = axis.default, axis.default_member
+        yield tuple(values), "{" + ",".join(members) + "}"
 
 
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
@@ -112,12 +199,13 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
     views = dataset_views(spec, dataset)
     out = []
     for backbone, templates in itertools.product(spec.backbones, spec.templates):
+        tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
-                            pretrained=backbone.pretrained, checkpoint=backbone.checkpoint,
+                            pretrained=tag, checkpoint=backbone.checkpoint,
                             model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
-        fields = {"backbone": backbone.model, "pretrained": source.weights, "templates": templates,
-                  "num_templates": template_counts(templates, dataset.name)[0], "views": views,
-                  "stream_order": "permutation", **_backbone_extras(backbone)}
+        fields = {"backbone": backbone.model, "pretrained": source.weights or RANDOM_WEIGHTS,
+                  "templates": templates, "num_templates": template_counts(templates, dataset.name)[0],
+                  "views": views, "stream_order": "permutation", **_backbone_extras(backbone)}
         out.append((source, fields))
     return out
 
@@ -138,43 +226,47 @@ def data_sources(spec: SweepSpec) -> list[DataSource]:
                               for source, _ in _sources(spec, dataset, seed)))
 
 
-def expand(spec: SweepSpec) -> list[Run]:
-    """Every run of the spec, in the fixed expansion order. A config that two method entries both give (e.g.
-    the shared centre of one-at-a-time sensitivity grids) is one run."""
-    runs: list[Run] = []
+def iter_runs(spec: SweepSpec) -> Iterator[Run]:
+    """Every run of the spec, in the fixed expansion order, one at a time. A config that two method entries
+    both give (e.g. the shared centre of one-at-a-time sensitivity grids) is one run."""
     seen: set[str] = set()
     for dataset in spec.datasets:
         entries = [e for e in spec.methods if dataset in entry_datasets(spec, e)]
         for seed in spec.seeds:
             for source, fields in _sources(spec, dataset, seed):
                 for entry in entries:
-                    for point in _grid_points(entry):
-                        config = normalize_config({
-                            "sweep": spec.name, "dataset": source.dataset, "method": entry.method, "seed": seed,
-                            **fields,
-                            "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
-                        })
-                        run_id = config_hash(config)
+                    axes = _axes(entry.method, None if source.is_synthetic else source.dataset, method_grid(entry))
+                    base = normalize_config({"sweep": spec.name, "dataset": source.dataset, "method": entry.method,
+                                             "seed": seed, **fields})
+                    del base["hparams"]
+                    group = _Group(base, tuple(a.name for a in axes))
+                    head = hashlib.sha256(group.prefix.encode("utf-8"))
+                    tail = group.suffix.encode("utf-8")
+                    for values, text in _points(axes):
+                        digest = head.copy()
+                        digest.update(text.encode("utf-8"))
+                        digest.update(tail)
+                        run_id = digest.hexdigest()[:16]
                         if run_id not in seen:
                             seen.add(run_id)
-                            runs.append(Run(run_id, config, source))
-    return _order_by_source(runs)
+                            yield Run(run_id, source, group, values)
 
 
-def _order_by_source(runs: list[Run]) -> list[Run]:
-    """Runs sharing a data source next to each other (stable), so a trial process reuses loaded features."""
-    first: dict[DataSource, int] = {}
-    for i, run in enumerate(runs):
-        first.setdefault(run.source, i)
-    return sorted(runs, key=lambda r: first[r.source])
+def expand(spec: SweepSpec) -> list[Run]:
+    """Every run of the spec, in the fixed expansion order (see iter_runs)."""
+    return list(iter_runs(spec))
 
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
     of features they take (a view-voting method such as zero is packed only with its own kind)."""
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
+    takes_views = {}
     for run in runs:
-        groups.setdefault((run.source, method_card(run.config["method"]).takes_views), []).append(run)
+        method = run.method
+        if method not in takes_views:
+            takes_views[method] = method_card(method).takes_views
+        groups.setdefault((run.source, takes_views[method]), []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
         for start in range(0, len(group), pack):

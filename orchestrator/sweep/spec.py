@@ -33,6 +33,10 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.synthetic import SYNTHETIC_SCENARIOS, make_synthetic
 from orchestrator.registry import canonical_dataset, dataset_card, dataset_key, method_card, method_names
 
+# A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
+# is refused: it used to run random weights without a word). Runs store it as their `pretrained`.
+RANDOM_WEIGHTS = "random"
+
 # 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
 VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*)$"
 
@@ -74,8 +78,9 @@ class Resources(_Strict):
 
 
 class Backbone(_Strict):
-    """An open_clip model with a pretrained tag (e.g. openai), a local checkpoint file, or neither (random
-    weights). `config`: a custom open_clip model config JSON named <model>.json, registered in every trial
+    """An open_clip model with a pretrained tag (e.g. openai), a local checkpoint file, or `pretrained: random`
+    (random weights, said explicitly; giving neither is refused by the checks). `config`: a custom open_clip
+    model config JSON named <model>.json, registered in every trial
     process; `quick_gelu`: override the activation (None: decided by orchestrator.clip)."""
 
     model: StrictStr
