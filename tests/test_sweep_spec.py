@@ -60,7 +60,24 @@ def test_duplicate_sweep_name_with_a_different_config_is_refused_by_the_plan(tmp
     write_sweep_record(other, expand(other))
     spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)  # the document alone is valid
     problem = check_sweep_record(spec, expand(spec))
-    assert "already exists" in problem and "different configuration" in problem
+    assert "already exists" in problem and "leaves out 8 of its 8 recorded runs" in problem
+    assert "changed: seeds: [7] -> [1, 2]" in problem
+
+
+def test_growing_a_sweep_keeps_its_runs_and_changing_one_is_refused_with_what_changed(tmp_path):
+    spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)
+    write_sweep_record(spec, expand(spec))
+    grown = copy.deepcopy(BASE)
+    grown["methods"][1]["tau"] = [0.2, 0.3, 0.4]
+    grown["seeds"] = [1, 2, 3]
+    grown_spec = validate_spec(grown, base_dir=tmp_path)
+    assert check_sweep_record(grown_spec, expand(grown_spec)) is None
+    assert {r.run_id for r in expand(spec)} < {r.run_id for r in expand(grown_spec)}
+    changed = copy.deepcopy(BASE)
+    changed["methods"][1]["n1"] = 200
+    changed_spec = validate_spec(changed, base_dir=tmp_path)
+    problem = check_sweep_record(changed_spec, expand(changed_spec))
+    assert "leaves out 8 of its 16 recorded runs (changed: methods[1].n1: 100 -> 200)" in problem
 
 
 # (case, mutation, field path the message must name, what it must say is expected)

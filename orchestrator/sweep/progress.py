@@ -118,8 +118,11 @@ class ProgressCallback(tune.Callback):
         plan = self._trial(trial)
         if plan is None:
             return
-        self.done += len(plan.runs)
         result = trial.last_result or {}
+        if result.get("error"):  # a deterministic error, reported instead of raised so Tune does not retry it
+            self._failed(plan, summarise_error(result["error"]))
+            return
+        self.done += len(plan.runs)
         acc = result.get("accuracy")
         parts = [f"[{self.done}/{self.total}]", self._describe(plan)]
         if acc is not None and result.get("n_runs", 0) > 0:
@@ -141,10 +144,11 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         plan = self._trial(trial)
-        if plan is None:
-            return
+        if plan is not None:
+            self._failed(plan, trial_error(trial))
+
+    def _failed(self, plan: Trial, error: str) -> None:
         self.done += len(plan.runs)
-        error = trial_error(trial)
         self.errors[plan.key] = error
         if self.on_failed is not None:
             self.on_failed(plan, error)

@@ -74,6 +74,7 @@ class Stream:
     num_classes: int
     encode_s: float                      # encoder time spent producing these features in this process
     skipped: list[dict[str, str]]        # unreadable images left out of the stream: {image_id, reason}
+    fingerprint: str | None = None       # the real dataset's image list (ImageList.fingerprint, 16 hex)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -92,6 +93,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
         order = torch.arange(len(bench))  # the scenario's own order is the stream
         encode_s = 0.0
         skipped = []
+        fingerprint = None
     else:
         from orchestrator.features import load_benchmark
 
@@ -105,6 +107,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
                                quick_gelu=source.quick_gelu, reduce_views=not keep_views)
         encode_s = bench.encode_seconds
         skipped = list(bench.skipped)
+        fingerprint = bench.listing_sha256[:16]
         order = stream_order(len(bench), source.seed)
     device = auto_device()
     features = bench.features[order].to(device)
@@ -119,7 +122,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
     return Stream(features=features, view_features=view_features, labels=bench.labels[order],
                   image_ids=[bench.image_ids[i] for i in order.tolist()], order=order,
                   class_embeddings=class_embeddings, class_ids=class_ids, num_classes=bench.num_classes,
-                  encode_s=encode_s, skipped=skipped)
+                  encode_s=encode_s, skipped=skipped, fingerprint=fingerprint)
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
@@ -250,7 +253,8 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": _peak_mem_mb(stream.features.device),
-               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
+               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped),
+               "data_fingerprint": stream.fingerprint}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
 
@@ -262,6 +266,22 @@ def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
 
 def _features_for(method: str, stream: Stream) -> torch.Tensor:
     return stream.view_features if method_card(method).takes_views else stream.features
+
+
+def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) -> str | None:
+    """For an error a retry would meet again (a dataset folder missing or empty, weights not on this machine, a
+    bad value): record it on the trial's unfinished runs and return its text, so the trial reports a failure
+    instead of raising and being retried max_failures times. None for any other error (retried)."""
+    from orchestrator.clip.backbone import WeightsNotFoundError
+    from orchestrator.data.datasets import DatasetLayoutError
+
+    if not isinstance(exc, (DatasetLayoutError, WeightsNotFoundError, ValueError, TypeError)):
+        return None
+    for run in trial.runs:
+        writer = RunWriter(settings.results_dir, run.config)
+        if not writer.complete():
+            _mark_failed(writer, exc)
+    return _error_text(exc)
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
@@ -315,8 +335,9 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
 
 
 def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
-    """Run every run of a trial that is not finished yet; returns one metrics dict per run executed."""
-    todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
+    """Run every run of a trial that is not complete yet (a finished run whose rows went missing is run again
+    from its last complete part); returns one metrics dict per run executed."""
+    todo = [run for run in trial.runs if not RunWriter(settings.results_dir, run.config).complete()]
     if not todo:
         return []
     load_plugins(settings.plugins)
