@@ -36,6 +36,8 @@ def _changes(old: Any, new: Any, path: str = "") -> list[str]:
             out += _changes(old.get(key), new.get(key), sub)
         return out
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        if len(old) == 1:  # a scalar the spec stores as a one-point grid
+            return _changes(old[0], new[0], path)
         return [c for i, (a, b) in enumerate(zip(old, new)) for c in _changes(a, b, f"{path}[{i}]")]
     return [] if old == new else [f"{path}: {json.dumps(old)} -> {json.dumps(new)}"]
 
