@@ -103,9 +103,22 @@ def test_query_parquet_never_writes_into_the_results(results):
     assert r.exit_code == 2 and "inside the results dir" in r.stderr and not target.exists()
 
 
-def test_query_on_missing_results_dir(tmp_path):
-    r = bca("query", "SELECT count(*) AS n FROM runs", "--results", str(tmp_path / "none"), "--csv")
-    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "0"]
+def test_query_and_report_on_a_missing_results_dir_name_it(tmp_path):
+    missing = tmp_path / "none"
+    for r in (bca("query", "SELECT count(*) AS n FROM runs", "--results", str(missing), "--csv"),
+              bca("report", "--results", str(missing)), bca("verify", str(missing))):
+        assert r.exit_code == 2 and f"results dir {missing} does not exist" in r.stderr and r.stdout == ""
+    assert not missing.exists()
+
+
+def test_sql_beginning_with_a_comment(results):
+    r = bca("query", "-- how many runs\nSELECT count(*) AS n FROM runs", "--results", str(results), "--csv")
+    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "12"]
+
+
+def test_install_refusal_names_install(results):
+    r = bca("query", "INSTALL httpfs", "--results", str(results))
+    assert r.exit_code == 2 and "INSTALL statements are not allowed" in r.stderr
 
 
 def test_query_names_bad_files_and_goes_on(tmp_path):
@@ -160,6 +173,7 @@ def test_verify_lists_problems_with_exit_code_1(tmp_path):
     assert r.exit_code == 1
     assert "bad_part" in r.stdout and str(part) in r.stdout.replace("\n", "")
     assert "missing_rows" in r.stdout and "running: 40 of 100 rows present" in r.stdout
+    assert "bca sweep SPEC --resume repairs runs with missing rows" in r.stdout
 
 
 def test_verify_missing_dir(tmp_path):

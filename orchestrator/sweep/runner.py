@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.results.atomic import atomic_write, ensure_dir
-from orchestrator.results.schema import runs_root, partition_value
-from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, deterministic_failure, execute_trial, parse_failpoint
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
@@ -98,48 +98,6 @@ def settings_of(spec: SweepSpec) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
                     part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
                     plugins=tuple(spec.plugins))
-
-
-INCOMPLETE = "incomplete"  # run_status of a 'finished' run whose rows are not all on disk
-
-
-def recorded_rows(spec: SweepSpec, runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """run_id -> runs-table row of the runs that have one (only existing files are read: a big grid's runs
-    mostly have none)."""
-    folder = runs_root(spec.results_dir) / f"sweep={partition_value(spec.name)}"
-    present = {p.name[len("run_id="):-len(".parquet")] for p in folder.glob("run_id=*.parquet")}
-    rows = {}
-    for run in runs:
-        if run.run_id in present:
-            row = read_run(spec.results_dir, spec.name, run.run_id)
-            if row is not None:
-                rows[run.run_id] = row
-    return rows
-
-
-def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
-    """run_id -> running | finished | failed | incomplete (finished, rows missing since) | None (never marked)."""
-    rows = recorded_rows(spec, runs)
-    status: dict[str, str | None] = {}
-    for run in runs:
-        state = rows.get(run.run_id, {}).get("status")
-        if state == "finished" and not RunWriter(spec.results_dir, run.config).complete():
-            state = INCOMPLETE
-        status[run.run_id] = state
-    return status
-
-
-def changed_data(spec: SweepSpec, runs: list[Run], status: dict[str, str | None]) -> dict[str, list[Run]]:
-    """Dataset -> its finished runs recorded on another version of its image list than the data root holds now."""
-    from orchestrator.sweep.catalog import listing_fingerprint
-
-    rows = recorded_rows(spec, [r for r in runs if status[r.run_id] == "finished" and not r.source.is_synthetic])
-    changed: dict[str, list[Run]] = {}
-    for run in runs:
-        recorded = rows.get(run.run_id, {}).get("data_fingerprint")
-        if recorded and recorded != listing_fingerprint(run.source.dataset, spec.data_root):
-            changed.setdefault(run.source.dataset, []).append(run)
-    return changed
 
 
 class SweepLocked(RuntimeError):
@@ -240,11 +198,12 @@ def _mark_failed(settings: Settings, out: Callable[[str], None]) -> Callable[[Tr
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
               out: Callable[[str], None] = print, command: str = "bca sweep SPEC", yes: bool = False,
-              rerun_changed: bool = False) -> SweepOutcome:
+              rerun_changed: bool = False, runs: list[Run] | None = None) -> SweepOutcome:
     """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or was interrupted.
     `command` is how the user started it, for the resume hints; `yes` confirms a sweep of more than LARGE_SWEEP
-    runs; `rerun_changed` runs again the finished runs made on another version of their dataset."""
-    runs = expand(spec)
+    runs; `rerun_changed` runs again the finished runs made on another version of their dataset; `runs`: the
+    spec's expansion when the caller already has it."""
+    runs = expand(spec) if runs is None else runs
     problem = check_sweep_record(spec, runs)
     if problem:
         raise SpecError(f"sweep {spec.name}", [("name", problem)])
