@@ -191,3 +191,42 @@ def test_verify_temp_files_by_age(tmp_path):
     os.utime(tmp, (old, old))
     r = bca("verify", str(tmp_path))
     assert r.exit_code == 1 and "temp_file" in r.stdout
+
+
+def _caltech_runs(root: Path, pretrained: str, methods=("clip", "bca"), fingerprint: str | None = None) -> None:
+    from orchestrator.results.writer import RunWriter
+
+    for method in methods:
+        for seed in (1, 2):
+            config = {"sweep": "s", "backbone": "ViT-B-16", "pretrained": pretrained, "dataset": "caltech101",
+                      "method": method, "seed": seed, "views": "single"}
+            write_fake_run(root, config, n=40, accuracy=0.1)
+            if fingerprint:
+                RunWriter(root, config).mark("finished", data_fingerprint=fingerprint)
+
+
+def test_random_weight_runs_are_labelled_and_never_set_beside_the_paper(tmp_path):
+    _caltech_runs(tmp_path, "random")
+    r = bca("report", "--results", str(tmp_path), "--paper")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stdout.splitlines() if "ViT-B/16" in ln and "Caltech" not in ln]
+    random_rows = [ln for ln in lines if "(random weights)" in ln]
+    assert len(random_rows) == 2 and all("measured" in ln for ln in random_rows)  # no paper, no Δ paper rows
+    # the published ViT-B/16 rows stand alone: nothing measured beside them
+    deltas = [ln for ln in lines if "(random weights)" not in ln and "Δ paper" in ln]
+    assert deltas and all({c.strip() for c in ln.split("│")[4:-1]} == {"—"} for ln in deltas)
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import row_labels
+
+    with ResultsDB(tmp_path) as db:
+        runs = db.df("SELECT * FROM accuracy")
+    assert set(row_labels(runs, [])) == {"CLIP [random weights]", "BCA [random weights]"}
+
+
+def test_report_names_datasets_whose_runs_saw_different_image_lists(tmp_path):
+    _caltech_runs(tmp_path, "openai", methods=("clip",), fingerprint="aaaaaaaaaaaaaaaa")
+    _caltech_runs(tmp_path, "openai", methods=("bca",), fingerprint="bbbbbbbbbbbbbbbb")
+    r = bca("report", "--results", str(tmp_path))
+    assert r.exit_code == 0
+    assert ("warning: caltech101: finished runs were made on 2 versions of its image list (2 run(s) on "
+            "aaaaaaaaaaaaaaaa") in r.stderr and "bbbbbbbbbbbbbbbb" in r.stderr and "--rerun-changed" in r.stderr

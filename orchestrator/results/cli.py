@@ -166,6 +166,27 @@ def report_cmd(
             return
     for table in tables:
         console.print(table.render())
+    for line in _dataset_versions(results, sweep):
+        _err(f"warning: {line}")
+
+
+def _dataset_versions(results: Path, sweep: str | None) -> list[str]:
+    """A line per dataset whose finished runs were made on different versions of its image list (images added or
+    removed between runs): their numbers are not comparable."""
+    from orchestrator.results.db import ResultsDB
+
+    where = " AND sweep = $sweep" if sweep is not None else ""
+    sql = ("SELECT dataset, data_fingerprint, count(*) AS n, min(run_id) AS example FROM runs WHERE status = "
+           f"'finished' AND data_fingerprint IS NOT NULL{where} GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2")
+    with ResultsDB(results) as db:
+        rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
+    by_dataset: dict[str, list[dict]] = {}
+    for row in rows:
+        by_dataset.setdefault(row["dataset"], []).append(row)
+    return [f"{dataset}: finished runs were made on {len(versions)} versions of its image list ("
+            + ", ".join(f"{v['n']} run(s) on {v['data_fingerprint']}, e.g. {v['example']}" for v in versions)
+            + "); their numbers are not comparable: run the old ones again with bca sweep SPEC --rerun-changed"
+            for dataset, versions in by_dataset.items() if len(versions) > 1]
 
 
 def verify_cmd(

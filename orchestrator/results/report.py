@@ -7,6 +7,10 @@ it is missing. Missing cells are NaN in frames and "—" when rendered, never ze
 when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
 that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
 same backbone (and same setting label, if CLIP has several).
+
+Runs with random weights (run config `pretrained: random`) are labelled so wherever they appear: their backbone
+reads "RN50 (random weights)" in the tables, so they are never set beside the published numbers of RN50, and
+the dashboard's series say "[random weights]".
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark, top-1 accuracy
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
 
+RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
+RANDOM_WEIGHTS_NOTE = "random weights"
+
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
 
@@ -90,8 +97,12 @@ def _fmt_value(value: Any) -> str:
 def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
-    dashboard's series)."""
-    return _row_labels(runs, hparams, extra)[0]
+    dashboard's series); a run with random weights says so."""
+    labels = _row_labels(runs, hparams, extra)[0]
+    if "pretrained" in runs.columns:
+        random = runs["pretrained"] == RANDOM_WEIGHTS
+        labels = labels.where(~random, labels + f" [{RANDOM_WEIGHTS_NOTE}]")
+    return labels
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
@@ -127,6 +138,9 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     runs = runs.copy()
     runs["backbone_name"] = runs["backbone"]
     runs["backbone"] = runs["backbone"].map(backbone_label)
+    if "pretrained" in runs.columns:
+        random = runs["pretrained"] == RANDOM_WEIGHTS
+        runs.loc[random, "backbone"] = runs.loc[random, "backbone"] + f" ({RANDOM_WEIGHTS_NOTE})"
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
     return runs, split
 

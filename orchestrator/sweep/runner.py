@@ -207,20 +207,20 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     problem = check_sweep_record(spec, runs)
     if problem:
         raise SpecError(f"sweep {spec.name}", [("name", problem)])
+    status = run_status(spec, runs)  # read-only: a refusal below leaves the results dir as it was
+    changed = changed_data(spec, runs, status) if spec.has_real_datasets else {}
+    todo = [r for r in runs if status[r.run_id] != "finished"]
+    if rerun_changed:
+        todo += [r for stale in changed.values() for r in stale]
+    if len(todo) > LARGE_SWEEP and not yes:
+        raise NeedsConfirmation(f"sweep {spec.name!r} has {len(todo):,} runs to run (more than {LARGE_SWEEP:,}); "
+                                f"check the plan with {command} --dry-run, then start it with --yes")
     with sweep_lock(spec):
-        status = run_status(spec, runs)
-        changed = changed_data(spec, runs, status) if spec.has_real_datasets else {}
         for dataset, stale in changed.items():
             what = "running them again" if rerun_changed else f"run them again with {command} --rerun-changed"
             out(f"warning: {len(stale)} finished run(s) of {dataset} were made on another version of its image list "
                 f"(images added, removed or relabelled since): {', '.join(r.run_id for r in stale[:5])}"
                 f"{' ...' if len(stale) > 5 else ''}; {what}")
-        todo = [r for r in runs if status[r.run_id] != "finished"]
-        if rerun_changed:
-            todo += [r for stale in changed.values() for r in stale]
-        if len(todo) > LARGE_SWEEP and not yes:
-            raise NeedsConfirmation(f"sweep {spec.name!r} has {len(todo):,} runs to run (more than {LARGE_SWEEP:,}); "
-                                    f"check the plan with {command} --dry-run, then start it with --yes")
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
             # Accepted so that scripts can always pass --resume (the README's main job does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
