@@ -133,3 +133,50 @@ def test_progress_lines_count_runs_and_report_retries_and_failures(tmp_path):
     assert "ETA" in lines[0]
     assert lines[1].startswith("retry:") and "worker process died" in lines[1]
     assert lines[2].startswith(f"[4/{len(runs)}] FAILED") and failed == [(trials[1].key, summarise_error(ACTOR_DIED))]
+
+
+def test_a_finished_run_with_a_truncated_part_is_repaired_exactly(tmp_path):
+    from orchestrator.sweep.status import INCOMPLETE, run_status
+
+    reference = spec_in(tmp_path / "ref")
+    run_all(reference)
+    spec = spec_in(tmp_path / "damaged")
+    run_all(spec)
+    first = expand(spec)[0]
+    part = sorted(RunWriter(spec.results_dir, first.config).samples_dir.glob("part-*.parquet"))[2]
+    part.write_bytes(part.read_bytes()[:200])  # truncated after the run was marked finished
+    assert read_run(spec.results_dir, spec.name, first.run_id)["status"] == "finished"
+    status = run_status(spec, expand(spec))
+    assert status[first.run_id] == INCOMPLETE and list(status.values()).count("finished") == len(status) - 1
+    results = run_all(spec)
+    assert [r["run_id"] for r in results] == [first.run_id] and results[0]["resumed_from"] == 2 * PART
+    assert rows(spec.results_dir) == rows(reference.results_dir)
+    assert set(run_status(spec, expand(spec)).values()) == {"finished"}
+
+
+def test_deterministic_errors_fail_the_trial_at_once_and_others_are_retried(tmp_path):
+    from orchestrator.data.datasets import DatasetLayoutError
+    from orchestrator.sweep.trial import deterministic_failure
+
+    spec = spec_in(tmp_path)
+    trial = make_trials(expand(spec), 1)[0]
+    missing = DatasetLayoutError("DTD: folder /data/dtd does not exist")
+    text = deterministic_failure(trial, settings_of(spec), missing)
+    assert text.endswith("DatasetLayoutError: DTD: folder /data/dtd does not exist")
+    row = read_run(spec.results_dir, spec.name, trial.runs[0].run_id)
+    assert row["status"] == "failed" and "DTD: folder /data/dtd does not exist" in row["error"]
+    assert deterministic_failure(trial, settings_of(spec), RuntimeError("worker lost")) is None
+    assert deterministic_failure(trial, settings_of(spec), OSError(28, "No space left on device")) is None
+
+
+def test_progress_counts_a_reported_error_as_a_failure(tmp_path):
+    spec = spec_in(tmp_path)
+    runs = expand(spec)
+    trials = make_trials(runs, 1)
+    lines, failed = [], []
+    callback = ProgressCallback(trials, runs, out=lines.append, on_failed=lambda t, e: failed.append(e))
+    trial = SimpleNamespace(config={"trial": trials[0].key}, last_result={"n_runs": 0, "error": "orchestrator.data."
+                            "datasets.DatasetLayoutError: DTD: folder /d/dtd does not exist"})
+    callback.on_trial_complete(0, [], trial)
+    assert callback.errors == {trials[0].key: failed[0]} and "DTD: folder /d/dtd does not exist" in failed[0]
+    assert lines[0].startswith(f"[1/{len(runs)}] FAILED")
