@@ -293,7 +293,7 @@ def test_bca_cache_from_a_sweep_spec(tmp_path, data_root):
         results_dir: results
         data_root: {data_root}
         cache_dir: cache
-        backbones: [{{model: {TINY_VIT}}}]
+        backbones: [{{model: {TINY_VIT}, pretrained: random}}]
         datasets: [dtd, {{name: imagenet-a, views: augmix2}}, {{synthetic: iid}}]
         templates: [handcrafted1]
         methods: [{{method: clip}}]

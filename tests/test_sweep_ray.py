@@ -229,7 +229,7 @@ def test_real_dataset_sweep_encodes_each_cache_key_once(ray_session, tmp_path):
     spec_path = tmp_path / "real.yaml"
     spec_path.write_text(yaml.safe_dump({
         "name": "real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
-        "backbones": [{"model": TINY_VIT, "config": str(config)}],
+        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
         "datasets": ["dtd", {"name": "imagenet-a", "views": "augmix4"}],
         "methods": [{"method": "clip"}, {"method": "bca", "tau": 0.3, "n1": 10},
                     {"method": "zero", "datasets": ["imagenet-a"]}],

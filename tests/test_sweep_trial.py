@@ -16,7 +16,7 @@ from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.trial import execute_trial, parse_failpoint
+from orchestrator.sweep.trial import _MEMO, execute_trial, parse_failpoint
 
 N, PART = 450, 100
 SPEC = {
@@ -180,3 +180,34 @@ def test_progress_counts_a_reported_error_as_a_failure(tmp_path):
     callback.on_trial_complete(0, [], trial)
     assert callback.errors == {trials[0].key: failed[0]} and "DTD: folder /d/dtd does not exist" in failed[0]
     assert lines[0].startswith(f"[1/{len(runs)}] FAILED")
+
+
+def test_runs_record_their_image_list_and_a_changed_dataset_is_named_then_rerun(tmp_path):
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_image, write_model_config
+    from orchestrator.sweep.catalog import dataset_listing, listing_fingerprint
+    from orchestrator.sweep.status import changed_data, run_status
+
+    data = tmp_path / "data"
+    build_dataset("imagenet-a", data, num_classes=2, per_class=2)
+    spec = validate_spec({
+        "name": "real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+        "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                       "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
+        "datasets": [{"name": "imagenet-a", "views": "single"}], "methods": [{"method": "clip"}], "seeds": [1],
+    }, base_dir=tmp_path)
+    run_all(spec)
+    (run,) = expand(spec)
+    before = listing_fingerprint("imagenet-a", spec.data_root)
+    assert read_run(spec.results_dir, spec.name, run.run_id)["data_fingerprint"] == before
+    assert changed_data(spec, [run], run_status(spec, [run])) == {}
+    folder = next(p for p in (data / "imagenet-adversarial" / "imagenet-a").iterdir() if p.is_dir())
+    write_image(folder / "added.jpg", label=0, index=99)  # an image added after the run
+    dataset_listing.cache_clear()  # a new `bca sweep` process reads the folder afresh, and new trials too
+    _MEMO.clear()
+    assert listing_fingerprint("imagenet-a", spec.data_root) != before
+    assert changed_data(spec, [run], run_status(spec, [run])) == {"imagenet-a": [run]}
+    RunWriter(spec.results_dir, run.config).discard_rows()  # what --rerun-changed does before running it
+    run_all(spec)
+    row = read_run(spec.results_dir, spec.name, run.run_id)
+    assert row["n_samples"] == 5 and row["data_fingerprint"] == listing_fingerprint("imagenet-a", spec.data_root)
+    assert len(rows(spec.results_dir)[run.run_id]) == 5
