@@ -34,6 +34,7 @@ from orchestrator.clip.backbone import (
 )
 from orchestrator.device import auto_device
 from orchestrator.registry import dataset_card
+from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
 
@@ -66,9 +67,6 @@ def clip80() -> tuple[str, ...]:
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
     return _from_open_clip(OPENAI_IMAGENET_TEMPLATES)
-
-
-TEMPLATE_SET_NAMES = ("dataset", "ensemble7", "clip80", "handcrafted1", "handcrafted2", "handcrafted3", "handcrafted4")
 
 
 def resolve_templates(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.registry import dataset_key, method_card
+from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.sweep.spec import (
     RANDOM_WEIGHTS,
     RealDataset,
@@ -68,8 +69,6 @@ def _path_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def _template_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     """Template set names, for every spec (a synthetic-only sweep records them too)."""
-    from orchestrator.clip.prompts import TEMPLATE_SET_NAMES
-
     return [(f"templates[{i}]", f"unknown template set {t!r}; expected one of: {', '.join(TEMPLATE_SET_NAMES)}")
             for i, t in enumerate(spec.templates) if t not in TEMPLATE_SET_NAMES]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -171,17 +171,70 @@ def _axes(method: str, dataset: str | None, grid: dict[str, list[Any]]) -> list[
     return axes
 
 
-def _points(axes: list[_Axis]) -> Iterator[tuple[tuple[Any, ...], str]]:
-    """(values, hparams JSON) for every grid point, inert hparams set to their default; repeats left to the
-    caller's run_id set. Only the index tuples are multiplied: values and JSON members come from the axes."""
-    conditional = [(i, a) for i, a in enumerate(axes) if a.when]
-    for idx in itertools.product(*(range(len(a.values)) for a in axes)):
-        values = [a.values[j] for a, j in zip(axes, idx)]
-        members = [a.members[j] for a, j in zip(axes, idx)]
-        for i, axis in conditional:
-            if any(values[k] not in allowed for k, allowed in axis.when):
-                values[i], members[i] = axis.default, axis.default_member
-        yield tuple(values), "{" + ",".join(members) + "}"
+def _subgrids(axes: list[_Axis]) -> Iterator[list[_Axis]]:
+    """The grid as sub-grids in which each conditional hparam is either live or fixed at its default: one per
+    combination of the values of the hparams the conditions name (the whole grid when none is conditional)."""
+    conditional = [a for a in axes if a.when]
+    if not conditional:
+        yield axes
+        return
+    controllers = sorted({k for a in conditional for k, _ in a.when})
+    for combo in itertools.product(*(range(len(axes[k].values)) for k in controllers)):
+        chosen = dict(zip(controllers, combo))
+        sub = []
+        for i, axis in enumerate(axes):
+            if i in chosen:
+                j = chosen[i]
+                axis = replace(axis, values=(axis.values[j],), members=(axis.members[j],))
+            elif axis.when and any(axes[k].values[chosen[k]] not in allowed for k, allowed in axis.when):
+                axis = replace(axis, values=(axis.default,), members=(axis.default_member,))
+            sub.append(axis)
+        yield sub
+
+
+def _points(axes: list[_Axis], head: Any, suffix: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(run_id, values) for every grid point, inert hparams at their default; repeats are left to the caller's
+    run_id set. `head` is the sha256 of the canonical JSON up to the hparams object; each axis's JSON text is
+    hashed once per combination of the axes before it, so a run costs one hash copy and update."""
+    for sub in _subgrids(axes):
+        n = len(sub)
+        items = [tuple(zip(a.values, (m + ("," if i < n - 1 else "}" + suffix) for m in a.members)))
+                 for i, a in enumerate(sub)]
+        if not items:
+            digest = head.copy()
+            digest.update(("{}" + suffix).encode("utf-8"))
+            yield digest.hexdigest()[:16], ()
+        else:
+            yield from _walk(items, 0, head, "{", ())
+
+
+def _walk(items: list[tuple[tuple[Any, str], ...]], i: int, digest: Any, pending: str,
+          values: tuple[Any, ...]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """The points from axis i on: single-valued axes only extend the text still to hash (`pending`); the last
+    axis with several values is the inner loop, the ones before it recurse."""
+    n = len(items)
+    while i < n and len(items[i]) == 1:
+        value, text = items[i][0]
+        pending, values, i = pending + text, values + (value,), i + 1
+    if i == n:
+        done = digest.copy()
+        done.update(pending.encode("utf-8"))
+        yield done.hexdigest()[:16], values
+        return
+    if all(len(items[k]) == 1 for k in range(i + 1, n)):
+        rest_values = tuple(items[k][0][0] for k in range(i + 1, n))
+        rest_text = "".join(items[k][0][1] for k in range(i + 1, n))
+        start = digest.copy()
+        start.update(pending.encode("utf-8"))
+        for value, text in items[i]:
+            done = start.copy()
+            done.update((text + rest_text).encode("utf-8"))
+            yield done.hexdigest()[:16], values + (value,) + rest_values
+        return
+    for value, text in items[i]:
+        step = digest.copy()
+        step.update((pending + text).encode("utf-8"))
+        yield from _walk(items, i + 1, step, "", values + (value,))
 
 
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
@@ -241,12 +294,7 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                     del base["hparams"]
                     group = _Group(base, tuple(a.name for a in axes))
                     head = hashlib.sha256(group.prefix.encode("utf-8"))
-                    tail = group.suffix.encode("utf-8")
-                    for values, text in _points(axes):
-                        digest = head.copy()
-                        digest.update(text.encode("utf-8"))
-                        digest.update(tail)
-                        run_id = digest.hexdigest()[:16]
+                    for run_id, values in _points(axes, head, group.suffix):
                         if run_id not in seen:
                             seen.add(run_id)
                             yield Run(run_id, source, group, values)
