@@ -22,12 +22,14 @@ normalising and serialising a dict per run (equal by construction; a test checks
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, normalize_config
@@ -131,8 +133,9 @@ class Run:
         return Run, (self.run_id, self.source, self._group, self._values)
 
 
-@dataclass(frozen=True)
-class Trial:
+class Trial(NamedTuple):
+    """One Tune trial (a tuple: a big grid has as many trials as runs, so they are kept small and quick to make)."""
+
     key: str                   # run_id of a single run; for a pack, a hash of its run_ids
     source: DataSource
     runs: tuple[Run, ...]
@@ -300,23 +303,45 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                             yield Run(run_id, source, group, values)
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is built: it would rescan the ever larger heap of new,
+    acyclic runs and trials again and again (most of the time a big grid's plan took)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def expand(spec: SweepSpec) -> list[Run]:
     """Every run of the spec, in the fixed expansion order (see iter_runs)."""
-    return list(iter_runs(spec))
+    with _gc_paused():
+        return list(iter_runs(spec))
 
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
     of features they take (a view-voting method such as zero is packed only with its own kind)."""
+    with _gc_paused():
+        return _make_trials(runs, pack)
+
+
+def _make_trials(runs: list[Run], pack: int) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
-    takes_views = {}
+    keys: dict[int, tuple[DataSource, bool]] = {}  # per run group (one source, one method): hashed once
     for run in runs:
-        method = run.method
-        if method not in takes_views:
-            takes_views[method] = method_card(method).takes_views
-        groups.setdefault((run.source, takes_views[method]), []).append(run)
+        key = keys.get(id(run._group))
+        if key is None:
+            key = keys[id(run._group)] = (run.source, method_card(run.method).takes_views)
+        groups.setdefault(key, []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
+        if pack == 1:
+            trials += [Trial(run.run_id, source, (run,)) for run in group]
+            continue
         for start in range(0, len(group), pack):
             members = tuple(group[start:start + pack])
             trials.append(Trial(_trial_key(members), source, members))
