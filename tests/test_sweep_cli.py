@@ -143,3 +143,13 @@ def test_a_taken_dashboard_port_is_reported_before_anything_claims_it_started(tm
 @pytest.mark.parametrize("flag", ["--dry-run", "--yes", "--rerun-changed"])
 def test_sweep_flags_are_documented(flag):
     assert flag in bca("sweep", "--help").stdout
+
+
+def test_ctrl_c_before_trials_start_counts_them_not_started(tmp_path, monkeypatch):
+    import orchestrator.sweep.runner as runner
+
+    monkeypatch.setattr(runner, "_tune", lambda *args: {})  # Tune returned at Ctrl-C before starting a trial
+    r = bca("sweep", str(write_spec(tmp_path)))
+    assert r.exit_code == 130
+    assert "0/6 runs finished, 0 failed, 0 interrupted, 6 not started" in r.stdout
+    assert "continue with: bca sweep" in r.stdout and "--resume" in r.stdout
