@@ -8,11 +8,14 @@
     positive-cache alpha / beta.
 
 Methods: clip, la, pa, bca (the BCA family: `bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`),
-zero (`zero.py`, features [n, V, d]). Inputs are float32, expected L2-normalised, on any one torch device.
+zero (`zero.py`, features [n, V, d]), dota (`dota.py`, features [n, V, d]), onzeta (`onzeta.py`).
+Inputs are float32, expected L2-normalised, on any one torch device.
 """
 
 # Importing the method modules registers them in METHODS.
 from orchestrator.methods import bca as _bca  # noqa: F401
+from orchestrator.methods import dota as _dota  # noqa: F401
+from orchestrator.methods import onzeta as _onzeta  # noqa: F401
 from orchestrator.methods import zero as _zero  # noqa: F401
 from orchestrator.methods.base import METHODS, Method, Trace, hparam_defaults, make_method, run_stream
 from orchestrator.methods.many import run_stream_many, run_traces_many
