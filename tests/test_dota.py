@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from orchestrator.data.datasets import DATASETS
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.dota import FACTS
@@ -109,7 +110,8 @@ def test_one_and_two_steps_by_hand():
     c = [1 + p1[0], 1 + p1[1]]
     mu = [[(p1[k] * x1[j] + m0[j]) / c[k] for j in range(2)] for k in range(2)]
     r = [x1[j] - m0[j] for j in range(2)]
-    sig = [[[(sigma * (i == j) + p1[k] * r[i] * r[j]) / c[k] for j in range(2)] for i in range(2)] for k in range(2)]
+    sig = [[[(sigma * (i == j) + p1[k] * r[i] * r[j]) / c[k] for j in range(2)] for i in range(2)]
+           for k in range(2)]
     A = [[(1 - eps) * (sig[0][i][j] + sig[1][i][j]) / 2 + eps * (i == j) for j in range(2)] for i in range(2)]
     det = A[0][0] * A[1][1] - A[0][1] * A[1][0]
     lam = [[A[1][1] / det, -A[0][1] / det], [-A[1][0] / det, A[0][0] / det]]
@@ -177,11 +179,13 @@ def test_several_embeddings_per_class_are_averaged_like_the_official_templates()
 
 def test_facts_carry_the_official_per_dataset_configs():
     hp = FACTS["hparams"]
-    assert (hp["epsilon"]["per_dataset"]["caltech101"], hp["eta"]["per_dataset"]["eurosat"],
-            hp["rho"]["per_dataset"]["imagenet_r"], hp["epsilon"]["per_dataset"]["food101"]) == (0.002, 3.0, 0.0025, 4e-5)
-    assert all(len(hp[key]["per_dataset"]) == 15 for key in ("epsilon", "eta", "rho"))
-    assert FACTS["views"]["per_dataset"]["imagenet"] == {"kind": None, "count": 1}
-    assert "imagenet_a" not in FACTS["views"]["per_dataset"]
+    picked = (hp["epsilon"]["per_dataset"]["caltech101"], hp["eta"]["per_dataset"]["eurosat"],
+              hp["rho"]["per_dataset"]["imagenet-r"], hp["epsilon"]["per_dataset"]["food101"])
+    assert picked == (0.002, 3.0, 0.0025, 4e-5)
+    assert all(set(hp[key]["per_dataset"]) == set(DATASETS) for key in ("epsilon", "eta", "rho"))
+    single = FACTS["views"]["per_dataset"]
+    assert single["imagenet"] == {"kind": None, "count": 1}
+    assert set(DATASETS) - set(single) == {"imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"}
 
 
 @pytest.mark.parametrize("hp,message", [

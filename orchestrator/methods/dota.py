@@ -55,10 +55,11 @@ from orchestrator.methods.base import Method, StageTimer, Trace, check_real, emp
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.views import lowest_entropy_views
 
-# The official configs/vit/*.yaml; sigma is 0.002 everywhere.
+# The official configs/vit/*.yaml (epsilon, eta, rho) under orchestrator.data.datasets' canonical names;
+# sigma is 0.002 everywhere.
 _PER_DATASET = {
-    "imagenet": (1e-4, 0.2, 0.005), "imagenet_a": (1e-4, 0.5, 0.02), "imagenet_v2": (1e-4, 0.1, 0.01),
-    "imagenet_r": (1e-4, 0.3, 0.0025), "imagenet_sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),
+    "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
+    "imagenet-r": (1e-4, 0.3, 0.0025), "imagenet-sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),
     "dtd": (1e-4, 0.3, 0.02), "eurosat": (1e-4, 3.0, 0.05), "aircraft": (1e-4, 0.2, 0.01),
     "food101": (4e-5, 0.1, 0.01), "flowers102": (1e-4, 0.2, 0.02), "pets": (1e-4, 0.3, 0.02),
     "cars": (1e-4, 0.3, 0.01), "sun397": (1e-4, 0.2, 0.01), "ucf101": (1e-4, 0.4, 0.02),
@@ -112,8 +113,8 @@ class DOTA(Method):
         self.text = class_prototypes(class_embeddings, class_ids, num_classes)
         self.mu = torch.full((K, d), 0.001, dtype=torch.float32, device=device)
         self.counts = torch.ones(K, dtype=torch.float32, device=device)
-        self.scatter = hparams["sigma"] * torch.eye(d, dtype=torch.float32, device=device).repeat(K, 1, 1)
         self.eye = torch.eye(d, dtype=torch.float32, device=device)
+        self.scatter = (hparams["sigma"] * self.eye).repeat(K, 1, 1)       # one [K, d, d] allocation, no temporary
         self.factor = hparams["sigma"] ** 0.5 * self.eye          # Lambda^-1 = sigma I at start (no epsilon)
 
     @classmethod
