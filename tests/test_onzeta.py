@@ -112,6 +112,9 @@ def test_running_past_n_total_is_refused():
         obj.run(bench.features[60:])
     with pytest.raises(ValueError, match="runs past n_total = 50"):
         make_method("onzeta", *args, n_total=50).run(bench.features)
+    obj = make_method("onzeta", *args)
+    obj.run(bench.features[:0])                                         # an empty call does not fix N
+    assert torch.equal(obj.run(bench.features).posteriors, run_stream("onzeta", bench.features, *args))
 
 
 def test_several_embeddings_per_class_are_averaged_like_the_official_templates():

@@ -107,9 +107,9 @@ class OnZeta(Method):
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n = features.shape[0]
-        if self.n_total is None:
-            self.n_total = self.step + n
-        if self.step + n > self.n_total:
+        if self.n_total is None and n > 0:
+            self.n_total = n                   # no sample seen yet: this call is taken as the whole stream
+        if n > 0 and self.step + n > self.n_total:
             raise ValueError(f"onzeta: the stream runs past n_total = {self.n_total} samples (this call would "
                              f"reach {self.step + n}); hparam 'n_total' must be the whole stream's length, "
                              f"which OnZeta's mixing weight needs in advance")
