@@ -17,12 +17,14 @@ epsilon at initialisation). Per sample with views F [V, d] (view 0 the original)
    Lambda <- ((1 - epsilon) mean_k Sigma_k + epsilon I)^-1.
 
 How the state is held. Sigma is kept as the scatter S_k = c_k Sigma_k (= sigma I plus the weighted
-scatters so far), which turns step 5 into one in-place rank-b addition per class (batched matmul, no
-[K, d, d] temporary and no rescaling pass), and mean_k Sigma_k into one weighted reduction sum_k S_k / c_k.
+scatters so far), which turns step 5 into one in-place rank-b addition per class (an elementwise pass for
+one view, a batched matmul for several; no [K, d, d] temporary and no rescaling pass), and mean_k Sigma_k
+into one weighted reduction sum_k S_k / c_k.
 Sigma_k = S_k / c_k is what the trace reports. The memory is the K covariance matrices, K d^2 float32:
 K = 1000, d = 512: 262M floats = 1.05 GB (plus 1.05 GB for the trace's Sigma copy at the end of a run);
 K = 1000, d = 768: 590M floats = 2.36 GB (plus the same again for the copy). The official code holds the
-same K d^2 in fp32 and materialises a second [K, d, d] (its scatter `delta`) on every sample.
+same K d^2 in fp32 and materialises further [K, d, d] temporaries (its scatter `delta`, the rescaled
+Sigma) on every sample.
 
 The shared precision. The change of mean_k Sigma_k per sample is NOT low rank: every class with s_k > 0
 (with soft labels, every class) has its Sigma_k rescaled by c_k / (c_k + s_k), a full-rank change
@@ -37,9 +39,10 @@ Differences from the official code, all deliberate: float32 throughout (the offi
 fp16 in `predict`); the posterior is softmax of the official logits; for 1 < V < 10 the official keeps no
 view and produces NaN, here at least one view is kept (V = 1 is the official single-view path); several
 class embeddings per class (M > K) are averaged and renormalised (`prototypes.py`), which is how the
-official `clip_classifier` builds its one embedding per class from the templates. Paper vs code: the code
-(HEAD) initialises mu to 0.001 while its first commit used the text embeddings, and its score has no
-log-prior term; this module follows HEAD.
+official `clip_classifier` builds its one embedding per class from the templates. Versions and paper: HEAD
+initialises mu to 0.001 while the first commit (da08fd9) used the text embeddings; the README speaks of
+posteriors by Bayes' theorem, while the code's score has no class log-prior (equal priors) and mixes it
+with the CLIP logits by the weight w. This module follows HEAD's code throughout.
 
 Trace: `selected` -1, `gated` False (no gate). State: 'mu' [K, d], 'sigma' [K, d, d], 'counts' [K],
 'precision' [d, d] (Lambda).
@@ -114,8 +117,8 @@ class DOTA(Method):
         self.mu = torch.full((K, d), 0.001, dtype=torch.float32, device=device)
         self.counts = torch.ones(K, dtype=torch.float32, device=device)
         self.eye = torch.eye(d, dtype=torch.float32, device=device)
-        self.scatter = (hparams["sigma"] * self.eye).repeat(K, 1, 1)       # one [K, d, d] allocation, no temporary
-        self.factor = hparams["sigma"] ** 0.5 * self.eye          # Lambda^-1 = sigma I at start (no epsilon)
+        self.scatter = (hparams["sigma"] * self.eye).repeat(K, 1, 1)     # one [K, d, d] allocation
+        self.factor = hparams["sigma"] ** 0.5 * self.eye                  # Lambda^-1 = sigma I (no epsilon)
 
     @classmethod
     def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
