@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 
-from orchestrator.data.datasets import DATASETS
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
-from orchestrator.methods.dota import FACTS
+from orchestrator.registry import DATASETS, method_card
 
 IMAGENET = {"epsilon": 1e-4, "eta": 0.2, "rho": 0.005, "sigma": 0.002}
 EUROSAT = {"epsilon": 1e-4, "eta": 3.0, "rho": 0.05, "sigma": 0.002}       # a Gaussian term that weighs in early
@@ -177,24 +176,24 @@ def test_several_embeddings_per_class_are_averaged_like_the_official_templates()
     torch.testing.assert_close(many, one, atol=1e-5, rtol=0)
 
 
-def test_facts_carry_the_official_per_dataset_configs():
-    hp = FACTS["hparams"]
-    picked = (hp["epsilon"]["per_dataset"]["caltech101"], hp["eta"]["per_dataset"]["eurosat"],
-              hp["rho"]["per_dataset"]["imagenet-r"], hp["epsilon"]["per_dataset"]["food101"])
-    assert picked == (0.002, 3.0, 0.0025, 4e-5)
-    assert all(set(hp[key]["per_dataset"]) == set(DATASETS) for key in ("epsilon", "eta", "rho"))
-    single = FACTS["views"]["per_dataset"]
-    assert single["imagenet"] == {"kind": None, "count": 1}
-    assert set(DATASETS) - set(single) == {"imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"}
+def test_the_card_carries_the_official_per_dataset_configs():
+    card = method_card("dota")
+    assert card.defaults() == {**IMAGENET, "keep": 0.1, "logit_scale": 100.0}
+    assert card.defaults("caltech101")["epsilon"] == 0.002 and card.defaults("food101")["epsilon"] == 4e-5
+    assert card.defaults("imagenet-r")["rho"] == 0.0025 and card.defaults("eurosat") == {**EUROSAT, "keep": 0.1,
+                                                                                        "logit_scale": 100.0}
+    assert all(len(card.hparam(key).per_dataset) == len(DATASETS) for key in ("epsilon", "eta", "rho"))
+    assert card.takes_views and card.views == "augmix"
 
 
 @pytest.mark.parametrize("hp,message", [
-    ({"epsilon": 1.5}, r"dota: hparam 'epsilon' must be a number in \[0.0, 1.0\], got 1.5"),
-    ({"sigma": 0.0}, r"dota: hparam 'sigma' must be a number in \(0.0, inf\], got 0.0"),
-    ({"eta": -1}, r"dota: hparam 'eta' must be a number in \[0.0, inf\], got -1"),
-    ({"rho": "0.1"}, r"dota: hparam 'rho' must be a number in \[0.0, inf\], got '0.1'"),
-    ({"keep": 0}, r"dota: hparam 'keep' must be a number in \(0.0, 1.0\] \(the fraction of views kept\), got 0"),
-    ({"logit_scale": -100}, r"dota: hparam 'logit_scale' must be a number in \(0.0, inf\]"),
+    ({"epsilon": 1.5}, r"dota: hparam 'epsilon' must be a number in \[0, 1\] \(identity blended into the mean "
+                       r"covariance before inverting\), got 1.5"),
+    ({"sigma": 0.0}, r"dota: hparam 'sigma' must be a number > 0 \(initial covariance sigma · I of every class\)"),
+    ({"eta": -1}, r"dota: hparam 'eta' must be a number >= 0 \(cap of the Gaussian score's weight"),
+    ({"rho": "0.1"}, r"dota: hparam 'rho' must be a number >= 0 .*, got '0.1'"),
+    ({"keep": 0}, r"dota: hparam 'keep' must be a number in \(0, 1\] \(fraction of the views kept"),
+    ({"logit_scale": -100}, r"dota: hparam 'logit_scale' must be a number > 0"),
     ({"alpha": 1.0}, r"unknown hparam 'alpha' for method 'dota'"),
 ])
 def test_bad_hparams_are_named(hp, message):

@@ -45,7 +45,9 @@ posteriors by Bayes' theorem, while the code's score has no class log-prior (equ
 with the CLIP logits by the weight w. This module follows HEAD's code throughout.
 
 Trace: `selected` -1, `gated` False (no gate). State: 'mu' [K, d], 'sigma' [K, d, d], 'counts' [K],
-'precision' [d, d] (Lambda).
+'precision' [d, d] (Lambda). Hyperparameters and the official per-dataset configs are on the registry card
+(`orchestrator.registry.cards`); the official protocol takes 64 AugMix views on ImageNet-A/-V2/-R/-Sketch
+and the single original view on ImageNet and the ten cross-domain sets.
 """
 
 from __future__ import annotations
@@ -54,60 +56,15 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.views import lowest_entropy_views
 
-# The official configs/vit/*.yaml (epsilon, eta, rho) under orchestrator.data.datasets' canonical names;
-# sigma is 0.002 everywhere.
-_PER_DATASET = {
-    "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
-    "imagenet-r": (1e-4, 0.3, 0.0025), "imagenet-sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),
-    "dtd": (1e-4, 0.3, 0.02), "eurosat": (1e-4, 3.0, 0.05), "aircraft": (1e-4, 0.2, 0.01),
-    "food101": (4e-5, 0.1, 0.01), "flowers102": (1e-4, 0.2, 0.02), "pets": (1e-4, 0.3, 0.02),
-    "cars": (1e-4, 0.3, 0.01), "sun397": (1e-4, 0.2, 0.01), "ucf101": (1e-4, 0.4, 0.02),
-}
-_SINGLE_VIEW = ("imagenet", "caltech101", "dtd", "eurosat", "aircraft", "food101", "flowers102", "pets", "cars",
-                "sun397", "ucf101")
 
-
-def _hparam(default: float, role: str, doc: str, *, low: float = 0.0, high: float | None = None,
-            low_open: bool = False, log: bool = False, column: int | None = None) -> dict[str, Any]:
-    per_dataset = {} if column is None else {ds: row[column] for ds, row in _PER_DATASET.items()}
-    return {"type": "float", "default": default, "low": low, "high": high, "low_open": low_open,
-            "high_open": False, "log": log, "role": role, "doc": doc, "per_dataset": per_dataset}
-
-
-FACTS = {
-    "label": "DOTA",
-    "family": "gaussian",
-    "inputs": "views",
-    # Official protocol: 64 AugMix views (6 kept) on ImageNet-A/-V2/-R/-Sketch, the single original view elsewhere.
-    "views": {"kind": "augmix", "count": 64,
-              "per_dataset": {ds: {"kind": None, "count": 1} for ds in _SINGLE_VIEW}},
-    "state": ["mu", "sigma", "counts", "precision"],
-    "source": "skylineeeeen/DOTA@bc67d44 dota.py",
-    "hparams": {
-        "epsilon": _hparam(1e-4, "weight", "identity blended into the mean covariance before inverting",
-                           high=1.0, log=True, column=0),
-        "eta": _hparam(0.2, "weight", "cap of the Gaussian score's weight w = min(rho * mean(c) / b, eta)",
-                       column=1),
-        "rho": _hparam(0.005, "rate", "growth of the Gaussian score's weight with the samples seen", column=2),
-        "sigma": _hparam(0.002, "scale", "initial covariance sigma I of every class", low_open=True, log=True),
-        "keep": _hparam(0.1, "size", "fraction of the views kept (lowest entropy; at least one)",
-                        high=1.0, low_open=True),
-        "logit_scale": _hparam(100.0, "scale", "CLIP logit scale s", low_open=True),
-    },
-}
-
-
-@register
 class DOTA(Method):
     """Online per-class Gaussians (means, covariances) from soft zero-shot labels, one shared precision."""
 
     name = "dota"
-    hparams = {key: spec["default"] for key, spec in FACTS["hparams"].items()}
-    takes_views = True
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -119,18 +76,6 @@ class DOTA(Method):
         self.eye = torch.eye(d, dtype=torch.float32, device=device)
         self.scatter = (hparams["sigma"] * self.eye).repeat(K, 1, 1)     # one [K, d, d] allocation
         self.factor = hparams["sigma"] ** 0.5 * self.eye                  # Lambda^-1 = sigma I (no epsilon)
-
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        out = dict(hp)
-        out["epsilon"] = check_real(cls.name, "epsilon", hp["epsilon"], low=0.0, high=1.0)
-        for key in ("eta", "rho"):
-            out[key] = check_real(cls.name, key, hp[key], low=0.0)
-        for key in ("sigma", "logit_scale"):
-            out[key] = check_real(cls.name, key, hp[key], low=0.0, low_inclusive=False)
-        out["keep"] = check_real(cls.name, "keep", hp["keep"], low=0.0, low_inclusive=False, high=1.0,
-                                 hint=" (the fraction of views kept)")
-        return out
 
     def gaussian_scores(self, xbar: torch.Tensor) -> torch.Tensor:
         """g_k = xbar^T Lambda mu_k - 0.5 mu_k^T Lambda mu_k [K], with Lambda from the Cholesky factor."""

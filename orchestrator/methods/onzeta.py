@@ -29,6 +29,7 @@ The step (cw / tau_i)(p - q) is sized for K ~ 1000: at K ~ 20 the proxies jump a
 runs of the same loop can disagree on a few percent of predictions (methods-spec.md); at K >= 100 they agree.
 
 Trace: `selected` -1 and `gated` False (no gate); state 'W' [K, d], 'rho' [K], 'step' (samples seen).
+Hyperparameters are on the registry card (`orchestrator.registry.cards`).
 """
 
 from __future__ import annotations
@@ -38,48 +39,14 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_int, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 
-FACTS = {
-    "label": "OnZeta",
-    "family": "online-proxy",
-    "inputs": "single",
-    "views": {"kind": None, "count": 1},
-    "state": ["W", "rho", "step"],
-    "source": "idstcv/OnZeta@befef06 main_online.py",
-    "hparams": {
-        "tau_t": {"type": "float", "default": 0.01, "low": 0.0, "high": None, "low_open": True,
-                  "high_open": False, "log": True, "role": "scale",
-                  "doc": "temperature of the text label q (0.01 is logit scale 100)", "per_dataset": {}},
-        "tau_i": {"type": "float", "default": 0.04, "low": 0.0, "high": None, "low_open": True,
-                  "high_open": False, "log": True, "role": "scale",
-                  "doc": "temperature of the vision-proxy label p", "per_dataset": {}},
-        "cw": {"type": "float", "default": 0.5, "low": 0.0, "high": None, "low_open": False,
-               "high_open": False, "log": False, "role": "rate",
-               "doc": "proxy learning rate constant: lr_i = cw / sqrt(i + 1)", "per_dataset": {}},
-        "cr": {"type": "float", "default": 20.0, "low": 0.0, "high": None, "low_open": False,
-               "high_open": False, "log": False, "role": "rate",
-               "doc": "dual (class-proportion) learning rate constant: rlr_i = cr / sqrt(i + 1)", "per_dataset": {}},
-        "alpha": {"type": "float", "default": 1.0, "low": 0.0, "high": None, "low_open": False,
-                  "high_open": False, "log": False, "role": "weight",
-                  "doc": "target class proportion alpha / K (1: uniform)", "per_dataset": {}},
-        "beta": {"type": "float", "default": 0.8, "low": 0.0, "high": 1.0, "low_open": False,
-                 "high_open": False, "log": False, "role": "weight",
-                 "doc": "final weight of the proxy label: b_i = beta * sqrt((i + 1) / N)", "per_dataset": {}},
-        "n_total": {"type": "int", "default": None, "low": 1, "high": None, "low_open": False,
-                    "high_open": False, "log": False, "role": "size",
-                    "doc": "stream length N for b_i; None: the first run call's length", "per_dataset": {}},
-    },
-}
 
-
-@register
 class OnZeta(Method):
     """Online label learning (rho) and online proxy learning (W), mixed by a weight that grows to beta."""
 
     name = "onzeta"
-    hparams = {key: spec["default"] for key, spec in FACTS["hparams"].items()}
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -90,27 +57,13 @@ class OnZeta(Method):
         self.step = 0
         self.n_total = hparams["n_total"]
 
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        out = dict(hp)
-        for key in ("tau_t", "tau_i"):
-            out[key] = check_real(cls.name, key, hp[key], low=0.0, low_inclusive=False,
-                                  hint=" (a softmax temperature)")
-        for key in ("cw", "cr", "alpha"):
-            out[key] = check_real(cls.name, key, hp[key], low=0.0)
-        out["beta"] = check_real(cls.name, "beta", hp["beta"], low=0.0, high=1.0,
-                                 hint=" (the final weight of the proxy label)")
-        if hp["n_total"] is not None:
-            out["n_total"] = check_int(cls.name, "n_total", hp["n_total"], low=1)
-        return out
-
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n = features.shape[0]
         if self.n_total is None and n > 0:
             self.n_total = n                   # no sample seen yet: this call is taken as the whole stream
         if n > 0 and self.step + n > self.n_total:
-            raise ValueError(f"onzeta: the stream runs past n_total = {self.n_total} samples (this call would "
+            raise ValueError(f"{self.name}: the stream runs past n_total = {self.n_total} samples (this call would "
                              f"reach {self.step + n}); hparam 'n_total' must be the whole stream's length, "
                              f"which OnZeta's mixing weight needs in advance")
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
