@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.record import check_sweep_record, write_sweep_record
-from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

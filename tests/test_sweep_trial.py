@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.trial import execute_trial, parse_failpoint
 
 N, PART = 450, 100

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
-from orchestrator.registry import method_card
 from orchestrator.methods.tda import class_logits
+from orchestrator.registry import method_card
 
 EYE2 = torch.eye(2)
 IDS2 = torch.tensor([0, 1])

@@ -102,10 +102,6 @@ class ClassCache:
         return out
 
 
-_TDA_HPARAMS = {"pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.117, "neg_beta": 1.0, "pos_shot": 3,
-                "neg_shot": 2, "logit_scale": 100.0}
-
-
 class TDA(Method):
     """TDA with positive and negative caches (per-dataset pos_alpha / pos_beta: its registry card)."""
 

@@ -17,8 +17,6 @@ Stateless: samples are processed in vectorised chunks.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, schema, safety
+from orchestrator.results import files, safety, schema
 
 VIEWS = ("samples", "runs", "accuracy", "summary")
 T = TypeVar("T")

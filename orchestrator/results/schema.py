@@ -28,6 +28,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from orchestrator import registry
+from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
 SCHEMA_VERSION = "1"
 DEFAULT_RESULTS_DIR = "results"
@@ -86,10 +87,7 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
     Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
-    Column("time_encoder_s", pa.float64(), "DOUBLE", "image encoding time (0 when features were cached)"),
-    Column("time_logits_s", pa.float64(), "DOUBLE", "logits stage time"),
-    Column("time_posterior_s", pa.float64(), "DOUBLE", "posterior stage time"),
-    Column("time_update_s", pa.float64(), "DOUBLE", "update stage time"),
+    *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
