@@ -135,3 +135,44 @@ register_method(MethodCard(
     ),
     inputs='views', views='crops', state=('memory', 'memory_entropy', 'memory_count'),
     source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)'))
+# DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (methods-spec.md section 4).
+_DOTA = {
+    "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
+    "imagenet-r": (1e-4, 0.3, 0.0025), "imagenet-sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),
+    "dtd": (1e-4, 0.3, 0.02), "eurosat": (1e-4, 3.0, 0.05), "aircraft": (1e-4, 0.2, 0.01),
+    "food101": (4e-5, 0.1, 0.01), "flowers102": (1e-4, 0.2, 0.02), "pets": (1e-4, 0.3, 0.02),
+    "cars": (1e-4, 0.3, 0.01), "sun397": (1e-4, 0.2, 0.01), "ucf101": (1e-4, 0.4, 0.02),
+}
+register_method(MethodCard(
+    "dota", "DOTA", 70, "gaussian", "per-class Gaussian means and covariances from soft labels, shared precision",
+    "orchestrator.methods.dota:DOTA",
+    (HParam("epsilon", "float", 1e-4, "identity blended into the mean covariance before inverting", "weight",
+            low=0.0, high=1.0, log=True, per_dataset={k: v[0] for k, v in _DOTA.items()}),
+     HParam("eta", "float", 0.2, "cap of the Gaussian score's weight min(rho · mean count / views kept, eta)",
+            "weight", low=0.0, per_dataset={k: v[1] for k, v in _DOTA.items()}),
+     HParam("rho", "float", 0.005, "growth of the Gaussian score's weight with the samples seen", "rate", low=0.0,
+            per_dataset={k: v[2] for k, v in _DOTA.items()}),
+     HParam("sigma", "float", 0.002, "initial covariance sigma · I of every class", "scale", low=0.0,
+            low_open=True, log=True),
+     HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy; at least one)", "rate", low=0.0,
+            high=1.0, low_open=True),
+     LOGIT_SCALE),
+    inputs="views", views="augmix", state=("mu", "sigma", "counts", "precision"),
+    source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); 64 AugMix views on ImageNet-A/-V2/-R/-Sketch, "
+           "the original view elsewhere"))
+register_method(MethodCard(
+    "onzeta", "OnZeta", 80, "onzeta", "class-proportion dual variable and vision-space class proxies",
+    "orchestrator.methods.onzeta:OnZeta",
+    (HParam("tau_t", "float", 0.01, "temperature of the text label q (0.01 is logit scale 100)", "scale", low=0.0,
+            low_open=True, log=True),
+     HParam("tau_i", "float", 0.04, "temperature of the vision-proxy label p", "scale", low=0.0, low_open=True,
+            log=True),
+     HParam("cw", "float", 0.5, "proxy learning rate constant: cw / sqrt(i + 1)", "rate", low=0.0),
+     HParam("cr", "float", 20.0, "dual (class-proportion) learning rate constant: cr / sqrt(i + 1)", "rate",
+            low=0.0),
+     HParam("alpha", "float", 1.0, "target class proportion alpha / K (1: uniform)", "weight", low=0.0),
+     HParam("beta", "float", 0.8, "final weight of the proxy label, reached at the last sample", "weight",
+            low=0.0, high=1.0),
+     HParam("n_total", "int", None, "stream length N of the mixing weight's schedule; null: the first run "
+            "call's length", "size", low=1, nullable=True)),
+    state=("W", "rho", "step"), stream_length="n_total", source="idstcv/OnZeta@befef06 (main_online.py); ImageNet only, no per-dataset configs"))

@@ -134,8 +134,9 @@ class MethodCard:
     (features [n, d]) or 'views' (features [n, V, d], view 0 the original); views: the view kind of its
     official protocol where it takes views ('augmix' or 'crops'); prior: it learns a prior V saved with the run
     (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
-    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; source: the
-    official code it follows.
+    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
+    the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
+    the trial feeds it in parts); source: the official code it follows.
     """
 
     name: str
@@ -151,6 +152,7 @@ class MethodCard:
     prior_count: str | None = None
     baseline: bool = False
     state: tuple[str, ...] = ()
+    stream_length: str | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -167,8 +169,10 @@ class MethodCard:
             unknown = set(h.when) - set(names)
             if unknown:
                 raise ValueError(f"method {self.name!r}: hparam {h.name!r} depends on unknown {sorted(unknown)}")
-        if self.prior_count is not None and self.prior_count not in names:
-            raise ValueError(f"method {self.name!r}: prior_count {self.prior_count!r} is not one of its hparams")
+        for field_name in ("prior_count", "stream_length"):
+            value = getattr(self, field_name)
+            if value is not None and value not in names:
+                raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
 
     @property
     def takes_views(self) -> bool:

@@ -264,6 +264,16 @@ def _features_for(method: str, stream: Stream) -> torch.Tensor:
     return stream.view_features if method_card(method).takes_views else stream.features
 
 
+def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
+    stream's length, since the trial feeds the stream in parts."""
+    hparams = dict(config["hparams"])
+    length = method_card(config["method"]).stream_length
+    if length is not None and hparams.get(length) is None:
+        hparams[length] = n
+    return hparams
+
+
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
@@ -272,7 +282,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
     try:
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                             **config["hparams"])
+                             **_method_hparams(config, len(stream)))
         features = _features_for(config["method"], stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
@@ -296,7 +306,7 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         writer.mark("running", n_samples=len(stream))
     try:
         features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **run.config["hparams"]} for run in runs]
+        configs = [{"method": run.config["method"], **_method_hparams(run.config, len(stream))} for run in runs]
         began = time.perf_counter()
         traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
         share = (time.perf_counter() - began) / len(runs)
