@@ -69,7 +69,8 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
-_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
+_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "group_id",
+                   "setting_id")
 _RUNS_TABLE = "runs_rows"
 
 
@@ -339,12 +340,21 @@ grouped AS (
            any_value(backbone) AS backbone, any_value(pretrained) AS pretrained, any_value(dataset) AS dataset,
            any_value(method) AS method, any_value(templates) AS templates,
            any_value(num_templates) AS num_templates, any_value(views) AS views, {any_h},
-           count(*) FILTER (WHERE complete) AS n, list(seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           any_value(stream) AS stream,
+           count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
            avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
            avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
            stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
+           avg(top5_accuracy) FILTER (WHERE complete) AS top5_mean, avg(ece) FILTER (WHERE complete) AS ece_mean,
+           avg(nll) FILTER (WHERE complete) AS nll_mean, avg(ood_auroc) FILTER (WHERE complete) AS ood_auroc_mean,
            count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
+),
+worst AS (
+    -- OGA's measure over the runs of a configuration (its seeds x orders): the mean of the worst 10%
+    SELECT group_id, worst10, worst_count
+    FROM ({metrics.across_orders_sql("(SELECT * FROM finished WHERE complete)", "group_id", "accuracy")})
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
@@ -352,6 +362,6 @@ clip AS (
            AND complete
     GROUP BY setting_id
 )
-SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain
-FROM grouped g LEFT JOIN clip USING (setting_id)
+SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain
+FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, protocol_from_spec
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.sweep.spec import (
@@ -37,6 +38,7 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     issues += _dataset_issues(spec)
     issues += _method_issues(spec)
+    issues += _stream_issues(spec)
     seen = set()
     for i, seed in enumerate(spec.seeds):
         if seed in seen:
@@ -103,6 +105,36 @@ def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
         field = next((k for k in sorted(params, key=len, reverse=True) if re.search(rf"\b{k}\b", text)), "")
         return [(field or "synthetic", text)]
     return []
+
+
+def _stream_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """The protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
+    if spec.stream is None:
+        return []
+    try:
+        protocol = protocol_from_spec(spec.stream)
+    except ValueError as exc:
+        return [("stream", str(exc))]
+    synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
+    reads = []
+    if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        reads = [protocol.pool]
+        if synthetic:
+            return [("stream", f"a synthetic dataset ({synthetic[0]}) can only be contaminated with "
+                               f"{HELD_OUT_CLASSES!r}, not with dataset {protocol.pool!r}")]
+    if isinstance(protocol, Continual):
+        reads = list(protocol.datasets)
+        if synthetic:
+            return [("stream", f"continual streams read real datasets; the synthetic scenario 'continual' is the "
+                               f"synthetic one (got synthetic dataset {synthetic[0]})")]
+        if dataset_key(protocol.datasets[0]) not in {dataset_name(d) for d in spec.datasets}:
+            return [("stream", f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the "
+                               f"spec's datasets; expected it listed under datasets")]
+    issues = []
+    for name in reads:
+        if dataset_key(name) is None:
+            issues.append(("stream", f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"))
+    return issues
 
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:

@@ -216,6 +216,10 @@ class SweepSpec(_Strict):
     pack: PositiveInt = 1
     part_rows: PositiveInt = 5000
     max_failures: Annotated[StrictInt, Field(ge=0)] = 2
+    # the stream protocol (orchestrator.data.streams; None: a real dataset's seeded shuffle, a synthetic
+    # scenario's own order) and how many independent orders of it each configuration runs
+    stream: Union[StrictStr, dict[StrictStr, Any]] | None = None
+    orders: PositiveInt = 1
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
 
     @property
