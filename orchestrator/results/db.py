@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from orchestrator import registry
 from orchestrator.results import files, metrics, safety, schema
 
-VIEWS = ("samples", "runs", "accuracy", "summary")
+VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
 _MAX_RETRIES = 5
 # Errors about the SQL itself, never about a file's bytes.
@@ -184,6 +184,7 @@ class ResultsDB:
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
+                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
                 self._samples_key, self._runs_key = samples_key, runs_key
             self._bad = s_bad + r_bad
             return self.bad_files
@@ -326,6 +327,33 @@ SELECT p.run_id,
        100 * auroc.ood_auroc AS ood_auroc, {r_cols}
 FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id)
      LEFT JOIN auroc USING (run_id)
+"""
+
+
+# Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
+# setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
+_PAIRED_SQL = """
+CREATE OR REPLACE VIEW paired AS
+WITH baseline AS (
+    SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
+    FROM runs WHERE method = {baseline} GROUP BY ALL
+),
+pairs AS (
+    SELECT r.run_id, b.baseline_run FROM runs r
+    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+    WHERE r.method <> {baseline}
+)
+SELECT p.run_id, p.baseline_run,
+       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
+       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
+       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
+       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
+FROM pairs p
+JOIN samples s ON s.run_id = p.run_id
+JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+WHERE NOT coalesce(s.is_ood, false)
+GROUP BY ALL
 """
 
 

@@ -109,13 +109,17 @@ def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
 
 def _stream_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     """The protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
+    synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
     if spec.stream is None:
+        if spec.orders > 1 and synthetic:
+            return [("orders", f"a synthetic scenario ({synthetic[0]}) streams in its own fixed order, so "
+                               f"{spec.orders} orders would be {spec.orders} copies of one run; expected a `stream:` "
+                               f"that draws orders (e.g. iid or dirichlet)")]
         return []
     try:
         protocol = protocol_from_spec(spec.stream)
     except ValueError as exc:
         return [("stream", str(exc))]
-    synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
     reads = []
     if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
         reads = [protocol.pool]
