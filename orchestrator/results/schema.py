@@ -105,7 +105,8 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                 "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
-    Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
+    Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
+                                                  "on the CPU the growth of the process's resident size"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
 )

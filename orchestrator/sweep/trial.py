@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import time
 import traceback
@@ -42,6 +41,7 @@ from orchestrator.methods import make_method
 from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics
 from orchestrator.results.writer import RunWriter
+from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
@@ -177,12 +177,6 @@ def _failpoint(spec: str | None, parts_written: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- runs
 
-def _peak_mem_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; the process's peak
-
-
 class _RowSink:
     """Writes a run's rows from `rows_done` on, in parts of at most `part_rows`, firing the failpoint after each."""
 
@@ -259,7 +253,7 @@ class _Outcome:
 
 
 def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stream: Stream,
-            encode_s: float) -> dict[str, Any]:
+            encode_s: float, peak: PeakMemory | None) -> dict[str, Any]:
     """Save the final state and stream order, mark the run finished with its metrics; return them."""
     n = len(stream)
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order),
@@ -275,7 +269,7 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
-               "peak_mem_mb": _peak_mem_mb(stream.features.device),
+               "peak_mem_mb": None if peak is None else peak.mb(),
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
@@ -295,7 +289,8 @@ def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
     return hparams
 
 
-def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
+def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                peak: PeakMemory | None = None) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -312,13 +307,14 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             trace = method.run(features[start:start + settings.part_rows])
             labels = stream.labels[start:start + settings.part_rows]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
-        return _finish(run, writer, sink, outcome, stream, encode_s)
+        return _finish(run, writer, sink, outcome, stream, encode_s, peak)
     except BaseException as exc:
         _mark_failed(writer, exc)
         raise
 
 
-def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> list[dict]:
+def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                 peak: PeakMemory | None = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
     rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
     from orchestrator.methods.many import run_traces_many
@@ -337,7 +333,7 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
             sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
             outcome = _Outcome()
             sink.offer(0, outcome.add(trace, stream.labels, share))
-            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0))
+            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak))
         return out
     except BaseException as exc:
         for writer in writers:
@@ -353,10 +349,9 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
         return []
     load_plugins(settings.plugins)
     keep_views = any(method_card(run.config["method"]).takes_views for run in todo)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
-    stream, cached = load_stream(trial.source, settings, keep_views)
-    encode_s = 0.0 if cached else stream.encode_s
-    if len(todo) > 1:
-        return execute_pack(todo, stream, settings, encode_s=encode_s)
-    return [execute_run(todo[0], stream, settings, encode_s=encode_s)]
+    with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
+        stream, cached = load_stream(trial.source, settings, keep_views)
+        encode_s = 0.0 if cached else stream.encode_s
+        if len(todo) > 1:
+            return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak)
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak)]
