@@ -1,7 +1,7 @@
 """The meaning of a structurally valid sweep spec: every value against what it names, every problem at once.
 
 Hyperparameter values are checked against their method's registry card (type and range: the spec accepts
-exactly what `run_stream` accepts); synthetic parameters through `make_synthetic`'s own checks; cross-field
+exactly what `run_stream` accepts); synthetic parameters through their generator's own checks; cross-field
 rules (select_on posterior needs M == K; view methods need augmented views; real datasets need a data root, a
 cache dir and a known backbone; distinct dataset names and seeds).
 """
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, protocol_from_spec
-from orchestrator.data.synthetic import make_synthetic
+from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.sweep.spec import (
     RealDataset,
@@ -93,13 +93,13 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 
 def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
-    """Run make_synthetic's own argument checks on a one-sample stream (cheap), mapping its message to a field."""
+    """Run the generator's own argument checks on a small stream (cheap), mapping its message to a field."""
     params = ds.given
     probe = dict(params)
     if isinstance(params.get("n"), int) and params["n"] >= 1:
-        probe["n"] = 1
+        probe["n"] = min(params["n"], 64)
     try:
-        make_synthetic(ds.synthetic, seed=0, **probe)
+        synthesize(ds.synthetic, seed=0, **probe)
     except (ValueError, TypeError) as exc:
         text = str(exc)
         field = next((k for k in sorted(params, key=len, reverse=True) if re.search(rf"\b{k}\b", text)), "")

@@ -89,9 +89,9 @@ class Stream:
 def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool) -> Benchmark:
     """One dataset of a source as a Benchmark in dataset order: generated, or read through the feature cache."""
     if source.is_synthetic:
-        from orchestrator.data.synthetic import make_synthetic
+        from orchestrator.data.synthetic import synthesize
 
-        return make_synthetic(source.synthetic, seed=source.seed, **source.params())
+        return synthesize(source.synthetic, seed=source.seed, **source.params())
     from orchestrator.features import load_benchmark
 
     if source.model_config is not None:
