@@ -26,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import registry
+from orchestrator.data.streams import stream_label
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
@@ -77,7 +78,7 @@ METRICS = {
 }
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
-_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
+_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
 
 
 def backbone_label(name: str) -> str:
@@ -101,7 +102,9 @@ def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
 
 
-def _fmt_value(value: Any) -> str:
+def _fmt_value(value: Any, column: str = "") -> str:
+    if column == "stream" and isinstance(value, str) and value.startswith("{"):
+        return stream_label(json.loads(value))  # the runs table holds the spec's value as JSON
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -128,7 +131,7 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
         if vary:
             split.update(vary)
             part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
-            text = [", ".join(f"{c}={_fmt_value(_plain(v))}" for c, v in zip(vary, values))
+            text = [", ".join(f"{c}={_fmt_value(_plain(v), c)}" for c, v in zip(vary, values))
                     for values in part[vary].itertuples(index=False)]
             labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
     return labels, sorted(split)

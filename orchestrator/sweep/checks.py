@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, protocol_from_spec
+from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
 from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.sweep.spec import (
@@ -108,37 +108,43 @@ def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
 
 
 def _stream_issues(spec: SweepSpec) -> list[tuple[str, str]]:
-    """The protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
+    """Each protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
     synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
-    if spec.stream is None:
-        if spec.orders > 1 and synthetic:
-            return [("orders", f"a synthetic scenario ({synthetic[0]}) streams in its own fixed order, so "
-                               f"{spec.orders} orders would be {spec.orders} copies of one run; expected a `stream:` "
-                               f"that draws orders (e.g. iid or dirichlet)")]
-        return []
-    try:
-        protocol = protocol_from_spec(spec.stream)
-    except ValueError as exc:
-        return [("stream", str(exc))]
+    issues = []
+    for i, value in enumerate(spec.streams):
+        where = f"stream[{i}]" if isinstance(spec.stream, list) else "stream"
+        if value is None:
+            if spec.orders > 1 and synthetic:
+                issues.append(("orders", f"a synthetic scenario ({synthetic[0]}) streams in its own fixed order, so "
+                                         f"{spec.orders} orders would be {spec.orders} copies of one run; expected a "
+                                         f"`stream:` that draws orders (e.g. iid or dirichlet)"))
+            continue
+        try:
+            protocol = protocol_from_spec(value)
+        except ValueError as exc:
+            issues.append((where, str(exc)))
+            continue
+        issues += [(where, message) for message in _protocol_issues(spec, protocol, synthetic)]
+    return issues
+
+
+def _protocol_issues(spec: SweepSpec, protocol: Protocol, synthetic: list[str]) -> list[str]:
     reads = []
     if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        if synthetic:
+            return [f"a synthetic dataset ({synthetic[0]}) can only be contaminated with {HELD_OUT_CLASSES!r}, not "
+                    f"with dataset {protocol.pool!r}"]
         reads = [protocol.pool]
-        if synthetic:
-            return [("stream", f"a synthetic dataset ({synthetic[0]}) can only be contaminated with "
-                               f"{HELD_OUT_CLASSES!r}, not with dataset {protocol.pool!r}")]
     if isinstance(protocol, Continual):
-        reads = list(protocol.datasets)
         if synthetic:
-            return [("stream", f"continual streams read real datasets; the synthetic scenario 'continual' is the "
-                               f"synthetic one (got synthetic dataset {synthetic[0]})")]
+            return [f"continual streams read real datasets; the synthetic scenario 'continual' is the synthetic one "
+                    f"(got synthetic dataset {synthetic[0]})"]
         if dataset_key(protocol.datasets[0]) not in {dataset_name(d) for d in spec.datasets}:
-            return [("stream", f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the "
-                               f"spec's datasets; expected it listed under datasets")]
-    issues = []
-    for name in reads:
-        if dataset_key(name) is None:
-            issues.append(("stream", f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"))
-    return issues
+            return [f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the spec's "
+                    f"datasets; expected it listed under datasets"]
+        reads = list(protocol.datasets)
+    return [f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"
+            for name in reads if dataset_key(name) is None]
 
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:

@@ -110,20 +110,21 @@ def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) 
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
     """The data sources of one dataset and seed, each with the run-config fields it implies: one per backbone and
     template set, times the `orders` of the spec's stream protocol."""
-    protocol = protocol_from_spec(spec.stream) if spec.stream is not None else None
-    if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
-        return []  # a continual stream runs once, from its first dataset through the others
     out = []
-    for source, fields in _base_sources(spec, dataset, seed):
-        stream: dict[str, Any] = {}
-        if protocol is not None:
-            stream["stream"] = spec.stream  # in the config only when given, so earlier runs keep their run_ids
-            source = replace(source, stream=canonical_json(spec.stream), others=_others(protocol))
-            if isinstance(protocol, Continual):
-                stream["dataset"] = "+".join(protocol.datasets)
-        for k in range(spec.orders):
-            order = {"order_index": k} if spec.orders > 1 else {}
-            out.append((replace(source, order_index=k), {**fields, **stream, **order}))
+    for value in spec.streams:
+        protocol = protocol_from_spec(value) if value is not None else None
+        if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
+            continue  # a continual stream runs once, from its first dataset through the others
+        for source, fields in _base_sources(spec, dataset, seed):
+            stream: dict[str, Any] = {}
+            if protocol is not None:
+                stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
+                source = replace(source, stream=canonical_json(value), others=_others(protocol))
+                if isinstance(protocol, Continual):
+                    stream["dataset"] = "+".join(protocol.datasets)
+            for k in range(spec.orders):
+                order = {"order_index": k} if spec.orders > 1 else {}
+                out.append((replace(source, order_index=k), {**fields, **stream, **order}))
     return out
 
 

@@ -211,11 +211,17 @@ class SweepSpec(_Strict):
     pack: PositiveInt = 1
     part_rows: PositiveInt = 5000
     max_failures: Annotated[StrictInt, Field(ge=0)] = 2
-    # the stream protocol (orchestrator.data.streams; None: a real dataset's seeded shuffle, a synthetic
-    # scenario's own order) and how many independent orders of it each configuration runs
-    stream: Union[StrictStr, dict[StrictStr, Any]] | None = None
+    # the stream protocol, or a list of them as a grid axis (orchestrator.data.streams; None: a real dataset's
+    # seeded shuffle, a synthetic scenario's own order), and how many independent orders each configuration runs
+    stream: Union[StrictStr, dict[StrictStr, Any], Annotated[list[Union[StrictStr, dict[StrictStr, Any]]],
+                                                             Field(min_length=1)]] | None = None
     orders: PositiveInt = 1
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
+
+    @property
+    def streams(self) -> list[Any]:
+        """The stream values the grid runs (None: the datasets' own order)."""
+        return self.stream if isinstance(self.stream, list) else [self.stream]
 
     @property
     def has_real_datasets(self) -> bool:
