@@ -297,6 +297,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
+    published_only: dict[str, str] = {}  # methods not run here (e.g. TPT): their label as the paper prints it
     notes = []
     if paper and metric != "accuracy":
         notes.append(f"the paper prints top-1 accuracy only: no published rows for {metric}")
@@ -306,12 +307,14 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         if table is not None:
             for row in table["rows"]:
                 paper_rows[(row["backbone"], row["method"])] = row["values"]
+                if row.get("published_only"):
+                    published_only[row["method"]] = f"{row['label']} (published only)"
             notes.append(f"paper: {published['source']['paper']}")
 
     row_keys = list(cells)
     for backbone, method in paper_rows:
         if not any(r[0] == backbone and r[1] == method for r in row_keys):
-            row_keys.append((backbone, method, registry.method_label(method)))
+            row_keys.append((backbone, method, published_only.get(method) or registry.method_label(method)))
     row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
     index, means, stds, ns, gains = [], [], [], [], []
@@ -324,9 +327,10 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         sources = [("measured", {c: measured.get(c, (math.nan, math.nan, 0)) for c in columns})]
         published = paper_rows.get((backbone, method))
         if published is not None:
-            sources.append(("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns}))
-            sources.append(("Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published
-                                            else math.nan, math.nan, 1) for c in columns}))
+            paper_source = ("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns})
+            sources = [paper_source] if method in published_only else [*sources, paper_source, (
+                "Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published else math.nan,
+                                math.nan, 1) for c in columns})]
         for source, values in sources:
             index.append((backbone, row, source) if paper else (backbone, row))
             means.append({c: values[c][0] for c in columns})
