@@ -109,7 +109,7 @@ register_method(MethodCard(
         LOGIT_SCALE,
         HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
     ),
-    inputs='views', views='augmix', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+    inputs='views', views='augmix', view_scope='protocol', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
     source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/'))
 
 register_method(MethodCard(
@@ -157,7 +157,7 @@ register_method(MethodCard(
      HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy; at least one)", "rate", low=0.0,
             high=1.0, low_open=True),
      LOGIT_SCALE),
-    inputs="views", views="augmix", state=("mu", "sigma", "counts", "precision"),
+    inputs="views", views="augmix", view_scope="protocol", state=("mu", "sigma", "counts", "precision"),
     source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); 64 AugMix views on ImageNet-A/-V2/-R/-Sketch, "
            "the original view elsewhere"))
 register_method(MethodCard(

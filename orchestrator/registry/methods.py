@@ -132,7 +132,9 @@ class MethodCard:
     family: methods that share a colour family in charts; summary: what adapts (the README's table);
     impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
     (features [n, d]) or 'views' (features [n, V, d], view 0 the original); views: the view kind of its
-    official protocol where it takes views ('augmix' or 'crops'); prior: it learns a prior V saved with the run
+    official protocol where it takes views ('augmix' or 'crops'); view_scope: 'all' (its protocol augments
+    every dataset) or 'protocol' (only the datasets whose own protocol has views, ImageNet-A/-V2/-R/-Sketch: on
+    the others it gets the single view as V = 1); prior: it learns a prior V saved with the run
     (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
     CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
     the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
@@ -148,6 +150,7 @@ class MethodCard:
     hparams: tuple[HParam, ...] = ()
     inputs: str = "single"
     views: str | None = None
+    view_scope: str = "all"
     prior: bool = False
     prior_count: str | None = None
     baseline: bool = False
@@ -162,6 +165,8 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.views is not None and self.views not in VIEW_KINDS:
             raise ValueError(f"method {self.name!r}: views must be one of {VIEW_KINDS} or None, got {self.views!r}")
+        if self.view_scope not in ("all", "protocol"):
+            raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
         names = [h.name for h in self.hparams]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")

@@ -173,8 +173,9 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
-        if card.takes_views and not all(v.startswith("augmix") for v in views):
-            issues.append((f"methods[{i}].method", f"{entry.method!r} votes over augmented views, so each of its "
-                                                   f"datasets needs views 'augmix' (got {', '.join(sorted(views))}); "
-                                                   f"expected views: augmix, or `datasets:` naming AugMix ones"))
+        if card.takes_views and card.view_scope == "all" and not all(v.startswith("augmix") for v in views):
+            issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
+                                                   f"each of its datasets needs views 'augmix' (got "
+                                                   f"{', '.join(sorted(views))}); expected views: augmix, or "
+                                                   f"`datasets:` naming AugMix ones"))
     return issues

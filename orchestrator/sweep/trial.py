@@ -276,7 +276,10 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
 
 
 def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    return stream.view_features if method_card(method).takes_views else stream.features
+    """What the method takes: the views [n, V, d] (a single-view stream as V = 1), or one feature [n, d]."""
+    if not method_card(method).takes_views:
+        return stream.features
+    return stream.view_features if stream.view_features is not None else stream.features[:, None]
 
 
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
