@@ -28,8 +28,8 @@ ImageNet runs with a single view, so it has no boosting views and is TDA with a 
 runs in fp16; ours in float32, with ties broken by the lower view index (the official argsort is not
 stable).
 
-Official code takes one text embedding per class; with several per class (prompt templates), their
-normalised mean is used (`class_prototypes`, the official prompt ensemble).
+Official code takes one text embedding per class: the class prototypes (`class_prototypes`: each class's
+rows averaged and renormalised, the official prompt ensemble).
 
 Trace: `gated` = the sample entered the positive or the negative cache; `selected` -1. State: the kept
 caches as TDA's ('pos_keys' [K, pos_shot, d], 'pos_entropy' [K, pos_shot], inf for empty entries,
@@ -44,67 +44,9 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import (
-    Method,
-    StageTimer,
-    Trace,
-    check_choice,
-    check_int,
-    check_real,
-    empty_trace,
-    register,
-)
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, ClassCache
-
-QUERIES = ("original", "confident")
-
-# configs/*.yaml: positive (alpha, beta) and delta; the negative cache is 0.117 / 1.0 everywhere.
-_PER_DATASET = {
-    "imagenet": (2.0, 5.0, 0), "imagenet-a": (2.0, 5.0, 3), "imagenet-v2": (1.0, 8.0, 1),
-    "imagenet-r": (1.0, 8.0, 3), "imagenet-sketch": (2.363, 7.45, 1), "caltech101": (5.0, 5.0, 2),
-    "dtd": (2.0, 3.0, 0), "eurosat": (4.0, 8.0, 0), "aircraft": (2.0, 2.0, 2), "food101": (1.0, 1.0, 3),
-    "flowers102": (1.0, 5.0, 0), "pets": (2.0, 7.0, 0), "cars": (1.0, 7.0, 3), "sun397": (2.0, 3.0, 1),
-    "ucf101": (3.0, 8.0, 0),
-}
-_CONFIDENT_QUERY = ("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")
-
-
-def _hparam(type_: str, default: Any, role: str, doc: str, low: Any = None, low_open: bool = False,
-            log: bool = False, per_dataset: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"type": type_, "default": default, "low": low, "high": extra.pop("high", None), "low_open": low_open,
-            "high_open": False, "log": log, "role": role, "doc": doc, "per_dataset": per_dataset or {}, **extra}
-
-
-FACTS = {
-    "label": "BoostAdapter",
-    "family": "cache",
-    "inputs": "views",
-    # ImageNet runs with one view (the CLIP preprocess) in the official protocol.
-    "views": {"kind": "crops", "count": 64, "per_dataset": {"imagenet": {"kind": None, "count": 1}}},
-    "state": ["pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values"],
-    "source": "taolinzhang/BoostAdapter@9983e1a runner.py (run_test_tda, mode boostadapter), utils.py, configs/",
-    "hparams": {
-        "pos_alpha": _hparam("float", 2.0, "weight", "weight of the positive (boosting) cache logits", low=0.0,
-                             per_dataset={k: v[0] for k, v in _PER_DATASET.items()}),
-        "pos_beta": _hparam("float", 5.0, "scale", "sharpness of the positive cache affinities", low=0.0,
-                            per_dataset={k: v[1] for k, v in _PER_DATASET.items()}),
-        "neg_alpha": _hparam("float", 0.117, "weight", "weight of the negative cache logits", low=0.0),
-        "neg_beta": _hparam("float", 1.0, "scale", "sharpness of the negative cache affinities", low=0.0),
-        "pos_shot": _hparam("int", 3, "size", "positive cache entries per class", low=1),
-        "neg_shot": _hparam("int", 2, "size", "negative cache entries per class (FIFO)", low=1),
-        "delta": _hparam("int", 0, "size", "extra boosting-cache entries per class beyond pos_shot", low=0,
-                         per_dataset={k: v[2] for k, v in _PER_DATASET.items()}),
-        "keep": _hparam("float", 0.1, "rate", "fraction of the views kept as confident (query and boosting)",
-                        low=0.0, low_open=True, high=1.0),
-        "query": _hparam("choice", "original", "choice",
-                         "the cache query: view 0 ('original') or the confident views' mean ('confident')",
-                         per_dataset={k: ("confident" if k in _CONFIDENT_QUERY else "original")
-                                      for k in _PER_DATASET}, choices=list(QUERIES)),
-        "logit_scale": _hparam("float", 100.0, "scale", "CLIP's logit scale", low=0.0, low_open=True, log=True),
-    },
-}
-
 
 class FifoClassCache(ClassCache):
     """BoostAdapter's negative cache: per class the newest `shot` entries, whatever their entropy."""
@@ -159,13 +101,11 @@ def queries(features: torch.Tensor, text: torch.Tensor, hp: dict[str, Any]) -> Q
                    torch.gather(logits.argmax(dim=-1), 1, order), torch.gather(view_entropy, 1, order))
 
 
-@register
 class BoostAdapter(Method):
-    """TDA's positive and negative caches, the positive one boosted per sample by its confident views."""
+    """TDA's positive and negative caches, the positive one boosted per sample by its confident views
+    (hparams and their per-dataset defaults, the official configs/*.yaml: its registry card)."""
 
     name = "boostadapter"
-    hparams = {name: spec["default"] for name, spec in FACTS["hparams"].items()}
-    takes_views = True
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -174,18 +114,6 @@ class BoostAdapter(Method):
         d, device = class_embeddings.shape[1], class_embeddings.device
         self.pos = ClassCache(num_classes, hparams["pos_shot"], d, device, with_values=False)
         self.neg = FifoClassCache(num_classes, hparams["neg_shot"], d, device, with_values=True)
-
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        out = {key: check_real(cls.name, key, hp[key], low=0.0)
-               for key in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta")}
-        out.update({key: check_int(cls.name, key, hp[key], low=1) for key in ("pos_shot", "neg_shot")})
-        out["delta"] = check_int(cls.name, "delta", hp["delta"], low=0)
-        out["keep"] = check_real(cls.name, "keep", hp["keep"], low=0.0, low_inclusive=False, high=1.0,
-                                 hint=" (the fraction of views kept as confident)")
-        out["query"] = check_choice(cls.name, "query", hp["query"], QUERIES)
-        out["logit_scale"] = check_real(cls.name, "logit_scale", hp["logit_scale"], low=0.0, low_inclusive=False)
-        return out
 
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes

@@ -19,10 +19,12 @@ Paper vs code: the paper describes the alternating procedure run to convergence;
 runs exactly 5 outer iterations without a convergence test and caps both inner loops at 5 steps. The
 official runs CLIP under fp16 autocast; ours is float32.
 
-Official code takes one text embedding per class; with several per class (prompt templates), their
-normalised mean is used (`class_prototypes`). A view whose k nearest views all coincide with it has
-bandwidth 0, where the official code returns NaN; here that is a ValueError naming the sample. V < 5 gives
-k = 0 nearest views (no bandwidth at all), also refused.
+Official code takes one text embedding per class: the class prototypes (`class_prototypes`: each class's
+rows averaged and renormalised, the official prompt ensemble).
+
+Where the official code returns NaN: with V < 5 views, k = 0 and there is no bandwidth; here k is at least 1
+(only such inputs differ), and a single view is its own mode (zero-shot CLIP on view 0). A view whose k
+nearest views all coincide with it has bandwidth 0: a ValueError naming the sample.
 
 Samples are solved in vectorised chunks: per sample the inner loops stop exactly where the official loop
 stops (a converged sample's y or m is frozen while others iterate), so batching changes nothing but
@@ -35,40 +37,18 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
-
-FACTS = {
-    "label": "MTA",
-    "family": "episodic",
-    "inputs": "views",
-    "views": {"kind": "crops", "count": 64},
-    "state": [],
-    "source": "MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py",
-    "hparams": {
-        "lambda_y": {"type": "float", "default": 0.2, "low": 0.0, "high": None, "low_open": True,
-                     "high_open": False, "log": True, "role": "scale",
-                     "doc": "temperature of the inlierness softmax (entropic term weight)", "per_dataset": {}},
-        "lambda_q": {"type": "float", "default": 4.0, "low": 0.0, "high": None, "low_open": False,
-                     "high_open": False, "log": False, "role": "weight",
-                     "doc": "weight of the view-affinity (quadratic) term in the inlierness step", "per_dataset": {}},
-        "logit_scale": {"type": "float", "default": 100.0, "low": 0.0, "high": None, "low_open": True,
-                        "high_open": False, "log": True, "role": "scale",
-                        "doc": "CLIP's logit scale, for the view affinities and the output logits",
-                        "per_dataset": {}},
-    },
-}
 
 MAX_ITER = 5        # outer iterations, and the cap of each inner loop (hard-coded in the official code)
 TOL = 1e-6          # inner-loop stop threshold on the L2 change of y and of m
-KNN_FRACTION = 0.3  # the bandwidth uses the int(0.3 (V - 1)) nearest other views
-MIN_VIEWS = 5       # the smallest V with at least one nearest view
+KNN_FRACTION = 0.3  # the bandwidth uses the int(0.3 (V - 1)) nearest other views (at least one)
 _CHUNK = 128        # samples per vectorised chunk: bounds the [chunk, V, K] view logits in memory
 
 
 def bandwidths(features: torch.Tensor) -> torch.Tensor:
     """[B, V, d] -> [B, V]: each view's kernel bandwidth from its k nearest other views."""
-    k = int(KNN_FRACTION * (features.shape[1] - 1))
+    k = max(1, int(KNN_FRACTION * (features.shape[1] - 1)))
     # Pairwise differences, not cdist's |x|^2 + |y|^2 - 2 x.y shortcut: between near views that shortcut
     # loses most of float32's digits, and the squared bandwidth divides every kernel exponent.
     dist = torch.cdist(features, features, compute_mode="donot_use_mm_for_euclid_dist")
@@ -114,45 +94,38 @@ def solve(features: torch.Tensor, view_logits: torch.Tensor, h: torch.Tensor, la
     return mode
 
 
-@register
 class MTA(Method):
-    """MeanShift for test-time augmentation: the inlierness-weighted mode of the views, classified zero-shot."""
+    """MeanShift for test-time augmentation: the inlierness-weighted mode of the views, classified zero-shot
+    (hparams lambda_y, lambda_q, logit_scale: its registry card)."""
 
     name = "mta"
-    hparams = {name: spec["default"] for name, spec in FACTS["hparams"].items()}
-    takes_views = True
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         self.text = class_prototypes(class_embeddings, class_ids, num_classes)
 
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        return {"lambda_y": check_real(cls.name, "lambda_y", hp["lambda_y"], low=0.0, low_inclusive=False),
-                "lambda_q": check_real(cls.name, "lambda_q", hp["lambda_q"], low=0.0),
-                "logit_scale": check_real(cls.name, "logit_scale", hp["logit_scale"], low=0.0,
-                                          low_inclusive=False)}
-
     def _run(self, features: torch.Tensor) -> Trace:
-        n, V, _ = features.shape
-        if V < MIN_VIEWS:
-            raise ValueError(f"mta: needs at least {MIN_VIEWS} views per sample (its bandwidths use the "
-                             f"int(0.3 (V - 1)) nearest other views), got V = {V}")
-        hp, K = self.hp, self.num_classes
+        n, K = features.shape[0], self.num_classes
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
         for start in range(0, n, _CHUNK):
-            chunk = features[start:start + _CHUNK]
-            with timer("logits"):
-                view_logits = hp["logit_scale"] * chunk @ self.text.T
-                h = bandwidths(chunk)
-            h_zero = (h == 0).any(dim=1)
-            if bool(h_zero.any()):
-                bad = start + int(torch.nonzero(h_zero)[0])
-                raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
-                                 f"(kernel bandwidth 0; the official code returns NaN there)")
             with timer("posterior"):
-                mode = solve(chunk, view_logits, h, hp["lambda_y"], hp["lambda_q"])
-                posteriors[start:start + _CHUNK] = torch.softmax(hp["logit_scale"] * mode @ self.text.T, dim=-1)
+                mode = self.modes(features[start:start + _CHUNK], start)
+            with timer("logits"):
+                logits = self.hp["logit_scale"] * mode @ self.text.T
+            posteriors[start:start + _CHUNK] = torch.softmax(logits, dim=-1)
         return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
+
+    def modes(self, chunk: torch.Tensor, start: int) -> torch.Tensor:
+        """The MeanShift modes [B, d] of a chunk of samples' views [B, V, d] (`start`: the first one's index)."""
+        if chunk.shape[1] == 1:  # a single view is its own mode
+            return chunk[:, 0]
+        h = bandwidths(chunk)
+        collapsed = (h == 0).any(dim=1)
+        if bool(collapsed.any()):
+            bad = start + int(torch.nonzero(collapsed)[0])
+            raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
+                             f"(kernel bandwidth 0; the official code returns NaN there)")
+        return solve(chunk, self.hp["logit_scale"] * chunk @ self.text.T, h, self.hp["lambda_y"],
+                     self.hp["lambda_q"])
