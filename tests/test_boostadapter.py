@@ -112,7 +112,8 @@ def _check_against_reference(views, emb, hp, ref_kw):
 
 
 def test_matches_the_official_loop_with_the_original_view_query():
-    views, emb, ids, k, labels = view_stream("label_shift", n=2000, num_classes=30, dim=64, seed=4, views=64, class_views=True)
+    views, emb, ids, k, labels = view_stream("label_shift", n=2000, num_classes=30, dim=64, seed=4, views=64,
+                                             class_views=True)
     hp = {"pos_alpha": 5.0, "pos_beta": 5.0, "delta": 2}
     _check_against_reference(views, emb, {**hp, "query": "original"}, {**hp, "infer_ori_image": True})
 
@@ -223,7 +224,8 @@ def test_negative_cache_is_fifo():
 
 
 def test_one_view_is_tda_with_a_fifo_negative_cache():
-    views, emb, ids, k, labels = view_stream("label_shift", n=300, num_classes=10, dim=32, seed=6, views=1, class_views=True)
+    views, emb, ids, k, labels = view_stream("label_shift", n=300, num_classes=10, dim=32, seed=6, views=1,
+                                             class_views=True)
     args = (emb, ids, k)
     for neg_shot, same in ((1, False), (60, True)):     # FIFO only differs from TDA once a slot is full
         ours = run_stream("boostadapter", views, *args, neg_shot=neg_shot, pos_alpha=1.0, pos_beta=8.0)
@@ -291,7 +293,8 @@ def test_sanity_beats_zero_shot_clip_on_synthetic_views(seed):
     """A sanity check of the mechanism on simulated shifted views (not a claim about real data): with the
     original view as the query (so no view averaging), the caches and the boosting views pull predictions
     towards the image-side class centres."""
-    views, emb, ids, k, labels = view_stream("iid", n=1500, num_classes=20, dim=64, seed=seed, views=64, class_views=True)
+    views, emb, ids, k, labels = view_stream("iid", n=1500, num_classes=20, dim=64, seed=seed, views=64,
+                                             class_views=True)
     args = (emb, ids, k)
     clip = float((run_stream("clip", views[:, 0], *args).argmax(1) == labels).float().mean())
     ours = run_stream("boostadapter", views, *args, query="original", delta=2, pos_alpha=5.0, pos_beta=2.0)

@@ -168,7 +168,8 @@ def test_few_views_and_duplicate_views():
 def test_sanity_beats_zero_shot_clip_on_synthetic_views(seed):
     """A sanity check of the mechanism on simulated views (not a claim about real data): pooling the views'
     mode classifies better than view 0 alone."""
-    views, emb, ids, k, labels = view_stream("iid", n=500, num_classes=20, dim=64, seed=seed, views=64, class_views=True)
+    views, emb, ids, k, labels = view_stream("iid", n=500, num_classes=20, dim=64, seed=seed, views=64,
+                                             class_views=True)
     args = (emb, ids, k)
     clip = _accuracy(run_stream("clip", views[:, 0], *args), labels)
     mta = _accuracy(run_stream("mta", views, *args), labels)
