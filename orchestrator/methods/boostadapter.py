@@ -48,6 +48,9 @@ from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, ClassCache
 
+_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
+
+
 class FifoClassCache(ClassCache):
     """BoostAdapter's negative cache: per class the newest `shot` entries, whatever their entropy."""
 
@@ -62,7 +65,8 @@ class FifoClassCache(ClassCache):
 @dataclass
 class Queries:
     """The stateless part of a chunk of samples, computed at once: each sample's cache query and its
-    boosting views (`boost_*` [n, b], in increasing entropy)."""
+    boosting views (`boost_*` [n, b], in increasing entropy). The per-sample step is `update` then
+    `cache_logits` of (the caches, sample i of a Queries)."""
 
     feature: torch.Tensor       # [n, d] the query f
     logits: torch.Tensor        # [n, K] l
@@ -124,15 +128,16 @@ class BoostAdapter(Method):
                              f"keep or query='original'")
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
-        with timer("logits"):
-            q = queries(features, self.text, hp)
-        for i in range(n):
-            with timer("update"):
-                gated[i] = self.update(q, i)
+        for start in range(0, n, _CHUNK):
             with timer("logits"):
-                logits = q.logits[i] + self.cache_logits(q, i)
-            with timer("posterior"):
-                posteriors[i] = torch.softmax(logits, dim=0)
+                q = queries(features[start:start + _CHUNK], self.text, hp)
+            for j in range(q.logits.shape[0]):
+                with timer("update"):
+                    gated[start + j] = self.update(q, j)
+                with timer("logits"):
+                    logits = q.logits[j] + self.cache_logits(q, j)
+                with timer("posterior"):
+                    posteriors[start + j] = torch.softmax(logits, dim=0)
         state = {**self.pos.state("pos"), **self.neg.state("neg")}
         return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
 
