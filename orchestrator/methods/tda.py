@@ -83,11 +83,15 @@ class ClassCache:
             return False
         # Stable re-sort: the new entry goes after every entry with an equal loss.
         ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot))
+        self.store(k, slot, key, loss, value)
+        return True
+
+    def store(self, k: int, slot: int, key: torch.Tensor, loss: float, value: torch.Tensor | None) -> None:
+        """Write an entry into physical slot `slot` of class k (the ranking is the caller's)."""
         self.keys[k, slot] = key
         self.entropy[k, slot] = loss
         if self.values is not None:
             self.values[k, slot] = value
-        return True
 
     def affinity_weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """exp(-beta * (1 - f . key)) per entry [K, shot], zero for empty entries."""
