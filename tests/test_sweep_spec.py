@@ -83,7 +83,7 @@ CASES = [
     ("select_on posterior with M > K",
      lambda d, root: (d["datasets"][0].update(templates_per_class=2), d["methods"][1].update(select_on="posterior")),
      "methods[1].select_on", "expected 'likelihood'"),
-    ("zero without AugMix views", _append_method({"method": "zero"}), "methods[3].method", "views: augmix"),
+    ("zero without views", _append_method({"method": "zero"}), "methods[3].method", "needs views (got single)"),
     ("empty methods", _set("methods", []), "methods", "at least 1 item"),
     ("missing methods", _drop("methods"), "methods", "Field required"),
     ("missing results_dir", _drop("results_dir"), "results_dir", "Field required"),

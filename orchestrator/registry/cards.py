@@ -222,5 +222,5 @@ register_method(MethodCard(
                per_dataset=dict.fromkeys(("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"), 'confident')),
         LOGIT_SCALE,
     ),
-    inputs='views', views='crops', state=_TDA_STATE,
+    inputs='views', views='crops', single_view_datasets=('imagenet',), state=_TDA_STATE,
     source='taolinzhang/BoostAdapter@9983e1a runner.py (run_test_tda, boostadapter mode), utils.py, configs/'))

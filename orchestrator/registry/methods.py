@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from orchestrator.registry.datasets import canonical_dataset, dataset_key
+from orchestrator.registry.datasets import canonical_dataset, dataset_card, dataset_key
 
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
@@ -134,7 +134,8 @@ class MethodCard:
     (features [n, d]) or 'views' (features [n, V, d], view 0 the original); views: the view kind of its
     official protocol where it takes views ('augmix' or 'crops'); view_scope: 'all' (its protocol augments
     every dataset) or 'protocol' (only the datasets whose own protocol has views, ImageNet-A/-V2/-R/-Sketch: on
-    the others it gets the single view as V = 1); prior: it learns a prior V saved with the run
+    the others it gets the single view as V = 1); single_view_datasets: where its official protocol takes the
+    single view all the same (BoostAdapter on ImageNet); prior: it learns a prior V saved with the run
     (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
     CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
     the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
@@ -151,6 +152,7 @@ class MethodCard:
     inputs: str = "single"
     views: str | None = None
     view_scope: str = "all"
+    single_view_datasets: tuple[str, ...] = ()
     prior: bool = False
     prior_count: str | None = None
     baseline: bool = False
@@ -182,6 +184,17 @@ class MethodCard:
     @property
     def takes_views(self) -> bool:
         return self.inputs == "views"
+
+    def protocol_views(self, dataset: str) -> str:
+        """The views of the official protocol for this method on a benchmark dataset: a view kind
+        ('augmix', 'crops'; 63 views + the original) or 'single'. Methods taking one feature get the dataset's
+        own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
+        own = dataset_card(dataset).views
+        if not self.takes_views or (self.view_scope == "protocol" and own == "single"):
+            return own
+        if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
+            return "single"
+        return self.views or own
 
     def hparam(self, name: str) -> HParam:
         for h in self.hparams:

@@ -157,7 +157,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                 issues.append((f"methods[{i}].datasets[{j}]", f"{name!r} is not among the spec's datasets; expected "
                                                               f"one of: {', '.join(sorted(known))}"))
         datasets = entry_datasets(spec, entry)
-        views = {dataset_views(spec, ds) for ds in datasets}
+        views = {dataset_views(spec, ds, entry.method) for ds in datasets}
         try:
             max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets for t in spec.templates] + [1])
         except ValueError:  # an unknown template set, already reported by _dataset_issues
@@ -173,9 +173,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
-        if card.takes_views and card.view_scope == "all" and not all(v.startswith("augmix") for v in views):
+        if card.takes_views and card.view_scope == "all" and not card.single_view_datasets and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
-                                                   f"each of its datasets needs views 'augmix' (got "
-                                                   f"{', '.join(sorted(views))}); expected views: augmix, or "
-                                                   f"`datasets:` naming AugMix ones"))
+                                                   f"each of its datasets needs views (got single); expected views: "
+                                                   f"protocol ({card.views}), augmix or crops"))
     return issues

@@ -107,15 +107,16 @@ def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) 
     return method_card(method).resolve(point, None if synthetic else dataset)
 
 
-def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
-    """The data sources of one dataset and seed, each with the run-config fields it implies: one per backbone and
-    template set, times the `orders` of the spec's stream protocol."""
+def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
+             ) -> list[tuple[DataSource, dict]]:
+    """The data sources of one dataset, seed and view setting, each with the run-config fields it implies: one per
+    backbone and template set, times the stream protocols and their `orders`."""
     out = []
     for value in spec.streams:
         protocol = protocol_from_spec(value) if value is not None else None
         if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
             continue  # a continual stream runs once, from its first dataset through the others
-        for source, fields in _base_sources(spec, dataset, seed):
+        for source, fields in _base_sources(spec, dataset, seed, views):
             stream: dict[str, Any] = {}
             if protocol is not None:
                 stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
@@ -137,7 +138,7 @@ def _others(protocol: Protocol) -> tuple[str, ...]:
     return ()
 
 
-def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
+def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
                   ) -> list[tuple[DataSource, dict]]:
     if isinstance(dataset, SyntheticDataset):
         params = dataset.params
@@ -149,7 +150,6 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
         return [(source, fields)]
     from orchestrator.sweep.catalog import template_counts
 
-    views = dataset_views(spec, dataset)
     out = []
     for backbone, templates in itertools.product(spec.backbones, spec.templates):
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
@@ -172,10 +172,19 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     return extras
 
 
+def _entries_by_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> dict[str, list[Any]]:
+    """The method entries that run on a dataset, grouped by the views each runs on (in entry order)."""
+    groups: dict[str, list[Any]] = {}
+    for entry in spec.methods:
+        if dataset in entry_datasets(spec, entry):
+            groups.setdefault(dataset_views(spec, dataset, entry.method), []).append(entry)
+    return groups
+
+
 def data_sources(spec: SweepSpec) -> list[DataSource]:
     """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
-    return list(dict.fromkeys(source for dataset in spec.datasets for seed in spec.seeds
-                              for source, _ in _sources(spec, dataset, seed)))
+    return list(dict.fromkeys(source for dataset in spec.datasets for views in _entries_by_views(spec, dataset)
+                              for seed in spec.seeds for source, _ in _sources(spec, dataset, seed, views)))
 
 
 def expand(spec: SweepSpec) -> list[Run]:
@@ -184,20 +193,21 @@ def expand(spec: SweepSpec) -> list[Run]:
     runs: list[Run] = []
     seen: set[str] = set()
     for dataset in spec.datasets:
-        entries = [e for e in spec.methods if dataset in entry_datasets(spec, e)]
+        groups = _entries_by_views(spec, dataset)
         for seed in spec.seeds:
-            for source, fields in _sources(spec, dataset, seed):
-                for entry in entries:
-                    for point in _grid_points(entry):
-                        config = normalize_config({
-                            "sweep": spec.name, "dataset": source.dataset, "method": entry.method, "seed": seed,
-                            **fields,
-                            "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
-                        })
-                        run_id = config_hash(config)
-                        if run_id not in seen:
-                            seen.add(run_id)
-                            runs.append(Run(run_id, config, source))
+            for views, entries in groups.items():
+                for source, fields in _sources(spec, dataset, seed, views):
+                    for entry in entries:
+                        for point in _grid_points(entry):
+                            config = normalize_config({
+                                "sweep": spec.name, "dataset": source.dataset, "method": entry.method,
+                                "seed": seed, **fields,
+                                "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
+                            })
+                            run_id = config_hash(config)
+                            if run_id not in seen:
+                                seen.add(run_id)
+                                runs.append(Run(run_id, config, source))
     return _order_by_source(runs)
 
 
