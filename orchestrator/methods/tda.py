@@ -18,9 +18,18 @@ TDA, per sample f, exactly as the public code (REFERENCE.md section 3):
 With M > K class embeddings (several prompts per class), a class's CLIP logit is the log-sum-exp of its
 embeddings' logits, so softmax(clip_logits) is the class-summed softmax over M that `clip` returns; with
 one embedding per class (TDA's setting) this is exactly logit_scale * u_k . f.
-For AugMix datasets the public code takes the entropy and prob_map from the kept views' individual logits;
-here a sample is its averaged feature (the orchestrator's feature contract), so both come from the mean
-logits, which are identical to the code's clip_logits. Everything runs in float32 (the public code in fp16).
+
+Augmented views (features [n, V, d], view 0 the original, V > 1), as the public code's get_clip_logits:
+each view's class logits and softmax are computed, the PROTOCOL_KEEP (10%) views with the lowest softmax
+entropy are kept (at least one; ties go to the earlier view), and
+- f (the cache key) = the mean of the kept views' features (not renormalised);
+- logits = the mean of the kept views' per-embedding logits, clip_logits = their per-class log-sum-exp
+  (for M = K exactly the code's mean of the kept views' logits), pred = argmax clip_logits;
+- loss = the entropy of the kept views' AVERAGED PROBABILITIES (the code's avg_entropy: log-mean-exp of
+  their log-softmaxes), not the entropy of softmax(clip_logits);
+- prob_map = the mean of the kept views' softmaxes (the negative cache's value).
+A single view (V = 1, or features [n, d]) takes the single-view branch above, as the code does.
+Everything runs in float32 (the public code in fp16).
 
 tda_pa: the prior attaches per class embedding. The cache adjustment of class k is added to the logit of
 every embedding of class k, z_m = logit_scale * u_m . f + (pos - neg)[class(m)], so that p = softmax(z)
@@ -40,12 +49,13 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, check_int, check_real, empty_trace, register
 from orchestrator.methods.reference import blend, update_weights
+from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_views
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)
 NEG_MASK_BOUNDS = (0.03, 1.0)
@@ -85,12 +95,23 @@ def tda_defaults(dataset: str) -> dict[str, float]:
 
 
 def class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-class log-sum-exp of per-embedding logits [M] -> [K]; exact for classes with a single embedding."""
-    top = torch.full((num_classes,), -math.inf, dtype=logits.dtype, device=logits.device)
-    top = top.scatter_reduce(0, class_ids, logits, reduce="amax")
-    sums = torch.zeros(num_classes, dtype=logits.dtype, device=logits.device)
-    sums = sums.index_add(0, class_ids, torch.exp(logits - top[class_ids]))
+    """Per-class log-sum-exp of per-embedding logits [..., M] -> [..., K]; exact for single-embedding classes."""
+    shape = (*logits.shape[:-1], num_classes)
+    index = class_ids.expand(logits.shape)
+    top = torch.full(shape, -math.inf, dtype=logits.dtype, device=logits.device)
+    top = top.scatter_reduce(-1, index, logits, reduce="amax")
+    sums = torch.zeros(shape, dtype=logits.dtype, device=logits.device)
+    sums = sums.index_add(-1, class_ids, torch.exp(logits - top[..., class_ids]))
     return top + torch.log(sums)
+
+
+def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[..., k, K] logits of k views -> [...]: entropy of the views' averaged softmax, computed as the public
+    code's avg_entropy (log-mean-exp of the log-softmaxes, clamped to the dtype's finite range)."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    avg = torch.logsumexp(log_p, dim=-2) - math.log(logits.shape[-2])
+    avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
+    return -(avg * torch.exp(avg)).sum(dim=-1)
 
 
 class ClassCache:
@@ -137,6 +158,8 @@ class ClassCache:
         return out
 
 
+_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
+
 _TDA_HPARAMS = {"pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.117, "neg_beta": 1.0, "pos_shot": 3,
                 "neg_shot": 2, "logit_scale": 100.0}
 
@@ -147,6 +170,7 @@ class TDA(Method):
 
     name = "tda"
     hparams = dict(_TDA_HPARAMS)
+    accepts_views = True
     with_prior = False
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
@@ -174,6 +198,32 @@ class TDA(Method):
             out["n2"] = check_real(cls.name, "n2", hp["n2"], low=0.0, hint=" (an initial counter)")
         return out
 
+    def _single_view(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Per sample (f, per-embedding logits, clip_logits, prob_map, loss): the code's single-view branch."""
+        for f in features:
+            with timer("logits"):
+                logits = self.hp["logit_scale"] * (self.class_embeddings @ f)
+                clip_logits = class_logits(logits, self.class_ids, self.num_classes)
+                prob_map = torch.softmax(clip_logits, dim=0)
+                loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
+            yield f, logits, clip_logits, prob_map, loss_t
+
+    def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The same per sample from its kept views (module docstring); stateless, so computed in chunks."""
+        for start in range(0, features.shape[0], _CHUNK):
+            with timer("logits"):
+                chunk = features[start:start + _CHUNK]
+                logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
+                view_logits = class_logits(logits, self.class_ids, self.num_classes)          # [c, V, K]
+                kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
+                kept_logits = gather_views(view_logits, kept)
+                f = gather_views(chunk, kept).mean(dim=1)
+                mean_logits = gather_views(logits, kept).mean(dim=1)
+                clip_logits = class_logits(mean_logits, self.class_ids, self.num_classes)
+                prob_map = torch.softmax(kept_logits, dim=-1).mean(dim=1)
+                loss = avg_entropy(kept_logits)
+            yield from zip(f, mean_logits, clip_logits, prob_map, loss)
+
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n = features.shape[0]
@@ -182,13 +232,11 @@ class TDA(Method):
         lo_mask, hi_mask = NEG_MASK_BOUNDS
         log2_k = math.log2(K)
         timer = StageTimer()
-        for i in range(n):
-            f = features[i]
+        if features.ndim == 3 and features.shape[1] == 1:
+            features = features[:, 0]
+        samples = self._single_view(features, timer) if features.ndim == 2 else self._views(features, timer)
+        for i, (f, logits, clip_logits, prob_map, loss_t) in enumerate(samples):
             with timer("logits"):
-                logits = hp["logit_scale"] * (self.class_embeddings @ f)
-                clip_logits = class_logits(logits, self.class_ids, K)
-                prob_map = torch.softmax(clip_logits, dim=0)
-                loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
                 loss = float(loss_t)
                 entropy = float(loss_t / log2_k)
                 pred = int(torch.argmax(clip_logits))
