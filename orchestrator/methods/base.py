@@ -109,7 +109,9 @@ def check_choice(method: str, name: str, value: Any, choices: tuple[str, ...]) -
 
 class Method(ABC):
     """Base of every method. Subclasses set `name`, `hparams` (every valid hparam with its default),
-    `takes_views` (features [n, V, d] instead of [n, d]), and implement `check_hparams` and `_run`.
+    `takes_views` (features must be [n, V, d], view 0 the original), or `accepts_views` (features [n, d], or
+    [n, V, d] used as the method's official code uses augmented views), and implement `check_hparams` and
+    `_run`.
 
     A method object is an online state machine: each `run(features)` continues from the state the previous
     call left, so running a stream in two chunks equals running it at once.
@@ -118,6 +120,7 @@ class Method(ABC):
     name: ClassVar[str]
     hparams: ClassVar[dict[str, Any]]
     takes_views: ClassVar[bool] = False
+    accepts_views: ClassVar[bool] = False
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -135,9 +138,16 @@ class Method(ABC):
     def _run(self, features: torch.Tensor) -> Trace:
         """Process validated features in stream order, continuing from the current state."""
 
+    @classmethod
+    def wants_views(cls, hp: dict[str, Any]) -> bool:
+        """Whether a run with these hparams (unset ones take their defaults) should be given a stream's
+        augmented views [n, V, d] rather than their confident-view means [n, d] (the trial's hand-off)."""
+        return cls.takes_views or cls.accepts_views
+
     def run(self, features: torch.Tensor) -> Trace:
         """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
-        validate_features(self.name, features, self.class_embeddings, views=self.takes_views)
+        views = self.takes_views or (self.accepts_views and isinstance(features, torch.Tensor) and features.ndim == 3)
+        validate_features(self.name, features, self.class_embeddings, views=views)
         return self._run(features)
 
 

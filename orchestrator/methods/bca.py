@@ -10,6 +10,18 @@ which the tests hold to the reference. Hparams:
 - n1, n2: initial counters of U and V (30000 / 10, the paper's OOD values).
 - logit_scale (100, CLIP's), select_on ('likelihood' | 'posterior'), update ('count' | 'momentum' |
   'decay'), decay (0.999, used only by update='decay'), state_dtype ('float32' | 'float16').
+- view_selection ('adaptive' | 'fixed'; la, pa and bca), used only when the features are augmented views
+  [n, V, d] (view 0 the original, V > 1):
+  - 'adaptive' (default, the public code's rule: TTABC's bca.py, which cites the official repository):
+    every sample re-selects its 10% lowest-entropy views against the CURRENT, adapted U, scored with the
+    logit scale over the M class embeddings, U only (no prior), then averages them; see
+    `reference.py` for the equations. It runs the per-sample reference loop: the blocked engine cannot
+    know a sample's views before every earlier update is done.
+  - 'fixed' (TDA's rule): the views are selected once, against the prompt embeddings, exactly as
+    `orchestrator.clip.select_views` selects them for every single-view method (class-summed posteriors at
+    CLIP's logit scale 100, as TDA's pipeline hard-codes it), then the blocked engine runs on the means.
+    The two agree while U has not moved; `clip` (U never moves) always selects this way.
+  Single-view features ([n, d] or [n, 1, d]) ignore it.
 """
 
 from __future__ import annotations
@@ -20,7 +32,11 @@ import torch
 
 from orchestrator.methods.base import Method, Trace, check_choice, check_real, register
 from orchestrator.methods.engine import run_bca_blocked
-from orchestrator.methods.reference import SELECT_ON, STATE_DTYPES, UPDATES, BCAConfig, init_state
+from orchestrator.methods.reference import (SELECT_ON, STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
+                                            init_state)
+from orchestrator.methods.views import confident_view_means
+
+VIEW_SELECTIONS = ("adaptive", "fixed")
 
 _TAU_HINT = " (a probability threshold; values >= 1 disable the gate)"
 
@@ -28,6 +44,12 @@ _TAU_HINT = " (a probability threshold; values >= 1 disable the gate)"
 class BCAFamily(Method):
     adapt_likelihood: ClassVar[bool]
     adapt_prior: ClassVar[bool]
+    accepts_views = True
+
+    @classmethod
+    def wants_views(cls, hp: dict[str, Any]) -> bool:
+        # 'fixed' selection of the views is what the trial already hands every single-view method.
+        return {**cls.hparams, **hp}.get("view_selection") == "adaptive"
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -63,6 +85,8 @@ class BCAFamily(Method):
             check_choice(name, "update", hp["update"], UPDATES)
         if "state_dtype" in hp:
             check_choice(name, "state_dtype", hp["state_dtype"], tuple(STATE_DTYPES))
+        if "view_selection" in hp:
+            check_choice(name, "view_selection", hp["view_selection"], VIEW_SELECTIONS)
         if "select_on" in hp:
             check_choice(name, "select_on", hp["select_on"], SELECT_ON)
             if hp["select_on"] == "posterior" and num_embeddings != num_classes:
@@ -72,7 +96,14 @@ class BCAFamily(Method):
         return out
 
     def _run(self, features: torch.Tensor) -> Trace:
-        trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
+        if features.ndim == 3 and features.shape[1] == 1:
+            features = features[:, 0]
+        elif features.ndim == 3 and self.hp.get("view_selection") != "adaptive":
+            features = confident_view_means(features, self.class_embeddings, self.class_ids, self.num_classes)
+        if features.ndim == 3:
+            trace = bca_family_reference(features, self.state, self.class_ids, self.num_classes, self.config)
+        else:
+            trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
         self.state = trace.state
         # The caller gets its own copy; clip has no counters to report.
         keys = ("U", "V", "C1", "C2") if self.config.selects else ("U", "V")
@@ -81,7 +112,7 @@ class BCAFamily(Method):
 
 
 _ADAPTIVE = {"logit_scale": 100.0, "select_on": "likelihood", "update": "count", "decay": 0.999,
-             "state_dtype": "float32"}
+             "state_dtype": "float32", "view_selection": "adaptive"}
 
 
 @register

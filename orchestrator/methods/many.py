@@ -36,7 +36,8 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
-    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)]
+    # Augmented views [n, V, d]: each method uses them its own way (BCA's adaptive selection runs per sample).
+    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)] if features.ndim == 2 else []
     traces: dict[int, Trace] = {}
     if family:
         validate_features(methods[family[0]].name, features, class_embeddings, views=False)
