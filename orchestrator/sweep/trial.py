@@ -61,7 +61,7 @@ class Stream:
     """A data source ready to run, everything in stream order."""
 
     features: torch.Tensor               # [n, d]: the single view, or the AugMix views' selected mean
-    view_features: torch.Tensor | None   # [n, V, d] for methods voting over views (zero); None without views
+    view_features: torch.Tensor | None   # [n, V, d] for runs that take views (`wants_views`); else None
     labels: torch.Tensor                 # [n] int64
     image_ids: list[str]
     order: torch.Tensor                  # [n] int64: dataset index of each stream position
@@ -123,7 +123,8 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
-    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
+    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for runs
+    that take views: zero, tda, tda_pa, the BCA family's view_selection='adaptive');
     otherwise only the confident-view means are built, without a float32 copy of all views."""
     key = (source, keep_views)
     if key in _MEMO:
@@ -259,8 +260,14 @@ def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
                _numpy(trace.selected))
 
 
-def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    return stream.view_features if METHODS[method].takes_views else stream.features
+def _wants_views(config: dict[str, Any]) -> bool:
+    return METHODS[config["method"]].wants_views(config["hparams"])
+
+
+def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
+    """The views [n, V, d] where the run takes them and the stream has them, else the stream's [n, d] features
+    (a single-view stream's, or the views' confident-view means)."""
+    return stream.view_features if stream.view_features is not None and _wants_views(config) else stream.features
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
@@ -272,7 +279,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
                              **config["hparams"])
-        features = _features_for(config["method"], stream)
+        features = _features_for(config, stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
         for start in range(0, len(stream), settings.part_rows):
@@ -294,10 +301,17 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     for writer in writers:
         writer.mark("running", n_samples=len(stream))
     try:
-        features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **run.config["hparams"]} for run in runs]
+        # Runs that take views and runs that take their means go in two passes, each run given its own kind.
+        traces: list[Any] = [None] * len(runs)
         began = time.perf_counter()
-        traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+        for wants in (False, True):
+            picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
+            if picked:
+                configs = [{"method": runs[i].config["method"], **runs[i].config["hparams"]} for i in picked]
+                features = _features_for(runs[picked[0]].config, stream)
+                for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
+                                                            stream.num_classes, configs)):
+                    traces[i] = trace
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
@@ -318,7 +332,7 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
     if not todo:
         return []
-    keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
+    keep_views = any(_wants_views(run.config) for run in todo)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
     stream, cached = load_stream(trial.source, settings, keep_views)
