@@ -137,5 +137,6 @@ def test_view_selection_defaults_and_errors():
     with pytest.raises(ValueError, match=r"bca: hparam 'view_selection' must be one of \['adaptive', 'fixed'\], "
                                          r"got 'once'"):
         run_stream("bca", feats, emb, ids, k, view_selection="once")
-    with pytest.raises(ValueError, match=r"bca: features must have shape \[n, d\], got \(4, 20, 16, 1\)"):
+    with pytest.raises(ValueError, match=r"bca: features must have shape \[n, d\] or \[n, V, d\] "
+                                         r"\(augmented views, view 0 the original\), got \(4, 20, 16, 1\)$"):
         run_stream("bca", feats[..., None], emb, ids, k)
