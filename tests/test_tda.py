@@ -315,3 +315,27 @@ def test_tda_pa_on_views_with_tau_above_one_is_tda():
     tda_pa = make_method("tda_pa", emb, ids, k, **VIEW_HP, tau=1.01).run(feats)
     torch.testing.assert_close(tda_pa.posteriors, tda.posteriors, atol=1e-5, rtol=0)
     assert torch.equal(tda_pa.gated, tda.gated)
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_cache_products_over_filled_entries_equal_the_full_capacity_products(method):
+    # Each sample's cache logits come from the filled entries only; recomputed over the whole [K, shot]
+    # capacity from the state the sample saw (caches update before its logits), empty slots weighing zero,
+    # they are the same up to float32 rounding, and so are the predictions.
+    feats, emb, ids, k = _stream(n=150)
+    hp = {"logit_scale": 10.0, "pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.5, "neg_beta": 1.0,
+          **({"tau": 1.01} if method == "tda_pa" else {})}
+    obj = make_method(method, emb, ids, k, **hp)
+    filled = []
+    for i in range(feats.shape[0]):
+        trace = obj.run(feats[i:i + 1])
+        f, st = feats[i], trace.state
+        weights = {p: torch.where(torch.isfinite(st[f"{p}_entropy"]),
+                                  torch.exp(-(hp[f"{p}_beta"] - hp[f"{p}_beta"] * (st[f"{p}_keys"] @ f))), 0.0)
+                   for p in ("pos", "neg")}
+        full = (10.0 * emb @ f + 2.0 * weights["pos"].sum(dim=1)
+                - 0.5 * weights["neg"].flatten() @ st["neg_values"].flatten(0, 1))
+        torch.testing.assert_close(trace.posteriors[0], torch.softmax(full, dim=0), atol=1e-6, rtol=0)
+        assert int(trace.predictions[0]) == int(full.argmax())
+        filled.append(int(torch.isfinite(st["neg_entropy"]).sum()))
+    assert filled[0] <= 1 < filled[-1]                  # partly filled caches at first, fuller later

@@ -115,15 +115,24 @@ def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 class ClassCache:
-    """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first)."""
+    """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first).
+
+    Entries are stored compactly, row r for the r-th slot ever filled (a slot keeps its row when its entry
+    is replaced), so the per-sample products run over the filled entries only, as the public code's
+    per-class lists do, not over the full K * shot capacity.
+    """
 
     def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool) -> None:
         self.shot = shot
-        self.keys = torch.zeros(num_classes, shot, dim, dtype=torch.float32, device=device)
-        self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
-        self.values = (torch.zeros(num_classes, shot, num_classes, dtype=torch.float32, device=device)
+        capacity = num_classes * shot
+        self.keys = torch.zeros(capacity, dim, dtype=torch.float32, device=device)
+        self.classes = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.values = (torch.zeros(capacity, num_classes, dtype=torch.float32, device=device)
                        if with_values else None)
-        # Per class, the entries' (loss, physical index) in rank order; entries never move physically.
+        self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
+        self.filled = 0
+        self.slots: list[int] = []  # slot k * shot + j of each filled row
+        # Per class, the entries' (loss, row) in rank order; entries never move.
         self.ranking: list[list[tuple[float, int]]] = [[] for _ in range(num_classes)]
 
     def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
@@ -132,29 +141,46 @@ class ClassCache:
             return False
         ranking = self.ranking[k]
         if len(ranking) < self.shot:
-            slot = len(ranking)
+            row = self.filled
+            self.slots.append(k * self.shot + len(ranking))
+            self.classes[row] = k
+            self.filled += 1
         elif loss < ranking[-1][0]:
-            slot = ranking.pop()[1]
+            row = ranking.pop()[1]
         else:
             return False
         # Stable re-sort: the new entry goes after every entry with an equal loss.
-        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot))
-        self.keys[k, slot] = key
-        self.entropy[k, slot] = loss
+        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, row))
+        self.keys[row] = key
+        self.entropy.view(-1)[self.slots[row]] = loss
         if self.values is not None:
-            self.values[k, slot] = value
+            self.values[row] = value
         return True
 
-    def affinity_weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """exp(-beta * (1 - f . key)) per entry [K, shot], zero for empty entries."""
-        affinity = self.keys @ f
-        weights = torch.exp(-1.0 * (beta - beta * affinity))
-        return torch.where(torch.isfinite(self.entropy), weights, torch.zeros_like(weights))
+    def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """exp(-beta * (1 - f . key)) of each filled entry [filled]."""
+        return torch.exp(-1.0 * (beta - beta * (self.keys[:self.filled] @ f)))
+
+    def class_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """[K] the weights summed per class: the positive cache's product with one-hot class values."""
+        sums = torch.zeros(self.entropy.shape[0], dtype=torch.float32, device=f.device)
+        return sums.index_add_(0, self.classes[:self.filled], self.weights(f, beta))
+
+    def value_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """[K] the weights times the entries' values: the negative cache's product with its masks."""
+        return self.weights(f, beta) @ self.values[:self.filled]
 
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        out = {f"{prefix}_keys": self.keys.clone(), f"{prefix}_entropy": self.entropy.clone()}
+        """'keys' [K, shot, d] and 'values' [K, shot, K] by class and slot (zero where empty), 'entropy'."""
+        num_classes, shot = self.entropy.shape
+        slots = torch.tensor(self.slots, dtype=torch.int64, device=self.keys.device)
+        dim = self.keys.shape[1]
+        keys = self.keys.new_zeros(num_classes * shot, dim).index_copy_(0, slots, self.keys[:self.filled])
+        out = {f"{prefix}_keys": keys.view(num_classes, shot, dim), f"{prefix}_entropy": self.entropy.clone()}
         if self.values is not None:
-            out[f"{prefix}_values"] = self.values.clone()
+            values = self.values.new_zeros(num_classes * shot, num_classes)
+            out[f"{prefix}_values"] = values.index_copy_(0, slots, self.values[:self.filled]).view(
+                num_classes, shot, num_classes)
         return out
 
 
@@ -247,8 +273,8 @@ class TDA(Method):
                     entered = self.neg.offer(pred, f, loss, mask) or entered
                 gated[i] = entered
             with timer("logits"):
-                positive = self.pos.affinity_weights(f, hp["pos_beta"]).sum(dim=1)
-                negative = self.neg.affinity_weights(f, hp["neg_beta"]).flatten() @ self.neg.values.flatten(0, 1)
+                positive = self.pos.class_sums(f, hp["pos_beta"])
+                negative = self.neg.value_sums(f, hp["neg_beta"])
                 adjustment = hp["pos_alpha"] * positive - hp["neg_alpha"] * negative
             if not self.with_prior:
                 with timer("posterior"):
