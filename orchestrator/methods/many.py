@@ -4,9 +4,10 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
-BCA-family configs (clip, la, pa, bca) run together through `engine.run_bca_blocked_many` (shared
-logits where U stays fixed); any other method runs on its own. Every result equals the separate run.
+Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
+[n, d] features the BCA-family configs (clip, la, pa, bca) run together through
+`engine.run_bca_blocked_many` (shared logits where U stays fixed); any other method, and every method on
+augmented views [n, V, d], runs on its own. Every result equals the separate run.
 """
 
 from __future__ import annotations
