@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from orchestrator.methods import hparam_defaults, make_method, run_stream
+from orchestrator.methods import make_method, run_stream
+from orchestrator.registry import method_card
 
 EYE3 = torch.eye(3)
 IDS3 = torch.arange(3)
@@ -128,7 +129,7 @@ def official_zero_vote(q: torch.Tensor, gamma: float) -> int:
 
 
 def test_official_defaults():
-    assert hparam_defaults("zero") == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded"}
+    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded"}
 
 
 def test_a_tie_goes_to_the_first_discarded_view_voting_a_tied_class():
@@ -189,6 +190,6 @@ def test_discarded_tie_break_matches_the_official_rule_on_a_random_stream():
 
 
 def test_tie_break_must_be_a_known_rule():
-    with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['discarded', 'mean_prob'\], "
-                                         r"got 'vote'"):
+    with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['discarded', 'mean_prob'\] "
+                                         r"\(a tied vote: .*\), got 'vote'$"):
         make_method("zero", EYE3, IDS3, 3, tie_break="vote")

@@ -28,15 +28,13 @@ Stateless: samples are processed in vectorised chunks.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_choice, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.views import confidence_order, kept_count, view_posteriors
 
 _CHUNK = 256  # samples per vectorised chunk: bounds the [chunk, V, M] logits in memory
-TIE_BREAKS = ("discarded", "mean_prob")
 
 
 def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
@@ -55,21 +53,10 @@ def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Ten
     return torch.where(tied.sum(dim=1) > 1, broken, winner)
 
 
-@register
 class Zero(Method):
-    """Majority vote of the confident augmented views' argmax predictions."""
+    """Majority vote of the confident augmented views' argmax predictions (hparams: its registry card)."""
 
     name = "zero"
-    hparams = {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded"}
-    takes_views = True
-
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        return {"keep": check_real(cls.name, "keep", hp["keep"], low=0.0, low_inclusive=False, high=1.0,
-                                   hint=" (the fraction of views kept)"),
-                "logit_scale": check_real(cls.name, "logit_scale", hp["logit_scale"], low=0.0,
-                                          low_inclusive=False),
-                "tie_break": check_choice(cls.name, "tie_break", hp["tie_break"], TIE_BREAKS)}
 
     def _run(self, features: torch.Tensor) -> Trace:
         n = features.shape[0]

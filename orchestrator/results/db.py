@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchestrator import registry
 from orchestrator.results import files, schema, safety
 
 VIEWS = ("samples", "runs", "accuracy", "summary")
@@ -67,7 +68,6 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
-_RUN_NAMES = {c.name for c in schema.RUN_COLUMNS}
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
 _CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
 _RUNS_TABLE = "runs_rows"
@@ -150,6 +150,11 @@ class ResultsDB:
                 bad.append(BadFile(path, check.error or "bad file"))
         return good, bad, present
 
+    @property
+    def hparam_names(self) -> list[str]:
+        """The runs view's hyperparameter columns: every registered method's, then those only the files carry."""
+        return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
+
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files."""
         with self._lock:
@@ -175,7 +180,7 @@ class ResultsDB:
                     self._build_samples(s_good, use_glob, s_cols)
                 if runs_key != self._runs_key:
                     self._build_runs([table for _, _, table in rows])
-                hparams = [c.name for c in schema.HPARAM_COLUMNS] + self.extra_run_columns
+                hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
                 self._samples_key, self._runs_key = samples_key, runs_key
@@ -214,9 +219,10 @@ class ResultsDB:
     def _build_runs(self, tables: list[pa.Table]) -> None:
         merged = _concat(tables)
         names = merged.column_names if merged is not None else []
-        extras = [c for c in names if c not in _RUN_NAMES]
+        columns = schema.run_columns()
+        extras = [c for c in names if c not in {col.name for col in columns}]
         # TRY_CAST: a hand-made file with an odd value gives a NULL cell, not a runs view that never works
-        cols = _select_list(schema.RUN_COLUMNS, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
+        cols = _select_list(columns, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
         con = self._con
         if merged is None:
             con.execute(f"CREATE OR REPLACE TABLE {_RUNS_TABLE} AS SELECT {', '.join(cols)} WHERE false")
@@ -329,7 +335,8 @@ grouped AS (
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
-    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = 'clip' AND complete
+    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = {_sql_str(registry.baseline_method())}
+           AND complete
     GROUP BY setting_id
 )
 SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain

@@ -218,7 +218,7 @@ class RunWriter:
         return None if row is None else row.get("status")
 
     def _base_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {c.name: None for c in schema.RUN_COLUMNS}
+        row: dict[str, Any] = {c.name: None for c in schema.run_columns()}
         row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,
                    config_json=self.config_json)
         row.update({c.name: self.config.get(c.name) for c in schema.IDENTITY_COLUMNS})

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.sweep.runner import NoGPU, run_sweep
-from orchestrator.sweep.spec import SpecError, load_spec
+from orchestrator.sweep.load import SpecError, load_spec
 
 
 def _say(line: str) -> None:

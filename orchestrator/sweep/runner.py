@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.results.writer import RunWriter, read_run
-from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
+from orchestrator.sweep.load import SpecError
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials
+from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.progress import ProgressCallback, summary_table
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
@@ -72,7 +74,8 @@ def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
 
 def settings_of(spec: SweepSpec) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
-                    part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)))
+                    part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
+                    plugins=tuple(spec.plugins))
 
 
 def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
@@ -123,6 +126,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or was interrupted.
     `command` is how the user started it, for the resume hints."""
     runs = expand(spec)
+    problem = check_sweep_record(spec, runs)
+    if problem:
+        raise SpecError(f"sweep {spec.name}", [("name", problem)])
     if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
         # Accepted so that scripts can always pass --resume (the README's main job does).
         out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")

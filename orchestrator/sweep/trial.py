@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.methods import METHODS, make_method
+from orchestrator.methods import make_method
+from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
@@ -54,6 +55,7 @@ class Settings:
     data_root: str | None
     part_rows: int
     failpoint: str | None = None  # see the module docstring
+    plugins: tuple[str, ...] = ()  # modules registering plugin methods, imported in each trial process
 
 
 @dataclass
@@ -100,7 +102,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
 
             register_model_config(source.model_config)
         bench = load_benchmark(source.dataset, data_root=settings.data_root, cache_dir=settings.cache_dir,
-                               backbone=source.model, pretrained=source.checkpoint or source.pretrained,
+                               backbone=source.model, pretrained=source.weights,
                                views=source.views, templates=source.templates, seed=source.seed,
                                quick_gelu=source.quick_gelu, reduce_views=not keep_views)
         encode_s = bench.encode_seconds
@@ -261,7 +263,7 @@ def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
 
 
 def _wants_views(config: dict[str, Any]) -> bool:
-    return METHODS[config["method"]].wants_views(config["hparams"])
+    return method_card(config["method"]).wants_views(config["hparams"])
 
 
 def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
@@ -332,6 +334,7 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
     if not todo:
         return []
+    load_plugins(settings.plugins)
     keep_views = any(_wants_views(run.config) for run in todo)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
