@@ -64,8 +64,10 @@ SCALE = 20.0
 CASES = {
     "bca": ({"tau": 0.95, "n1": 4, "n2": 6, "logit_scale": SCALE},
             {"n1": 4, "n2": 6, "tau_u": 0.95, "tau_v": 0.95, "scale": SCALE}),
-    "la": ({"tau": 0.95, "n1": 4, "logit_scale": SCALE}, {"n1": 4, "n2": 6, "tau_u": 0.95, "tau_v": 2.0, "scale": SCALE}),
-    "pa": ({"tau": 0.95, "n2": 6, "logit_scale": SCALE}, {"n1": 4, "n2": 6, "tau_u": 2.0, "tau_v": 0.95, "scale": SCALE}),
+    "la": ({"tau": 0.95, "n1": 4, "logit_scale": SCALE},
+           {"n1": 4, "n2": 6, "tau_u": 0.95, "tau_v": 2.0, "scale": SCALE}),
+    "pa": ({"tau": 0.95, "n2": 6, "logit_scale": SCALE},
+           {"n1": 4, "n2": 6, "tau_u": 2.0, "tau_v": 0.95, "scale": SCALE}),
 }
 
 

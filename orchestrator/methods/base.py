@@ -150,7 +150,8 @@ def validate_class_inputs(class_embeddings: Any, class_ids: Any, num_classes: An
 
 _SHAPES = {True: ("[n, V, d] (augmented views, view 0 the original)", (3,),
                   "; add a view axis (features[:, None]) for single-view features"),
-           False: ("[n, d]", (2,), "; reduce multi-view features first (orchestrator.clip select_views) or take view 0"),
+           False: ("[n, d]", (2,),
+                   "; reduce multi-view features first (orchestrator.clip select_views) or take view 0"),
            None: ("[n, d] or [n, V, d] (augmented views, view 0 the original)", (2, 3), "")}
 
 

@@ -53,7 +53,8 @@ register_method(MethodCard(
     source="CLIP zero-shot classification"))
 register_method(MethodCard(
     "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)", "orchestrator.methods.bca:LikelihoodAdaptation",
-    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS))
+    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
+    **_BCA_VIEWS))
 register_method(MethodCard(
     "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca:PriorAdaptation",
     (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"),
@@ -89,8 +90,8 @@ register_method(MethodCard(
     state=_TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix"))
 register_method(MethodCard(
     "tda_pa", "TDA+PA", 50, "tda", "TDA's caches + BCA's prior", "orchestrator.methods.tda:TDAWithPrior",
-    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"), source=_TDA_SOURCE + "; BCA's Eq. 9",
-    inputs="either", views="augmix"))
+    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"),
+    source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix"))
 register_method(MethodCard(
     "zero", "Zero", 60, "zero", "nothing: majority vote of the confident augmented views",
     "orchestrator.methods.zero:Zero",
