@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import registry
+from orchestrator.stages import STAGES
 
 # Category axes name every row: Vega would otherwise thin out labels it deems too close.
 _ALL_LABELS = alt.Axis(labelOverlap=False)
@@ -140,9 +141,6 @@ def parallel_coordinates(runs: pd.DataFrame, dims: list[str]) -> alt.Chart:
     )
 
 
-STAGES = ["encoder", "logits", "posterior", "update"]
-
-
 def stage_times(timing: pd.DataFrame) -> alt.Chart:
     """Stacked seconds per stage for each configuration (mean over its finished runs).
 
@@ -154,11 +152,11 @@ def stage_times(timing: pd.DataFrame) -> alt.Chart:
         .encode(
             y=alt.Y("series:N", title=None, axis=_ALL_LABELS),
             x=alt.X("seconds:Q", title="seconds per run (mean)"),
-            color=alt.Color("stage:N", sort=STAGES, title="stage"),
+            color=alt.Color("stage:N", sort=list(STAGES), title="stage"),
             order=alt.Order("stage_rank:Q"),
             tooltip=["series:N", "stage:N", alt.Tooltip("seconds:Q", format=".3f")],
         )
-        .transform_calculate(stage_rank=f"indexof({STAGES!r}, datum.stage)")
+        .transform_calculate(stage_rank=f"indexof({list(STAGES)!r}, datum.stage)")
         .properties(height=90 + 22 * int(timing["series"].nunique()), title="time per stage")
     )
 

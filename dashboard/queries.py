@@ -18,6 +18,7 @@ import pandas as pd
 from orchestrator import registry
 from orchestrator.results import report
 from orchestrator.results.db import ResultsDB
+from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
 
 # Filters on the run's identity, in display order: runs-table column -> label. Every hyperparameter that takes
 # several values among the runs is a filter too (`filter_columns`), labelled by its name.
@@ -33,8 +34,7 @@ _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")
 # Settings that may tell two configurations of one method apart, besides the hparams.
 SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
 # Metrics of the runs table the accuracy view does not carry.
-RUN_METRICS = ("samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s",
-               "peak_mem_mb", "error", "updated_at")
+RUN_METRICS = ("samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", "error", "updated_at")
 LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "status",
                    "n_samples", "samples_per_s", "error", "updated_at")
 
@@ -273,7 +273,7 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str]) ->
 def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     """Mean seconds per stage per configuration (finished runs): columns series, stage, seconds."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = {f"time_{s}_s": s for s in ("encoder", "logits", "posterior", "update")}
+    cols = {stage_column(s): s for s in STAGES}
     means = finished.groupby("series")[list(cols)].mean().rename(columns=cols)
     return means.reset_index().melt(id_vars="series", var_name="stage", value_name="seconds").dropna()
 
@@ -281,7 +281,7 @@ def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = ["samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb"]
+    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb"]
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()

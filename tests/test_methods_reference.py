@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from orchestrator.methods import Trace, make_method, run_stream
-from orchestrator.registry import method_card
 from orchestrator.methods.reference import BCAConfig, bca_family_reference, init_state
+from orchestrator.registry import method_card
 
 
 class Runner:

@@ -24,9 +24,9 @@ import yaml
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import run_stream
 from orchestrator.results.writer import load_state, read_run
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep, settings_of
-from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 
 ray = pytest.importorskip("ray")

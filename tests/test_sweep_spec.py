@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.record import check_sweep_record, write_sweep_record
-from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ CASES = [
     ("tau below 0 in a grid", _set("methods.1.tau", [0.2, -0.1]), "methods[1].tau[1]", "[0, 1]"),
     ("tau as a string", _set("methods.1.tau", "high"), "methods[1].tau", "[0, 1]"),
     ("empty grid", _set("methods.1.tau", []), "methods[1].tau", "at least 1 item"),
-    ("unknown method", _set("methods.1.method", "bcaa"), "methods[1].method", "one of: clip, la, pa, bca, tda"),
+    ("unknown method", _set("methods.1.method", "bcaa"), "methods[1].method", "one of: clip, la, pa, bca, tda, tda_pa"),
     ("hparam the method lacks", _set("methods.0.tau", 0.3), "methods[0].tau", "allowed keys: datasets, logit_scale, method"),
     ("unknown update rule", _set("methods.1.update", "sgd"), "methods[1].update", "'count', 'momentum', 'decay'"),
     ("method limited to a dataset the spec lacks", _set("methods.1.datasets", ["synthetic-iid"]),

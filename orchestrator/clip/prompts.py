@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from orchestrator.clip.backbone import (
     Backbone,
     BackboneSpec,
-    auto_device,
     precision_for,
     resolve_weights,
     shared_backbone,
 )
+from orchestrator.device import auto_device
 from orchestrator.registry import dataset_card
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")

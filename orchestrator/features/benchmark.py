@@ -16,9 +16,9 @@ import torch
 from orchestrator.clip.backbone import BackboneSpec
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
-from orchestrator.registry import dataset_card
 from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
+from orchestrator.registry import dataset_card
 
 
 @dataclass(frozen=True)

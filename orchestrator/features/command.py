@@ -14,8 +14,8 @@ from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.views import parse_views
 from orchestrator.data.datasets import DatasetLayoutError
-from orchestrator.registry import dataset_card
 from orchestrator.features.cache import CorruptImageError, FeatureCache
+from orchestrator.registry import dataset_card
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 
 from orchestrator.registry import MethodCard, method_card
-
-TIMING_KEYS = ("logits", "posterior", "update")
+from orchestrator.stages import METHOD_STAGES
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Trace:
     gated: torch.Tensor
     gated_prior: torch.Tensor
     state: dict[str, torch.Tensor] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METHOD_STAGES, 0.0))
 
     @property
     def predictions(self) -> torch.Tensor:
@@ -54,7 +53,7 @@ class StageTimer:
     """Accumulates wall time per stage; `with timer('logits'): ...`."""
 
     def __init__(self) -> None:
-        self.seconds = dict.fromkeys(TIMING_KEYS, 0.0)
+        self.seconds = dict.fromkeys(METHOD_STAGES, 0.0)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:

@@ -28,7 +28,6 @@ Stateless: samples are processed in vectorised chunks.
 
 from __future__ import annotations
 
-
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace

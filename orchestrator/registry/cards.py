@@ -2,7 +2,8 @@
 
 The values are the official ones: BCA's from the paper (tau / n1 / n2 = 0.3 / 30000 / 10 on the OOD benchmark,
 0.35 / 50000 / 10 on the cross-domain one, REFERENCE.md section 1), TDA's positive-cache alpha / beta per dataset
-from its public configs (section 3), Zero's from its official code.
+from its public configs (section 3), the other methods' from their official code and configs (each card's
+`source`; where code and paper differ, the method module's docstring says which is followed).
 """
 
 from __future__ import annotations
@@ -101,3 +102,87 @@ register_method(MethodCard(
             "(official code), mean_prob = the higher mean probability of the kept views", "choice",
             choices=("discarded", "mean_prob")), LOGIT_SCALE),
     inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)"))
+
+# Methods beyond the BCA paper (REFERENCE.md section 6): their official repositories' per-dataset configs.
+register_method(MethodCard(
+    'dpe', 'DPE', 100, 'prototype', 'textual prototypes and a visual cache, one AdamW step per sample on their residuals',
+    "orchestrator.methods.dpe:DPE",
+    (
+        HParam('alpha', 'float', 6.0, 'weight of the visual-cache logits', 'weight', low=0.0, per_dataset={'imagenet': 6.0, 'imagenet-a': 6.0, 'imagenet-v2': 3.0, 'imagenet-r': 3.0, 'imagenet-sketch': 7.0, 'caltech101': 15.0, 'dtd': 6.0, 'eurosat': 3.0, 'aircraft': 6.0, 'food101': 3.0, 'flowers102': 2.5, 'pets': 4.0, 'cars': 3.0, 'sun397': 6.0, 'ucf101': 9.0}),
+        HParam('beta', 'float', 5.0, 'sharpness of the cache affinity exp(-beta (1 - cos))', 'scale', low=0.0, per_dataset={'imagenet': 5.0, 'imagenet-a': 5.0, 'imagenet-v2': 8.0, 'imagenet-r': 8.0, 'imagenet-sketch': 7.45, 'caltech101': 5.0, 'dtd': 3.0, 'eurosat': 8.0, 'aircraft': 2.0, 'food101': 1.0, 'flowers102': 5.0, 'pets': 7.0, 'cars': 7.0, 'sun397': 3.0, 'ucf101': 8.0}),
+        HParam('lr_text', 'float', 0.0006, 'AdamW learning rate of the textual residual', 'rate', low=0.0, low_open=True, log=True, per_dataset={'imagenet': 0.0006, 'imagenet-a': 0.0003, 'imagenet-v2': 0.0005, 'imagenet-r': 0.0006, 'imagenet-sketch': 0.0006, 'caltech101': 0.0006, 'dtd': 0.0006, 'eurosat': 5e-05, 'aircraft': 0.0006, 'food101': 0.0002, 'flowers102': 0.0001, 'pets': 5e-05, 'cars': 0.0001, 'sun397': 0.0002, 'ucf101': 0.0004}),
+        HParam('lr_image', 'float', 0.0006, 'AdamW learning rate of the visual-cache residual', 'rate', low=0.0, low_open=True, log=True, per_dataset={'imagenet': 0.0006, 'imagenet-a': 0.0003, 'imagenet-v2': 0.0005, 'imagenet-r': 0.0006, 'imagenet-sketch': 0.0006, 'caltech101': 0.0006, 'dtd': 0.0006, 'eurosat': 5e-05, 'aircraft': 0.0006, 'food101': 0.0002, 'flowers102': 0.0001, 'pets': 5e-05, 'cars': 0.0001, 'sun397': 0.0002, 'ucf101': 0.0004}),
+        HParam('align', 'float', 0.5, 'weight of the InfoNCE alignment of cache and text prototypes', 'weight', low=0.0, per_dataset={'imagenet': 0.5, 'imagenet-a': 2.5, 'imagenet-v2': 0.5, 'imagenet-r': 0.0, 'imagenet-sketch': 0.2, 'caltech101': 0.2, 'dtd': 0.2, 'eurosat': 0.2, 'aircraft': 0.2, 'food101': 0.2, 'flowers102': 0.2, 'pets': 0.2, 'cars': 1.5, 'sun397': 0.2, 'ucf101': 0.2}),
+        HParam('shot', 'int', 3, 'cache entries per class', 'size', low=1),
+        HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views kept', 'threshold', low=0.0, high=1.0, low_open=True),
+        HParam('tau_global', 'float', 0.1, 'normalised-entropy threshold of the global text-prototype update', 'threshold', low=0.0),
+        LOGIT_SCALE,
+        HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
+    ),
+    inputs='views', views='augmix', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+    source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/'))
+
+register_method(MethodCard(
+    'tps', 'TPS', 110, 'episodic', 'per-class shifts of the prototypes, one AdamW step per sample, reset every sample (episodic)',
+    "orchestrator.methods.tps:TPS",
+    (
+        HParam('lr', 'float', 0.005, 'AdamW learning rate of the per-class shifts', 'rate', low=0.0, low_open=True, log=True, per_dataset={'aircraft': 0.001, 'caltech101': 0.001, 'cars': 0.001, 'dtd': 0.001, 'eurosat': 0.001, 'flowers102': 0.001, 'food101': 0.001, 'pets': 0.001, 'sun397': 0.001, 'ucf101': 0.001}),
+        HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views in the loss', 'threshold', low=0.0, high=1.0, low_open=True),
+        LOGIT_SCALE,
+    ),
+    inputs='views', views='crops', state=(),
+    source='elaine-sui/TPS@556db0fe310f029fc7b796ffa83eaa64c578b505 shift_classification.py, model/shifter.py'))
+
+register_method(MethodCard(
+    'dmn_zs', 'DMN-ZS', 120, 'memory', 'a per-class memory of confident test features read by attention',
+    "orchestrator.methods.dmn_zs:DMNZeroShot",
+    (
+        HParam('memory_size', 'int', 50, 'memory entries per class', 'size', low=1),
+        HParam('beta', 'float', 5.5, 'sharpness of the attention weights exp(-beta (1 - cos))', 'scale', low=0.0),
+        HParam('memory_weight', 'float', 1.0, 'weight of the memory posterior against the text posterior', 'weight', low=0.0, per_dataset={'imagenet': 1.0, 'flowers102': 10.0, 'dtd': 10.0, 'pets': 1.0, 'cars': 0.3, 'ucf101': 0.3, 'caltech101': 0.3, 'food101': 0.3, 'sun397': 3.0, 'aircraft': 1.0, 'eurosat': 0.3, 'imagenet-a': 3.0, 'imagenet-v2': 1.0, 'imagenet-r': 0.3, 'imagenet-sketch': 1.0}),
+        HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views that choose the pseudo-label', 'threshold', low=0.0, high=1.0, low_open=True),
+        LOGIT_SCALE,
+    ),
+    inputs='views', views='crops', state=('memory', 'memory_entropy', 'memory_count'),
+    source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)'))
+# DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (methods-spec.md section 4).
+_DOTA = {
+    "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
+    "imagenet-r": (1e-4, 0.3, 0.0025), "imagenet-sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),
+    "dtd": (1e-4, 0.3, 0.02), "eurosat": (1e-4, 3.0, 0.05), "aircraft": (1e-4, 0.2, 0.01),
+    "food101": (4e-5, 0.1, 0.01), "flowers102": (1e-4, 0.2, 0.02), "pets": (1e-4, 0.3, 0.02),
+    "cars": (1e-4, 0.3, 0.01), "sun397": (1e-4, 0.2, 0.01), "ucf101": (1e-4, 0.4, 0.02),
+}
+register_method(MethodCard(
+    "dota", "DOTA", 70, "gaussian", "per-class Gaussian means and covariances from soft labels, shared precision",
+    "orchestrator.methods.dota:DOTA",
+    (HParam("epsilon", "float", 1e-4, "identity blended into the mean covariance before inverting", "weight",
+            low=0.0, high=1.0, log=True, per_dataset={k: v[0] for k, v in _DOTA.items()}),
+     HParam("eta", "float", 0.2, "cap of the Gaussian score's weight min(rho · mean count / views kept, eta)",
+            "weight", low=0.0, per_dataset={k: v[1] for k, v in _DOTA.items()}),
+     HParam("rho", "float", 0.005, "growth of the Gaussian score's weight with the samples seen", "rate", low=0.0,
+            per_dataset={k: v[2] for k, v in _DOTA.items()}),
+     HParam("sigma", "float", 0.002, "initial covariance sigma · I of every class", "scale", low=0.0,
+            low_open=True, log=True),
+     HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy; at least one)", "rate", low=0.0,
+            high=1.0, low_open=True),
+     LOGIT_SCALE),
+    inputs="views", views="augmix", state=("mu", "sigma", "counts", "precision"),
+    source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); 64 AugMix views on ImageNet-A/-V2/-R/-Sketch, "
+           "the original view elsewhere"))
+register_method(MethodCard(
+    "onzeta", "OnZeta", 80, "onzeta", "class-proportion dual variable and vision-space class proxies",
+    "orchestrator.methods.onzeta:OnZeta",
+    (HParam("tau_t", "float", 0.01, "temperature of the text label q (0.01 is logit scale 100)", "scale", low=0.0,
+            low_open=True, log=True),
+     HParam("tau_i", "float", 0.04, "temperature of the vision-proxy label p", "scale", low=0.0, low_open=True,
+            log=True),
+     HParam("cw", "float", 0.5, "proxy learning rate constant: cw / sqrt(i + 1)", "rate", low=0.0),
+     HParam("cr", "float", 20.0, "dual (class-proportion) learning rate constant: cr / sqrt(i + 1)", "rate",
+            low=0.0),
+     HParam("alpha", "float", 1.0, "target class proportion alpha / K (1: uniform)", "weight", low=0.0),
+     HParam("beta", "float", 0.8, "final weight of the proxy label, reached at the last sample", "weight",
+            low=0.0, high=1.0),
+     HParam("n_total", "int", None, "stream length N of the mixing weight's schedule; null: the first run "
+            "call's length", "size", low=1, nullable=True)),
+    state=("W", "rho", "step"), stream_length="n_total", source="idstcv/OnZeta@befef06 (main_online.py); ImageNet only, no per-dataset configs"))

@@ -21,16 +21,19 @@ def _where(datasets: list[str]) -> str:
     return ", ".join(dataset_title(d) for d in datasets)
 
 
+def _value(v: object) -> str:
+    return "null" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def _default(h: HParam) -> str:
-    value = "null" if h.default is None else f"{h.default:g}" if isinstance(h.default, float) else h.default
-    text = f"`{h.name}` ({value})"
+    text = f"`{h.name}` ({_value(h.default)})"
     by_value: dict = {}
     for dataset, v in h.per_dataset.items():
         by_value.setdefault(v, []).append(dataset)
     if len(by_value) > 2:
         return text + " [per dataset]"
     if by_value:
-        text += " [" + "; ".join(f"{v:g} on {_where(ds)}" for v, ds in by_value.items()) + "]"
+        text += " [" + "; ".join(f"{_value(v)} on {_where(ds)}" for v, ds in by_value.items()) + "]"
     return text
 
 

@@ -134,10 +134,12 @@ class MethodCard:
     (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
     used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
     its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
-    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops'); prior: it learns a prior V saved with the run
-    (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
-    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; source: the
-    official code it follows.
+    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops'); prior: it
+    learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the hparam its counter
+    C2 starts from; baseline: zero-shot
+    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
+    the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
+    the trial feeds it in parts); source: the official code it follows.
     """
 
     name: str
@@ -154,6 +156,7 @@ class MethodCard:
     prior_count: str | None = None
     baseline: bool = False
     state: tuple[str, ...] = ()
+    stream_length: str | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -175,8 +178,10 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: views_when needs inputs 'either' and its own hparams, got "
                              f"inputs {self.inputs!r} and {sorted(self.views_when)}")
         object.__setattr__(self, "views_when", MappingProxyType(dict(self.views_when)))
-        if self.prior_count is not None and self.prior_count not in names:
-            raise ValueError(f"method {self.name!r}: prior_count {self.prior_count!r} is not one of its hparams")
+        for field_name in ("prior_count", "stream_length"):
+            value = getattr(self, field_name)
+            if value is not None and value not in names:
+                raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
 
     @property
     def takes_views(self) -> bool:

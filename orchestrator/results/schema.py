@@ -28,6 +28,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from orchestrator import registry
+from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
 SCHEMA_VERSION = "1"
 DEFAULT_RESULTS_DIR = "results"
@@ -59,12 +60,20 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("gated", pa.bool_(), "BOOLEAN", "the likelihood / cache update fired"),
     Column("gated_prior", pa.bool_(), "BOOLEAN", "the prior update fired"),
     Column("selected", pa.int32(), "INTEGER", "class embedding selected for the update, -1 if none"),
+    Column("top5", pa.list_(pa.int32()), "INTEGER[]", "the min(5, K) most probable classes, best first"),
+    Column("prob_true", pa.float32(), "FLOAT", "posterior of the true class (null for an OOD sample)"),
+    Column("is_ood", pa.bool_(), "BOOLEAN", "from outside the label space (contaminated streams): label -1, "
+                                            "left out of accuracy"),
+    Column("source", pa.string(), "VARCHAR", "dataset the sample comes from (continual and contaminated streams)"),
 )
-SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=False) for c in SAMPLE_COLUMNS])
+# Null where the writer was not given them: parts written before these columns existed read as null too.
+SAMPLE_NULLABLE = ("top5", "prob_true", "source")
+SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=c.name in SAMPLE_NULLABLE)
+                                 for c in SAMPLE_COLUMNS])
 # A part lacking one of these cannot answer the views' questions and is reported as bad.
 SAMPLE_REQUIRED = ("run_id", "sample_idx", "label", "pred", "correct")
 # What write_part fills when the method has no such notion (e.g. CLIP never gates).
-SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1}
+SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1, "is_ood": False}
 PARTITION_KEYS = ("sweep", "backbone", "dataset", "method", "run_id")
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -85,11 +94,14 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
     Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
     Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
+    Column("top5_accuracy", pa.float64(), "DOUBLE", "top-5 accuracy in percent"),
+    Column("ece", pa.float64(), "DOUBLE", "expected calibration error (15 equal-width bins), percent"),
+    Column("nll", pa.float64(), "DOUBLE", "mean negative log posterior of the true class (nats)"),
+    Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
+    Column("ood_auroc", pa.float64(), "DOUBLE", "AUROC of the confidence separating in- from out-of-distribution "
+                                                "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
-    Column("time_encoder_s", pa.float64(), "DOUBLE", "image encoding time (0 when features were cached)"),
-    Column("time_logits_s", pa.float64(), "DOUBLE", "logits stage time"),
-    Column("time_posterior_s", pa.float64(), "DOUBLE", "posterior stage time"),
-    Column("time_update_s", pa.float64(), "DOUBLE", "update stage time"),
+    *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),

@@ -13,8 +13,15 @@ from pathlib import Path
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.registry import dataset_key, method_card
-from orchestrator.sweep.spec import (RealDataset, SweepSpec, SyntheticDataset, dataset_name, dataset_views,
-                                     entry_datasets, method_grid)
+from orchestrator.sweep.spec import (
+    RealDataset,
+    SweepSpec,
+    SyntheticDataset,
+    dataset_name,
+    dataset_views,
+    entry_datasets,
+    method_grid,
+)
 
 
 def embeddings_per_class(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, template_set: str) -> int:
@@ -56,7 +63,8 @@ def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     """Data root, cache dir, backbones and template sets: only needed (and only imported) for real datasets."""
-    from orchestrator.sweep.catalog import backbone_issue, template_set_names
+    from orchestrator.clip import TEMPLATE_SET_NAMES
+    from orchestrator.sweep.catalog import backbone_issue
 
     issues: list[tuple[str, str]] = []
     if spec.data_root is None:
@@ -76,9 +84,9 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         if problem:
             issues.append((f"backbones[{i}].{problem[0]}", problem[1]))
     for i, template_set in enumerate(spec.templates):
-        if template_set not in template_set_names():
+        if template_set not in TEMPLATE_SET_NAMES:
             issues.append((f"templates[{i}]", f"unknown template set {template_set!r}; expected one of: "
-                                              f"{', '.join(template_set_names())}"))
+                                              f"{', '.join(TEMPLATE_SET_NAMES)}"))
     return issues
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.sweep.runner import NoGPU, run_sweep
 from orchestrator.sweep.load import SpecError, load_spec
+from orchestrator.sweep.runner import NoGPU, run_sweep
 
 
 def _say(line: str) -> None:

@@ -22,8 +22,15 @@ from typing import Any
 
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
-from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views,
-                                     entry_datasets, method_grid)
+from orchestrator.sweep.spec import (
+    Backbone,
+    RealDataset,
+    SweepSpec,
+    SyntheticDataset,
+    dataset_views,
+    entry_datasets,
+    method_grid,
+)
 
 SYNTHETIC_BACKBONE = "synthetic"
 

@@ -13,8 +13,21 @@ import json
 from functools import cache
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
-                      StrictFloat, StrictInt, StrictStr, Tag, create_model, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+    create_model,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data.synthetic import SYNTHETIC_SCENARIOS, make_synthetic

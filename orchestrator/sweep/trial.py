@@ -34,9 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
+from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
 FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
@@ -82,10 +84,6 @@ def stream_order(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
     if source.is_synthetic:
         from orchestrator.data.synthetic import make_synthetic
@@ -108,7 +106,7 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
         encode_s = bench.encode_seconds
         skipped = list(bench.skipped)
         order = stream_order(len(bench), source.seed)
-    device = _device()
+    device = auto_device()
     features = bench.features[order].to(device)
     class_embeddings = bench.class_embeddings.to(device)
     class_ids = bench.class_ids.to(device)
@@ -249,8 +247,9 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
     accuracy, last50 = _accuracy(np.concatenate(outcome.preds), stream.labels.numpy())
     metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
-               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "time_encoder_s": encode_s,
-               **{f"time_{stage}_s": outcome.timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
+               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               stage_column(ENCODER_STAGE): encode_s,
+               **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": _peak_mem_mb(stream.features.device),
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
     writer.mark("finished", **metrics)
@@ -272,6 +271,16 @@ def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
     return stream.view_features if stream.view_features is not None and _wants_views(config) else stream.features
 
 
+def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
+    stream's length, since the trial feeds the stream in parts."""
+    hparams = dict(config["hparams"])
+    length = method_card(config["method"]).stream_length
+    if length is not None and hparams.get(length) is None:
+        hparams[length] = n
+    return hparams
+
+
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
@@ -280,7 +289,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
     try:
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                             **config["hparams"])
+                             **_method_hparams(config, len(stream)))
         features = _features_for(config, stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
@@ -309,7 +318,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         for wants in (False, True):
             picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
             if picked:
-                configs = [{"method": runs[i].config["method"], **runs[i].config["hparams"]} for i in picked]
+                configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
+                           for i in picked]
                 features = _features_for(runs[picked[0]].config, stream)
                 for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
                                                             stream.num_classes, configs)):

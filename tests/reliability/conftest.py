@@ -29,8 +29,8 @@ import yaml
 
 from orchestrator.results import schema
 from orchestrator.results.writer import read_run
-from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.trial import Settings, execute_trial
 
 REPO = Path(__file__).resolve().parents[2]
