@@ -82,23 +82,25 @@ def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
 class ClassCache:
     """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first).
 
-    Entries are stored compactly, row r for the r-th slot ever filled (a slot keeps its row when its entry
-    is replaced), so the per-sample products run over the filled entries only, as the public code's
-    per-class lists do, not over the full K * shot capacity.
+    keys [K, shot, d], entropy [K, shot] (inf where empty) and values [K, shot, K] hold the entries by class and
+    slot. The per-sample products read compact copies instead (row r: the r-th slot ever filled; a slot keeps its
+    row when its entry is replaced), so they run over the filled entries only, as the public code's per-class
+    lists do, not over the whole K * shot capacity.
     """
 
     def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool) -> None:
         self.shot = shot
-        capacity = num_classes * shot
-        self.keys = torch.zeros(capacity, dim, dtype=torch.float32, device=device)
-        self.classes = torch.zeros(capacity, dtype=torch.int64, device=device)
-        self.values = (torch.zeros(capacity, num_classes, dtype=torch.float32, device=device)
-                       if with_values else None)
+        self.keys = torch.zeros(num_classes, shot, dim, dtype=torch.float32, device=device)
         self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
+        self.values = (torch.zeros(num_classes, shot, num_classes, dtype=torch.float32, device=device)
+                       if with_values else None)
         self.filled = 0
-        self.slots: list[int] = []  # slot k * shot + j of each filled row
-        # Per class, the entries' (loss, row) in rank order; entries never move.
-        self.ranking: list[list[tuple[float, int]]] = [[] for _ in range(num_classes)]
+        self.rows = torch.zeros(num_classes * shot, dim, dtype=torch.float32, device=device)
+        self.row_classes = torch.zeros(num_classes * shot, dtype=torch.int64, device=device)
+        self.row_values = (torch.zeros(num_classes * shot, num_classes, dtype=torch.float32, device=device)
+                           if with_values else None)
+        # Per class, the entries' (loss, slot, row) in rank order; entries never move.
+        self.ranking: list[list[tuple[float, int, int]]] = [[] for _ in range(num_classes)]
 
     def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
         """TDA's update_cache: append while there is room, else replace the worst if strictly better."""
@@ -106,46 +108,40 @@ class ClassCache:
             return False
         ranking = self.ranking[k]
         if len(ranking) < self.shot:
-            row = self.filled
-            self.slots.append(k * self.shot + len(ranking))
-            self.classes[row] = k
+            slot, row = len(ranking), self.filled
+            self.row_classes[row] = k
             self.filled += 1
         elif loss < ranking[-1][0]:
-            row = ranking.pop()[1]
+            _, slot, row = ranking.pop()
         else:
             return False
         # Stable re-sort: the new entry goes after every entry with an equal loss.
-        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, row))
-        self.keys[row] = key
-        self.entropy.view(-1)[self.slots[row]] = loss
+        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot, row))
+        self.keys[k, slot] = key
+        self.rows[row] = key
+        self.entropy[k, slot] = loss
         if self.values is not None:
-            self.values[row] = value
+            self.values[k, slot] = value
+            self.row_values[row] = value
         return True
 
     def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """exp(-beta * (1 - f . key)) of each filled entry [filled]."""
-        return torch.exp(-1.0 * (beta - beta * (self.keys[:self.filled] @ f)))
+        """exp(-beta * (1 - f . key)) of each filled entry, by compact row [filled]."""
+        return torch.exp(-1.0 * (beta - beta * (self.rows[:self.filled] @ f)))
 
     def class_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """[K] the weights summed per class: the positive cache's product with one-hot class values."""
         sums = torch.zeros(self.entropy.shape[0], dtype=torch.float32, device=f.device)
-        return sums.index_add_(0, self.classes[:self.filled], self.weights(f, beta))
+        return sums.index_add_(0, self.row_classes[:self.filled], self.weights(f, beta))
 
     def value_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """[K] the weights times the entries' values: the negative cache's product with its masks."""
-        return self.weights(f, beta) @ self.values[:self.filled]
+        return self.weights(f, beta) @ self.row_values[:self.filled]
 
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        """'keys' [K, shot, d] and 'values' [K, shot, K] by class and slot (zero where empty), 'entropy'."""
-        num_classes, shot = self.entropy.shape
-        slots = torch.tensor(self.slots, dtype=torch.int64, device=self.keys.device)
-        dim = self.keys.shape[1]
-        keys = self.keys.new_zeros(num_classes * shot, dim).index_copy_(0, slots, self.keys[:self.filled])
-        out = {f"{prefix}_keys": keys.view(num_classes, shot, dim), f"{prefix}_entropy": self.entropy.clone()}
+        out = {f"{prefix}_keys": self.keys.clone(), f"{prefix}_entropy": self.entropy.clone()}
         if self.values is not None:
-            values = self.values.new_zeros(num_classes * shot, num_classes)
-            out[f"{prefix}_values"] = values.index_copy_(0, slots, self.values[:self.filled]).view(
-                num_classes, shot, num_classes)
+            out[f"{prefix}_values"] = self.values.clone()
         return out
 
 
