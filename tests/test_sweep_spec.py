@@ -93,7 +93,7 @@ CASES = [
     ("pack of 0", _set("pack", 0), "pack", "greater than or equal to 1"),
     ("name with a slash", _set("name", "a/b"), "name", "should match pattern"),
     ("unknown synthetic scenario", _set("datasets.0.synthetic", "lbl"), "datasets[0].synthetic",
-     "'iid', 'label_shift', 'temporal' or 'continual'"),
+     "'iid', 'label_shift', 'temporal', 'continual', 'imagenet_like', 'fine_grained' or 'long_tailed'"),
     ("unknown synthetic parameter", _set("datasets.0.classes", 5), "datasets[0].classes", "allowed keys: dim"),
     ("negative synthetic noise", _set("datasets.0.noise", -1.0), "datasets[0].noise", ">= 0"),
     ("two datasets with one name", lambda d, root: d["datasets"].append({"synthetic": "label_shift"}),

@@ -78,11 +78,12 @@ def test_a_pack_writes_what_its_runs_write_one_by_one(tmp_path):
     assert len(results) == len(expand(packed)) == 4
     a, b = rows(single.results_dir), rows(packed.results_dir)
     assert a.keys() == b.keys()
-    for run_id in a:  # identical rows; confidences within the engine's float tolerance (other block edges)
-        conf_a = np.array([r.pop("confidence") for r in a[run_id]])
-        conf_b = np.array([r.pop("confidence") for r in b[run_id]])
+    for run_id in a:  # identical rows; probabilities within the engine's float tolerance (other block edges)
+        for column in ("confidence", "prob_true"):
+            values_a = np.array([r.pop(column) for r in a[run_id]])
+            values_b = np.array([r.pop(column) for r in b[run_id]])
+            assert np.allclose(values_a, values_b, atol=1e-5)
         assert a[run_id] == b[run_id]
-        assert np.allclose(conf_a, conf_b, atol=1e-5)
 
 
 def test_failpoint_strings_are_checked():

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from orchestrator import registry
 from orchestrator.results import files, metrics, safety, schema
 
-VIEWS = ("samples", "runs", "accuracy", "summary")
+VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
 _MAX_RETRIES = 5
 # Errors about the SQL itself, never about a file's bytes.
@@ -69,7 +69,8 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
-_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
+_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "group_id",
+                   "setting_id")
 _RUNS_TABLE = "runs_rows"
 
 
@@ -183,6 +184,7 @@ class ResultsDB:
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
+                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
                 self._samples_key, self._runs_key = samples_key, runs_key
             self._bad = s_bad + r_bad
             return self.bad_files
@@ -328,6 +330,33 @@ FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT
 """
 
 
+# Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
+# setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
+_PAIRED_SQL = """
+CREATE OR REPLACE VIEW paired AS
+WITH baseline AS (
+    SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
+    FROM runs WHERE method = {baseline} GROUP BY ALL
+),
+pairs AS (
+    SELECT r.run_id, b.baseline_run FROM runs r
+    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+    WHERE r.method <> {baseline}
+)
+SELECT p.run_id, p.baseline_run,
+       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
+       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
+       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
+       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
+FROM pairs p
+JOIN samples s ON s.run_id = p.run_id
+JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+WHERE NOT coalesce(s.is_ood, false)
+GROUP BY ALL
+"""
+
+
 def _summary_sql(hparams: Sequence[str]) -> str:
     any_h = ", ".join(f"any_value({_ident(h)}) AS {_ident(h)}" for h in hparams)
     return f"""
@@ -339,12 +368,21 @@ grouped AS (
            any_value(backbone) AS backbone, any_value(pretrained) AS pretrained, any_value(dataset) AS dataset,
            any_value(method) AS method, any_value(templates) AS templates,
            any_value(num_templates) AS num_templates, any_value(views) AS views, {any_h},
-           count(*) FILTER (WHERE complete) AS n, list(seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           any_value(stream) AS stream,
+           count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
            avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
            avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
            stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
+           avg(top5_accuracy) FILTER (WHERE complete) AS top5_mean, avg(ece) FILTER (WHERE complete) AS ece_mean,
+           avg(nll) FILTER (WHERE complete) AS nll_mean, avg(ood_auroc) FILTER (WHERE complete) AS ood_auroc_mean,
            count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
+),
+worst AS (
+    -- OGA's measure over the runs of a configuration (its seeds x orders): the mean of the worst 10%
+    SELECT group_id, worst10, worst_count
+    FROM ({metrics.across_orders_sql("(SELECT * FROM finished WHERE complete)", "group_id", "accuracy")})
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
@@ -352,6 +390,6 @@ clip AS (
            AND complete
     GROUP BY setting_id
 )
-SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain
-FROM grouped g LEFT JOIN clip USING (setting_id)
+SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain
+FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
 """

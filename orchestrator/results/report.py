@@ -52,11 +52,29 @@ class Layout:
 
 _OOD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.OOD))
 _CD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.CROSS_DOMAIN))
-TABLE1 = Layout("ood", "Table 1: OOD benchmark, top-1 accuracy (%)", _OOD,
+TABLE1 = Layout("ood", "Table 1: OOD benchmark", _OOD,
                 (("Average", tuple(k for k, _ in _OOD)), ("OOD Average", tuple(k for k, _ in _OOD[1:]))))
-TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark, top-1 accuracy (%)", _CD,
+TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark", _CD,
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A per-run metric of the accuracy view a table can show (definitions: orchestrator.results.metrics)."""
+
+    title: str
+    higher_is_better: bool
+
+
+METRICS = {
+    "accuracy": Metric("top-1 accuracy (%)", True),
+    "last50_accuracy": Metric("accuracy over the last 50% of the stream (%)", True),
+    "top5_accuracy": Metric("top-5 accuracy (%)", True),
+    "ece": Metric("expected calibration error (%, 15 bins)", False),
+    "nll": Metric("negative log-likelihood (nats)", False),
+    "ood_auroc": Metric("OOD AUROC of the confidence (%)", True),
+}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
@@ -220,13 +238,16 @@ def _signed(value: Any) -> str:
     return MISSING if _is_missing(value) else f"{value:+.2f}"
 
 
-def _aggregate(runs: pd.DataFrame, layout: Layout) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
-    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns."""
+def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
+               ) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
+    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns,
+    over the stream orders of every seed."""
     out: dict[tuple[str, str, str], dict[str, tuple[float, float, int]]] = {}
     label_of = dict(layout.datasets)
+    runs = runs.assign(order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     for (backbone, method, row), part in runs.groupby(["backbone", "method", "row"], sort=False):
-        # one accuracy per dataset and seed (several sweeps with the same setting are averaged)
-        per_seed = part.groupby(["key", "seed"])["accuracy"].mean().unstack("key")
+        # one value per dataset, seed and order (several sweeps with the same setting are averaged)
+        per_seed = part.groupby(["key", "seed", "order"])[metric].mean().unstack("key")
         cells = {}
         for key, label in label_of.items():
             if key in per_seed.columns:
@@ -254,7 +275,7 @@ def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: 
 
 
 def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,
-                runs: pd.DataFrame | None = None) -> ReportTable:
+                runs: pd.DataFrame | None = None, metric: str = "accuracy") -> ReportTable:
     """The layout's table from the finished, complete runs (of `sweep`, if given; or the accuracy-view rows in
     `runs`); paper=True adds the published rows ('paper') and measured minus published ('Δ paper') under each
     (backbone, method)."""
@@ -266,13 +287,17 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     runs = runs[runs["key"].isin(keys)]
     hparams = db.hparam_names
     runs, split = _with_row_labels(runs, hparams)
-    cells = _aggregate(runs, layout) if len(runs) else {}
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+    cells = _aggregate(runs, layout, metric) if len(runs) else {}
     columns = layout.columns
     gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
     notes = []
-    if paper:
+    if paper and metric != "accuracy":
+        notes.append(f"the paper prints top-1 accuracy only: no published rows for {metric}")
+    elif paper:
         published = load_paper_results()
         table = published["tables"].get(layout.key)
         if table is not None:
@@ -311,26 +336,27 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     std = pd.DataFrame(stds, index=idx, columns=columns, dtype=float)
     n = pd.DataFrame(ns, index=idx, columns=columns).fillna(0).astype(int)
     gain = pd.DataFrame(gains, index=idx, columns=columns, dtype=float)
-    best = _best(mean, paper)
+    best = _best(mean, paper, METRICS[metric].higher_is_better)
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
-    return ReportTable(layout.title, columns, gain_columns, mean, std, n, gain, best, notes)
+    return ReportTable(f"{layout.title}, {METRICS[metric].title}", columns, gain_columns, mean, std, n, gain, best,
+                       notes)
 
 
-def _best(mean: pd.DataFrame, paper: bool) -> pd.DataFrame:
+def _best(mean: pd.DataFrame, paper: bool, higher_is_better: bool) -> pd.DataFrame:
     best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
     if mean.empty:
         return best
     measured = mean[mean.index.get_level_values(-1) == "measured"] if paper else mean
     for _backbone, block in measured.groupby(level=0, sort=False):
         for col in mean.columns:
-            top = block[col].max()
+            top = block[col].max() if higher_is_better else block[col].min()
             if not _is_missing(top):
                 best.loc[block.index[block[col] == top], col] = True
     return best
 
 
-def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method and dataset") -> Layout:
+def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
     """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
     def order(d: str) -> tuple[int, str]:
         key = registry.dataset_key(d)
@@ -344,7 +370,7 @@ def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method
 
 
 def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | None = None,
-                         title: str | None = None) -> ReportTable:
+                         title: str | None = None, metric: str = "accuracy") -> ReportTable:
     """Method x dataset accuracy (mean ± std over seeds) for any sweep: the sweep's end summary and the demo.
 
     `results` is a ResultsDB or a results dir. `.to_frame()` gives the numbers, `.render()` a rich table.
@@ -352,12 +378,12 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
     db = results if isinstance(results, ResultsDB) else ResultsDB(results)
     runs = finished_runs(db, sweep)
     layout = generic_layout(list(runs["dataset"].unique()),
-                            title or f"Accuracy (%) by method and dataset{f' — sweep {sweep}' if sweep else ''}")
-    return build_table(db, layout, sweep=sweep, runs=runs)
+                            title or f"By method and dataset{f' — sweep {sweep}' if sweep else ''}")
+    return build_table(db, layout, sweep=sweep, runs=runs, metric=metric)
 
 
 def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
-                  include_empty: bool | None = None) -> list[ReportTable]:
+                  include_empty: bool | None = None, metric: str = "accuracy") -> list[ReportTable]:
     """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
     cells, then a method x dataset table for datasets outside both (e.g. synthetic scenarios).
 
@@ -369,9 +395,9 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     tables = []
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
-            tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs))
+            tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs, metric=metric))
     others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) is None]
     if others:
-        layout = generic_layout(others, "Other datasets: accuracy (%) by method and dataset")
-        tables.append(build_table(db, layout, sweep=sweep, runs=runs))
+        layout = generic_layout(others, "Other datasets, by method and dataset")
+        tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))
     return tables

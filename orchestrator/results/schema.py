@@ -87,6 +87,9 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("templates", pa.string(), "VARCHAR", "template set name"),
     Column("num_templates", pa.int64(), "BIGINT", "templates per class"),
     Column("views", pa.string(), "VARCHAR", "view setting (e.g. 1, 64 or a named set)"),
+    Column("stream", pa.string(), "VARCHAR", "stream protocol as the spec gave it (JSON); null = the dataset's own "
+                                             "order (a seeded shuffle of a real dataset)"),
+    Column("order_index", pa.int64(), "BIGINT", "which of the configuration's `orders` (null: the only one)"),
 )
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
@@ -102,7 +105,8 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                 "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
-    Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
+    Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
+                                                  "on the CPU the growth of the process's resident size"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
 )
@@ -251,9 +255,10 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 
 def group_id(config: Mapping[str, Any]) -> str:
-    """Same for every seed of one configuration: the summary view aggregates over it."""
+    """Same for every seed and stream order of one configuration: the summary view aggregates over it."""
     cfg = normalize_config(config)
     cfg.pop("seed")
+    cfg.pop("order_index", None)
     return _hash(cfg)
 
 
@@ -261,8 +266,8 @@ def setting_id(config: Mapping[str, Any]) -> str:
     """Same for every method, hparam setting, seed and sweep on one backbone/dataset/templates/views/data
     setting: zero-shot CLIP with this id is the baseline a method's gain is measured against."""
     cfg = normalize_config(config)
-    for key in ("seed", "method", "hparams", "sweep"):
-        cfg.pop(key)
+    for key in ("seed", "method", "hparams", "sweep", "order_index"):
+        cfg.pop(key, None)
     return _hash(cfg)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.clip import TEMPLATE_SET_NAMES, resolve_templates
+from orchestrator.clip import resolve_templates
 
 
 def template_counts(template_set: str, dataset: str) -> tuple[int, int]:

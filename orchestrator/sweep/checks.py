@@ -1,7 +1,7 @@
 """The meaning of a structurally valid sweep spec: every value against what it names, every problem at once.
 
 Hyperparameter values are checked against their method's registry card (type and range: the spec accepts
-exactly what `run_stream` accepts); synthetic parameters through `make_synthetic`'s own checks; cross-field
+exactly what `run_stream` accepts); synthetic parameters through their generator's own checks; cross-field
 rules (select_on posterior needs M == K; view methods need augmented views; real datasets need a data root, a
 cache dir and a known backbone; distinct dataset names and seeds).
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator.data.synthetic import make_synthetic
+from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, protocol_from_spec
+from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.sweep.spec import (
     RealDataset,
@@ -37,6 +38,7 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     issues += _dataset_issues(spec)
     issues += _method_issues(spec)
+    issues += _stream_issues(spec)
     seen = set()
     for i, seed in enumerate(spec.seeds):
         if seed in seen:
@@ -91,18 +93,52 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 
 def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
-    """Run make_synthetic's own argument checks on a one-sample stream (cheap), mapping its message to a field."""
+    """Run the generator's own argument checks on a small stream (cheap), mapping its message to a field."""
     params = ds.given
     probe = dict(params)
     if isinstance(params.get("n"), int) and params["n"] >= 1:
-        probe["n"] = 1
+        probe["n"] = min(params["n"], 64)
     try:
-        make_synthetic(ds.synthetic, seed=0, **probe)
+        synthesize(ds.synthetic, seed=0, **probe)
     except (ValueError, TypeError) as exc:
         text = str(exc)
         field = next((k for k in sorted(params, key=len, reverse=True) if re.search(rf"\b{k}\b", text)), "")
         return [(field or "synthetic", text)]
     return []
+
+
+def _stream_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """The protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
+    synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
+    if spec.stream is None:
+        if spec.orders > 1 and synthetic:
+            return [("orders", f"a synthetic scenario ({synthetic[0]}) streams in its own fixed order, so "
+                               f"{spec.orders} orders would be {spec.orders} copies of one run; expected a `stream:` "
+                               f"that draws orders (e.g. iid or dirichlet)")]
+        return []
+    try:
+        protocol = protocol_from_spec(spec.stream)
+    except ValueError as exc:
+        return [("stream", str(exc))]
+    reads = []
+    if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        reads = [protocol.pool]
+        if synthetic:
+            return [("stream", f"a synthetic dataset ({synthetic[0]}) can only be contaminated with "
+                               f"{HELD_OUT_CLASSES!r}, not with dataset {protocol.pool!r}")]
+    if isinstance(protocol, Continual):
+        reads = list(protocol.datasets)
+        if synthetic:
+            return [("stream", f"continual streams read real datasets; the synthetic scenario 'continual' is the "
+                               f"synthetic one (got synthetic dataset {synthetic[0]})")]
+        if dataset_key(protocol.datasets[0]) not in {dataset_name(d) for d in spec.datasets}:
+            return [("stream", f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the "
+                               f"spec's datasets; expected it listed under datasets")]
+    issues = []
+    for name in reads:
+        if dataset_key(name) is None:
+            issues.append(("stream", f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"))
+    return issues
 
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:

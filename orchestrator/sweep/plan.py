@@ -16,21 +16,16 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
+                                       protocol_from_spec)
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
-from orchestrator.sweep.spec import (
-    Backbone,
-    RealDataset,
-    SweepSpec,
-    SyntheticDataset,
-    dataset_views,
-    entry_datasets,
-    method_grid,
-)
+from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name, dataset_views,
+                                     entry_datasets, method_grid)
 
 SYNTHETIC_BACKBONE = "synthetic"
 
@@ -53,6 +48,9 @@ class DataSource:
     model_config: str | None = None
     quick_gelu: bool | None = None
     templates: str | None = None
+    stream: str = ""                      # canonical JSON of the spec's `stream:`; "" = the dataset's own order
+    order_index: int = 0                  # which of `orders: N` (0: the seed's own order)
+    others: tuple[str, ...] = ()          # a contaminated stream's pool dataset, a continual stream's next datasets
 
     @property
     def is_synthetic(self) -> bool:
@@ -65,6 +63,18 @@ class DataSource:
 
     def params(self) -> dict[str, Any]:
         return json.loads(self.synthetic_params)
+
+    def protocol(self) -> Protocol | None:
+        """The stream protocol: the spec's, else a real dataset's seeded shuffle (iid) and a synthetic
+        scenario's own order (None)."""
+        if self.stream:
+            return protocol_from_spec(json.loads(self.stream))
+        return None if self.is_synthetic else Iid()
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of this order: the run's seed for the first of `orders`, then distinct derived ones."""
+        return derive_order_seeds(self.seed, self.order_index + 1)[self.order_index]
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,36 @@ def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) 
 
 
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
-    """The data sources of one dataset and seed, each with the run-config fields it implies."""
+    """The data sources of one dataset and seed, each with the run-config fields it implies: one per backbone and
+    template set, times the `orders` of the spec's stream protocol."""
+    protocol = protocol_from_spec(spec.stream) if spec.stream is not None else None
+    if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
+        return []  # a continual stream runs once, from its first dataset through the others
+    out = []
+    for source, fields in _base_sources(spec, dataset, seed):
+        stream: dict[str, Any] = {}
+        if protocol is not None:
+            stream["stream"] = spec.stream  # in the config only when given, so earlier runs keep their run_ids
+            source = replace(source, stream=canonical_json(spec.stream), others=_others(protocol))
+            if isinstance(protocol, Continual):
+                stream["dataset"] = "+".join(protocol.datasets)
+        for k in range(spec.orders):
+            order = {"order_index": k} if spec.orders > 1 else {}
+            out.append((replace(source, order_index=k), {**fields, **stream, **order}))
+    return out
+
+
+def _others(protocol: Protocol) -> tuple[str, ...]:
+    """The datasets a stream reads besides the run's own: a contaminated stream's pool, a continual one's next."""
+    if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        return (protocol.pool,)
+    if isinstance(protocol, Continual):
+        return protocol.datasets[1:]
+    return ()
+
+
+def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
+                  ) -> list[tuple[DataSource, dict]]:
     if isinstance(dataset, SyntheticDataset):
         params = dataset.params
         source = DataSource(dataset=dataset.dataset_name, seed=seed, synthetic=dataset.synthetic,

@@ -8,7 +8,6 @@ a built-in one once its card is registered (`plugins:` names the modules that re
 
 from __future__ import annotations
 
-import inspect
 import json
 from functools import cache
 from typing import Annotated, Any, Literal, Union
@@ -30,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from orchestrator.data.synthetic import SYNTHETIC_SCENARIOS, make_synthetic
+from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.registry import canonical_dataset, dataset_card, dataset_key, method_card, method_names
 
 # 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
@@ -106,28 +105,24 @@ class RealDataset(_Strict):
 
 
 def _synthetic_parameters() -> dict[str, tuple[Any, Any]]:
-    """make_synthetic's keyword parameters (except the seed, which comes from `seeds`) as pydantic fields."""
+    """Every scenario's and preset's generative parameters (except the seed, which comes from `seeds`) as
+    optional pydantic fields; which of them a kind takes is checked against it (`checks`)."""
     strict = {int: StrictInt, float: Union[StrictInt, StrictFloat]}
     fields: dict[str, tuple[Any, Any]] = {}
-    for name, param in inspect.signature(make_synthetic).parameters.items():
-        if name in ("scenario", "seed"):
-            continue
-        kind = strict.get(type(param.default), Scalar)
-        fields[name] = (kind | None, None)
+    for kind in SYNTHETIC_KINDS:
+        for name, default in synthetic_defaults(kind).items():
+            fields.setdefault(name, (strict.get(type(default), Scalar) | None, None))
     return fields
-
-
-_SYNTHETIC_DEFAULTS = {name: p.default for name, p in inspect.signature(make_synthetic).parameters.items()
-                       if name not in ("scenario", "seed")}
 
 
 _SyntheticBase = create_model("_SyntheticBase", __base__=_Strict, **_synthetic_parameters())
 
 
 class SyntheticDataset(_SyntheticBase):  # type: ignore[misc, valid-type]
-    """A synthetic scenario; its own parameters are make_synthetic's. `name` defaults to synthetic-<scenario>."""
+    """A synthetic scenario (`make_synthetic`) or CLIP-like preset (`make_clip_like`) with its own parameters.
+    `name` defaults to synthetic-<scenario>."""
 
-    synthetic: Literal[SYNTHETIC_SCENARIOS]
+    synthetic: Literal[SYNTHETIC_KINDS]
     name: StrictStr | None = None
 
     @property
@@ -141,8 +136,8 @@ class SyntheticDataset(_SyntheticBase):  # type: ignore[misc, valid-type]
 
     @property
     def params(self) -> dict[str, Any]:
-        """Every make_synthetic parameter (its defaults, then the spec's), so the run config pins the data."""
-        return {**_SYNTHETIC_DEFAULTS, **self.given}
+        """Every generative parameter (the kind's defaults, then the spec's), so the run config pins the data."""
+        return {**synthetic_defaults(self.synthetic), **self.given}
 
 
 def _dataset_kind(value: Any) -> str:
@@ -216,6 +211,10 @@ class SweepSpec(_Strict):
     pack: PositiveInt = 1
     part_rows: PositiveInt = 5000
     max_failures: Annotated[StrictInt, Field(ge=0)] = 2
+    # the stream protocol (orchestrator.data.streams; None: a real dataset's seeded shuffle, a synthetic
+    # scenario's own order) and how many independent orders of it each configuration runs
+    stream: Union[StrictStr, dict[StrictStr, Any]] | None = None
+    orders: PositiveInt = 1
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
 
     @property
