@@ -4,19 +4,23 @@ equals its runs done one by one, failures are recorded, and progress lines and e
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from orchestrator.clip import select_views
+from orchestrator.methods import make_method
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.trial import execute_trial, parse_failpoint
+from orchestrator.sweep.trial import execute_pack, execute_run, execute_trial, load_stream, parse_failpoint
 
 N, PART = 450, 100
 SPEC = {
@@ -134,3 +138,40 @@ def test_progress_lines_count_runs_and_report_retries_and_failures(tmp_path):
     assert "ETA" in lines[0]
     assert lines[1].startswith("retry:") and "worker process died" in lines[1]
     assert lines[2].startswith(f"[4/{len(runs)}] FAILED") and failed == [(trials[1].key, summarise_error(ACTOR_DIED))]
+
+
+def test_views_go_to_the_runs_that_take_them(tmp_path):
+    # A stream with augmented views: tda and bca's adaptive view selection get the views [n, V, d]; clip and
+    # bca with view_selection='fixed' get the confident-view means, run by run and in a mixed pack alike.
+    methods = [{"method": "clip"}, {"method": "bca", "n1": 5, "view_selection": ["adaptive", "fixed"]},
+               {"method": "tda"}]
+    datasets = [{"synthetic": "temporal", "n": 150, "num_classes": 5, "dim": 16}]
+    single, packed = (spec_in(tmp_path / name, methods=methods, datasets=datasets) for name in ("single", "packed"))
+    runs = expand(single)
+    stream, _ = load_stream(runs[0].source, settings_of(single))
+    gen = torch.Generator().manual_seed(0)
+    views = torch.cat([stream.features[:, None], stream.features[:, None]
+                       + 0.8 * torch.randn(len(stream), 19, stream.features.shape[1], generator=gen)], dim=1)
+    views = torch.nn.functional.normalize(views, dim=-1)
+    means = select_views(views, stream.class_embeddings, stream.class_ids, stream.num_classes)
+    with_views = dataclasses.replace(stream, features=means, view_features=views)
+    for run in runs:
+        execute_run(run, with_views, settings_of(single))
+    execute_pack(expand(packed), with_views, settings_of(packed))
+    by_single, by_pack = rows(single.results_dir), rows(packed.results_dir)
+    took_views = set()
+    for run in runs:
+        config = run.config
+
+        def predictions(features: torch.Tensor) -> list[int]:
+            return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                               **config["hparams"]).run(features).predictions.tolist()
+
+        wants = config["method"] == "tda" or config["hparams"].get("view_selection") == "adaptive"
+        expected = predictions(views if wants else means)
+        assert [r["pred"] for r in by_single[run.run_id]] == expected
+        assert [r["pred"] for r in by_pack[run.run_id]] == expected
+        if wants:
+            assert predictions(means) != expected          # the views make a difference here
+            took_views.add(config["method"])
+    assert took_views == {"tda", "bca"} and len(runs) == 4

@@ -55,10 +55,15 @@ class FifoClassCache(ClassCache):
     """BoostAdapter's negative cache: per class the newest `shot` entries, whatever their entropy."""
 
     def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
+        if self.shot == 0:
+            return False
         ranking = self.ranking[k]  # here in arrival order
-        slot = ranking.pop(0)[1] if len(ranking) == self.shot else len(ranking)
-        ranking.append((loss, slot))
-        self.store(k, slot, key, loss, value)
+        if len(ranking) == self.shot:
+            _, slot, row = ranking.pop(0)
+        else:
+            slot, row = len(ranking), self.new_row(k)
+        ranking.append((loss, slot, row))
+        self.store(k, slot, row, key, loss, value)
         return True
 
 
@@ -164,7 +169,7 @@ class BoostAdapter(Method):
             for c in set(boost_classes):
                 # The class's entries in rank order: its kept positive entries, then its boosting views
                 # (already in increasing entropy); a stable sort by entropy, truncated to the capacity.
-                entries = [(loss, pos_weights[c, slot]) for loss, slot in self.pos.ranking[c]]
+                entries = [(loss, pos_weights[c, slot]) for loss, slot, _ in self.pos.ranking[c]]
                 entries += [(e, w) for e, cls, w in zip(boost_entropy, boost_classes, boost_weights) if cls == c]
                 entries.sort(key=lambda entry: entry[0])
                 positive[c] = torch.stack([w for _, w in entries[:capacity]]).sum()

@@ -39,7 +39,12 @@ _OPTIONS = (
            low=0.0, high=1.0, low_open=True, when={"update": ("decay",)}),
     HParam("state_dtype", "str", "float32", "precision of U and V (float16 only to study its rounding)", "choice",
            choices=("float32", "float16")),
+    HParam("view_selection", "str", "adaptive", "augmented views: adaptive re-selects each sample's confident views "
+           "against the current U (public code), fixed selects them once against the prompts (TDA's rule)",
+           "choice", choices=("adaptive", "fixed")),
 )
+# The BCA family takes a stream's augmented views only to re-select them as it adapts.
+_BCA_VIEWS = {"inputs": "either", "views_when": {"view_selection": ("adaptive",)}, "views": "augmix"}
 
 _BCA_SOURCE = "BCA, CVPR 2025 (paper Algorithm 1; public code's two thresholds)"
 
@@ -49,15 +54,16 @@ register_method(MethodCard(
     source="CLIP zero-shot classification"))
 register_method(MethodCard(
     "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)", "orchestrator.methods.bca:LikelihoodAdaptation",
-    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE))
+    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
+    **_BCA_VIEWS))
 register_method(MethodCard(
     "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca:PriorAdaptation",
     (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"),
-    source=_BCA_SOURCE))
+    source=_BCA_SOURCE, **_BCA_VIEWS))
 register_method(MethodCard(
     "bca", "BCA", 30, "bca", "both U and V (Algorithm 1)", "orchestrator.methods.bca:BCA",
     (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2",
-    state=("U", "V", "C1", "C2"), source=_BCA_SOURCE))
+    state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS))
 
 # TDA's positive cache per dataset (pos_alpha, pos_beta), from its public configs.
 _TDA_POSITIVE = {
@@ -82,15 +88,19 @@ _TDA_SOURCE = "kdiAAA/TDA (tda_runner.py, utils.py, configs/)"
 
 register_method(MethodCard(
     "tda", "TDA", 40, "tda", "positive / negative feature caches", "orchestrator.methods.tda:TDA", _TDA,
-    state=_TDA_STATE, source=_TDA_SOURCE))
+    state=_TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix"))
 register_method(MethodCard(
     "tda_pa", "TDA+PA", 50, "tda", "TDA's caches + BCA's prior", "orchestrator.methods.tda:TDAWithPrior",
-    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"), source=_TDA_SOURCE + "; BCA's Eq. 9"))
+    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"),
+    source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix"))
 register_method(MethodCard(
     "zero", "Zero", 60, "zero", "nothing: majority vote of the confident augmented views",
     "orchestrator.methods.zero:Zero",
-    (HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy)", "rate", low=0.0, high=1.0,
-            low_open=True), LOGIT_SCALE),
+    (HParam("keep", "float", 0.3, "fraction of the views kept (lowest entropy; the official gamma)", "rate",
+            low=0.0, high=1.0, low_open=True),
+     HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
+            "(official code), mean_prob = the higher mean probability of the kept views", "choice",
+            choices=("discarded", "mean_prob")), LOGIT_SCALE),
     inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)"))
 
 # Methods beyond the BCA paper (REFERENCE.md section 6): their official repositories' per-dataset configs.

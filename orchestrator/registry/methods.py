@@ -27,7 +27,7 @@ from orchestrator.registry.datasets import canonical_dataset, dataset_card, data
 
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
-INPUTS = ("single", "views")
+INPUTS = ("single", "views", "either")
 VIEW_KINDS = ("augmix", "crops")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -131,12 +131,15 @@ class MethodCard:
     name: the spec's and the results' key; label: as tables write it; order: display order (tables, legends);
     family: methods that share a colour family in charts; summary: what adapts (the README's table);
     impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
-    (features [n, d]) or 'views' (features [n, V, d], view 0 the original); views: the view kind of its
-    official protocol where it takes views ('augmix' or 'crops'); view_scope: 'all' (its protocol augments
-    every dataset) or 'protocol' (only the datasets whose own protocol has views, ImageNet-A/-V2/-R/-Sketch: on
-    the others it gets the single view as V = 1); single_view_datasets: where its official protocol takes the
-    single view all the same (BoostAdapter on ImageNet); prior: it learns a prior V saved with the run
-    (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
+    (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
+    used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
+    its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
+    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops');
+    view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
+    has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
+    single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
+    ImageNet); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
+    hparam its counter C2 starts from; baseline: zero-shot
     CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
     the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
     the trial feeds it in parts); source: the official code it follows.
@@ -150,6 +153,7 @@ class MethodCard:
     impl: Any
     hparams: tuple[HParam, ...] = ()
     inputs: str = "single"
+    views_when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     views: str | None = None
     view_scope: str = "all"
     single_view_datasets: tuple[str, ...] = ()
@@ -176,6 +180,11 @@ class MethodCard:
             unknown = set(h.when) - set(names)
             if unknown:
                 raise ValueError(f"method {self.name!r}: hparam {h.name!r} depends on unknown {sorted(unknown)}")
+        unknown = set(self.views_when) - set(names)
+        if unknown or (self.views_when and self.inputs != "either"):
+            raise ValueError(f"method {self.name!r}: views_when needs inputs 'either' and its own hparams, got "
+                             f"inputs {self.inputs!r} and {sorted(self.views_when)}")
+        object.__setattr__(self, "views_when", MappingProxyType(dict(self.views_when)))
         for field_name in ("prior_count", "stream_length"):
             value = getattr(self, field_name)
             if value is not None and value not in names:
@@ -195,6 +204,14 @@ class MethodCard:
         if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
             return "single"
         return self.views or own
+
+    def wants_views(self, hparams: Mapping[str, Any]) -> bool:
+        """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views
+        [n, V, d] rather than their confident-view means [n, d]."""
+        if self.inputs != "either":
+            return self.takes_views
+        merged = {**self.defaults(), **hparams}
+        return all(merged.get(name) in allowed for name, allowed in self.views_when.items())
 
     def hparam(self, name: str) -> HParam:
         for h in self.hparams:

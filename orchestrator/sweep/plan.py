@@ -221,10 +221,11 @@ def _order_by_source(runs: list[Run]) -> list[Run]:
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
-    of features they take (a view-voting method such as zero is packed only with its own kind)."""
+    of features they take (runs taking views are packed only with runs taking views)."""
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
     for run in runs:
-        groups.setdefault((run.source, method_card(run.config["method"]).takes_views), []).append(run)
+        views = run.source.views != "single" and method_card(run.config["method"]).wants_views(run.config["hparams"])
+        groups.setdefault((run.source, views), []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
         for start in range(0, len(group), pack):

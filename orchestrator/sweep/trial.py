@@ -69,7 +69,7 @@ class Stream:
     """A data source ready to run, everything in stream order."""
 
     features: torch.Tensor               # [n, d]: the single view, or the AugMix views' selected mean
-    view_features: torch.Tensor | None   # [n, V, d] for methods voting over views (zero); None without views
+    view_features: torch.Tensor | None   # [n, V, d] for runs that take views (`wants_views`); else None
     labels: torch.Tensor                 # [n] int64, -1 for an OOD sample
     image_ids: list[str]
     order: torch.Tensor                  # [n] int64: index of each stream position in its source dataset
@@ -133,7 +133,8 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
-    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
+    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for runs
+    that take views: zero, tda, tda_pa, the BCA family's view_selection='adaptive');
     otherwise only the confident-view means are built, without a float32 copy of all views."""
     key = (source, keep_views)
     if key in _MEMO:
@@ -275,11 +276,17 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
 
 
-def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    """What the method takes: the views [n, V, d] (a single-view stream as V = 1), or one feature [n, d]."""
-    if not method_card(method).takes_views:
-        return stream.features
-    return stream.view_features if stream.view_features is not None else stream.features[:, None]
+def _wants_views(config: dict[str, Any]) -> bool:
+    return method_card(config["method"]).wants_views(config["hparams"])
+
+
+def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
+    """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
+    stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
+    means)."""
+    if stream.view_features is not None and _wants_views(config):
+        return stream.view_features
+    return stream.features[:, None] if method_card(config["method"]).takes_views else stream.features
 
 
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
@@ -302,7 +309,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
                              **_method_hparams(config, len(stream)))
-        features = _features_for(config["method"], stream)
+        features = _features_for(config, stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
         for start in range(0, len(stream), settings.part_rows):
@@ -326,10 +333,18 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     for writer in writers:
         writer.mark("running", n_samples=len(stream))
     try:
-        features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **_method_hparams(run.config, len(stream))} for run in runs]
+        # Runs that take views and runs that take their means go in two passes, each run given its own kind.
+        traces: list[Any] = [None] * len(runs)
         began = time.perf_counter()
-        traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+        for wants in (False, True):
+            picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
+            if picked:
+                configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
+                           for i in picked]
+                features = _features_for(runs[picked[0]].config, stream)
+                for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
+                                                            stream.num_classes, configs)):
+                    traces[i] = trace
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
@@ -351,7 +366,7 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     if not todo:
         return []
     load_plugins(settings.plugins)
-    keep_views = any(method_card(run.config["method"]).takes_views for run in todo)
+    keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
         stream, cached = load_stream(trial.source, settings, keep_views)
         encode_s = 0.0 if cached else stream.encode_s
