@@ -6,7 +6,6 @@ from orchestrator.data.streams import (
     HELD_OUT_CLASSES, Contaminated, Continual, Dirichlet, Iid, Separate, derive_order_seeds, held_out_split,
     iid_permutation, protocol_from_spec,
 )
-from orchestrator.sweep.trial import stream_order
 
 # 20 classes of uneven sizes (10..48 samples), in dataset order grouped by nothing in particular.
 LABELS = np.random.default_rng(0).permutation(np.repeat(np.arange(20), np.arange(10, 50, 2)))
@@ -25,12 +24,12 @@ def _is_permutation(index: np.ndarray, n: int) -> bool:
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 1000, 50000])
 @pytest.mark.parametrize("seed", [0, 3, 2**31 + 11, 2**32 + 5])
 def test_iid_is_the_trials_torch_permutation(n, seed):
-    assert np.array_equal(iid_permutation(n, seed), stream_order(n, seed).numpy())
+    assert np.array_equal(iid_permutation(n, seed), torch.randperm(n, generator=torch.Generator().manual_seed(seed)).numpy())
 
 
 def test_iid_protocol_order_is_the_permutation_with_no_flags():
     order = Iid().order(LABELS, 4)
-    assert np.array_equal(order.index, stream_order(len(LABELS), 4).numpy())
+    assert np.array_equal(order.index, torch.randperm(len(LABELS), generator=torch.Generator().manual_seed(4)).numpy())
     assert not order.source.any() and not order.is_ood.any() and len(order) == len(LABELS)
 
 

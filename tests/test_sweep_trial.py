@@ -4,19 +4,23 @@ equals its runs done one by one, failures are recorded, and progress lines and e
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from orchestrator.clip import select_views
+from orchestrator.methods import make_method
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.trial import _MEMO, execute_trial, parse_failpoint
+from orchestrator.sweep.trial import _MEMO, execute_pack, execute_run, execute_trial, load_stream, parse_failpoint
 
 N, PART = 450, 100
 SPEC = {
@@ -74,11 +78,12 @@ def test_a_pack_writes_what_its_runs_write_one_by_one(tmp_path):
     assert len(results) == len(expand(packed)) == 4
     a, b = rows(single.results_dir), rows(packed.results_dir)
     assert a.keys() == b.keys()
-    for run_id in a:  # identical rows; confidences within the engine's float tolerance (other block edges)
-        conf_a = np.array([r.pop("confidence") for r in a[run_id]])
-        conf_b = np.array([r.pop("confidence") for r in b[run_id]])
+    for run_id in a:  # identical rows; probabilities within the engine's float tolerance (other block edges)
+        for column in ("confidence", "prob_true"):
+            values_a = np.array([r.pop(column) for r in a[run_id]])
+            values_b = np.array([r.pop(column) for r in b[run_id]])
+            assert np.allclose(values_a, values_b, atol=1e-5)
         assert a[run_id] == b[run_id]
-        assert np.allclose(conf_a, conf_b, atol=1e-5)
 
 
 def test_failpoint_strings_are_checked():
@@ -211,3 +216,38 @@ def test_runs_record_their_image_list_and_a_changed_dataset_is_named_then_rerun(
     row = read_run(spec.results_dir, spec.name, run.run_id)
     assert row["n_samples"] == 5 and row["data_fingerprint"] == listing_fingerprint("imagenet-a", spec.data_root)
     assert len(rows(spec.results_dir)[run.run_id]) == 5
+def test_views_go_to_the_runs_that_take_them(tmp_path):
+    # A stream with augmented views: tda and bca's adaptive view selection get the views [n, V, d]; clip and
+    # bca with view_selection='fixed' get the confident-view means, run by run and in a mixed pack alike.
+    methods = [{"method": "clip"}, {"method": "bca", "n1": 5, "view_selection": ["adaptive", "fixed"]},
+               {"method": "tda"}]
+    datasets = [{"synthetic": "temporal", "n": 150, "num_classes": 5, "dim": 16}]
+    single, packed = (spec_in(tmp_path / name, methods=methods, datasets=datasets) for name in ("single", "packed"))
+    runs = expand(single)
+    stream, _ = load_stream(runs[0].source, settings_of(single))
+    gen = torch.Generator().manual_seed(0)
+    views = torch.cat([stream.features[:, None], stream.features[:, None]
+                       + 0.8 * torch.randn(len(stream), 19, stream.features.shape[1], generator=gen)], dim=1)
+    views = torch.nn.functional.normalize(views, dim=-1)
+    means = select_views(views, stream.class_embeddings, stream.class_ids, stream.num_classes)
+    with_views = dataclasses.replace(stream, features=means, view_features=views)
+    for run in runs:
+        execute_run(run, with_views, settings_of(single))
+    execute_pack(expand(packed), with_views, settings_of(packed))
+    by_single, by_pack = rows(single.results_dir), rows(packed.results_dir)
+    took_views = set()
+    for run in runs:
+        config = run.config
+
+        def predictions(features: torch.Tensor) -> list[int]:
+            return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                               **config["hparams"]).run(features).predictions.tolist()
+
+        wants = config["method"] == "tda" or config["hparams"].get("view_selection") == "adaptive"
+        expected = predictions(views if wants else means)
+        assert [r["pred"] for r in by_single[run.run_id]] == expected
+        assert [r["pred"] for r in by_pack[run.run_id]] == expected
+        if wants:
+            assert predictions(means) != expected          # the views make a difference here
+            took_views.add(config["method"])
+    assert took_views == {"tda", "bca"} and len(runs) == 4

@@ -290,6 +290,19 @@ def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
     return value
 
 
+def stream_label(value: Any) -> str:
+    """A short name of a spec's stream value for labels: iid, dirichlet(gamma=0.01), contaminated(rate=0.2), ..."""
+    if not isinstance(value, dict) or len(value) != 1:
+        return str(value)
+    name, body = next(iter(value.items()))
+    if isinstance(body, dict):
+        inner = ", ".join(f"{k}={stream_label(v) if isinstance(v, dict) else v}" for k, v in body.items())
+        return f"{name}({inner})"
+    if isinstance(body, list):
+        return f"{name}({' > '.join(map(str, body))})"
+    return name
+
+
 def protocol_from_spec(value: Any) -> Protocol:
     """The protocol a spec's ``stream:`` value names (see the module docstring for the forms)."""
     if value in ("iid", "separate"):

@@ -58,8 +58,10 @@ method's accuracy. The stream is in dataset order with i.i.d. labels; stream pro
 
 from __future__ import annotations
 
+import inspect
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -282,3 +284,29 @@ def make_clip_like(preset: str, *, seed: int = 0, **overrides) -> Benchmark:
         class_embeddings=class_embeddings.to(torch.float32),
         class_ids=class_ids,
     )
+
+
+# ------------------------------------------------------------------------- one entry point for both kinds
+SYNTHETIC_KINDS = SYNTHETIC_SCENARIOS + tuple(CLIP_LIKE_PRESETS)
+
+
+def synthetic_defaults(kind: str) -> dict[str, Any]:
+    """Every generative parameter of a scenario (`make_synthetic`'s) or a CLIP-like preset (its ClipLikeParams),
+    with its value when the spec does not set it: what a run config pins."""
+    if kind in CLIP_LIKE_PRESETS:
+        return asdict(CLIP_LIKE_PRESETS[kind].params)
+    if kind not in SYNTHETIC_SCENARIOS:
+        raise ValueError(f"unknown synthetic scenario or preset {kind!r}; expected one of {', '.join(SYNTHETIC_KINDS)}")
+    return {name: p.default for name, p in inspect.signature(make_synthetic).parameters.items()
+            if name not in ("scenario", "seed")}
+
+
+def synthesize(kind: str, *, seed: int, **params: Any) -> Benchmark:
+    """A scenario's or a preset's benchmark; a parameter the kind does not have is a ValueError naming it."""
+    known = synthetic_defaults(kind)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a parameter of synthetic {kind!r}; expected some of {sorted(known)}")
+    if kind in CLIP_LIKE_PRESETS:
+        return make_clip_like(kind, seed=seed, **params)
+    return make_synthetic(kind, seed=seed, **params)

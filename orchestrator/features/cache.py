@@ -3,9 +3,10 @@
 The image encoder is most of a run's time, so features are encoded once per
 (backbone, dataset, views, seed, preprocessing) and reused by every trial. An entry lives in
 <cache_dir>/features/<key>/ with
-  features.npy   float16, [n, d] ('single') or [n, V, d] ('augmix', view 0 = the original image)
+  features.npy   float16, [n, d] ('single') or [n, V, d] ('augmix' / 'crops', view 0 = the original image)
   labels.npy     int64 [n]
-  manifest.json  key and its fields, counts, class names, image ids, skipped images, timings, versions.
+  manifest.json  key and its fields, the view kind and set name, counts, class names, image ids, skipped
+                 images, timings, versions.
 The key is a content hash of everything that decides the numbers (KEY FIELDS below); see `key_fields`.
 
 Concurrency: a file lock per key, so two trials asking for the same entry encode it once (the second
@@ -71,7 +72,8 @@ class CorruptImageError(RuntimeError):
 def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, views: ViewConfig) -> dict[str, Any]:
     """KEY FIELDS: the backbone (model, weights id: tag or file sha256, quick_gelu, preprocessing: size, mean,
     std, interpolation, resize mode), the encoder precision (fp32 / amp_fp16), the dataset and a hash of its
-    image list, and the view protocol (kind; for augmix also count, severity, seed, pipeline version)."""
+    image list, and the view protocol (kind; for augmix and crops also count, seed, pipeline version, and
+    severity for augmix), so an AugMix and a crops view set of the same images are distinct entries."""
     return {
         "format": CACHE_FORMAT,
         "backbone": resolved.identity(),
@@ -283,8 +285,9 @@ class FeatureCache:
         """The entry for these arguments, encoding it first if no process has (at most once per key).
 
         backbone: a loaded Backbone, or a BackboneSpec (the model is loaded only on a miss).
-        views: 'single' | 'augmix' | 'augmixN'; seed matters for augmix only. batch_size counts views per
-        encoder call. corrupt: 'skip' (recorded) or 'error'. force: re-encode even if the entry exists.
+        views: 'single' | 'augmix' | 'augmixN' | 'crops' | 'cropsN'; seed matters for augmix and crops only.
+        batch_size counts views per encoder call. corrupt: 'skip' (recorded) or 'error'. force: re-encode even
+        if the entry exists.
         """
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}; got {corrupt!r}")
@@ -324,6 +327,7 @@ class FeatureCache:
                     "dataset": images.name,
                     "backbone": model.spec.label,
                     "views": vc.name,
+                    "view_kind": vc.kind,
                     "seed": vc.seed,
                     "num_views": vc.num_views,
                     "embed_dim": model.embed_dim,

@@ -4,9 +4,10 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
-BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product per group
-of configurations whose U evolves identically); any other method runs on its own. Every result equals the separate run.
+Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
+[n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
+per group of configurations whose U evolves identically); any other method, and every method on augmented
+views [n, V, d], runs on its own. Every result equals the separate run.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
-    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)]
+    # Augmented views [n, V, d]: each method uses them its own way (BCA's adaptive selection runs per sample).
+    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)] if features.ndim == 2 else []
     traces: dict[int, Trace] = {}
     if family:
         validate_features(methods[family[0]].name, features, class_embeddings, views=False)

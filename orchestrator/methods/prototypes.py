@@ -1,6 +1,6 @@
-"""Shared pieces of the methods that adapt one prototype per class with a gradient step (DPE, TPS) or read a
-per-class memory (DMN-ZS): the class prototypes, the confident-view rule of their official code, and the
-entropy of the mean probability (TPT's `avg_entropy`).
+"""Shared pieces of the methods whose official code keeps one prototype per class (DPE, TPS, DMN-ZS, OnZeta,
+DOTA): the class prototypes, the confident-view rule of their official code, and the entropy of the mean
+probability (TPT's `avg_entropy`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 def class_prototypes(class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
     """[M, d] rows -> [K, d]: each class's rows averaged and L2-renormalised.
 
-    The official code of DPE, TPS and DMN builds exactly this from per-prompt embeddings (templates plus
-    CuPL / GPT descriptors: mean of the unit prompt embeddings, renormalised), so M > K rows of one prompt each
-    reproduce it; with M = K it only renormalises.
+    The official code of DPE, TPS, DMN, OnZeta and DOTA builds exactly this from per-prompt embeddings (mean of
+    the unit prompt embeddings, renormalised), so M > K rows of one prompt each reproduce it; with M = K it only
+    renormalises.
     """
     d = class_embeddings.shape[1]
     sums = class_embeddings.new_zeros(num_classes, d).index_add_(0, class_ids, class_embeddings)

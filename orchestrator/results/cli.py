@@ -145,16 +145,22 @@ def query_cmd(
 def report_cmd(
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's runs."),
     paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
+    metric: str = typer.Option("accuracy", "--metric", help="accuracy, last50_accuracy, top5_accuracy, ece, nll "
+                               "or ood_auroc (see the README's metrics)."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
-    """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds."""
+    """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds and
+    stream orders."""
     from orchestrator.results.db import ResultsDB
-    from orchestrator.results.report import report_tables, wide_console
+    from orchestrator.results.report import METRICS, report_tables, wide_console
 
+    if metric not in METRICS:
+        _err(f"--metric: unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+        raise typer.Exit(2)
     results = _existing_results(results)
     console = wide_console()
     with ResultsDB(results) as db:
-        tables = report_tables(db, sweep=sweep, paper=paper)
+        tables = report_tables(db, sweep=sweep, paper=paper, metric=metric)
         _warn_bad_files(db)
         if not any(not t.empty for t in tables) and not paper:
             sweeps = [r["sweep"] for r in db.sql("SELECT DISTINCT sweep FROM runs ORDER BY 1").to_pylist()]

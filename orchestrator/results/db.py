@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, safety, schema
+from orchestrator.results import files, metrics, safety, schema
 
-VIEWS = ("samples", "runs", "accuracy", "summary")
+VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
 _MAX_RETRIES = 5
 # Errors about the SQL itself, never about a file's bytes.
@@ -69,7 +69,8 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
-_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
+_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "group_id",
+                   "setting_id")
 _RUNS_TABLE = "runs_rows"
 
 
@@ -183,6 +184,7 @@ class ResultsDB:
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
+                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
                 self._samples_key, self._runs_key = samples_key, runs_key
             self._bad = s_bad + r_bad
             return self.bad_files
@@ -290,7 +292,11 @@ class ResultsDB:
 
 
 def _accuracy_sql(carried: Sequence[str]) -> str:
+    """Per run, from its samples: rows, completeness and the metrics (orchestrator.results.metrics has their
+    definitions in numpy and SQL; accuracy-type metrics over in-distribution rows only)."""
     r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
+    inside = "(SELECT * FROM samples WHERE NOT coalesce(is_ood, false))"
+    with_ood = "(SELECT * FROM samples WHERE run_id IN (SELECT run_id FROM samples WHERE is_ood))"
     return f"""
 CREATE OR REPLACE VIEW accuracy AS
 WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
@@ -300,18 +306,54 @@ per_run AS (
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           100 * avg(s.correct::DOUBLE) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2) AS last50_accuracy
+           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows,
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false)) AS accuracy,
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2
+                                                AND NOT coalesce(s.is_ood, false)) AS last50_accuracy,
+           100 * avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL
+                                                                     AND NOT coalesce(s.is_ood, false)) AS top5_accuracy
     FROM samples s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
-)
+),
+ece AS ({metrics.ece_sql(inside)}),
+nll AS ({metrics.nll_sql(f"(SELECT * FROM {inside} WHERE prob_true IS NOT NULL)")}),
+auroc AS ({metrics.auroc_sql(with_ood)})
 SELECT p.run_id,
        coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       p.accuracy, p.last50_accuracy, {r_cols}
-FROM per_run p LEFT JOIN runs r USING (run_id)
+       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, p.n_ood_rows AS n_ood,
+       100 * auroc.ood_auroc AS ood_auroc, {r_cols}
+FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id)
+     LEFT JOIN auroc USING (run_id)
+"""
+
+
+# Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
+# setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
+_PAIRED_SQL = """
+CREATE OR REPLACE VIEW paired AS
+WITH baseline AS (
+    SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
+    FROM runs WHERE method = {baseline} GROUP BY ALL
+),
+pairs AS (
+    SELECT r.run_id, b.baseline_run FROM runs r
+    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+    WHERE r.method <> {baseline}
+)
+SELECT p.run_id, p.baseline_run,
+       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
+       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
+       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
+       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
+FROM pairs p
+JOIN samples s ON s.run_id = p.run_id
+JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+WHERE NOT coalesce(s.is_ood, false)
+GROUP BY ALL
 """
 
 
@@ -326,12 +368,21 @@ grouped AS (
            any_value(backbone) AS backbone, any_value(pretrained) AS pretrained, any_value(dataset) AS dataset,
            any_value(method) AS method, any_value(templates) AS templates,
            any_value(num_templates) AS num_templates, any_value(views) AS views, {any_h},
-           count(*) FILTER (WHERE complete) AS n, list(seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           any_value(stream) AS stream,
+           count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
+           count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
            avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
            avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
            stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
+           avg(top5_accuracy) FILTER (WHERE complete) AS top5_mean, avg(ece) FILTER (WHERE complete) AS ece_mean,
+           avg(nll) FILTER (WHERE complete) AS nll_mean, avg(ood_auroc) FILTER (WHERE complete) AS ood_auroc_mean,
            count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
+),
+worst AS (
+    -- OGA's measure over the runs of a configuration (its seeds x orders): the mean of the worst 10%
+    SELECT group_id, worst10, worst_count
+    FROM ({metrics.across_orders_sql("(SELECT * FROM finished WHERE complete)", "group_id", "accuracy")})
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
@@ -339,6 +390,6 @@ clip AS (
            AND complete
     GROUP BY setting_id
 )
-SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain
-FROM grouped g LEFT JOIN clip USING (setting_id)
+SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain
+FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
 """

@@ -216,7 +216,8 @@ def run_metrics(*, correct: Any, confidence: Any, labels: Any, top5_classes: Any
         top5=top5(np.asarray(top5_classes)[inside], np.asarray(labels)[inside]) if top5_classes is not None else None,
         ece=ece(conf[inside], correct[inside]),
         nll=nll(np.asarray(prob_true)[inside]) if prob_true is not None else None,
-        last_half=last_half_accuracy(correct[inside]),
+        # the last half of the stream's positions (as the views count it), its in-distribution rows
+        last_half=top1(correct[len(correct) // 2:][inside[len(correct) // 2:]]),
         helped_hurt=counts,
         ood_auroc=ood_auroc(conf, ~inside) if not inside.all() else None,
     )
@@ -248,6 +249,20 @@ def nll_sql(relation: str, keys: str = "run_id") -> str:
 
 def top5_sql(relation: str, keys: str = "run_id") -> str:
     return f"SELECT {keys}, avg(list_contains(top5, label)::DOUBLE) AS top5 FROM {relation} GROUP BY {keys}"
+
+
+def auroc_sql(relation: str, keys: str = "run_id") -> str:
+    """OOD AUROC of the confidence (in-distribution positive, midranks for ties) per ``keys`` that have both kinds."""
+    return f"""
+SELECT {keys}, (sum(midrank) FILTER (WHERE NOT is_ood) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg) AS ood_auroc
+FROM (
+    SELECT {keys}, is_ood,
+           rank() OVER (PARTITION BY {keys} ORDER BY confidence)
+               + (count(*) OVER (PARTITION BY {keys}, confidence) - 1) / 2.0 AS midrank,
+           count(*) FILTER (WHERE NOT is_ood) OVER (PARTITION BY {keys}) AS n_pos,
+           count(*) FILTER (WHERE is_ood) OVER (PARTITION BY {keys}) AS n_neg
+    FROM {relation}
+) GROUP BY {keys}, n_pos, n_neg HAVING n_pos > 0 AND n_neg > 0"""
 
 
 def across_orders_sql(relation: str, keys: str, value: str) -> str:

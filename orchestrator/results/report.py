@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import registry
+from orchestrator.data.streams import stream_label
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
@@ -56,17 +57,34 @@ class Layout:
 
 _OOD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.OOD))
 _CD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.CROSS_DOMAIN))
-TABLE1 = Layout("ood", "Table 1: OOD benchmark, top-1 accuracy (%)", _OOD,
+TABLE1 = Layout("ood", "Table 1: OOD benchmark", _OOD,
                 (("Average", tuple(k for k, _ in _OOD)), ("OOD Average", tuple(k for k, _ in _OOD[1:]))))
-TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark, top-1 accuracy (%)", _CD,
+TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark", _CD,
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
 
 RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
 RANDOM_WEIGHTS_NOTE = "random weights"
 
+@dataclass(frozen=True)
+class Metric:
+    """A per-run metric of the accuracy view a table can show (definitions: orchestrator.results.metrics)."""
+
+    title: str
+    higher_is_better: bool
+
+
+METRICS = {
+    "accuracy": Metric("top-1 accuracy (%)", True),
+    "last50_accuracy": Metric("accuracy over the last 50% of the stream (%)", True),
+    "top5_accuracy": Metric("top-5 accuracy (%)", True),
+    "ece": Metric("expected calibration error (%, 15 bins)", False),
+    "nll": Metric("negative log-likelihood (nats)", False),
+    "ood_auroc": Metric("OOD AUROC of the confidence (%)", True),
+}
+
 # Run settings that may tell rows of one method apart (besides every hparam column).
-_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
+_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
 
 
 def backbone_label(name: str) -> str:
@@ -90,7 +108,9 @@ def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
 
 
-def _fmt_value(value: Any) -> str:
+def _fmt_value(value: Any, column: str = "") -> str:
+    if column == "stream" and isinstance(value, str) and value.startswith("{"):
+        return stream_label(json.loads(value))  # the runs table holds the spec's value as JSON
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -121,7 +141,7 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
         if vary:
             split.update(vary)
             part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
-            text = [", ".join(f"{c}={_fmt_value(_plain(v))}" for c, v in zip(vary, values))
+            text = [", ".join(f"{c}={_fmt_value(_plain(v), c)}" for c, v in zip(vary, values))
                     for values in part[vary].itertuples(index=False)]
             labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
     return labels, sorted(split)
@@ -234,13 +254,16 @@ def _signed(value: Any) -> str:
     return MISSING if _is_missing(value) else f"{value:+.2f}"
 
 
-def _aggregate(runs: pd.DataFrame, layout: Layout) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
-    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns."""
+def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
+               ) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
+    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns,
+    over the stream orders of every seed."""
     out: dict[tuple[str, str, str], dict[str, tuple[float, float, int]]] = {}
     label_of = dict(layout.datasets)
+    runs = runs.assign(order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     for (backbone, method, row), part in runs.groupby(["backbone", "method", "row"], sort=False):
-        # one accuracy per dataset and seed (several sweeps with the same setting are averaged)
-        per_seed = part.groupby(["key", "seed"])["accuracy"].mean().unstack("key")
+        # one value per dataset, seed and order (several sweeps with the same setting are averaged)
+        per_seed = part.groupby(["key", "seed", "order"])[metric].mean().unstack("key")
         cells = {}
         for key, label in label_of.items():
             if key in per_seed.columns:
@@ -268,7 +291,7 @@ def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: 
 
 
 def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,
-                runs: pd.DataFrame | None = None) -> ReportTable:
+                runs: pd.DataFrame | None = None, metric: str = "accuracy") -> ReportTable:
     """The layout's table from the finished, complete runs (of `sweep`, if given; or the accuracy-view rows in
     `runs`); paper=True adds the published rows ('paper') and measured minus published ('Δ paper') under each
     (backbone, method)."""
@@ -280,24 +303,31 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     runs = runs[runs["key"].isin(keys)]
     hparams = db.hparam_names
     runs, split = _with_row_labels(runs, hparams)
-    cells = _aggregate(runs, layout) if len(runs) else {}
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+    cells = _aggregate(runs, layout, metric) if len(runs) else {}
     columns = layout.columns
     gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
+    published_only: dict[str, str] = {}  # methods not run here (e.g. TPT): their label as the paper prints it
     notes = []
-    if paper:
+    if paper and metric != "accuracy":
+        notes.append(f"the paper prints top-1 accuracy only: no published rows for {metric}")
+    elif paper:
         published = load_paper_results()
         table = published["tables"].get(layout.key)
         if table is not None:
             for row in table["rows"]:
                 paper_rows[(row["backbone"], row["method"])] = row["values"]
+                if row.get("published_only"):
+                    published_only[row["method"]] = f"{row['label']} (published only)"
             notes.append(f"paper: {published['source']['paper']}")
 
     row_keys = list(cells)
     for backbone, method in paper_rows:
         if not any(r[0] == backbone and r[1] == method for r in row_keys):
-            row_keys.append((backbone, method, registry.method_label(method)))
+            row_keys.append((backbone, method, published_only.get(method) or registry.method_label(method)))
     row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
     index, means, stds, ns, gains = [], [], [], [], []
@@ -310,9 +340,10 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         sources = [("measured", {c: measured.get(c, (math.nan, math.nan, 0)) for c in columns})]
         published = paper_rows.get((backbone, method))
         if published is not None:
-            sources.append(("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns}))
-            sources.append(("Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published
-                                            else math.nan, math.nan, 1) for c in columns}))
+            paper_source = ("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns})
+            sources = [paper_source] if method in published_only else [*sources, paper_source, (
+                "Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published else math.nan,
+                                math.nan, 1) for c in columns})]
         for source, values in sources:
             index.append((backbone, row, source) if paper else (backbone, row))
             means.append({c: values[c][0] for c in columns})
@@ -325,26 +356,27 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     std = pd.DataFrame(stds, index=idx, columns=columns, dtype=float)
     n = pd.DataFrame(ns, index=idx, columns=columns).fillna(0).astype(int)
     gain = pd.DataFrame(gains, index=idx, columns=columns, dtype=float)
-    best = _best(mean, paper)
+    best = _best(mean, paper, METRICS[metric].higher_is_better)
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
-    return ReportTable(layout.title, columns, gain_columns, mean, std, n, gain, best, notes)
+    return ReportTable(f"{layout.title}, {METRICS[metric].title}", columns, gain_columns, mean, std, n, gain, best,
+                       notes)
 
 
-def _best(mean: pd.DataFrame, paper: bool) -> pd.DataFrame:
+def _best(mean: pd.DataFrame, paper: bool, higher_is_better: bool) -> pd.DataFrame:
     best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
     if mean.empty:
         return best
     measured = mean[mean.index.get_level_values(-1) == "measured"] if paper else mean
     for _backbone, block in measured.groupby(level=0, sort=False):
         for col in mean.columns:
-            top = block[col].max()
+            top = block[col].max() if higher_is_better else block[col].min()
             if not _is_missing(top):
                 best.loc[block.index[block[col] == top], col] = True
     return best
 
 
-def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method and dataset") -> Layout:
+def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
     """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
     def order(d: str) -> tuple[int, str]:
         key = registry.dataset_key(d)
@@ -358,7 +390,7 @@ def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method
 
 
 def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | None = None,
-                         title: str | None = None) -> ReportTable:
+                         title: str | None = None, metric: str = "accuracy") -> ReportTable:
     """Method x dataset accuracy (mean ± std over seeds) for any sweep: the sweep's end summary and the demo.
 
     `results` is a ResultsDB or a results dir. `.to_frame()` gives the numbers, `.render()` a rich table.
@@ -366,12 +398,12 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
     db = results if isinstance(results, ResultsDB) else ResultsDB(results)
     runs = finished_runs(db, sweep)
     layout = generic_layout(list(runs["dataset"].unique()),
-                            title or f"Accuracy (%) by method and dataset{f' — sweep {sweep}' if sweep else ''}")
-    return build_table(db, layout, sweep=sweep, runs=runs)
+                            title or f"By method and dataset{f' — sweep {sweep}' if sweep else ''}")
+    return build_table(db, layout, sweep=sweep, runs=runs, metric=metric)
 
 
 def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
-                  include_empty: bool | None = None) -> list[ReportTable]:
+                  include_empty: bool | None = None, metric: str = "accuracy") -> list[ReportTable]:
     """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
     cells, then a method x dataset table for datasets outside both (e.g. synthetic scenarios).
 
@@ -383,9 +415,9 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     tables = []
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
-            tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs))
+            tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs, metric=metric))
     others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) is None]
     if others:
-        layout = generic_layout(others, "Other datasets: accuracy (%) by method and dataset")
-        tables.append(build_table(db, layout, sweep=sweep, runs=runs))
+        layout = generic_layout(others, "Other datasets, by method and dataset")
+        tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))
     return tables

@@ -60,12 +60,20 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("gated", pa.bool_(), "BOOLEAN", "the likelihood / cache update fired"),
     Column("gated_prior", pa.bool_(), "BOOLEAN", "the prior update fired"),
     Column("selected", pa.int32(), "INTEGER", "class embedding selected for the update, -1 if none"),
+    Column("top5", pa.list_(pa.int32()), "INTEGER[]", "the min(5, K) most probable classes, best first"),
+    Column("prob_true", pa.float32(), "FLOAT", "posterior of the true class (null for an OOD sample)"),
+    Column("is_ood", pa.bool_(), "BOOLEAN", "from outside the label space (contaminated streams): label -1, "
+                                            "left out of accuracy"),
+    Column("source", pa.string(), "VARCHAR", "dataset the sample comes from (continual and contaminated streams)"),
 )
-SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=False) for c in SAMPLE_COLUMNS])
+# Null where the writer was not given them: parts written before these columns existed read as null too.
+SAMPLE_NULLABLE = ("top5", "prob_true", "source")
+SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=c.name in SAMPLE_NULLABLE)
+                                 for c in SAMPLE_COLUMNS])
 # A part lacking one of these cannot answer the views' questions and is reported as bad.
 SAMPLE_REQUIRED = ("run_id", "sample_idx", "label", "pred", "correct")
 # What write_part fills when the method has no such notion (e.g. CLIP never gates).
-SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1}
+SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1, "is_ood": False}
 PARTITION_KEYS = ("sweep", "backbone", "dataset", "method", "run_id")
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -79,6 +87,9 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("templates", pa.string(), "VARCHAR", "template set name"),
     Column("num_templates", pa.int64(), "BIGINT", "templates per class"),
     Column("views", pa.string(), "VARCHAR", "view setting (e.g. 1, 64 or a named set)"),
+    Column("stream", pa.string(), "VARCHAR", "stream protocol as the spec gave it (JSON); null = the dataset's own "
+                                             "order (a seeded shuffle of a real dataset)"),
+    Column("order_index", pa.int64(), "BIGINT", "which of the configuration's `orders` (null: the only one)"),
 )
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
@@ -86,9 +97,16 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
     Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
     Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
+    Column("top5_accuracy", pa.float64(), "DOUBLE", "top-5 accuracy in percent"),
+    Column("ece", pa.float64(), "DOUBLE", "expected calibration error (15 equal-width bins), percent"),
+    Column("nll", pa.float64(), "DOUBLE", "mean negative log posterior of the true class (nats)"),
+    Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
+    Column("ood_auroc", pa.float64(), "DOUBLE", "AUROC of the confidence separating in- from out-of-distribution "
+                                                "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
-    Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
+    Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
+                                                  "on the CPU the growth of the process's resident size"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
     Column("data_fingerprint", pa.string(), "VARCHAR",
@@ -239,9 +257,10 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 
 def group_id(config: Mapping[str, Any]) -> str:
-    """Same for every seed of one configuration: the summary view aggregates over it."""
+    """Same for every seed and stream order of one configuration: the summary view aggregates over it."""
     cfg = normalize_config(config)
     cfg.pop("seed")
+    cfg.pop("order_index", None)
     return _hash(cfg)
 
 
@@ -249,8 +268,8 @@ def setting_id(config: Mapping[str, Any]) -> str:
     """Same for every method, hparam setting, seed and sweep on one backbone/dataset/templates/views/data
     setting: zero-shot CLIP with this id is the baseline a method's gain is measured against."""
     cfg = normalize_config(config)
-    for key in ("seed", "method", "hparams", "sweep"):
-        cfg.pop(key)
+    for key in ("seed", "method", "hparams", "sweep", "order_index"):
+        cfg.pop(key, None)
     return _hash(cfg)
 
 

@@ -1,7 +1,7 @@
 """The meaning of a structurally valid sweep spec: every value against what it names, every problem at once.
 
 Hyperparameter values are checked against their method's registry card (type and range: the spec accepts
-exactly what `run_stream` accepts); synthetic parameters through `make_synthetic`'s own checks; cross-field
+exactly what `run_stream` accepts); synthetic parameters through their generator's own checks; cross-field
 rules (select_on posterior needs M == K; view methods need augmented views; real datasets need a data root that
 holds their folders, a cache dir and a known backbone with weights said explicitly; distinct dataset names and
 seeds; results and cache dirs that are not files).
@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator.data.synthetic import make_synthetic
+from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
+from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.sweep.spec import (
@@ -45,6 +46,7 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues += _dataset_issues(spec)
     issues += _template_issues(spec)
     issues += _method_issues(spec)
+    issues += _stream_issues(spec)
     seen = set()
     for i, seed in enumerate(spec.seeds):
         if seed in seen:
@@ -125,18 +127,58 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 
 def _synthetic_issues(ds: SyntheticDataset) -> list[tuple[str, str]]:
-    """Run make_synthetic's own argument checks on a one-sample stream (cheap), mapping its message to a field."""
+    """Run the generator's own argument checks on a small stream (cheap), mapping its message to a field."""
     params = ds.given
     probe = dict(params)
     if isinstance(params.get("n"), int) and params["n"] >= 1:
-        probe["n"] = 1
+        probe["n"] = min(params["n"], 64)
     try:
-        make_synthetic(ds.synthetic, seed=0, **probe)
+        synthesize(ds.synthetic, seed=0, **probe)
     except (ValueError, TypeError) as exc:
         text = str(exc)
         field = next((k for k in sorted(params, key=len, reverse=True) if re.search(rf"\b{k}\b", text)), "")
         return [(field or "synthetic", text)]
     return []
+
+
+def _stream_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """Each protocol's own checks, and the datasets it reads: real ones the spec's backbones can encode."""
+    synthetic = [dataset_name(d) for d in spec.datasets if isinstance(d, SyntheticDataset)]
+    issues = []
+    for i, value in enumerate(spec.streams):
+        where = f"stream[{i}]" if isinstance(spec.stream, list) else "stream"
+        if value is None:
+            if spec.orders > 1 and synthetic:
+                issues.append(("orders", f"a synthetic scenario ({synthetic[0]}) streams in its own fixed order, so "
+                                         f"{spec.orders} orders would be {spec.orders} copies of one run; expected a "
+                                         f"`stream:` that draws orders (e.g. iid or dirichlet)"))
+            continue
+        try:
+            protocol = protocol_from_spec(value)
+        except ValueError as exc:
+            issues.append((where, str(exc)))
+            continue
+        issues += [(where, message) for message in _protocol_issues(spec, protocol, synthetic)]
+    return issues
+
+
+def _protocol_issues(spec: SweepSpec, protocol: Protocol, synthetic: list[str]) -> list[str]:
+    reads = []
+    if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        if synthetic:
+            return [f"a synthetic dataset ({synthetic[0]}) can only be contaminated with {HELD_OUT_CLASSES!r}, not "
+                    f"with dataset {protocol.pool!r}"]
+        reads = [protocol.pool]
+    if isinstance(protocol, Continual):
+        if synthetic:
+            return [f"continual streams read real datasets; the synthetic scenario 'continual' is the synthetic one "
+                    f"(got synthetic dataset {synthetic[0]})"]
+        if dataset_key(protocol.datasets[0]) not in {dataset_name(d) for d in spec.datasets}:
+            return [f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the spec's "
+                    f"datasets; expected it listed under datasets"]
+        reads = list(protocol.datasets)
+    return [f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"
+            for name in reads if dataset_key(name) is None]
 
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
@@ -149,7 +191,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                 issues.append((f"methods[{i}].datasets[{j}]", f"{name!r} is not among the spec's datasets; expected "
                                                               f"one of: {', '.join(sorted(known))}"))
         datasets = entry_datasets(spec, entry)
-        views = {dataset_views(spec, ds) for ds in datasets}
+        views = {dataset_views(spec, ds, entry.method) for ds in datasets}
         try:
             max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets for t in spec.templates] + [1])
         except ValueError:  # an unknown template set, already reported by _dataset_issues
@@ -165,10 +207,10 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
-        if card.takes_views and not all(v.startswith("augmix") for v in views):
-            issues.append((f"methods[{i}].method", f"{entry.method!r} votes over augmented views, so each of its "
-                                                   f"datasets needs views 'augmix' (got {', '.join(sorted(views))}); "
-                                                   f"expected views: augmix, or `datasets:` naming AugMix ones"))
+        if card.takes_views and card.view_scope == "all" and not card.single_view_datasets and "single" in views:
+            issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
+                                                   f"each of its datasets needs views (got single); expected views: "
+                                                   f"protocol ({card.views}), augmix or crops"))
     return issues
 
 

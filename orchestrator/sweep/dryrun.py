@@ -80,8 +80,9 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         for source in entries.values():
             state = "cached" if _cached(spec, source, manifests) else "to encode"
             if state == "to encode":
-                views = 1 if source.views == "single" else int(source.views[len("augmix"):] or 63) + 1
-                encode += _stream_length(spec, source) * views
+                from orchestrator.clip.views import parse_views
+
+                encode += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
             lines.append(f"  {source.model} {source.weights or 'random weights'} {source.dataset} views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"

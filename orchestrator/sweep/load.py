@@ -4,7 +4,7 @@ Validation runs in two phases and reports every problem at once, each as `field.
 1. Structure (pydantic, `extra='forbid'`): unknown keys (with the allowed keys), wrong types, empty grids,
    out-of-range resources.
 2. Meaning (`orchestrator.sweep.checks`): every hyperparameter value against its method's registry card,
-   synthetic parameters through `make_synthetic`'s own checks, cross-field rules.
+   synthetic parameters through their generator's own checks, cross-field rules.
 
 Paths (`data_root`, `cache_dir`, `results_dir`, checkpoints) are made absolute relative to the directory of
 the spec file, not the current directory, so `bca sweep experiments/demo.yaml` writes to the same place from

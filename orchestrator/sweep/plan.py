@@ -1,8 +1,8 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
-Expansion order is fixed (datasets x seeds x backbones x template sets x method entries x grid points), so the
-same spec always gives the same runs with the same run_ids (results.schema.config_hash of the run config), and
-runs sharing a data source are already next to each other (a trial process reuses its loaded features).
+Expansion order is fixed (datasets x seeds x view settings x backbones x template sets x streams x orders x
+method entries x grid points, then runs sharing a data source brought together), so the same spec always gives
+the same runs with the same run_ids (results.schema.config_hash of the run config).
 A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
@@ -31,18 +31,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
+from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
+                                       protocol_from_spec)
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, normalize_config
-from orchestrator.sweep.spec import (
-    RANDOM_WEIGHTS,
-    Backbone,
-    RealDataset,
-    SweepSpec,
-    SyntheticDataset,
-    dataset_views,
-    entry_datasets,
-    method_grid,
-)
+from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
+                                     dataset_views, entry_datasets, method_grid)
 
 SYNTHETIC_BACKBONE = "synthetic"
 _HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in a group's canonical JSON
@@ -67,6 +61,9 @@ class DataSource:
     model_config: str | None = None
     quick_gelu: bool | None = None
     templates: str | None = None
+    stream: str = ""                      # canonical JSON of the spec's `stream:`; "" = the dataset's own order
+    order_index: int = 0                  # which of `orders: N` (0: the seed's own order)
+    others: tuple[str, ...] = ()          # a contaminated stream's pool dataset, a continual stream's next datasets
 
     @property
     def is_synthetic(self) -> bool:
@@ -79,6 +76,18 @@ class DataSource:
 
     def params(self) -> dict[str, Any]:
         return json.loads(self.synthetic_params)
+
+    def protocol(self) -> Protocol | None:
+        """The stream protocol: the spec's, else a real dataset's seeded shuffle (iid) and a synthetic
+        scenario's own order (None)."""
+        if self.stream:
+            return protocol_from_spec(json.loads(self.stream))
+        return None if self.is_synthetic else Iid()
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of this order: the run's seed for the first of `orders`, then distinct derived ones."""
+        return derive_order_seeds(self.seed, self.order_index + 1)[self.order_index]
 
 
 class _Group:
@@ -118,7 +127,7 @@ class Run:
     @property
     def label(self) -> str:
         """A short human description: method, dataset, seed."""
-        return f"{self.method} {self.source.dataset} seed={self.source.seed}"
+        return f"{self.method} {self._group.base['dataset']} seed={self.source.seed}"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Run) and other.run_id == self.run_id
@@ -240,8 +249,39 @@ def _walk(items: list[tuple[tuple[Any, str], ...]], i: int, digest: Any, pending
         yield from _walk(items, i + 1, step, "", values + (value,))
 
 
-def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
-    """The data sources of one dataset and seed, each with the run-config fields it implies."""
+def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
+             ) -> list[tuple[DataSource, dict]]:
+    """The data sources of one dataset, seed and view setting, each with the run-config fields it implies: one per
+    backbone and template set, times the stream protocols and their `orders`."""
+    out = []
+    for value in spec.streams:
+        protocol = protocol_from_spec(value) if value is not None else None
+        if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
+            continue  # a continual stream runs once, from its first dataset through the others
+        for source, fields in _base_sources(spec, dataset, seed, views):
+            stream: dict[str, Any] = {}
+            if protocol is not None:
+                stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
+                source = replace(source, stream=canonical_json(value), others=_others(protocol))
+                if isinstance(protocol, Continual):
+                    stream["dataset"] = "+".join(protocol.datasets)
+            for k in range(spec.orders):
+                order = {"order_index": k} if spec.orders > 1 else {}
+                out.append((replace(source, order_index=k), {**fields, **stream, **order}))
+    return out
+
+
+def _others(protocol: Protocol) -> tuple[str, ...]:
+    """The datasets a stream reads besides the run's own: a contaminated stream's pool, a continual one's next."""
+    if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
+        return (protocol.pool,)
+    if isinstance(protocol, Continual):
+        return protocol.datasets[1:]
+    return ()
+
+
+def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
+                  ) -> list[tuple[DataSource, dict]]:
     if isinstance(dataset, SyntheticDataset):
         params = dataset.params
         source = DataSource(dataset=dataset.dataset_name, seed=seed, synthetic=dataset.synthetic,
@@ -252,16 +292,15 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
         return [(source, fields)]
     from orchestrator.sweep.catalog import template_counts
 
-    views = dataset_views(spec, dataset)
     out = []
     for backbone, templates in itertools.product(spec.backbones, spec.templates):
         tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
                             pretrained=tag, checkpoint=backbone.checkpoint,
                             model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
-        fields = {"backbone": backbone.model, "pretrained": source.weights or RANDOM_WEIGHTS,
-                  "templates": templates, "num_templates": template_counts(templates, dataset.name)[0],
-                  "views": views, "stream_order": "permutation", **_backbone_extras(backbone)}
+        fields = {"backbone": backbone.model, "pretrained": source.weights or RANDOM_WEIGHTS, "templates": templates,
+                  "num_templates": template_counts(templates, dataset.name)[0], "views": views,
+                  "stream_order": "permutation", **_backbone_extras(backbone)}
         out.append((source, fields))
     return out
 
@@ -276,10 +315,19 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     return extras
 
 
+def _entries_by_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> dict[str, list[Any]]:
+    """The method entries that run on a dataset, grouped by the views each runs on (in entry order)."""
+    groups: dict[str, list[Any]] = {}
+    for entry in spec.methods:
+        if dataset in entry_datasets(spec, entry):
+            groups.setdefault(dataset_views(spec, dataset, entry.method), []).append(entry)
+    return groups
+
+
 def data_sources(spec: SweepSpec) -> list[DataSource]:
     """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
-    return list(dict.fromkeys(source for dataset in spec.datasets for seed in spec.seeds
-                              for source, _ in _sources(spec, dataset, seed)))
+    return list(dict.fromkeys(source for dataset in spec.datasets for views in _entries_by_views(spec, dataset)
+                              for seed in spec.seeds for source, _ in _sources(spec, dataset, seed, views)))
 
 
 def iter_runs(spec: SweepSpec) -> Iterator[Run]:
@@ -287,20 +335,22 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
     both give (e.g. the shared centre of one-at-a-time sensitivity grids) is one run."""
     seen: set[str] = set()
     for dataset in spec.datasets:
-        entries = [e for e in spec.methods if dataset in entry_datasets(spec, e)]
+        groups = _entries_by_views(spec, dataset)
         for seed in spec.seeds:
-            for source, fields in _sources(spec, dataset, seed):
-                for entry in entries:
-                    axes = _axes(entry.method, None if source.is_synthetic else source.dataset, method_grid(entry))
-                    base = normalize_config({"sweep": spec.name, "dataset": source.dataset, "method": entry.method,
-                                             "seed": seed, **fields})
-                    del base["hparams"]
-                    group = _Group(base, tuple(a.name for a in axes))
-                    head = hashlib.sha256(group.prefix.encode("utf-8"))
-                    for run_id, values in _points(axes, head, group.suffix):
-                        if run_id not in seen:
-                            seen.add(run_id)
-                            yield Run(run_id, source, group, values)
+            for views, entries in groups.items():
+                for source, fields in _sources(spec, dataset, seed, views):
+                    for entry in entries:
+                        axes = _axes(entry.method, None if source.is_synthetic else source.dataset,
+                                     method_grid(entry))
+                        base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
+                                                 "method": entry.method, "seed": seed, **fields})
+                        del base["hparams"]
+                        group = _Group(base, tuple(a.name for a in axes))
+                        head = hashlib.sha256(group.prefix.encode("utf-8"))
+                        for run_id, values in _points(axes, head, group.suffix):
+                            if run_id not in seen:
+                                seen.add(run_id)
+                                yield Run(run_id, source, group, values)
 
 
 @contextlib.contextmanager
@@ -317,25 +367,38 @@ def _gc_paused() -> Iterator[None]:
 
 
 def expand(spec: SweepSpec) -> list[Run]:
-    """Every run of the spec, in the fixed expansion order (see iter_runs)."""
+    """Every run of the spec (see iter_runs), runs sharing a data source brought together (stable), so a trial
+    process reuses loaded features. Runs come in groups of one source, so a source is hashed once per group."""
     with _gc_paused():
-        return list(iter_runs(spec))
+        by_source: dict[DataSource, list[Run]] = {}
+        last, bucket = None, []
+        for run in iter_runs(spec):
+            if run.source is not last:
+                last, bucket = run.source, by_source.setdefault(run.source, [])
+            bucket.append(run)
+        return [run for runs in by_source.values() for run in runs]
 
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
-    of features they take (a view-voting method such as zero is packed only with its own kind)."""
+    of features they take (runs taking views are packed only with runs taking views)."""
     with _gc_paused():
         return _make_trials(runs, pack)
 
 
 def _make_trials(runs: list[Run], pack: int) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
-    keys: dict[int, tuple[DataSource, bool]] = {}  # per run group (one source, one method): hashed once
+    keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     for run in runs:
-        key = keys.get(id(run._group))
+        key = keys.get(id(run._group), False)
+        if key is False:
+            card = method_card(run.method)
+            # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
+            # it (inputs 'either') per run
+            key = keys[id(run._group)] = None if card.inputs == "either" else (
+                run.source, run.source.views != "single" and card.takes_views)
         if key is None:
-            key = keys[id(run._group)] = (run.source, method_card(run.method).takes_views)
+            key = (run.source, run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
         groups.setdefault(key, []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():

@@ -8,7 +8,6 @@ a built-in one once its card is registered (`plugins:` names the modules that re
 
 from __future__ import annotations
 
-import inspect
 import json
 from functools import cache
 from typing import Annotated, Any, Literal, Union
@@ -30,15 +29,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from orchestrator.data.synthetic import SYNTHETIC_SCENARIOS, make_synthetic
-from orchestrator.registry import canonical_dataset, dataset_card, dataset_key, method_card, method_names
+from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
+from orchestrator.registry import canonical_dataset, dataset_key, method_card, method_names
 
 # A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
 # is refused: it used to run random weights without a word). Runs store it as their `pretrained`.
 RANDOM_WEIGHTS = "random"
 
 # 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
-VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*)$"
+VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*|crops[0-9]*)$"
 
 
 # ------------------------------------------------------------------------------------------ model helpers
@@ -111,28 +110,24 @@ class RealDataset(_Strict):
 
 
 def _synthetic_parameters() -> dict[str, tuple[Any, Any]]:
-    """make_synthetic's keyword parameters (except the seed, which comes from `seeds`) as pydantic fields."""
+    """Every scenario's and preset's generative parameters (except the seed, which comes from `seeds`) as
+    optional pydantic fields; which of them a kind takes is checked against it (`checks`)."""
     strict = {int: StrictInt, float: Union[StrictInt, StrictFloat]}
     fields: dict[str, tuple[Any, Any]] = {}
-    for name, param in inspect.signature(make_synthetic).parameters.items():
-        if name in ("scenario", "seed"):
-            continue
-        kind = strict.get(type(param.default), Scalar)
-        fields[name] = (kind | None, None)
+    for kind in SYNTHETIC_KINDS:
+        for name, default in synthetic_defaults(kind).items():
+            fields.setdefault(name, (strict.get(type(default), Scalar) | None, None))
     return fields
-
-
-_SYNTHETIC_DEFAULTS = {name: p.default for name, p in inspect.signature(make_synthetic).parameters.items()
-                       if name not in ("scenario", "seed")}
 
 
 _SyntheticBase = create_model("_SyntheticBase", __base__=_Strict, **_synthetic_parameters())
 
 
 class SyntheticDataset(_SyntheticBase):  # type: ignore[misc, valid-type]
-    """A synthetic scenario; its own parameters are make_synthetic's. `name` defaults to synthetic-<scenario>."""
+    """A synthetic scenario (`make_synthetic`) or CLIP-like preset (`make_clip_like`) with its own parameters.
+    `name` defaults to synthetic-<scenario>."""
 
-    synthetic: Literal[SYNTHETIC_SCENARIOS]
+    synthetic: Literal[SYNTHETIC_KINDS]
     name: StrictStr | None = None
 
     @property
@@ -146,8 +141,8 @@ class SyntheticDataset(_SyntheticBase):  # type: ignore[misc, valid-type]
 
     @property
     def params(self) -> dict[str, Any]:
-        """Every make_synthetic parameter (its defaults, then the spec's), so the run config pins the data."""
-        return {**_SYNTHETIC_DEFAULTS, **self.given}
+        """Every generative parameter (the kind's defaults, then the spec's), so the run config pins the data."""
+        return {**synthetic_defaults(self.synthetic), **self.given}
 
 
 def _dataset_kind(value: Any) -> str:
@@ -221,7 +216,17 @@ class SweepSpec(_Strict):
     pack: PositiveInt = 1
     part_rows: PositiveInt = 5000
     max_failures: Annotated[StrictInt, Field(ge=0)] = 2
+    # the stream protocol, or a list of them as a grid axis (orchestrator.data.streams; None: a real dataset's
+    # seeded shuffle, a synthetic scenario's own order), and how many independent orders each configuration runs
+    stream: Union[StrictStr, dict[StrictStr, Any], Annotated[list[Union[StrictStr, dict[StrictStr, Any]]],
+                                                             Field(min_length=1)]] | None = None
+    orders: PositiveInt = 1
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
+
+    @property
+    def streams(self) -> list[Any]:
+        """The stream values the grid runs (None: the datasets' own order)."""
+        return self.stream if isinstance(self.stream, list) else [self.stream]
 
     @property
     def has_real_datasets(self) -> bool:
@@ -241,13 +246,14 @@ def current_spec_model() -> type[SweepSpec]:
     return spec_model(tuple(method_names()))
 
 
-def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> str:
-    """'single' or 'augmix' for a dataset: its own setting, else the spec's, where 'protocol' means the
-    public protocol (AugMix views for ImageNet-A/-V2/-R/-Sketch, a single view elsewhere)."""
+def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, method: str) -> str:
+    """The views a method runs on for a dataset: the dataset's own setting, else the spec's, where 'protocol'
+    means the method's official protocol on that dataset (its card: e.g. AugMix for BCA on ImageNet-A/-V2/-R/
+    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet)."""
     if isinstance(dataset, SyntheticDataset):
         return "single"
     choice = dataset.views or spec.views
-    return dataset_card(dataset.name).views if choice == "protocol" else choice
+    return method_card(method).protocol_views(dataset.name) if choice == "protocol" else choice
 
 
 def spec_fingerprint(spec: SweepSpec) -> str:

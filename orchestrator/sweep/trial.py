@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import time
 import traceback
@@ -34,10 +33,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.data.arrange import arrange
+from orchestrator.data.streams import Contaminated
+from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import load_plugins, method_card
+from orchestrator.results.metrics import TOP_K, run_metrics
 from orchestrator.results.writer import RunWriter
+from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
@@ -65,10 +69,13 @@ class Stream:
     """A data source ready to run, everything in stream order."""
 
     features: torch.Tensor               # [n, d]: the single view, or the AugMix views' selected mean
-    view_features: torch.Tensor | None   # [n, V, d] for methods voting over views (zero); None without views
-    labels: torch.Tensor                 # [n] int64
+    view_features: torch.Tensor | None   # [n, V, d] for runs that take views (`wants_views`); else None
+    labels: torch.Tensor                 # [n] int64, -1 for an OOD sample
     image_ids: list[str]
-    order: torch.Tensor                  # [n] int64: dataset index of each stream position
+    order: torch.Tensor                  # [n] int64: index of each stream position in its source dataset
+    source_index: torch.Tensor           # [n] int64: which of the source's datasets (0: the run's own)
+    is_ood: torch.Tensor                 # [n] bool: from outside the label space (contaminated streams)
+    sources: list[str]                   # [n] the dataset each sample comes from
     class_embeddings: torch.Tensor
     class_ids: torch.Tensor
     num_classes: int
@@ -80,53 +87,57 @@ class Stream:
         return int(self.labels.shape[0])
 
 
-def stream_order(n: int, seed: int) -> torch.Tensor:
-    """The real-dataset stream: a permutation drawn from a CPU torch.Generator seeded with the run's seed."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool) -> Benchmark:
+    """One dataset of a source as a Benchmark in dataset order: generated, or read through the feature cache."""
+    if source.is_synthetic:
+        from orchestrator.data.synthetic import synthesize
+
+        return synthesize(source.synthetic, seed=source.seed, **source.params())
+    from orchestrator.features import load_benchmark
+
+    if source.model_config is not None:
+        from orchestrator.sweep.catalog import register_model_config
+
+        register_model_config(source.model_config)
+    return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
+                          pretrained=source.weights, views=source.views, templates=source.templates,
+                          seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views)
 
 
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
-    if source.is_synthetic:
-        from orchestrator.data.synthetic import make_synthetic
-
-        bench = make_synthetic(source.synthetic, seed=source.seed, **source.params())
-        order = torch.arange(len(bench))  # the scenario's own order is the stream
-        encode_s = 0.0
-        skipped = []
-        fingerprint = None
-    else:
-        from orchestrator.features import load_benchmark
-
-        if source.model_config is not None:
-            from orchestrator.sweep.catalog import register_model_config
-
-            register_model_config(source.model_config)
-        bench = load_benchmark(source.dataset, data_root=settings.data_root, cache_dir=settings.cache_dir,
-                               backbone=source.model, pretrained=source.weights,
-                               views=source.views, templates=source.templates, seed=source.seed,
-                               quick_gelu=source.quick_gelu, reduce_views=not keep_views)
-        encode_s = bench.encode_seconds
-        skipped = list(bench.skipped)
-        fingerprint = bench.listing_sha256[:16]
-        order = stream_order(len(bench), source.seed)
+    protocol = source.protocol()
+    # views are reduced against the run's label space, which a held-out split changes: keep them until then
+    reduce_views = not keep_views and not isinstance(protocol, Contaminated)
+    bench = _benchmark(source, source.dataset, settings, reduce_views)
+    others = tuple(_benchmark(source, name, settings, reduce_views) for name in source.others)
+    benches = (bench, *others)
+    encode_s = sum(getattr(b, "encode_seconds", 0.0) for b in benches)
+    skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
+    arranged = arrange(bench, protocol, source.order_seed, others=others, split_seed=source.seed)
+    listing = getattr(bench, "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
     device = auto_device()
-    features = bench.features[order].to(device)
-    class_embeddings = bench.class_embeddings.to(device)
-    class_ids = bench.class_ids.to(device)
+    features = arranged.features.to(device)
+    class_embeddings = arranged.class_embeddings.to(device)
+    class_ids = arranged.class_ids.to(device)
+    num_classes = len(arranged.class_names)
     view_features = None
     if features.ndim == 3:
         from orchestrator.clip import select_views
 
         view_features = features
-        features = select_views(view_features, class_embeddings, class_ids, bench.num_classes)
-    return Stream(features=features, view_features=view_features, labels=bench.labels[order],
-                  image_ids=[bench.image_ids[i] for i in order.tolist()], order=order,
-                  class_embeddings=class_embeddings, class_ids=class_ids, num_classes=bench.num_classes,
-                  encode_s=encode_s, skipped=skipped, fingerprint=fingerprint)
+        features = select_views(view_features, class_embeddings, class_ids, num_classes)
+        if not keep_views:
+            view_features = None
+    return Stream(features=features, view_features=view_features, labels=arranged.labels,
+                  image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
+                  is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=class_embeddings,
+                  class_ids=class_ids, num_classes=num_classes, encode_s=encode_s, skipped=skipped,
+                  fingerprint=listing[:16] or None)
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
-    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
+    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for runs
+    that take views: zero, tda, tda_pa, the BCA family's view_selection='adaptive');
     otherwise only the confident-view means are built, without a float32 copy of all views."""
     key = (source, keep_views)
     if key in _MEMO:
@@ -170,18 +181,6 @@ def _failpoint(spec: str | None, parts_written: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- runs
 
-def _peak_mem_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux; the process's peak
-
-
-def _accuracy(pred: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    correct = pred == labels
-    half = len(correct) // 2
-    return 100.0 * float(correct.mean()), 100.0 * float(correct[half:].mean())
-
-
 class _RowSink:
     """Writes a run's rows from `rows_done` on, in parts of at most `part_rows`, firing the failpoint after each."""
 
@@ -191,18 +190,18 @@ class _RowSink:
         self.resumed_from = self.done
         self.parts = 0
 
-    def offer(self, start: int, pred: np.ndarray, conf: np.ndarray, gated: np.ndarray, gated_prior: np.ndarray,
-              selected: np.ndarray) -> None:
-        """Rows start..start+len-1 of the stream; only those not yet on disk are written."""
-        end = start + len(pred)
+    def offer(self, start: int, rows: dict[str, np.ndarray]) -> None:
+        """Rows start..start+len-1 of the stream (the method's outputs per sample); only those not yet on disk
+        are written, with the stream's own columns."""
+        end = start + len(rows["pred"])
         while self.done < end:
             lo = self.done
             hi = min(end, lo + self.part_rows)
             a, b = lo - start, hi - start
             self.done = self.writer.write_part(lo, {
                 "image_id": self.stream.image_ids[lo:hi], "label": self.stream.labels[lo:hi].numpy(),
-                "pred": pred[a:b], "confidence": conf[a:b], "gated": gated[a:b], "gated_prior": gated_prior[a:b],
-                "selected": selected[a:b]})
+                "is_ood": self.stream.is_ood[lo:hi].numpy(), "source": self.stream.sources[lo:hi],
+                **{k: v[a:b] for k, v in rows.items()}})
             self.parts += 1
             _failpoint(self.failpoint, self.parts)
 
@@ -223,49 +222,75 @@ def _mark_failed(writer: RunWriter, exc: BaseException) -> None:
         pass
 
 
+def _rows(trace: Any, labels: torch.Tensor) -> dict[str, np.ndarray]:
+    """The per-sample columns a trace gives: prediction, confidence, top-5 classes, the true class's probability
+    (NaN for an OOD sample, label -1), and the method's gate and selection."""
+    post = trace.posteriors
+    top = torch.topk(post, min(TOP_K, post.shape[1]), dim=1)
+    labels = labels.to(post.device)
+    prob_true = post.gather(1, labels.clamp_min(0)[:, None])[:, 0].masked_fill(labels < 0, float("nan"))
+    return {"pred": _numpy(top.indices[:, 0]), "confidence": _numpy(top.values[:, 0]), "top5": _numpy(top.indices),
+            "prob_true": _numpy(prob_true), "gated": _numpy(trace.gated), "gated_prior": _numpy(trace.gated_prior),
+            "selected": _numpy(trace.selected)}
+
+
 class _Outcome:
     """A run's per-sample outputs over the whole stream and its timings, ready to finish."""
 
     def __init__(self) -> None:
-        self.preds: list[np.ndarray] = []
+        self.rows: list[dict[str, np.ndarray]] = []
         self.timings: dict[str, float] = {}
         self.run_s = 0.0
         self.state: dict[str, np.ndarray] = {}
 
-    def add(self, trace: Any, seconds: float) -> np.ndarray:
+    def add(self, trace: Any, labels: torch.Tensor, seconds: float) -> dict[str, np.ndarray]:
         self.run_s += seconds
         for stage, t in trace.timings.items():
             self.timings[stage] = self.timings.get(stage, 0.0) + t
-        pred = _numpy(trace.predictions)
-        self.preds.append(pred)
+        rows = _rows(trace, labels)
+        self.rows.append(rows)
         self.state = {k: _numpy(v) for k, v in trace.state.items()}
-        return pred
+        return rows
+
+    def column(self, name: str) -> np.ndarray:
+        return np.concatenate([r[name] for r in self.rows])
 
 
 def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stream: Stream,
-            encode_s: float) -> dict[str, Any]:
+            encode_s: float, peak: PeakMemory | None) -> dict[str, Any]:
     """Save the final state and stream order, mark the run finished with its metrics; return them."""
     n = len(stream)
-    writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
-    accuracy, last50 = _accuracy(np.concatenate(outcome.preds), stream.labels.numpy())
-    metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
+    writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order),
+                       "stream_source": _numpy(stream.source_index)})
+    labels, is_ood = stream.labels.numpy(), stream.is_ood.numpy()
+    measured = run_metrics(correct=outcome.column("pred") == labels, confidence=outcome.column("confidence"),
+                           labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
+                           is_ood=is_ood)
+    metrics = {"n_samples": n, "accuracy": 100 * measured.top1, "last50_accuracy": 100 * measured.last_half,
+               "top5_accuracy": 100 * measured.top5, "ece": 100 * measured.ece, "nll": measured.nll,
+               "n_ood": int(is_ood.sum()),
+               "ood_auroc": None if measured.ood_auroc is None else 100 * measured.ood_auroc,
                "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
-               "peak_mem_mb": _peak_mem_mb(stream.features.device),
+               "peak_mem_mb": None if peak is None else peak.mb(),
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped),
                "data_fingerprint": stream.fingerprint}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
 
 
-def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
-    sink.offer(start, pred, _numpy(trace.confidences), _numpy(trace.gated), _numpy(trace.gated_prior),
-               _numpy(trace.selected))
+def _wants_views(config: dict[str, Any]) -> bool:
+    return method_card(config["method"]).wants_views(config["hparams"])
 
 
-def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    return stream.view_features if method_card(method).takes_views else stream.features
+def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
+    """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
+    stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
+    means)."""
+    if stream.view_features is not None and _wants_views(config):
+        return stream.view_features
+    return stream.features[:, None] if method_card(config["method"]).takes_views else stream.features
 
 
 def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) -> str | None:
@@ -284,7 +309,18 @@ def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) 
     return _error_text(exc)
 
 
-def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
+def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
+    stream's length, since the trial feeds the stream in parts."""
+    hparams = dict(config["hparams"])
+    length = method_card(config["method"]).stream_length
+    if length is not None and hparams.get(length) is None:
+        hparams[length] = n
+    return hparams
+
+
+def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                peak: PeakMemory | None = None) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -292,21 +328,23 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
     try:
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                             **config["hparams"])
-        features = _features_for(config["method"], stream)
+                             **_method_hparams(config, len(stream)))
+        features = _features_for(config, stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
         for start in range(0, len(stream), settings.part_rows):
             began = time.perf_counter()
             trace = method.run(features[start:start + settings.part_rows])
-            _offer(sink, start, trace, outcome.add(trace, time.perf_counter() - began))
-        return _finish(run, writer, sink, outcome, stream, encode_s)
+            labels = stream.labels[start:start + settings.part_rows]
+            sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
+        return _finish(run, writer, sink, outcome, stream, encode_s, peak)
     except BaseException as exc:
         _mark_failed(writer, exc)
         raise
 
 
-def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> list[dict]:
+def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                 peak: PeakMemory | None = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
     rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
     from orchestrator.methods.many import run_traces_many
@@ -315,17 +353,25 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     for writer in writers:
         writer.mark("running", n_samples=len(stream))
     try:
-        features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **run.config["hparams"]} for run in runs]
+        # Runs that take views and runs that take their means go in two passes, each run given its own kind.
+        traces: list[Any] = [None] * len(runs)
         began = time.perf_counter()
-        traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+        for wants in (False, True):
+            picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
+            if picked:
+                configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
+                           for i in picked]
+                features = _features_for(runs[picked[0]].config, stream)
+                for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
+                                                            stream.num_classes, configs)):
+                    traces[i] = trace
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
             sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
             outcome = _Outcome()
-            _offer(sink, 0, trace, outcome.add(trace, share))
-            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0))
+            sink.offer(0, outcome.add(trace, stream.labels, share))
+            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak))
         return out
     except BaseException as exc:
         for writer in writers:
@@ -341,11 +387,10 @@ def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
     if not todo:
         return []
     load_plugins(settings.plugins)
-    keep_views = any(method_card(run.config["method"]).takes_views for run in todo)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
-    stream, cached = load_stream(trial.source, settings, keep_views)
-    encode_s = 0.0 if cached else stream.encode_s
-    if len(todo) > 1:
-        return execute_pack(todo, stream, settings, encode_s=encode_s)
-    return [execute_run(todo[0], stream, settings, encode_s=encode_s)]
+    keep_views = any(_wants_views(run.config) for run in todo)
+    with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
+        stream, cached = load_stream(trial.source, settings, keep_views)
+        encode_s = 0.0 if cached else stream.encode_s
+        if len(todo) > 1:
+            return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak)
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak)]
