@@ -49,8 +49,14 @@ def changed_data(spec: SweepSpec, runs: list[Run], status: dict[str, str | None]
 
     rows = recorded_rows(spec, [r for r in runs if status[r.run_id] == "finished" and not r.source.is_synthetic])
     changed: dict[str, list[Run]] = {}
+    current: dict[str, str] = {}  # dataset -> its fingerprint now (hashing a listing once per dataset)
     for run in runs:
         recorded = rows.get(run.run_id, {}).get("data_fingerprint")
-        if recorded and recorded != listing_fingerprint(run.source.dataset, spec.data_root):
-            changed.setdefault(run.source.dataset, []).append(run)
+        if not recorded:
+            continue
+        dataset = run.source.dataset
+        if dataset not in current:
+            current[dataset] = listing_fingerprint(dataset, spec.data_root)
+        if recorded != current[dataset]:
+            changed.setdefault(dataset, []).append(run)
     return changed
