@@ -29,7 +29,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -43,6 +43,13 @@ FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
 _MEMO_SIZE = 2
 _MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
+# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images) or
+# 'adapting' (samples). The runner forwards it to the driver's progress lines.
+Progress = Callable[[str, int, int], None]
+
+
+def _silent(stage: str, done: int, total: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Settings:
     data_root: str | None
     part_rows: int
     failpoint: str | None = None  # see the module docstring
+    progress_every_s: float = 30.0  # how often a running trial tells the driver how far it got
 
 
 @dataclass
@@ -84,7 +92,7 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
+def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
     if source.is_synthetic:
         from orchestrator.data.synthetic import make_synthetic
 
@@ -102,7 +110,8 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
         bench = load_benchmark(source.dataset, data_root=settings.data_root, cache_dir=settings.cache_dir,
                                backbone=source.model, pretrained=source.checkpoint or source.pretrained,
                                views=source.views, templates=source.templates, seed=source.seed,
-                               quick_gelu=source.quick_gelu, reduce_views=not keep_views)
+                               quick_gelu=source.quick_gelu, reduce_views=not keep_views,
+                               progress=lambda done, total: progress("encoding", done, total))
         encode_s = bench.encode_seconds
         skipped = list(bench.skipped)
         order = stream_order(len(bench), source.seed)
@@ -122,14 +131,15 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
                   encode_s=encode_s, skipped=skipped)
 
 
-def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
+def load_stream(source: DataSource, settings: Settings, keep_views: bool = False,
+                progress: Progress = _silent) -> tuple[Stream, bool]:
     """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
     otherwise only the confident-view means are built, without a float32 copy of all views."""
     key = (source, keep_views)
     if key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key], True
-    stream = _build_stream(source, settings, keep_views)
+    stream = _build_stream(source, settings, keep_views, progress)
     _MEMO[key] = stream
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
@@ -263,7 +273,8 @@ def _features_for(method: str, stream: Stream) -> torch.Tensor:
     return stream.view_features if METHODS[method].takes_views else stream.features
 
 
-def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0) -> dict[str, Any]:
+def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                progress: Progress = _silent) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -279,6 +290,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             began = time.perf_counter()
             trace = method.run(features[start:start + settings.part_rows])
             _offer(sink, start, trace, outcome.add(trace, time.perf_counter() - began))
+            progress("adapting", min(start + settings.part_rows, len(stream)), len(stream))
         return _finish(run, writer, sink, outcome, stream, encode_s)
     except BaseException as exc:
         _mark_failed(writer, exc)
@@ -313,16 +325,17 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         raise
 
 
-def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
-    """Run every run of a trial that is not finished yet; returns one metrics dict per run executed."""
+def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent) -> list[dict[str, Any]]:
+    """Run every run of a trial that is not finished yet; returns one metrics dict per run executed.
+    `progress` hears how far encoding and (for a single run) adapting got."""
     todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
     if not todo:
         return []
     keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
-    stream, cached = load_stream(trial.source, settings, keep_views)
+    stream, cached = load_stream(trial.source, settings, keep_views, progress)
     encode_s = 0.0 if cached else stream.encode_s
     if len(todo) > 1:
         return execute_pack(todo, stream, settings, encode_s=encode_s)
-    return [execute_run(todo[0], stream, settings, encode_s=encode_s)]
+    return [execute_run(todo[0], stream, settings, encode_s=encode_s, progress=progress)]
