@@ -165,9 +165,10 @@ class LocalCluster:
 
 
 def cluster_env(home: Path, repo: Path) -> dict[str, str]:
-    """The environment of the cluster's processes: HOME is the test's (so README's ~/bca is its checkout),
-    this checkout importable, nothing inherited that would point Ray at another cluster."""
+    """The environment of the cluster's processes and of the `ray` CLI: HOME is the test's (so README's ~/bca
+    is its checkout), this environment's `ray` first on PATH, this checkout importable, nothing inherited that
+    would point Ray at another cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(home), PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    env.update(HOME=str(home), PATH=os.pathsep.join([str(Path(RAY).parent), os.environ.get("PATH", "")]), PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
                RAY_USAGE_STATS_ENABLED="0")
     return env
