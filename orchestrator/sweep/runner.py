@@ -110,7 +110,7 @@ def check_shared_storage(spec: SweepSpec, address: str) -> None:
             with tempfile.NamedTemporaryFile(dir=path, prefix=".bca-write-check-"):
                 pass
         except OSError as exc:
-            raise SharedStorageError(f"{field_name}: {path} is not writable ({exc.strerror or exc}); "
+            raise SharedStorageError(f"{field_name}: {path} cannot be written ({exc.strerror or exc}); "
                                      f"{expected}") from exc
 
 
