@@ -43,7 +43,6 @@ def free_ports(n: int) -> list[int]:
 class Node:
     name: str
     temp_dir: Path
-    node_manager_port: int
     node_id: str = ""
     pids: set[int] = field(default_factory=set)
 
@@ -94,7 +93,7 @@ class LocalCluster:
         temp_dir = self.root / name
         temp_dir.mkdir(parents=True, exist_ok=True)
         nm, om, agent, agent_grpc, env_agent, metrics, *workers = free_ports(6 + WORKER_PORTS)
-        node = Node(name, temp_dir, nm)
+        node = Node(name, temp_dir)
         cmd = [RAY, "start", "--node-name", name, "--temp-dir", str(temp_dir), "--node-manager-port", str(nm), "--object-manager-port", str(om),
                "--dashboard-agent-listen-port", str(agent), "--dashboard-agent-grpc-port", str(agent_grpc),
                "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
@@ -151,7 +150,7 @@ class LocalCluster:
             node.kill()
         self.workers, self.head = [], None
 
-    def restart(self, workers: int = 2) -> None:
+    def restart(self, workers: int) -> None:
         """The whole cluster stopped and started again on the same address (a head restart: without GCS fault
         tolerance the worker raylets exit with their head, and the launcher restarts them)."""
         self.stop()

@@ -105,11 +105,11 @@ def follow(cluster: LocalCluster, job: str) -> tuple[str, str]:
 
 
 def wait_for(path: Path, timeout: float = 180) -> str:
+    """The text of a failpoint's flag file (the pid of the trial process that fired it), once written."""
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (path.exists() and path.read_text()):
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.2)
-    time.sleep(0.2)  # the failpoint writes its pid right after creating the flag
     return path.read_text()
 
 
@@ -197,7 +197,7 @@ def test_job_stopped_then_resubmitted_after_a_head_restart_resumes(cluster, tmp_
     stopped = ray_cluster.ray("job", "stop", "--address", ray_cluster.dashboard, job)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert follow(ray_cluster, job)[1] == "STOPPED"
-    ray_cluster.restart(workers=2)
+    ray_cluster.restart(workers=1)
     logs, status = follow(ray_cluster, submit(ray_cluster, spec))  # the same command again
     assert status == "SUCCEEDED", logs
     assert f"resumed at row {PART}" in logs and "4/4 runs finished" in logs
