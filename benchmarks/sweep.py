@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep, settings_of
-from orchestrator.sweep.spec import SweepSpec, validate_spec
+from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import execute_trial
 
 
@@ -47,7 +48,7 @@ def bench_spec(results_dir: Path, n: int, classes: int, dim: int, pack: int) -> 
         "part_rows": 10000,
         "pack": pack,
     }
-    return validate_spec(data, check_existing=False)
+    return validate_spec(data)
 
 
 def predictions(results_dir: Path) -> dict[tuple[str, int], int]:

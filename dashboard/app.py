@@ -15,13 +15,13 @@ import streamlit as st
 
 from dashboard import RESULTS_ENV, charts, prior, queries
 from dashboard.queries import Filters
+from orchestrator import registry
 from orchestrator.results import report, schema
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import load_state
 
 # Seconds a query result is reused: short, because sweeps keep writing while the page is open.
 TTL_S = 10
-PRIOR_METHODS = ("pa", "bca", "tda_pa")
 
 
 # ------------------------------------------------------------------------------------------ data access
@@ -68,11 +68,11 @@ def table_with_csv(frame: pd.DataFrame, name: str, key: str) -> None:
     download(frame, name, key)
 
 
-def sidebar_filters(options: dict[str, list]) -> Filters:
+def sidebar_filters(columns: dict[str, str], options: dict[str, list]) -> Filters:
     st.sidebar.header("Filters")
     st.sidebar.caption("Empty means all. Runs a hyperparameter does not apply to (CLIP has no tau) always pass.")
     chosen = {}
-    for col, label in queries.FILTER_COLUMNS.items():
+    for col, label in columns.items():
         values = options.get(col, [])
         if values:
             chosen[col] = tuple(st.sidebar.multiselect(label, values, key=f"filter_{col}"))
@@ -118,7 +118,7 @@ def online_section(results_dir: str, focus: tuple[str, str], focus_runs: pd.Data
 def sensitivity_section(runs: pd.DataFrame, hparams: list[str]) -> None:
     others = [*hparams, "num_templates", "templates", "views", "pretrained"]
     missing = []
-    for param in queries.SENSITIVITY_PARAMS:
+    for param in queries.sensitivity_params(runs[runs["status"] == "finished"], hparams):
         points, held = queries.sensitivity_points(runs, param, others)
         if points.empty:
             missing.append(param)
@@ -127,19 +127,21 @@ def sensitivity_section(runs: pd.DataFrame, hparams: list[str]) -> None:
         if held:
             st.caption("other settings held at " + ", ".join(f"{k}={v}" for k, v in held.items()))
         download(points, f"sensitivity_{param}", f"sens_{param}")
-    if missing:
-        st.info(f"No finished configuration was run with several values of {', '.join(missing)}: sweep them to "
-                "see how accuracy depends on them (the paper's Fig. 3).")
+    if missing or not queries.sensitivity_params(runs[runs["status"] == "finished"], hparams):
+        st.info(f"No finished configuration of one method was run with several values of "
+                f"{', '.join(missing) or 'a hyperparameter'}: sweep them to see how accuracy depends on them "
+                "(the paper's Fig. 3).")
 
 
 def prior_section(results_dir: str, runs: pd.DataFrame, labels: pd.Series, focus: tuple[str, str]) -> None:
     backbone, dataset = focus
-    mask = (runs["method"].isin(PRIOR_METHODS) & (runs["backbone"] == backbone) & (runs["dataset"] == dataset))
+    prior_methods = [c.name for c in registry.method_cards() if c.prior]
+    mask = (runs["method"].isin(prior_methods) & (runs["backbone"] == backbone) & (runs["dataset"] == dataset))
     candidates = runs[mask]
     paths = {r: schema.state_file(Path(results_dir), r) for r in candidates["run_id"]}
     candidates = candidates[[paths[r].is_file() for r in candidates["run_id"]]]
     if candidates.empty:
-        st.info(f"No saved prior (artifacts/<run_id>/state.npz of a {', '.join(PRIOR_METHODS)} run) "
+        st.info(f"No saved prior (artifacts/<run_id>/state.npz of a {', '.join(prior_methods)} run) "
                 f"for {backbone} / {dataset} among the runs shown.")
         return
     names = {r: f"{labels[i]} · seed {s} · {r}" for i, r, s in
@@ -152,7 +154,8 @@ def prior_section(results_dir: str, runs: pd.DataFrame, labels: pd.Series, focus
         return
     k = state["V"].shape[1]
     top = st.slider("top classes (most prior updates)", 1, min(50, k), min(20, k), key="prior_top")
-    n2 = candidates.loc[candidates["run_id"] == run_id, "n2"].iloc[0]
+    chosen = candidates.loc[candidates["run_id"] == run_id].iloc[0]
+    n2 = chosen[registry.method_card(chosen["method"]).prior_count]  # the counter C2 starts from this hparam
     classes = prior.top_classes(state, None if pd.isna(n2) else float(n2), top)
     learned, clip = prior.heatmap_frames(state, classes)
     left, right = st.columns(2)
@@ -237,8 +240,9 @@ def main() -> None:
         table_with_csv(queries.runs_listing(table, all_runs), "runs", "runs")
         return
 
-    filters = sidebar_filters(queries.filter_options(all_runs))
     db = open_db(results_dir)
+    filter_columns = queries.filter_columns(all_runs, queries.hparam_columns(db))
+    filters = sidebar_filters(filter_columns, queries.filter_options(all_runs, filter_columns))
     runs = filters.apply(all_runs)
     if runs.empty:
         st.info("No runs with samples match the filters.")
@@ -251,7 +255,7 @@ def main() -> None:
 
     pairs = sorted({(b, d) for b, d in zip(runs["backbone"], runs["dataset"])})
     focus = st.selectbox("backbone / dataset for the stream, prior and per-class views", pairs,
-                         format_func=lambda p: f"{report.backbone_label(p[0])} / {report.dataset_label(p[1])}",
+                         format_func=lambda p: f"{report.backbone_label(p[0])} / {registry.dataset_title(p[1])}",
                          key="focus")
     focus_runs = runs[(runs["backbone"] == focus[0]) & (runs["dataset"] == focus[1])]
     tabs = st.tabs(["Online accuracy", "Sensitivity", "Prior", "Per class", "Hyperparameters", "Cost", "Runs"])

@@ -10,17 +10,15 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
+from orchestrator import registry
+from orchestrator.stages import STAGES
+
 # Category axes name every row: Vega would otherwise thin out labels it deems too close.
 _ALL_LABELS = alt.Axis(labelOverlap=False)
 
-# Methods keep one colour across every chart of the page.
-METHOD_ORDER = ["clip", "la", "pa", "bca", "tda", "tda_pa", "zero"]
-
-
 def _method_color(methods: pd.Series) -> alt.Color:
-    known = [m for m in METHOD_ORDER if m in set(methods)]
-    others = sorted(set(methods) - set(known))
-    return alt.Color("method:N", title="method", sort=known + others)
+    """Methods in the registry's display order, so each keeps one colour across every chart of the page."""
+    return alt.Color("method:N", title="method", sort=sorted(set(methods), key=registry.method_rank))
 
 
 def online_accuracy(curve: pd.DataFrame) -> alt.Chart:
@@ -52,11 +50,11 @@ def online_accuracy(curve: pd.DataFrame) -> alt.Chart:
 def sensitivity(points: pd.DataFrame, param: str) -> alt.LayerChart:
     """Mean accuracy (± std over seeds) against one hyperparameter, one line per method x backbone x dataset.
 
-    points columns: series, value, mean, std (accuracy in %), n. The counters n1 and n2 span orders of
-    magnitude, so their axis is logarithmic (the paper's Fig. 3 spaces them so too).
+    points columns: series, value, mean, std (accuracy in %), n. Hyperparameters whose card marks them as
+    spanning decades (the counters n1 and n2) get a logarithmic axis (the paper's Fig. 3 spaces them so too).
     """
     data = points.assign(lo=points["mean"] - points["std"].fillna(0.0), hi=points["mean"] + points["std"].fillna(0.0))
-    log_axis = param in ("n1", "n2") and bool((data["value"] > 0).all())
+    log_axis = registry.hparam_is_log(param) and bool((data["value"] > 0).all())
     x = alt.X("value:Q", title=param, scale=alt.Scale(type="log" if log_axis else "linear", zero=False))
     base = alt.Chart(data).encode(x=x, color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom",
                                                                                                  columns=2)))
@@ -143,9 +141,6 @@ def parallel_coordinates(runs: pd.DataFrame, dims: list[str]) -> alt.Chart:
     )
 
 
-STAGES = ["encoder", "logits", "posterior", "update"]
-
-
 def stage_times(timing: pd.DataFrame) -> alt.Chart:
     """Stacked seconds per stage for each configuration (mean over its finished runs).
 
@@ -157,11 +152,11 @@ def stage_times(timing: pd.DataFrame) -> alt.Chart:
         .encode(
             y=alt.Y("series:N", title=None, axis=_ALL_LABELS),
             x=alt.X("seconds:Q", title="seconds per run (mean)"),
-            color=alt.Color("stage:N", sort=STAGES, title="stage"),
+            color=alt.Color("stage:N", sort=list(STAGES), title="stage"),
             order=alt.Order("stage_rank:Q"),
             tooltip=["series:N", "stage:N", alt.Tooltip("seconds:Q", format=".3f")],
         )
-        .transform_calculate(stage_rank=f"indexof({STAGES!r}, datum.stage)")
+        .transform_calculate(stage_rank=f"indexof({list(STAGES)!r}, datum.stage)")
         .properties(height=90 + 22 * int(timing["series"].nunique()), title="time per stage")
     )
 

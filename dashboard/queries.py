@@ -10,63 +10,61 @@ Filter semantics: an empty selection means "all"; a run whose column is NULL pas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from orchestrator.results import report, schema
+from orchestrator import registry
+from orchestrator.results import report
 from orchestrator.results.db import ResultsDB
+from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
 
-# Sidebar filters in display order: runs-table column -> label.
-FILTER_COLUMNS = {
+# Filters on the run's identity, in display order: runs-table column -> label. Every hyperparameter that takes
+# several values among the runs is a filter too (`filter_columns`), labelled by its name.
+IDENTITY_FILTERS = {
     "sweep": "sweep",
     "backbone": "backbone",
     "dataset": "dataset",
     "method": "method",
     "num_templates": "templates per class",
-    "tau": "tau",
-    "n1": "n1",
-    "n2": "n2",
-    "seed": "seed",
 }
 # Identity columns: every run has one, so a filter on them never lets NULL through.
 _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")
 # Settings that may tell two configurations of one method apart, besides the hparams.
 SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
 # Metrics of the runs table the accuracy view does not carry.
-RUN_METRICS = ("samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s",
-               "peak_mem_mb", "error", "updated_at")
-LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "tau", "n1", "n2",
-                   "status", "n_samples", "samples_per_s", "error", "updated_at")
-SENSITIVITY_PARAMS = ("tau", "n1", "n2")
+RUN_METRICS = ("samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", "error", "updated_at")
+LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "status",
+                   "n_samples", "samples_per_s", "error", "updated_at")
 
 
-@dataclass(frozen=True)
 class Filters:
-    """Chosen values per filter column (empty tuple = no restriction) and run statuses to include."""
+    """Chosen values per runs-table column (empty = no restriction) and run statuses to include:
+    `Filters(method=("bca",), tau=(0.3,), status=("finished",))`."""
 
-    sweep: tuple = ()
-    backbone: tuple = ()
-    dataset: tuple = ()
-    method: tuple = ()
-    num_templates: tuple = ()
-    tau: tuple = ()
-    n1: tuple = ()
-    n2: tuple = ()
-    seed: tuple = ()
-    status: tuple = ()
+    def __init__(self, status: tuple = (), **chosen: tuple) -> None:
+        self.status = tuple(status)
+        self.chosen = {column: tuple(values) for column, values in chosen.items() if values}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Filters) and (self.status, self.chosen) == (other.status, other.chosen)
+
+    def __hash__(self) -> int:
+        return hash((self.status, tuple(sorted(self.chosen.items()))))
+
+    @property
+    def method(self) -> tuple:
+        return self.chosen.get("method", ())
 
     def mask(self, runs: pd.DataFrame) -> pd.Series:
         """Which rows of a frame with the runs columns pass these filters."""
         keep = pd.Series(True, index=runs.index)
-        for f in fields(self):
-            values = getattr(self, f.name)
+        for column, values in [*self.chosen.items(), ("status", self.status)]:
             if not values:
                 continue
-            hit = runs[f.name].isin(list(values))
-            keep &= hit if f.name in _IDENTITY else (hit | runs[f.name].isna())
+            hit = runs[column].isin(list(values))
+            keep &= hit if column in _IDENTITY else (hit | runs[column].isna())
         return keep
 
     def apply(self, runs: pd.DataFrame) -> pd.DataFrame:
@@ -75,9 +73,10 @@ class Filters:
     def with_clip(self) -> "Filters":
         """These filters letting CLIP's runs through: the comparison's gain needs CLIP as its baseline even when
         the method filter leaves CLIP out (its rows are dropped from the display again)."""
-        if not self.method or "clip" in self.method:
+        baseline = registry.baseline_method()
+        if not self.method or baseline in self.method:
             return self
-        return replace(self, method=(*self.method, "clip"))
+        return Filters(self.status, **{**self.chosen, "method": (*self.method, baseline)})
 
 
 def _clean(value: Any) -> Any:
@@ -86,13 +85,20 @@ def _clean(value: Any) -> Any:
 
 
 def run_table(db: ResultsDB) -> pd.DataFrame:
-    """Every run of the runs table (also those with no samples yet): the listing's columns."""
-    return db.df(f"SELECT {', '.join(LISTING_COLUMNS)} FROM runs ORDER BY updated_at DESC NULLS LAST, run_id")
+    """Every run of the runs table (also those with no samples yet): the listing's columns and every hparam."""
+    columns = ", ".join(f'"{c}"' for c in (*LISTING_COLUMNS, *db.hparam_names))
+    return db.df(f"SELECT {columns} FROM runs ORDER BY updated_at DESC NULLS LAST, run_id")
 
 
-def filter_options(runs: pd.DataFrame) -> dict[str, list]:
+def filter_columns(runs: pd.DataFrame, hparams: Sequence[str]) -> dict[str, str]:
+    """Filter column -> label: the identity filters, every hparam with several values among `runs`, the seed."""
+    varying = {h: h for h in hparams if h in runs.columns and runs[h].nunique(dropna=True) > 1}
+    return {**IDENTITY_FILTERS, **varying, "seed": "seed"}
+
+
+def filter_options(runs: pd.DataFrame, columns: Sequence[str]) -> dict[str, list]:
     """Distinct non-null values of each filter column, sorted."""
-    return {c: sorted(_clean(v) for v in runs[c].dropna().unique()) for c in FILTER_COLUMNS}
+    return {c: sorted(_clean(v) for v in runs[c].dropna().unique()) for c in columns if c in runs.columns}
 
 
 def status_counts(runs: pd.DataFrame) -> dict[str, int]:
@@ -111,50 +117,31 @@ def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     accuracy rows (`runs`); runs with no samples yet show empty progress."""
     progress = runs[["run_id", "n_rows", "accuracy", "last50_accuracy"]].rename(columns={"n_rows": "rows_written"})
     listing = table.merge(progress.round({"accuracy": 2, "last50_accuracy": 2}), on="run_id", how="left")
-    head = list(LISTING_COLUMNS[:LISTING_COLUMNS.index("n_samples")])
+    head = list(LISTING_COLUMNS[:LISTING_COLUMNS.index("status")])
     tail = list(LISTING_COLUMNS[LISTING_COLUMNS.index("n_samples") + 1:])
-    return listing[[*head, "rows_written", "n_samples", "accuracy", "last50_accuracy", *tail]]
+    hparams = [c for c in table.columns if c not in LISTING_COLUMNS and table[c].nunique(dropna=True) > 1]
+    return listing[[*head, *hparams, "status", "rows_written", "n_samples", "accuracy", "last50_accuracy", *tail]]
 
 
 def hparam_columns(db: ResultsDB) -> list[str]:
-    return [c.name for c in schema.HPARAM_COLUMNS] + list(db.extra_run_columns)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    return db.hparam_names
 
 
 def series_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> pd.Series:
-    """A display label per run naming its configuration apart from the seed: the method, plus the settings
-    that vary between that method's configurations in `runs` (e.g. "BCA (tau=0.3)")."""
-    labels = runs["method"].map(report.method_label)
-    candidates = [c for c in (*SETTING_COLUMNS, *hparams) if c in runs.columns]
-    for _method, part in runs.groupby("method", sort=False):
-        vary = [c for c in candidates if part[c].nunique(dropna=False) > 1]
-        if vary:
-            detail = part[vary].apply(lambda r: ", ".join(f"{c}={_fmt(_clean(r[c]))}" for c in vary), axis=1)
-            labels.loc[part.index] = labels.loc[part.index] + " (" + detail + ")"
-    return labels
+    """A display label per run naming its configuration apart from the seed, as the report's rows do
+    (e.g. "BCA (tau=0.3)"): one labelling rule for tables and charts."""
+    return report.row_labels(runs, hparams)
 
 
 # ------------------------------------------------------------------------------------------- comparison
 def comparison_tables(db: ResultsDB, runs: pd.DataFrame, paper: bool) -> list[report.ReportTable]:
     """The report's tables (mean ± std over seeds, gain over CLIP, optional paper rows) for the finished runs
     shown: Table 1 / Table 2 where their datasets are present, a method x dataset table for the others."""
-    finished = runs[runs["status"] == "finished"]
-    keys = {report.canonical_dataset(d) for d in finished["dataset"]}
-    tables = []
-    for layout in report.PAPER_LAYOUTS:
-        if keys & {k for k, _ in layout.datasets}:
-            tables.append(report.build_table(db, layout, paper=paper, runs=finished))
-    others = [d for d in finished["dataset"].unique() if report.canonical_dataset(d) is None]
-    if others:
-        tables.append(report.build_table(db, report.generic_layout(others), runs=finished))
-    return tables
+    return report.report_tables(db, paper=paper, runs=runs[runs["status"] == "finished"], include_empty=False)
 
 
 def _is_clip_row(label: str) -> bool:
-    clip = report.method_label("clip")
+    clip = registry.method_label(registry.baseline_method())
     return label == clip or label.startswith(clip + " (")
 
 
@@ -164,7 +151,7 @@ def comparison_frames(table: report.ReportTable,
     out when the method filter leaves CLIP out (they were only queried as the gain's baseline)."""
     text, numbers = table.formatted(), table.to_frame()
     best = table.best.reindex(columns=text.columns, fill_value=False)
-    if filters.method and "clip" not in filters.method:
+    if filters.method and registry.baseline_method() not in filters.method:
         keep = [not _is_clip_row(r) for r in text.index.get_level_values("method")]
         text, numbers, best = text[keep], numbers[keep], best[keep]
     text, numbers = text.reset_index(), numbers.reset_index()
@@ -235,6 +222,11 @@ def most_different_classes(table: pd.DataFrame, top: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------- hyperparameter views
+def sensitivity_params(runs: pd.DataFrame, hparams: Sequence[str]) -> list[str]:
+    """The numeric hyperparameters a sensitivity curve can be drawn for: those with several values among `runs`."""
+    return varying_numeric(runs, hparams)
+
+
 def varying_numeric(runs: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     """Numeric columns that take more than one value among `runs` (parallel coordinates' axes)."""
     out = []
@@ -272,8 +264,8 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str]) ->
     points["value"] = points["value"].astype(float)
     several_backbones = points["backbone"].nunique() > 1
     points["series"] = [
-        " · ".join([report.method_label(m), *([report.backbone_label(b)] if several_backbones else []),
-                    report.dataset_label(d)])
+        " · ".join([registry.method_label(m), *([report.backbone_label(b)] if several_backbones else []),
+                    registry.dataset_title(d)])
         for m, b, d in zip(points["method"], points["backbone"], points["dataset"])]
     return points[columns], held
 
@@ -281,7 +273,7 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str]) ->
 def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     """Mean seconds per stage per configuration (finished runs): columns series, stage, seconds."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = {f"time_{s}_s": s for s in ("encoder", "logits", "posterior", "update")}
+    cols = {stage_column(s): s for s in STAGES}
     means = finished.groupby("series")[list(cols)].mean().rename(columns=cols)
     return means.reset_index().melt(id_vars="series", var_name="stage", value_name="seconds").dropna()
 
@@ -289,7 +281,7 @@ def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = ["samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb"]
+    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb"]
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()

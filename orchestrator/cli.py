@@ -85,12 +85,19 @@ def cache_cmd(
                                         "cached (needs network)."),
 ) -> None:
     """Pre-encode image features (and text embeddings) into the feature cache; a re-run is a no-op."""
-    from orchestrator.features.command import jobs_from_args, jobs_from_spec, run_jobs
+    from orchestrator.features.command import jobs_from_args, run_jobs
 
     if spec is not None:
         if model or dataset or data_root or cache_dir:
             raise typer.BadParameter("give a spec or --model/--dataset/--data-root/--cache-dir, not both")
-        jobs = jobs_from_spec(spec)
+        from orchestrator.sweep.encode import jobs_from_spec
+        from orchestrator.sweep.load import SpecError
+
+        try:
+            jobs = jobs_from_spec(spec)
+        except SpecError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     else:
         missing = [flag for flag, value in (("--model", model), ("--dataset", dataset), ("--data-root", data_root),
                                             ("--cache-dir", cache_dir)) if not value]

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from orchestrator.clip import BackboneSpec, WeightsNotFoundError, load_backbone, resolve_weights
-from orchestrator.clip.backbone import auto_device, precision_for
+from orchestrator.clip.backbone import precision_for
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
+from orchestrator.device import auto_device
 
 
 @pytest.fixture(scope="module", autouse=True)

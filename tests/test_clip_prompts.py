@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import orchestrator.clip.prompts as prompts
 from orchestrator.clip import BackboneSpec, class_embeddings, load_backbone, resolve_templates
 from orchestrator.clip.testing import TINY_VIT, register_tiny_models
-from orchestrator.data.datasets import DATASETS
+from orchestrator.registry import DATASETS
 
 CLASSES = ["cat", "dog", "school bus"]
 

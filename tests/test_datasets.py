@@ -7,17 +7,8 @@ import json
 import pytest
 
 from orchestrator.clip.testing import build_dataset
-from orchestrator.data.datasets import (
-    CROSS_DOMAIN_DATASETS,
-    DATASETS,
-    OOD_DATASETS,
-    DatasetLayoutError,
-    canonical_dataset_name,
-    imagenet_classnames,
-    imagenet_wnids,
-    protocol_views,
-    read_dataset,
-)
+from orchestrator.data.datasets import DatasetLayoutError, imagenet_classnames, imagenet_wnids, read_dataset
+from orchestrator.registry import CROSS_DOMAIN, DATASETS, OOD, canonical_dataset, dataset_card, group_datasets
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +20,8 @@ def data_root(tmp_path_factory):
 
 
 def test_registry_covers_the_paper_datasets():
-    assert set(DATASETS) == set(OOD_DATASETS) | set(CROSS_DOMAIN_DATASETS)
-    assert len(CROSS_DOMAIN_DATASETS) == 10
+    assert set(DATASETS) == set(group_datasets(OOD)) | set(group_datasets(CROSS_DOMAIN))
+    assert len(group_datasets(CROSS_DOMAIN)) == 10
 
 
 @pytest.mark.parametrize("name", list(DATASETS))
@@ -111,14 +102,14 @@ def test_aircraft_reads_variants_in_file_order(data_root):
 
 
 def test_aliases_and_protocol_views():
-    assert canonical_dataset_name("A") == "imagenet-a"
-    assert canonical_dataset_name("fgvc") == "aircraft"
-    assert canonical_dataset_name("Oxford_Pets") == "pets"
-    assert protocol_views("imagenet") == "single"
-    assert {protocol_views(n) for n in ("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")} == {"augmix"}
-    assert {protocol_views(n) for n in CROSS_DOMAIN_DATASETS} == {"single"}
+    assert canonical_dataset("A") == "imagenet-a"
+    assert canonical_dataset("fgvc") == "aircraft"
+    assert canonical_dataset("Oxford_Pets") == "pets"
+    assert dataset_card("imagenet").views == "single"
+    assert {dataset_card(n).views for n in ("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")} == {"augmix"}
+    assert {dataset_card(n).views for n in group_datasets(CROSS_DOMAIN)} == {"single"}
     with pytest.raises(ValueError, match="unknown dataset 'cifar10'.*imagenet-a"):
-        canonical_dataset_name("cifar10")
+        canonical_dataset("cifar10")
 
 
 def test_missing_root_names_path_and_layout(tmp_path):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from orchestrator.methods import METHODS, hparam_defaults, make_method, run_stream
+from orchestrator.methods import make_method, run_stream
+from orchestrator.registry import method_card, method_names
 
 K, D = 3, 4
 EMB = torch.nn.functional.normalize(torch.randn(K, D, generator=torch.Generator().manual_seed(0)), dim=1)
@@ -18,10 +21,10 @@ def raises(match: str):
 
 
 def test_unknown_method_lists_the_valid_ones():
-    with raises(r"unknown method 'bcaa'; valid methods: \['bca', 'clip', 'la', 'pa', 'tda', 'tda_pa', 'zero'\]"):
+    with raises(re.escape("unknown method 'bcaa'; valid methods: " + ", ".join(method_names()))):
         run_stream("bcaa", FEATS, EMB, IDS, K)
     with raises("unknown method 'nope'"):
-        hparam_defaults("nope")
+        method_card("nope")
 
 
 def test_unknown_hparam_names_it_and_lists_the_valid_ones():
@@ -33,10 +36,10 @@ def test_unknown_hparam_names_it_and_lists_the_valid_ones():
         make_method("clip", EMB, IDS, K, tau=0.3)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", method_names())
 def test_every_default_is_valid(method):
-    feats = FEATS[:, None] if METHODS[method].takes_views else FEATS
-    posteriors = run_stream(method, feats, EMB, IDS, K, **hparam_defaults(method))
+    feats = FEATS[:, None] if method_card(method).takes_views else FEATS
+    posteriors = run_stream(method, feats, EMB, IDS, K, **method_card(method).defaults())
     assert posteriors.shape == (5, K)
 
 
@@ -96,19 +99,21 @@ def test_bad_num_classes(num_classes):
 
 
 @pytest.mark.parametrize("method,hparams,match", [
-    ("bca", {"tau": -0.1}, r"bca: hparam 'tau' must be a number in \[0.0, inf\] \(a probability threshold"),
+    ("bca", {"tau": -0.1}, r"bca: hparam 'tau' must be a number in \[0, 1\] \(confidence gate of the updates: a probability"),
     ("bca", {"tau": float("nan")}, "hparam 'tau' must be a number"),
     ("bca", {"tau": "0.3"}, "hparam 'tau' must be a number"),
     ("bca", {"tau": True}, "hparam 'tau' must be a number"),
     ("bca", {"tau_likelihood": -1}, "hparam 'tau_likelihood' must be a number"),
     ("pa", {"tau_prior": "high"}, "pa: hparam 'tau_prior' must be a number"),
-    ("bca", {"n1": -1}, r"hparam 'n1' must be a number in \[0.0, inf\] \(an initial counter\)"),
-    ("la", {"n1": float("inf")}, "hparam 'n1' must be a number"),
-    ("pa", {"n2": None}, "hparam 'n2' must be a number"),
-    ("clip", {"logit_scale": 0}, r"clip: hparam 'logit_scale' must be a number in \(0.0, inf\]"),
+    ("bca", {"n1": -1}, r"hparam 'n1' must be an integer >= 0 \(initial count of the class embeddings' running means"),
+    ("la", {"n1": float("inf")}, "hparam 'n1' must be an integer"),
+    ("bca", {"n1": 2.5}, "hparam 'n1' must be an integer >= 0"),
+    ("bca", {"tau": 1.5}, r"hparam 'tau' must be a number in \[0, 1\]"),
+    ("pa", {"n2": None}, "hparam 'n2' must be an integer"),
+    ("clip", {"logit_scale": 0}, r"clip: hparam 'logit_scale' must be a number > 0"),
     ("bca", {"select_on": "prior"}, r"hparam 'select_on' must be one of \['likelihood', 'posterior'\]"),
     ("bca", {"update": "ema"}, r"hparam 'update' must be one of \['count', 'momentum', 'decay'\]"),
-    ("bca", {"decay": 0.0}, r"hparam 'decay' must be a number in \(0.0, 1.0\]"),
+    ("bca", {"decay": 0.0}, r"hparam 'decay' must be a number in \(0, 1\]"),
     ("bca", {"decay": 1.5}, "hparam 'decay' must be a number"),
     ("bca", {"state_dtype": "bfloat16"}, r"hparam 'state_dtype' must be one of \['float32', 'float16'\]"),
     ("tda", {"pos_shot": -1}, "tda: hparam 'pos_shot' must be an integer >= 0"),
@@ -116,8 +121,8 @@ def test_bad_num_classes(num_classes):
     ("tda", {"pos_alpha": -1.0}, "hparam 'pos_alpha' must be a number"),
     ("tda", {"neg_beta": float("inf")}, "hparam 'neg_beta' must be a number"),
     ("tda_pa", {"tau": -0.5}, "tda_pa: hparam 'tau' must be a number"),
-    ("tda_pa", {"n2": -2}, "hparam 'n2' must be a number"),
-    ("zero", {"keep": 0.0}, r"zero: hparam 'keep' must be a number in \(0.0, 1.0\] \(the fraction of views kept\)"),
+    ("tda_pa", {"n2": -2}, "hparam 'n2' must be an integer"),
+    ("zero", {"keep": 0.0}, r"zero: hparam 'keep' must be a number in \(0, 1\] \(fraction of the views kept"),
     ("zero", {"keep": 2}, "hparam 'keep' must be a number"),
 ])
 def test_bad_hparams(method, hparams, match):
@@ -135,7 +140,7 @@ def test_select_on_posterior_needs_one_embedding_per_class(method):
     make_method(method, emb, ids, K, select_on="likelihood")
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", method_names())
 def test_an_empty_stream_is_not_an_error(method):
-    feats = FEATS[:0, None] if METHODS[method].takes_views else FEATS[:0]
+    feats = FEATS[:0, None] if method_card(method).takes_views else FEATS[:0]
     assert run_stream(method, feats, EMB, IDS, K).shape == (0, K)

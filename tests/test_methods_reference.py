@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from orchestrator.methods import Trace, hparam_defaults, make_method, run_stream
+from orchestrator.methods import Trace, make_method, run_stream
 from orchestrator.methods.reference import BCAConfig, bca_family_reference, init_state
+from orchestrator.registry import method_card
 
 
 class Runner:
@@ -277,7 +278,7 @@ VARIANTS = [
     if m == 1 or options.get("select_on") != "posterior"])     # select_on='posterior' needs M == K
 def test_invariants(method, options, m_per_class, impl):
     feats, emb, ids, k = _stream(n=120, m_per_class=m_per_class)
-    hp = {"tau": 0.6, "logit_scale": SCALE, **({"n1": 20} if "n1" in hparam_defaults(method) else {}), **options}
+    hp = {"tau": 0.6, "logit_scale": SCALE, **({"n1": 20} if "n1" in method_card(method).defaults() else {}), **options}
     method_obj = Runner(impl, method, emb, ids, k, **hp)
     before = {key: value.clone() for key, value in method_obj.method.state.items()}
     # Run sample by sample to see every state transition.
@@ -317,14 +318,14 @@ def test_gates_fire_both_often_and_rarely_in_the_invariant_stream(m_per_class):
 
 
 @pytest.mark.parametrize("method,options", VARIANTS, ids=[_variant_id(v) for v in VARIANTS])
-def test_tau_above_one_equals_clip(method, options, impl):
+def test_tau_one_equals_clip(method, options, impl):
     feats, emb, ids, k = _stream(n=300)
     if options.get("state_dtype") == "float16":       # the stored class embeddings are rounded once
         emb_clip = emb.half().float()
     else:
         emb_clip = emb
     clip = run_stream("clip", feats, emb_clip, ids, k, logit_scale=SCALE)
-    hp = {**options, "tau": 1.01, "logit_scale": SCALE}
+    hp = {**options, "tau": 1.0, "logit_scale": SCALE}  # the gate is p > tau: no probability passes 1
     hp.pop("tau_likelihood", None)
     hp.pop("tau_prior", None)
     trace = Runner(impl, method, emb, ids, k, **hp).run(feats)

@@ -89,7 +89,7 @@ def test_empty_or_missing_results_dir_gives_empty_typed_views(tmp_path, make):
     assert samples.names[:10] == [c.name for c in schema.SAMPLE_COLUMNS]
     assert samples.field("sample_idx").type == pa.int64() and samples.field("correct").type == pa.bool_()
     runs = db.sql("SELECT * FROM runs").schema
-    assert runs.names == [c.name for c in schema.RUN_COLUMNS]
+    assert runs.names == [c.name for c in schema.run_columns()]
     assert runs.field("tau").type == pa.float64() and runs.field("n1").type == pa.int64()
     for col in ("mean", "std", "n", "gain", "clip_mean", "tau", "n1", "n2"):
         assert col in db.sql("SELECT * FROM summary").schema.names
@@ -161,14 +161,14 @@ def test_inconsistent_part_is_bad(tmp_path):
 
 def test_partition_values_round_trip(tmp_path):
     cfg = {"sweep": "my sweep/1", "backbone": "hf-hub:org/m=1", "dataset": "a b", "method": "bca", "seed": 1,
-           "hparams": {"tau": 0.3, "keep": 0.1}}
+           "hparams": {"tau": 0.3, "kept": 0.1}}
     write_fake_run(tmp_path, cfg, n=10)
     row = ResultsDB(tmp_path).df("SELECT DISTINCT sweep, backbone, dataset, method FROM samples").iloc[0].tolist()
     assert row == ["my sweep/1", "hf-hub:org/m=1", "a b", "bca"]
     db = ResultsDB(tmp_path)
-    assert db.extra_run_columns == ["keep"]
-    assert db.df("SELECT keep FROM summary")["keep"].tolist() == [0.1]
-    assert db.df("SELECT keep FROM accuracy")["keep"].tolist() == [0.1]
+    assert db.extra_run_columns == ["kept"]  # no registered card declares it
+    assert db.df("SELECT kept FROM summary")["kept"].tolist() == [0.1]
+    assert db.df("SELECT kept FROM accuracy")["kept"].tolist() == [0.1]
 
 
 def test_concurrent_readers_while_a_writer_writes(tmp_path):

@@ -24,9 +24,9 @@ import yaml
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import run_stream
 from orchestrator.results.writer import load_state, read_run
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep, settings_of
-from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 
 ray = pytest.importorskip("ray")
@@ -76,7 +76,7 @@ def sample_rows(results_dir: str | Path) -> dict[str, list[dict]]:
 
 def assert_complete(results_dir: str | Path, spec_path: Path) -> dict[str, list[dict]]:
     """Every run of the spec finished, with exactly N rows 0..N-1 and no duplicate (run_id, sample_idx)."""
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     runs = expand(spec)
     rows = sample_rows(results_dir)
     assert set(rows) == {r.run_id for r in runs}
@@ -101,7 +101,7 @@ def test_small_sweep_end_to_end(reference):
     directory, spec_path, outcome, lines = reference
     assert outcome.ok and outcome.total == 2 * (1 + 2 + 1) and not outcome.failed
     rows = assert_complete(directory / "results", spec_path)
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     for run in expand(spec):
         row = read_run(spec.results_dir, spec.name, run.run_id)
         assert row["n_samples"] == N and 0 <= row["accuracy"] <= 100 and row["samples_per_s"] > 0
@@ -208,7 +208,7 @@ def test_same_spec_and_seed_give_identical_rows_and_the_stored_order_replays(ref
     """A second execution of the spec (here the trials run in this process, no Ray) writes the very same rows as
     the Ray sweep, and a run's recorded stream order replays it outside the sweep."""
     ref_dir, ref_spec, _, _ = reference
-    spec = load_spec(write_spec(tmp_path), check_existing=False)
+    spec = load_spec(write_spec(tmp_path))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a Ray trial (OMP_NUM_THREADS=1): BLAS sums may round by thread count
     try:

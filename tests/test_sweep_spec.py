@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.sweep.plan import expand, make_trials, write_sweep_record
-from orchestrator.sweep.spec import SpecError, load_spec, validate_spec
+from orchestrator.sweep.load import SpecError, load_spec, validate_spec
+from orchestrator.sweep.plan import expand, make_trials
+from orchestrator.sweep.record import check_sweep_record, write_sweep_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,11 +53,12 @@ def _append_method(entry: dict):
     return lambda d, root: d["methods"].append(entry)
 
 
-def _record_other_config(d: dict, root: Path) -> None:
-    """A results dir that already holds sweep 't' from a different configuration (other seeds)."""
-    other = copy.deepcopy(d)
-    other["seeds"] = [7]
-    write_sweep_record(validate_spec(other, base_dir=root), expand(validate_spec(other, base_dir=root)))
+def test_duplicate_sweep_name_with_a_different_config_is_refused_by_the_plan(tmp_path):
+    other = validate_spec({**copy.deepcopy(BASE), "seeds": [7]}, base_dir=tmp_path)
+    write_sweep_record(other, expand(other))
+    spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)  # the document alone is valid
+    problem = check_sweep_record(spec, expand(spec))
+    assert "already exists" in problem and "different configuration" in problem
 
 
 # (case, mutation, field path the message must name, what it must say is expected)
@@ -65,13 +67,13 @@ CASES = [
     ("seeds of the wrong type", _set("seeds", "one"), "seeds[0]", "valid integer"),
     ("negative seed", _set("seeds", [-1]), "seeds[0]", "greater than or equal to 0"),
     ("repeated seed", _set("seeds", [1, 1]), "seeds[1]", "expected distinct seeds"),
-    ("negative n1", _set("methods.1.n1", -5), "methods[1].n1", "[0.0, inf]"),
-    ("fractional n1", _set("methods.1.n1", 0.5), "methods[1].n1", "expected an integer"),
+    ("negative n1", _set("methods.1.n1", -5), "methods[1].n1", "must be an integer >= 0"),
+    ("fractional n1", _set("methods.1.n1", 0.5), "methods[1].n1", "must be an integer >= 0"),
     ("tau above 1", _set("methods.1.tau", 1.5), "methods[1].tau", "[0, 1]"),
     ("tau below 0 in a grid", _set("methods.1.tau", [0.2, -0.1]), "methods[1].tau[1]", "[0, 1]"),
     ("tau as a string", _set("methods.1.tau", "high"), "methods[1].tau", "[0, 1]"),
     ("empty grid", _set("methods.1.tau", []), "methods[1].tau", "at least 1 item"),
-    ("unknown method", _set("methods.1.method", "bcaa"), "methods[1].method", "one of: bca, clip, la, pa, tda"),
+    ("unknown method", _set("methods.1.method", "bcaa"), "methods[1].method", "one of: clip, la, pa, bca, tda, tda_pa"),
     ("hparam the method lacks", _set("methods.0.tau", 0.3), "methods[0].tau", "allowed keys: datasets, logit_scale, method"),
     ("unknown update rule", _set("methods.1.update", "sgd"), "methods[1].update", "'count', 'momentum', 'decay'"),
     ("method limited to a dataset the spec lacks", _set("methods.1.datasets", ["synthetic-iid"]),
@@ -118,8 +120,6 @@ CASES = [
      "backbones[0]", "either pretrained"),
     ("unknown template set", lambda d, root: _real(d, root, templates=["handcrafted9"]), "templates[0]",
      "expected one of: dataset, ensemble7"),
-    ("duplicate sweep name with a different config", _record_other_config, "name",
-     "different configuration"),
 ]
 
 
@@ -201,8 +201,9 @@ def test_same_config_under_the_same_name_is_accepted(tmp_path):
     spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)
     path = write_sweep_record(spec, expand(spec))
     assert json.loads(path.read_text())["name"] == "t"
-    changed_resources = {**copy.deepcopy(BASE), "resources": {"cpus": 2}, "pack": 4}
-    validate_spec(changed_resources, base_dir=tmp_path)  # resources and packing do not change results
+    assert check_sweep_record(spec, expand(spec)) is None
+    changed = validate_spec({**copy.deepcopy(BASE), "resources": {"cpus": 2}, "pack": 4}, base_dir=tmp_path)
+    assert check_sweep_record(changed, expand(changed)) is None  # resources and packing do not change results
 
 
 @pytest.mark.parametrize("name", ["demo", "paper_ood", "paper_cross_domain", "sensitivity", "templates"])
@@ -211,5 +212,5 @@ def test_shipped_specs_are_valid(name, tmp_path):
     data = yaml.safe_load(text)
     if "data_root" in data:  # the paper specs point at the user's data; validate against an empty stand-in
         data["data_root"] = str(tmp_path)
-    spec = validate_spec(data, base_dir=REPO / "experiments", check_existing=False)
+    spec = validate_spec(data, base_dir=REPO / "experiments")
     assert expand(spec)

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.spec import validate_spec
 from orchestrator.sweep.trial import execute_trial, parse_failpoint
 
 N, PART = 450, 100
@@ -30,7 +30,7 @@ SPEC = {
 
 
 def spec_in(directory: Path, **overrides):
-    return validate_spec({**copy.deepcopy(SPEC), **overrides}, base_dir=directory, check_existing=False)
+    return validate_spec({**copy.deepcopy(SPEC), **overrides}, base_dir=directory)
 
 
 def rows(results_dir: str) -> dict[str, list[dict]]:

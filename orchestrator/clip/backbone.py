@@ -33,6 +33,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from orchestrator.device import auto_device
+
 log = logging.getLogger(__name__)
 
 RANDOM_INIT_SEED = 0  # pretrained=None: fixed init so every process builds the same random model
@@ -256,12 +258,6 @@ def _load_weights(net: torch.nn.Module, resolved: ResolvedWeights, weights_only:
             f"(quick_gelu={resolved.quick_gelu}): {str(e)[:600]}. Check the model name matches the checkpoint "
             f"(OpenAI's RN50.pt is 'RN50', ViT-B-16.pt is 'ViT-B-16', ViT-L-14.pt is 'ViT-L-14')."
         ) from e
-
-
-def auto_device(device: str | torch.device | None = None) -> torch.device:
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def precision_for(device: torch.device) -> str:

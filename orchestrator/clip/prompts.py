@@ -1,7 +1,7 @@
 """Prompt templates and class embeddings from the text encoder.
 
 Named template sets:
-- 'dataset': the dataset's own templates in the public protocol (REFERENCE.md section 3);
+- 'dataset': the dataset's own templates in the public protocol (its registry card; REFERENCE.md section 3);
 - 'ensemble7': the 7-template ImageNet ensemble, 'clip80': CLIP's 80 ImageNet templates (both taken from
   open_clip.zero_shot_metadata);
 - 'handcrafted1'..'handcrafted4': the supplementary's M = K*t sets without ensembling ("a photo of a {}",
@@ -28,26 +28,15 @@ import torch.nn.functional as F
 from orchestrator.clip.backbone import (
     Backbone,
     BackboneSpec,
-    auto_device,
     precision_for,
     resolve_weights,
     shared_backbone,
 )
-from orchestrator.data.datasets import canonical_dataset_name
+from orchestrator.device import auto_device
+from orchestrator.registry import dataset_card
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
 
-_SINGLE_DATASET_TEMPLATES = {
-    "dtd": "{} texture.",
-    "eurosat": "a centered satellite photo of {}.",
-    "pets": "a photo of a {}, a type of pet.",
-    "aircraft": "a photo of a {}, a type of aircraft.",
-    "food101": "a photo of {}, a type of food.",
-    "flowers102": "a photo of a {}, a type of flower.",
-    "ucf101": "a photo of a person doing {}.",
-}
-_ENSEMBLE7_DATASETS = ("imagenet", "imagenet-a", "imagenet-v2", "caltech101", "cars", "sun397")
-_CLIP80_DATASETS = ("imagenet-r", "imagenet-sketch")
 _TEXT_CACHE_VERSION = 1
 
 
@@ -91,12 +80,11 @@ def resolve_templates(
         if name == "dataset":
             if dataset is None:
                 raise ValueError("templates='dataset' needs the dataset name (dataset=...)")
-            ds = canonical_dataset_name(dataset)
-            if ds in _ENSEMBLE7_DATASETS:
-                return TemplateSet(f"dataset:{ds}", ensemble7(), True)
-            if ds in _CLIP80_DATASETS:
-                return TemplateSet(f"dataset:{ds}", clip80(), True)
-            return TemplateSet(f"dataset:{ds}", (_SINGLE_DATASET_TEMPLATES[ds],), True)
+            card = dataset_card(dataset)
+            own = card.templates
+            if isinstance(own, str):  # a named set, e.g. ensemble7
+                return TemplateSet(f"dataset:{card.name}", resolve_templates(own).templates, True)
+            return TemplateSet(f"dataset:{card.name}", own, True)
         if name == "ensemble7":
             return TemplateSet(name, ensemble7(), True)
         if name == "clip80":

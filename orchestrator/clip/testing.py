@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from orchestrator.data.datasets import DATASETS, EUROSAT_RENAMES, canonical_dataset_name, imagenet_wnids
+from orchestrator.data.datasets import EUROSAT_RENAMES, imagenet_wnids
+from orchestrator.registry import DATASETS, canonical_dataset
 
 TINY_VIT = "bca-tiny-vit"  # 2-layer width-128 ViT at 64 px, patch 16, 64-d embeddings: ~7.2M parameters
 TINY_RN = "bca-tiny-rn"  # ModifiedResNet [1, 1, 1, 1] width 16 at 64 px: the RN50 code path, ~6.9M parameters
@@ -130,7 +131,7 @@ def build_dataset(name: str, data_root: str | Path, num_classes: int = 3, per_cl
     other one, so labels differ from folder positions), -V2 the class folders 0, 2, 10, ... (numeric order
     differs from string order). File names include 'sh' ('sketch_0', 'fish_1', 'shadow_4').
     """
-    name = canonical_dataset_name(name)
+    name = canonical_dataset(name)
     root = Path(data_root)
     info = DATASETS[name]
     table = imagenet_wnids()

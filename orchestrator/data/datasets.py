@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from orchestrator.registry.datasets import DatasetCard, dataset_card
+
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
 EUROSAT_RENAMES = {
@@ -60,18 +62,6 @@ class ImageList:
         return self.data_root / self.image_ids[i]
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    name: str  # canonical name
-    title: str  # as the paper's tables write it
-    folder: str  # under the data root
-    layout: str  # what the reader expects, for error messages
-    reader: Callable[[Path, "DatasetInfo"], tuple[list[str], list[int], list[str]]]
-    split_file: str | None = None
-    image_dir: str = ""  # relative to `folder`; split-file paths are relative to it
-    protocol_views: str = "single"  # the public protocol's view setting (REFERENCE.md section 3)
-
-
 class DatasetLayoutError(FileNotFoundError):
     """The data root does not hold the dataset in the layout the reader expects."""
 
@@ -107,14 +97,14 @@ def _class_folders(folder: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
 
 
-def _require_dir(path: Path, info: DatasetInfo) -> None:
+def _require_dir(path: Path, info: DatasetCard) -> None:
     if not path.is_dir():
         raise DatasetLayoutError(
             f"{info.title}: folder {path} does not exist. Expected layout under the data root: {info.layout}"
         )
 
 
-def _require_file(path: Path, info: DatasetInfo) -> None:
+def _require_file(path: Path, info: DatasetCard) -> None:
     if not path.is_file():
         raise DatasetLayoutError(
             f"{info.title}: file {path} does not exist. Expected layout under the data root: {info.layout}"
@@ -129,7 +119,7 @@ def _clean_name(name: str) -> str:
 
 
 def _folder_per_class(
-    base: Path, info: DatasetInfo, class_of_folder: Callable[[str], int | None], rel_prefix: str
+    base: Path, info: DatasetCard, class_of_folder: Callable[[str], int | None], rel_prefix: str
 ) -> tuple[list[str], list[int]]:
     """Images in class sub-folders; folders whose `class_of_folder` is None are an error naming them."""
     folders = _class_folders(base)
@@ -152,10 +142,10 @@ def _folder_per_class(
     return ids, labels
 
 
-def _read_wnid_folders(subset: str) -> Callable[[Path, DatasetInfo], tuple[list[str], list[int], list[str]]]:
+def _read_wnid_folders(subset: str) -> Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]:
     """ImageNet, -Sketch (1000 classes) and -A, -R (200 classes): one folder per WordNet id."""
 
-    def read(data_root: Path, info: DatasetInfo) -> tuple[list[str], list[int], list[str]]:
+    def read(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
         base = data_root / info.folder / info.image_dir
         _require_dir(base, info)
         table = imagenet_wnids()
@@ -171,7 +161,7 @@ def _read_wnid_folders(subset: str) -> Callable[[Path, DatasetInfo], tuple[list[
     return read
 
 
-def _read_imagenet_v2(data_root: Path, info: DatasetInfo) -> tuple[list[str], list[int], list[str]]:
+def _read_imagenet_v2(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     base = data_root / info.folder / info.image_dir
     _require_dir(base, info)
 
@@ -182,7 +172,7 @@ def _read_imagenet_v2(data_root: Path, info: DatasetInfo) -> tuple[list[str], li
     return ids, labels, imagenet_classnames()
 
 
-def _read_split_zhou(data_root: Path, info: DatasetInfo) -> tuple[list[str], list[int], list[str]]:
+def _read_split_zhou(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     """CoOp's split files: {"train": [...], "val": [...], "test": [[relative_path, label, classname], ...]}."""
     folder = data_root / info.folder
     _require_dir(folder, info)
@@ -218,7 +208,7 @@ def _read_split_zhou(data_root: Path, info: DatasetInfo) -> tuple[list[str], lis
     return ids, labels, [names[k] for k in range(num_classes)]
 
 
-def _read_aircraft(data_root: Path, info: DatasetInfo) -> tuple[list[str], list[int], list[str]]:
+def _read_aircraft(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     """FGVC-Aircraft: variants.txt (one class per line, class order) and images_variant_test.txt ('id variant')."""
     folder = data_root / info.folder
     _require_dir(folder, info)
@@ -244,91 +234,27 @@ def _read_aircraft(data_root: Path, info: DatasetInfo) -> tuple[list[str], list[
     return ids, labels, class_names
 
 
-# --------------------------------------------------------------------------------------------- registry
+# ------------------------------------------------------------------------------------- reader per card
 
-_SPLIT_LAYOUT = "{folder}/{split} (CoOp split_zhou json) and the images under {folder}/{images}/"
-
-_INFOS = [
-    DatasetInfo("imagenet", "ImageNet", "imagenet", "imagenet/images/val/<wnid>/*.JPEG (1000 WordNet-id folders)",
-                _read_wnid_folders("imagenet"), image_dir="images/val"),
-    DatasetInfo("imagenet-a", "ImageNet-A", "imagenet-adversarial",
-                "imagenet-adversarial/imagenet-a/<wnid>/*.jpg (200 WordNet-id folders)",
-                _read_wnid_folders("imagenet-a"), image_dir="imagenet-a", protocol_views="augmix"),
-    DatasetInfo("imagenet-v2", "ImageNet-V2", "imagenetv2",
-                "imagenetv2/imagenetv2-matched-frequency-format-val/<0..999>/*.jpeg (class-index folders)",
-                _read_imagenet_v2, image_dir="imagenetv2-matched-frequency-format-val", protocol_views="augmix"),
-    DatasetInfo("imagenet-r", "ImageNet-R", "imagenet-rendition",
-                "imagenet-rendition/imagenet-r/<wnid>/*.jpg (200 WordNet-id folders)",
-                _read_wnid_folders("imagenet-r"), image_dir="imagenet-r", protocol_views="augmix"),
-    DatasetInfo("imagenet-sketch", "ImageNet-Sketch", "imagenet-sketch",
-                "imagenet-sketch/images/<wnid>/*.JPEG (1000 WordNet-id folders)",
-                _read_wnid_folders("imagenet"), image_dir="images", protocol_views="augmix"),
-    DatasetInfo("aircraft", "Aircraft", "fgvc_aircraft",
-                "fgvc_aircraft/variants.txt, fgvc_aircraft/images_variant_test.txt ('<image id> <variant>' lines) "
-                "and fgvc_aircraft/images/<image id>.jpg",
-                _read_aircraft, image_dir="images"),
-]
-_SPLITS = [
-    ("caltech101", "Caltech101", "caltech-101", "split_zhou_Caltech101.json", "101_ObjectCategories"),
-    ("cars", "Cars", "stanford_cars", "split_zhou_StanfordCars.json", ""),
-    ("dtd", "DTD", "dtd", "split_zhou_DescribableTextures.json", "images"),
-    ("eurosat", "EuroSAT", "eurosat", "split_zhou_EuroSAT.json", "2750"),
-    ("flowers102", "Flowers102", "oxford_flowers", "split_zhou_OxfordFlowers.json", "jpg"),
-    ("food101", "Food101", "food-101", "split_zhou_Food101.json", "images"),
-    ("pets", "Pets", "oxford_pets", "split_zhou_OxfordPets.json", "images"),
-    ("sun397", "SUN397", "sun397", "split_zhou_SUN397.json", "SUN397"),
-    ("ucf101", "UCF101", "ucf101", "split_zhou_UCF101.json", "UCF-101-midframes"),
-]
-_INFOS += [
-    DatasetInfo(name, title, folder, _SPLIT_LAYOUT.format(folder=folder, split=split, images=images or "."),
-                _read_split_zhou, split_file=split, image_dir=images)
-    for name, title, folder, split, images in _SPLITS
-]
-
-DATASETS: dict[str, DatasetInfo] = {info.name: info for info in _INFOS}
-OOD_DATASETS = ("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")
-CROSS_DOMAIN_DATASETS = ("aircraft", "caltech101", "cars", "dtd", "eurosat", "flowers102", "food101", "pets",
-                         "sun397", "ucf101")
-
-# The public code's short names and the folder names, so specs written against TDA's scripts work unchanged.
-_ALIASES = {
-    "i": "imagenet", "imagenet-1k": "imagenet", "imagenet1k": "imagenet",
-    "a": "imagenet-a", "imagenet-adversarial": "imagenet-a",
-    "v": "imagenet-v2", "imagenetv2": "imagenet-v2", "v2": "imagenet-v2",
-    "r": "imagenet-r", "imagenet-rendition": "imagenet-r",
-    "s": "imagenet-sketch", "k": "imagenet-sketch", "sketch": "imagenet-sketch",
-    "fgvc": "aircraft", "fgvc_aircraft": "aircraft", "fgvc-aircraft": "aircraft",
-    "caltech-101": "caltech101", "stanford_cars": "cars", "stanfordcars": "cars",
-    "describabletextures": "dtd", "oxford_flowers": "flowers102", "flowers": "flowers102",
-    "food-101": "food101", "food": "food101", "oxford_pets": "pets", "oxfordpets": "pets",
-    "sun": "sun397", "ucf": "ucf101",
+_READERS: dict[str, Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]] = {
+    "wnid:imagenet": _read_wnid_folders("imagenet"),
+    "wnid:imagenet-a": _read_wnid_folders("imagenet-a"),
+    "wnid:imagenet-r": _read_wnid_folders("imagenet-r"),
+    "imagenet_v2": _read_imagenet_v2,
+    "aircraft": _read_aircraft,
+    "split_zhou": _read_split_zhou,
 }
-
-
-def canonical_dataset_name(name: str) -> str:
-    """The registry name for `name` (case-insensitive; TDA's short codes and folder names accepted)."""
-    key = name.strip().lower().replace(" ", "")
-    key = _ALIASES.get(key, key)
-    if key not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)} "
-                         f"(aliases: {', '.join(sorted(_ALIASES))})")
-    return key
-
-
-def protocol_views(name: str) -> str:
-    """The public protocol's view setting for a dataset: 'augmix' for ImageNet-A/-V2/-R/-Sketch, else 'single'."""
-    return DATASETS[canonical_dataset_name(name)].protocol_views
 
 
 def read_dataset(name: str, data_root: str | os.PathLike) -> ImageList:
     """List a dataset's test images under `data_root`; errors name the missing path and the expected layout."""
-    info = DATASETS[canonical_dataset_name(name)]
+    info = dataset_card(name)
     root = Path(data_root).expanduser().resolve()
     if not root.is_dir():
         raise DatasetLayoutError(
             f"data root {root} does not exist (reading {info.title}; expected {root}/{info.layout})"
         )
-    ids, labels, class_names = info.reader(root, info)
+    ids, labels, class_names = _READERS[info.reader](root, info)
     if not ids:
         raise DatasetLayoutError(f"{info.title}: no test images found under {root / info.folder}. "
                                  f"Expected layout: {info.layout}")

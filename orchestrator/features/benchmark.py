@@ -17,9 +17,9 @@ import torch
 from orchestrator.clip.backbone import BackboneSpec
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
-from orchestrator.data.datasets import canonical_dataset_name, protocol_views
 from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
+from orchestrator.registry import dataset_card
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ def load_benchmark(
     view mean (select_views) against this benchmark's class embeddings, computed without a float32 copy of
     every view. templates: a named set or a list (see orchestrator.clip.prompts).
     """
-    name = canonical_dataset_name(dataset)
+    name = dataset_card(dataset).name
     if views == "protocol":
-        views = protocol_views(name)
+        views = dataset_card(name).views
     spec = BackboneSpec(backbone, pretrained, quick_gelu)
     load_kwargs = {"weights_dir": weights_dir, "allow_download": allow_download}
     cached = FeatureCache(cache_dir).get_or_encode(

@@ -47,13 +47,13 @@ from orchestrator.clip.backbone import (
     Backbone,
     BackboneSpec,
     ResolvedWeights,
-    auto_device,
     precision_for,
     resolve_weights,
     shared_backbone,
 )
 from orchestrator.clip.views import ViewConfig, ViewTransform, parse_views
 from orchestrator.data.datasets import ImageList, read_dataset
+from orchestrator.device import auto_device
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,8 @@ def _collate(items):
 
 
 def _versions() -> dict[str, str]:
-    import PIL
     import open_clip
+    import PIL
     import torchvision
 
     try:

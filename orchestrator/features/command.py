@@ -13,8 +13,9 @@ from pathlib import Path
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.views import parse_views
-from orchestrator.data.datasets import DatasetLayoutError, canonical_dataset_name, protocol_views
+from orchestrator.data.datasets import DatasetLayoutError
 from orchestrator.features.cache import CorruptImageError, FeatureCache
+from orchestrator.registry import dataset_card
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,9 @@ def jobs_from_args(
     spec = BackboneSpec(model, pretrained, quick_gelu)
     jobs: list[CacheJob] = []
     for name in datasets:
-        ds = canonical_dataset_name(name)
-        ds_views = protocol_views(ds) if views == "protocol" else views
+        card = dataset_card(name)
+        ds = card.name
+        ds_views = card.views if views == "protocol" else views
         parse_views(ds_views)  # fail on a bad value before any encoding
         for seed in (seeds[:1] if ds_views == "single" else seeds):
             jobs.append(CacheJob(spec, ds, data_root.resolve(), cache_dir.resolve(), ds_views, seed, tuple(templates)))
@@ -85,27 +87,3 @@ def run_jobs(
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def jobs_from_spec(path: Path) -> list[CacheJob]:
-    """Every real-dataset entry a sweep spec's trials will ask for (synthetic datasets need none)."""
-    import open_clip
-
-    from orchestrator.sweep.spec import RealDataset, dataset_views, load_spec
-
-    spec = load_spec(path, check_existing=False)
-    real = [d for d in spec.datasets if isinstance(d, RealDataset)]
-    if not real:
-        return []
-    jobs: list[CacheJob] = []
-    for backbone in spec.backbones:
-        if backbone.config is not None:  # a custom architecture: trials register it the same way
-            open_clip.add_model_config(backbone.config)
-        weights = backbone.checkpoint if backbone.checkpoint is not None else backbone.pretrained
-        bspec = BackboneSpec(backbone.model, weights, backbone.quick_gelu)
-        for ds in real:
-            views = dataset_views(spec, ds)
-            for seed in (spec.seeds[:1] if views == "single" else spec.seeds):
-                jobs.append(CacheJob(bspec, ds.name, Path(spec.data_root), Path(spec.cache_dir), views, seed,
-                                     tuple(spec.templates)))
-    return list(dict.fromkeys(jobs))

@@ -8,7 +8,6 @@ kept views' unit features and is deliberately not renormalised (REFERENCE.md sec
 
 from __future__ import annotations
 
-import math
 import numbers
 import time
 from abc import ABC, abstractmethod
@@ -18,7 +17,8 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-TIMING_KEYS = ("logits", "posterior", "update")
+from orchestrator.registry import MethodCard, method_card
+from orchestrator.stages import METHOD_STAGES
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Trace:
     gated: torch.Tensor
     gated_prior: torch.Tensor
     state: dict[str, torch.Tensor] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METHOD_STAGES, 0.0))
 
     @property
     def predictions(self) -> torch.Tensor:
@@ -53,7 +53,7 @@ class StageTimer:
     """Accumulates wall time per stage; `with timer('logits'): ...`."""
 
     def __init__(self) -> None:
-        self.seconds = dict.fromkeys(TIMING_KEYS, 0.0)
+        self.seconds = dict.fromkeys(METHOD_STAGES, 0.0)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -72,52 +72,18 @@ def empty_trace(n: int, num_classes: int, device: torch.device) -> tuple[torch.T
             torch.zeros(n, dtype=torch.bool, device=device))
 
 
-# ----------------------------------------------------------------------------------------------- hparams
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_real(method: str, name: str, value: Any, *, low: float, low_inclusive: bool = True,
-               high: float = math.inf, high_inclusive: bool = True, allow_inf: bool = False,
-               hint: str = "") -> float:
-    """Return `value` as float if it is a real number in the given range, else raise a ValueError naming it."""
-    lo = "[" if low_inclusive else "("
-    hi = "]" if high_inclusive else ")"
-    expected = f"a number in {lo}{low}, {high}{hi}"
-    if not _is_real(value) or math.isnan(float(value)) or (math.isinf(float(value)) and not allow_inf):
-        raise ValueError(f"{method}: hparam {name!r} must be {expected}{hint}, got {value!r}")
-    v = float(value)
-    if v < low or (v == low and not low_inclusive) or v > high or (v == high and not high_inclusive):
-        raise ValueError(f"{method}: hparam {name!r} must be {expected}{hint}, got {value!r}")
-    return v
-
-
-def check_int(method: str, name: str, value: Any, *, low: int) -> int:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) < low:
-        raise ValueError(f"{method}: hparam {name!r} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-def check_choice(method: str, name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{method}: hparam {name!r} must be one of {list(choices)}, got {value!r}")
-    return value
-
-
-# ---------------------------------------------------------------------------------------------- registry
+# ---------------------------------------------------------------------------------------------- methods
 
 class Method(ABC):
-    """Base of every method. Subclasses set `name`, `hparams` (every valid hparam with its default),
-    `takes_views` (features [n, V, d] instead of [n, d]), and implement `check_hparams` and `_run`.
+    """Base of every method. Subclasses set `name` (the key of their registry card, which declares their
+    hyperparameters, inputs and state: `orchestrator.registry`), and implement `_run`; `check_hparams` adds the
+    rules that tie hparams to each other or to the inputs (each value alone was checked against the card).
 
     A method object is an online state machine: each `run(features)` continues from the state the previous
     call left, so running a stream in two chunks equals running it at once.
     """
 
     name: ClassVar[str]
-    hparams: ClassVar[dict[str, Any]]
-    takes_views: ClassVar[bool] = False
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -127,9 +93,13 @@ class Method(ABC):
         self.hp = hparams
 
     @classmethod
-    @abstractmethod
+    def card(cls) -> MethodCard:
+        return method_card(cls.name)
+
+    @classmethod
     def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        """Validate a complete hparam dict (defaults filled) and return it with normalised values."""
+        """Cross-hparam and input-dependent rules over a complete, card-checked hparam dict."""
+        return hp
 
     @abstractmethod
     def _run(self, features: torch.Tensor) -> Trace:
@@ -137,36 +107,8 @@ class Method(ABC):
 
     def run(self, features: torch.Tensor) -> Trace:
         """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
-        validate_features(self.name, features, self.class_embeddings, views=self.takes_views)
+        validate_features(self.name, features, self.class_embeddings, views=self.card().takes_views)
         return self._run(features)
-
-
-METHODS: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    METHODS[cls.name] = cls
-    return cls
-
-
-def method_class(method: Any) -> type[Method]:
-    if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid methods: {sorted(METHODS)}")
-    return METHODS[method]
-
-
-def hparam_defaults(method: str) -> dict[str, Any]:
-    """Every valid hparam of `method` with its default (None where the default is derived, e.g. tau_prior)."""
-    return dict(method_class(method).hparams)
-
-
-def resolve_hparams(method: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """Defaults overlaid by `hparams`; an unknown name raises a ValueError listing the valid ones."""
-    defaults = hparam_defaults(method)
-    unknown = sorted(set(hparams) - set(defaults))
-    if unknown:
-        raise ValueError(f"unknown hparam {unknown[0]!r} for method {method!r}; valid hparams: {sorted(defaults)}")
-    return {**defaults, **hparams}
 
 
 # -------------------------------------------------------------------------------------------- validation
@@ -236,10 +178,12 @@ def validate_features(method: str, features: Any, class_embeddings: torch.Tensor
 
 def make_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                 **hparams: Any) -> Method:
-    """Validate everything but the features and build the method's initial state."""
-    cls = method_class(method)
-    resolved = resolve_hparams(method, hparams)
+    """Validate everything but the features and build the method's initial state (hparams not given take the
+    card's defaults; per-dataset defaults are the sweep's business: `method_card(m).defaults(dataset)`)."""
+    card = method_card(method)
+    resolved = card.resolve(hparams)
     validate_class_inputs(class_embeddings, class_ids, num_classes)
+    cls = card.implementation()
     checked = cls.check_hparams(resolved, class_embeddings.shape[0], int(num_classes))
     return cls(class_embeddings, class_ids, int(num_classes), **checked)
 

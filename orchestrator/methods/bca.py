@@ -2,14 +2,9 @@
 
 The equations, gates and update rules are documented in `orchestrator.methods.reference`, the plain
 per-sample loop; `run()` computes the same thing with the exact blocked engine (`engine.run_bca_blocked`),
-which the tests hold to the reference. Hparams:
-
-- tau: shorthand for both gates (default 0.3, the paper's OOD value). tau_likelihood / tau_prior
-  (default None = use tau) override it per gate, as the public code's two thresholds. A gate compares a
-  probability with a strict '>', so any tau >= 1 disables it (the method then equals `clip`).
-- n1, n2: initial counters of U and V (30000 / 10, the paper's OOD values).
-- logit_scale (100, CLIP's), select_on ('likelihood' | 'posterior'), update ('count' | 'momentum' |
-  'decay'), decay (0.999, used only by update='decay'), state_dtype ('float32' | 'float16').
+which the tests hold to the reference. Their hparams (tau or tau_likelihood / tau_prior, n1, n2, logit_scale,
+select_on, update, decay, state_dtype), ranges and defaults are declared in their registry cards
+(`orchestrator.registry.cards`). A gate compares a probability with a strict '>', so tau = 1 disables it.
 """
 
 from __future__ import annotations
@@ -18,11 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from orchestrator.methods.base import Method, Trace, check_choice, check_real, register
+from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.engine import run_bca_blocked
-from orchestrator.methods.reference import SELECT_ON, STATE_DTYPES, UPDATES, BCAConfig, init_state
-
-_TAU_HINT = " (a probability threshold; values >= 1 disable the gate)"
+from orchestrator.methods.reference import BCAConfig, init_state
 
 
 class BCAFamily(Method):
@@ -46,30 +39,11 @@ class BCAFamily(Method):
 
     @classmethod
     def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        name = cls.name
-        out = dict(hp)
-        out["logit_scale"] = check_real(name, "logit_scale", hp["logit_scale"], low=0.0, low_inclusive=False)
-        if "tau" in hp:
-            out["tau"] = check_real(name, "tau", hp["tau"], low=0.0, allow_inf=True, hint=_TAU_HINT)
-        for key in ("tau_likelihood", "tau_prior"):
-            if hp.get(key) is not None:                 # None: inherit tau
-                out[key] = check_real(name, key, hp[key], low=0.0, allow_inf=True, hint=_TAU_HINT)
-        for key in ("n1", "n2"):
-            if key in hp:
-                out[key] = check_real(name, key, hp[key], low=0.0, hint=" (an initial counter)")
-        if "decay" in hp:
-            out["decay"] = check_real(name, "decay", hp["decay"], low=0.0, low_inclusive=False, high=1.0)
-        if "update" in hp:
-            check_choice(name, "update", hp["update"], UPDATES)
-        if "state_dtype" in hp:
-            check_choice(name, "state_dtype", hp["state_dtype"], tuple(STATE_DTYPES))
-        if "select_on" in hp:
-            check_choice(name, "select_on", hp["select_on"], SELECT_ON)
-            if hp["select_on"] == "posterior" and num_embeddings != num_classes:
-                raise ValueError(f"{name}: select_on='posterior' selects a class, so it needs exactly one class "
-                                 f"embedding per class (M == K); got M={num_embeddings}, K={num_classes}. "
-                                 f"Use select_on='likelihood'.")
-        return out
+        if hp.get("select_on") == "posterior" and num_embeddings != num_classes:
+            raise ValueError(f"{cls.name}: select_on='posterior' selects a class, so it needs exactly one class "
+                             f"embedding per class (M == K); got M={num_embeddings}, K={num_classes}. "
+                             f"Use select_on='likelihood'.")
+        return hp
 
     def _run(self, features: torch.Tensor) -> Trace:
         trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
@@ -80,45 +54,33 @@ class BCAFamily(Method):
         return trace
 
 
-_ADAPTIVE = {"logit_scale": 100.0, "select_on": "likelihood", "update": "count", "decay": 0.999,
-             "state_dtype": "float32"}
-
-
-@register
 class Clip(BCAFamily):
     """Zero-shot CLIP: posterior = softmax(logit_scale * U f) summed into the K classes (p V with V one-hot)."""
 
     name = "clip"
     adapt_likelihood = False
     adapt_prior = False
-    hparams = {"logit_scale": 100.0}
 
 
-@register
 class LikelihoodAdaptation(BCAFamily):
     """CLIP with LA: only U adapts (Eq. 7), gated by tau_likelihood; V stays one-hot."""
 
     name = "la"
     adapt_likelihood = True
     adapt_prior = False
-    hparams = {"tau": 0.3, "tau_likelihood": None, "n1": 30000, **_ADAPTIVE}
 
 
-@register
 class PriorAdaptation(BCAFamily):
     """CLIP with PA: only V adapts (Eq. 9), gated by tau_prior; U stays the prompt embeddings."""
 
     name = "pa"
     adapt_likelihood = False
     adapt_prior = True
-    hparams = {"tau": 0.3, "tau_prior": None, "n2": 10, **_ADAPTIVE}
 
 
-@register
 class BCA(BCAFamily):
     """Bayesian Class Adaptation, Algorithm 1: U and V adapt (Eqs. 7 and 9)."""
 
     name = "bca"
     adapt_likelihood = True
     adapt_prior = True
-    hparams = {"tau": 0.3, "tau_likelihood": None, "tau_prior": None, "n1": 30000, "n2": 10, **_ADAPTIVE}

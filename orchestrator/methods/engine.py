@@ -38,8 +38,8 @@ the logits alone. A tau / n1 / n2 sweep thus computes F U^T once per (tau, n1), 
 Threads. One configuration group (or one torch thread): blocks run one after another, the products using
 torch's threads, the walk on the calling thread. Several groups: they run side by side, one thread each,
 with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
-on a second thread while block b is walked was tried: on 2-vCPU machines, where two busy threads get
-about 1.4 cores of arithmetic, it was slower than this, as the walk then also corrects for block b's rows.)
+on a second thread while block b is walked was tried and measured slower: the walk then also corrects for
+block b's rows; see the README's Performance section and `python -m benchmarks.engine`.)
 Thread count and block length change only float rounding (products of other shapes); the tests hold
 every setting to the reference.
 
@@ -63,14 +63,13 @@ import numba
 import numpy as np
 import torch
 
-from orchestrator.methods.base import TIMING_KEYS, Trace
-from orchestrator.methods.reference import (STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference,
-                                            rows_of_classes)
+from orchestrator.methods.base import Trace
+from orchestrator.methods.reference import STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference, rows_of_classes
+from orchestrator.stages import METHOD_STAGES
 
 # Block length: the walk's corrections cost O(B) per sample (rows changed since the block started), the
-# products get cheaper per sample with B (fewer packings of U and V, fewer thread barriers). At K = M =
-# 1000, d = 512 on a 2-vCPU machine, medians of interleaved runs with 2 threads: 16.5k samples/s at 64,
-# 17.8k at 128, 16.9k at 192; the walk alone takes ~17 us/sample at 128.
+# products get cheaper per sample with B (fewer packings of U and V, fewer thread barriers); 128 measured
+# best of 64 / 128 / 192 (README Performance, `python -m benchmarks.engine`).
 DEFAULT_BLOCK = 128
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...
@@ -400,7 +399,7 @@ class _Lane:
     base: tuple[np.ndarray, ...]
     work: tuple[np.ndarray, ...]
     nR: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIMING_KEYS, 0.0))
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METHOD_STAGES, 0.0))
 
     def walk(self, stream: _Stream, products: tuple[np.ndarray, ...], q0: np.ndarray, start: int, end: int) -> int:
         """Walk stream positions start:end (rows 0:end-start of the products); returns the samples done."""
@@ -568,9 +567,10 @@ def run_bca_blocked_many(features: torch.Tensor, states: list[dict[str, torch.Te
     `bca_family_reference(features, states[g], class_ids, num_classes, cfgs[g])`.
 
     states[g]: 'U' [M, d], 'V' [M, K] (in cfgs[g].state_dtype), 'C1', 'C2' [M] float32; not modified.
-    Configurations whose U never adapts (clip, pa) and that start from the same U and logit_scale share
-    one logits product per block; the others walk the stream each on its own. Independent configurations
-    run side by side on the threads torch may use (torch.get_num_threads()).
+    Configurations whose U evolves identically share one logits product per block (see "Sharing" above:
+    U never adapts and starts equal, or adapts by the same tau_likelihood, n1 and update rule selecting on
+    the likelihood); each still walks the stream with its own prior. Independent groups run side by side on
+    the threads torch may use (torch.get_num_threads()).
     """
     if len(states) != len(cfgs):
         raise ValueError(f"got {len(states)} states for {len(cfgs)} configs; expected one state per config")

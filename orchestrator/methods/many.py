@@ -5,8 +5,8 @@
     run_traces_many(...) -> list[Trace], one per config, in config order
 
 Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
-BCA-family configs (clip, la, pa, bca) run together through `engine.run_bca_blocked_many` (shared
-logits where U stays fixed); any other method runs on its own. Every result equals the separate run.
+BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product per group
+of configurations whose U evolves identically); any other method runs on its own. Every result equals the separate run.
 """
 
 from __future__ import annotations

@@ -39,50 +39,15 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_int, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.reference import blend, update_weights
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)
 NEG_MASK_BOUNDS = (0.03, 1.0)
-
-# Positive-cache (alpha, beta) of the public code's per-dataset configs; negative 0.117 / 1.0 everywhere.
-_TDA_POSITIVE = {
-    "imagenet": (2.0, 5.0), "imagenet_a": (2.0, 5.0), "imagenet_v2": (1.0, 8.0), "imagenet_r": (1.0, 8.0),
-    "imagenet_sketch": (2.363, 7.45), "caltech101": (5.0, 5.0), "dtd": (2.0, 3.0), "eurosat": (4.0, 8.0),
-    "aircraft": (2.0, 2.0), "food101": (1.0, 1.0), "flowers102": (1.0, 5.0), "pets": (2.0, 7.0),
-    "cars": (1.0, 7.0), "sun397": (2.0, 3.0), "ucf101": (3.0, 8.0),
-}
-# Other spellings in use (TDA's config names, CoOp folder names, short names); compared without case or
-# punctuation.
-_ALIASES = {
-    "imageneta": "imagenet_a", "a": "imagenet_a", "imagenetv2": "imagenet_v2", "v": "imagenet_v2",
-    "imagenetr": "imagenet_r", "r": "imagenet_r", "imagenetsketch": "imagenet_sketch",
-    "imagenets": "imagenet_sketch", "s": "imagenet_sketch", "i": "imagenet", "caltech": "caltech101",
-    "fgvc": "aircraft", "fgvcaircraft": "aircraft", "food": "food101", "flowers": "flowers102",
-    "oxfordflowers": "flowers102", "oxfordflowers102": "flowers102", "oxfordpets": "pets",
-    "stanfordcars": "cars", "sun": "sun397", "ucf": "ucf101", "describabletextures": "dtd",
-}
-
-
-def tda_defaults(dataset: str) -> dict[str, float]:
-    """The public code's positive-cache {pos_alpha, pos_beta} for a benchmark dataset (REFERENCE.md section 3).
-
-    Unknown names (e.g. synthetic benchmarks) raise a ValueError: use hparam_defaults('tda') there.
-    """
-    key = re.sub(r"[^a-z0-9]", "", str(dataset).lower())
-    canonical = {re.sub(r"[^a-z0-9]", "", k): k for k in _TDA_POSITIVE}
-    name = canonical.get(key) or _ALIASES.get(key)
-    if name is None:
-        raise ValueError(f"no TDA defaults for dataset {dataset!r}; known datasets: {sorted(_TDA_POSITIVE)} "
-                         f"(for others use hparam_defaults('tda'))")
-    alpha, beta = _TDA_POSITIVE[name]
-    return {"pos_alpha": alpha, "pos_beta": beta}
-
 
 def class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Per-class log-sum-exp of per-embedding logits [M] -> [K]; exact for classes with a single embedding."""
@@ -137,16 +102,10 @@ class ClassCache:
         return out
 
 
-_TDA_HPARAMS = {"pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.117, "neg_beta": 1.0, "pos_shot": 3,
-                "neg_shot": 2, "logit_scale": 100.0}
-
-
-@register
 class TDA(Method):
-    """TDA with positive and negative caches; pos_alpha / pos_beta default to ImageNet's (see tda_defaults)."""
+    """TDA with positive and negative caches (per-dataset pos_alpha / pos_beta: its registry card)."""
 
     name = "tda"
-    hparams = dict(_TDA_HPARAMS)
     with_prior = False
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
@@ -159,20 +118,6 @@ class TDA(Method):
             m = class_embeddings.shape[0]
             self.V = torch.nn.functional.one_hot(class_ids, num_classes).float()
             self.C2 = torch.full((m,), float(hparams["n2"]), dtype=torch.float32, device=device)
-
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        out = dict(hp)
-        for key in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"):
-            out[key] = check_real(cls.name, key, hp[key], low=0.0)
-        for key in ("pos_shot", "neg_shot"):
-            out[key] = check_int(cls.name, key, hp[key], low=0)
-        out["logit_scale"] = check_real(cls.name, "logit_scale", hp["logit_scale"], low=0.0, low_inclusive=False)
-        if cls.with_prior:
-            out["tau"] = check_real(cls.name, "tau", hp["tau"], low=0.0, allow_inf=True,
-                                    hint=" (a probability threshold; values >= 1 disable the prior update)")
-            out["n2"] = check_real(cls.name, "n2", hp["n2"], low=0.0, hint=" (an initial counter)")
-        return out
 
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
@@ -225,10 +170,8 @@ class TDA(Method):
         return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
 
 
-@register
 class TDAWithPrior(TDA):
     """TDA + PA: TDA's cache likelihood with BCA's prior V (Eqs. 8 and 9) attached per class embedding."""
 
     name = "tda_pa"
-    hparams = {**_TDA_HPARAMS, "tau": 0.3, "n2": 10}
     with_prior = True

@@ -17,30 +17,18 @@ Stateless: samples are processed in vectorised chunks.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, check_real, empty_trace, register
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.views import lowest_entropy_views, view_posteriors
 
 _CHUNK = 256  # samples per vectorised chunk: bounds the [chunk, V, M] logits in memory
 
 
-@register
 class Zero(Method):
     """Majority vote of the confident augmented views' argmax predictions."""
 
     name = "zero"
-    hparams = {"keep": 0.1, "logit_scale": 100.0}
-    takes_views = True
-
-    @classmethod
-    def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:
-        return {"keep": check_real(cls.name, "keep", hp["keep"], low=0.0, low_inclusive=False, high=1.0,
-                                   hint=" (the fraction of views kept)"),
-                "logit_scale": check_real(cls.name, "logit_scale", hp["logit_scale"], low=0.0,
-                                          low_inclusive=False)}
 
     def _run(self, features: torch.Tensor) -> Trace:
         n = features.shape[0]

@@ -26,7 +26,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.results import files, schema, safety
+from orchestrator import registry
+from orchestrator.results import files, metrics, safety, schema
 
 VIEWS = ("samples", "runs", "accuracy", "summary")
 T = TypeVar("T")
@@ -67,7 +68,6 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
-_RUN_NAMES = {c.name for c in schema.RUN_COLUMNS}
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
 _CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "group_id", "setting_id")
 _RUNS_TABLE = "runs_rows"
@@ -150,6 +150,11 @@ class ResultsDB:
                 bad.append(BadFile(path, check.error or "bad file"))
         return good, bad, present
 
+    @property
+    def hparam_names(self) -> list[str]:
+        """The runs view's hyperparameter columns: every registered method's, then those only the files carry."""
+        return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
+
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files."""
         with self._lock:
@@ -175,7 +180,7 @@ class ResultsDB:
                     self._build_samples(s_good, use_glob, s_cols)
                 if runs_key != self._runs_key:
                     self._build_runs([table for _, _, table in rows])
-                hparams = [c.name for c in schema.HPARAM_COLUMNS] + self.extra_run_columns
+                hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
                 self._samples_key, self._runs_key = samples_key, runs_key
@@ -214,9 +219,10 @@ class ResultsDB:
     def _build_runs(self, tables: list[pa.Table]) -> None:
         merged = _concat(tables)
         names = merged.column_names if merged is not None else []
-        extras = [c for c in names if c not in _RUN_NAMES]
+        columns = schema.run_columns()
+        extras = [c for c in names if c not in {col.name for col in columns}]
         # TRY_CAST: a hand-made file with an odd value gives a NULL cell, not a runs view that never works
-        cols = _select_list(schema.RUN_COLUMNS, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
+        cols = _select_list(columns, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
         con = self._con
         if merged is None:
             con.execute(f"CREATE OR REPLACE TABLE {_RUNS_TABLE} AS SELECT {', '.join(cols)} WHERE false")
@@ -284,7 +290,11 @@ class ResultsDB:
 
 
 def _accuracy_sql(carried: Sequence[str]) -> str:
+    """Per run, from its samples: rows, completeness and the metrics (orchestrator.results.metrics has their
+    definitions in numpy and SQL; accuracy-type metrics over in-distribution rows only)."""
     r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
+    inside = "(SELECT * FROM samples WHERE NOT coalesce(is_ood, false))"
+    with_ood = "(SELECT * FROM samples WHERE run_id IN (SELECT run_id FROM samples WHERE is_ood))"
     return f"""
 CREATE OR REPLACE VIEW accuracy AS
 WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
@@ -294,18 +304,27 @@ per_run AS (
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           100 * avg(s.correct::DOUBLE) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2) AS last50_accuracy
+           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows,
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false)) AS accuracy,
+           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2
+                                                AND NOT coalesce(s.is_ood, false)) AS last50_accuracy,
+           100 * avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL
+                                                                     AND NOT coalesce(s.is_ood, false)) AS top5_accuracy
     FROM samples s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
-)
+),
+ece AS ({metrics.ece_sql(inside)}),
+nll AS ({metrics.nll_sql(f"(SELECT * FROM {inside} WHERE prob_true IS NOT NULL)")}),
+auroc AS ({metrics.auroc_sql(with_ood)})
 SELECT p.run_id,
        coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       p.accuracy, p.last50_accuracy, {r_cols}
-FROM per_run p LEFT JOIN runs r USING (run_id)
+       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, p.n_ood_rows AS n_ood,
+       100 * auroc.ood_auroc AS ood_auroc, {r_cols}
+FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id)
+     LEFT JOIN auroc USING (run_id)
 """
 
 
@@ -329,7 +348,8 @@ grouped AS (
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
-    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = 'clip' AND complete
+    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = {_sql_str(registry.baseline_method())}
+           AND complete
     GROUP BY setting_id
 )
 SELECT g.*, clip.clip_mean, g.mean - clip.clip_mean AS gain

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.results import schema
+from orchestrator import registry
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
@@ -50,56 +50,16 @@ class Layout:
         return [label for _, label in self.datasets] + [label for label, _ in self.averages]
 
 
-_OOD = (("imagenet", "ImageNet"), ("imagenet_a", "ImageNet-A"), ("imagenet_v2", "ImageNet-V2"),
-        ("imagenet_r", "ImageNet-R"), ("imagenet_sketch", "ImageNet-Sketch"))
-_CD = (("aircraft", "Aircraft"), ("caltech101", "Caltech101"), ("cars", "Cars"), ("dtd", "DTD"),
-       ("eurosat", "EuroSAT"), ("flowers102", "Flowers102"), ("food101", "Food101"), ("pets", "Pets"),
-       ("sun397", "SUN397"), ("ucf101", "UCF101"))
+_OOD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.OOD))
+_CD = tuple((name, registry.DATASETS[name].title) for name in registry.group_datasets(registry.CROSS_DOMAIN))
 TABLE1 = Layout("ood", "Table 1: OOD benchmark, top-1 accuracy (%)", _OOD,
                 (("Average", tuple(k for k, _ in _OOD)), ("OOD Average", tuple(k for k, _ in _OOD[1:]))))
 TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark, top-1 accuracy (%)", _CD,
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
 
-# Spellings of each benchmark dataset, compared after lower-casing and dropping everything but letters/digits.
-_DATASET_ALIASES = {
-    "imagenet": ("imagenet", "imagenet1k", "ilsvrc2012", "in1k"),
-    "imagenet_a": ("imageneta", "imagenetadversarial"),
-    "imagenet_v2": ("imagenetv2", "imagenetv2matchedfrequency"),
-    "imagenet_r": ("imagenetr", "imagenetrendition"),
-    "imagenet_sketch": ("imagenetsketch", "imagenets"),
-    "aircraft": ("aircraft", "fgvcaircraft", "fgvc"),
-    "caltech101": ("caltech101", "caltech"),
-    "cars": ("cars", "stanfordcars"),
-    "dtd": ("dtd", "describabletextures"),
-    "eurosat": ("eurosat",),
-    "flowers102": ("flowers102", "flower102", "flowers", "oxfordflowers"),
-    "food101": ("food101", "food"),
-    "pets": ("pets", "oxfordpets"),
-    "sun397": ("sun397", "sun"),
-    "ucf101": ("ucf101", "ucf"),
-}
-_ALIAS_TO_KEY = {alias: key for key, aliases in _DATASET_ALIASES.items() for alias in aliases}
-_DATASET_LABELS = dict(_OOD + _CD)
-METHOD_LABELS = {"clip": "CLIP", "la": "CLIP+LA", "pa": "CLIP+PA", "bca": "BCA", "tda": "TDA", "tda_pa": "TDA+PA",
-                 "zero": "Zero"}
-_METHOD_ORDER = list(METHOD_LABELS)
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views")
-
-
-def _squash(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower())
-
-
-def canonical_dataset(name: str) -> str | None:
-    """The benchmark key (e.g. 'imagenet_a') of a dataset name in any usual spelling, or None."""
-    return _ALIAS_TO_KEY.get(_squash(name))
-
-
-def dataset_label(name: str) -> str:
-    key = canonical_dataset(name)
-    return _DATASET_LABELS[key] if key else name
 
 
 def backbone_label(name: str) -> str:
@@ -107,10 +67,6 @@ def backbone_label(name: str) -> str:
     base = re.sub(r"-quickgelu$", "", name, flags=re.IGNORECASE)
     m = re.match(r"^(ViT-[A-Za-z]+)-(\d+)$", base)
     return f"{m.group(1)}/{m.group(2)}" if m else base
-
-
-def method_label(method: str) -> str:
-    return METHOD_LABELS.get(method, method)
 
 
 def load_paper_results() -> dict[str, Any]:
@@ -131,35 +87,48 @@ def _fmt_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
-    """Display backbones, and a 'row' label per run: the method's label plus the settings that vary between its
-    runs of one dataset. Returns the frame and the names of the settings that split rows."""
-    runs = runs.copy()
-    runs["backbone_name"] = runs["backbone"]
-    runs["backbone"] = runs["backbone"].map(backbone_label)
-    runs["row"] = runs["method"].map(method_label)
-    candidates = [c for c in ("backbone_name", *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
+def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
+    """A label per run naming its configuration apart from the seed: the method's label, plus the settings
+    that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
+    dashboard's series)."""
+    return _row_labels(runs, hparams, extra)[0]
+
+
+def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
+    labels = runs["method"].map(registry.method_label)
+    candidates = [c for c in (*extra, *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
     if runs.empty:
-        return runs, []
+        return labels, []
     # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
     distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
     split: set[str] = set()
     for (backbone, method), counts in most.iterrows():
         vary = [c for c in candidates if c != "group_id" and counts[c] > 1]
-        if not vary and counts["group_id"] > 1:
+        if not vary and "group_id" in counts and counts["group_id"] > 1:
             vary = ["group_id"]  # configs differ only in keys without a column (e.g. synthetic parameters)
         if vary:
             split.update(vary)
             part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
-            labels = [", ".join(f"{c}={_fmt_value(v)}" for c, v in zip(vary, values))
-                      for values in part[vary].itertuples(index=False)]
-            runs.loc[part.index, "row"] = [f"{method_label(method)} ({label})" for label in labels]
-    return runs, sorted(split)
+            text = [", ".join(f"{c}={_fmt_value(_plain(v))}" for c, v in zip(vary, values))
+                    for values in part[vary].itertuples(index=False)]
+            labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
+    return labels, sorted(split)
 
 
-def _method_rank(method: str) -> tuple[int, str]:
-    return (_METHOD_ORDER.index(method) if method in _METHOD_ORDER else len(_METHOD_ORDER), method)
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python ones, so 0.3 prints as 0.3."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.DataFrame, list[str]]:
+    """Display backbones, and a 'row' label per run (`row_labels`); returns the frame and the names of the
+    settings that split rows."""
+    runs = runs.copy()
+    runs["backbone_name"] = runs["backbone"]
+    runs["backbone"] = runs["backbone"].map(backbone_label)
+    runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
+    return runs, split
 
 
 @dataclass
@@ -275,9 +244,10 @@ def _aggregate(runs: pd.DataFrame, layout: Layout) -> dict[tuple[str, str, str],
 
 
 def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: str, method: str) -> tuple | None:
-    clip_rows = [r for r in rows if r[0] == backbone and r[1] == "clip"]
-    suffix = variant_row[len(method_label(method)):]
-    same = [r for r in clip_rows if r[2] == method_label("clip") + suffix]
+    baseline = registry.baseline_method()
+    clip_rows = [r for r in rows if r[0] == backbone and r[1] == baseline]
+    suffix = variant_row[len(registry.method_label(method)):]
+    same = [r for r in clip_rows if r[2] == registry.method_label(baseline) + suffix]
     if same:
         return same[0]
     return clip_rows[0] if len(clip_rows) == 1 else None
@@ -292,9 +262,9 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     # the rule lives here too, so a caller's own selection of accuracy rows cannot let a partial run in
     runs = runs[(runs["status"] == "finished") & runs["complete"].fillna(False).astype(bool)]
     keys = {k for k, _ in layout.datasets}
-    runs = runs.assign(key=[canonical_dataset(d) if layout.key != "generic" else d for d in runs["dataset"]])
+    runs = runs.assign(key=[registry.dataset_key(d) if layout.key != "generic" else d for d in runs["dataset"]])
     runs = runs[runs["key"].isin(keys)]
-    hparams = [c.name for c in schema.HPARAM_COLUMNS] + list(db.extra_run_columns)
+    hparams = db.hparam_names
     runs, split = _with_row_labels(runs, hparams)
     cells = _aggregate(runs, layout) if len(runs) else {}
     columns = layout.columns
@@ -313,8 +283,8 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     row_keys = list(cells)
     for backbone, method in paper_rows:
         if not any(r[0] == backbone and r[1] == method for r in row_keys):
-            row_keys.append((backbone, method, method_label(method)))
-    row_keys.sort(key=lambda r: (r[0], _method_rank(r[1]), r[2]))
+            row_keys.append((backbone, method, registry.method_label(method)))
+    row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
     index, means, stds, ns, gains = [], [], [], [], []
     for backbone, method, row in row_keys:
@@ -363,12 +333,12 @@ def _best(mean: pd.DataFrame, paper: bool) -> pd.DataFrame:
 def generic_layout(datasets: Sequence[str], title: str = "Accuracy (%) by method and dataset") -> Layout:
     """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
     def order(d: str) -> tuple[int, str]:
-        key = canonical_dataset(d)
+        key = registry.dataset_key(d)
         keys = [k for k, _ in _OOD + _CD]
         return (keys.index(key), d) if key else (len(keys), d)
 
     ordered = sorted(dict.fromkeys(datasets), key=order)
-    cols = tuple((d, dataset_label(d)) for d in ordered)
+    cols = tuple((d, registry.dataset_title(d)) for d in ordered)
     averages = (("Average", tuple(ordered)),) if len(ordered) > 1 else ()
     return Layout("generic", title, cols, averages)
 
@@ -386,16 +356,21 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
     return build_table(db, layout, sweep=sweep, runs=runs)
 
 
-def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False) -> list[ReportTable]:
-    """What `bca report` prints: Table 1 and Table 2 where they have measured cells (always with paper=True),
-    then a method x dataset table for datasets outside both (e.g. synthetic scenarios)."""
-    runs = finished_runs(db, sweep)
-    keys = {canonical_dataset(d) for d in runs["dataset"]}
+def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
+                  include_empty: bool | None = None) -> list[ReportTable]:
+    """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
+    cells, then a method x dataset table for datasets outside both (e.g. synthetic scenarios).
+
+    runs: accuracy rows to tabulate (default: the finished runs, of `sweep` if given); include_empty: also the
+    paper tables without measured cells, the published rows alone (default: with paper=True)."""
+    runs = finished_runs(db, sweep) if runs is None else runs
+    include_empty = paper if include_empty is None else include_empty
+    keys = {registry.dataset_key(d) for d in runs["dataset"]}
     tables = []
     for layout in PAPER_LAYOUTS:
-        if paper or keys & {k for k, _ in layout.datasets}:
+        if include_empty or keys & {k for k, _ in layout.datasets}:
             tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs))
-    others = [d for d in runs["dataset"].unique() if canonical_dataset(d) is None]
+    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) is None]
     if others:
         layout = generic_layout(others, "Other datasets: accuracy (%) by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs))

@@ -8,7 +8,8 @@ Layout under a results dir (hive-style partitions; values percent-encoded so any
 A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
     pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
-    hparams: {name: value}   every method hparam (defaults filled), one runs-table column each
+    hparams: {name: value}   every method hparam (defaults filled), one runs-table column each (typed by the
+                             method registry's cards; names no card declares are typed from their value)
     any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
 run_id = config_hash = first 16 hex chars of sha256 over the canonical JSON of the normalised config.
 """
@@ -25,6 +26,9 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 import pyarrow as pa
+
+from orchestrator import registry
+from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
 SCHEMA_VERSION = "1"
 DEFAULT_RESULTS_DIR = "results"
@@ -56,12 +60,20 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("gated", pa.bool_(), "BOOLEAN", "the likelihood / cache update fired"),
     Column("gated_prior", pa.bool_(), "BOOLEAN", "the prior update fired"),
     Column("selected", pa.int32(), "INTEGER", "class embedding selected for the update, -1 if none"),
+    Column("top5", pa.list_(pa.int32()), "INTEGER[]", "the min(5, K) most probable classes, best first"),
+    Column("prob_true", pa.float32(), "FLOAT", "posterior of the true class (null for an OOD sample)"),
+    Column("is_ood", pa.bool_(), "BOOLEAN", "from outside the label space (contaminated streams): label -1, "
+                                            "left out of accuracy"),
+    Column("source", pa.string(), "VARCHAR", "dataset the sample comes from (continual and contaminated streams)"),
 )
-SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=False) for c in SAMPLE_COLUMNS])
+# Null where the writer was not given them: parts written before these columns existed read as null too.
+SAMPLE_NULLABLE = ("top5", "prob_true", "source")
+SAMPLE_ARROW_SCHEMA = pa.schema([pa.field(c.name, c.arrow, nullable=c.name in SAMPLE_NULLABLE)
+                                 for c in SAMPLE_COLUMNS])
 # A part lacking one of these cannot answer the views' questions and is reported as bad.
 SAMPLE_REQUIRED = ("run_id", "sample_idx", "label", "pred", "correct")
 # What write_part fills when the method has no such notion (e.g. CLIP never gates).
-SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1}
+SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1, "is_ood": False}
 PARTITION_KEYS = ("sweep", "backbone", "dataset", "method", "run_id")
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -70,30 +82,11 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("backbone", pa.string(), "VARCHAR", "open_clip model name"),
     Column("pretrained", pa.string(), "VARCHAR", "open_clip pretrained tag or checkpoint, null = random"),
     Column("dataset", pa.string(), "VARCHAR", "dataset or synthetic scenario name"),
-    Column("method", pa.string(), "VARCHAR", "clip, la, pa, bca, tda, tda_pa, zero"),
+    Column("method", pa.string(), "VARCHAR", "method name (a card of orchestrator.registry)"),
     Column("seed", pa.int64(), "BIGINT", "stream seed"),
     Column("templates", pa.string(), "VARCHAR", "template set name"),
     Column("num_templates", pa.int64(), "BIGINT", "templates per class"),
     Column("views", pa.string(), "VARCHAR", "view setting (e.g. 1, 64 or a named set)"),
-)
-# Every known method hparam; a config may carry others, which get a column typed from their value.
-HPARAM_COLUMNS: tuple[Column, ...] = (
-    Column("tau", pa.float64(), "DOUBLE", "confidence gate for both updates"),
-    Column("tau_likelihood", pa.float64(), "DOUBLE", "gate of the U update (null = tau)"),
-    Column("tau_prior", pa.float64(), "DOUBLE", "gate of the V update (null = tau)"),
-    Column("n1", pa.int64(), "BIGINT", "initial count of the likelihood running mean"),
-    Column("n2", pa.int64(), "BIGINT", "initial count of the prior running mean"),
-    Column("logit_scale", pa.float64(), "DOUBLE", "softmax scale"),
-    Column("update", pa.string(), "VARCHAR", "count, momentum or decay"),
-    Column("decay", pa.float64(), "DOUBLE", "decay rate for update=decay"),
-    Column("select_on", pa.string(), "VARCHAR", "likelihood or posterior"),
-    Column("state_dtype", pa.string(), "VARCHAR", "float32 or float16"),
-    Column("pos_alpha", pa.float64(), "DOUBLE", "TDA positive cache alpha"),
-    Column("pos_beta", pa.float64(), "DOUBLE", "TDA positive cache beta"),
-    Column("neg_alpha", pa.float64(), "DOUBLE", "TDA negative cache alpha"),
-    Column("neg_beta", pa.float64(), "DOUBLE", "TDA negative cache beta"),
-    Column("pos_shot", pa.int64(), "BIGINT", "TDA positive entries per class"),
-    Column("neg_shot", pa.int64(), "BIGINT", "TDA negative entries per class"),
 )
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
@@ -101,11 +94,14 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
     Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
     Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
+    Column("top5_accuracy", pa.float64(), "DOUBLE", "top-5 accuracy in percent"),
+    Column("ece", pa.float64(), "DOUBLE", "expected calibration error (15 equal-width bins), percent"),
+    Column("nll", pa.float64(), "DOUBLE", "mean negative log posterior of the true class (nats)"),
+    Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
+    Column("ood_auroc", pa.float64(), "DOUBLE", "AUROC of the confidence separating in- from out-of-distribution "
+                                                "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
-    Column("time_encoder_s", pa.float64(), "DOUBLE", "image encoding time (0 when features were cached)"),
-    Column("time_logits_s", pa.float64(), "DOUBLE", "logits stage time"),
-    Column("time_posterior_s", pa.float64(), "DOUBLE", "posterior stage time"),
-    Column("time_update_s", pa.float64(), "DOUBLE", "update stage time"),
+    *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "peak memory of the trial process"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
@@ -126,14 +122,27 @@ TAIL_COLUMNS: tuple[Column, ...] = (
     Column("updated_at", pa.timestamp("us", tz="UTC"), "TIMESTAMPTZ", "time of the last status change"),
     Column("config_json", pa.string(), "VARCHAR", "the full normalised run config"),
 )
-RUN_COLUMNS: tuple[Column, ...] = (HEAD_COLUMNS + IDENTITY_COLUMNS + HPARAM_COLUMNS
-                                   + (METRIC_COLUMNS[0], STATUS_COLUMN) + METRIC_COLUMNS[1:] + TAIL_COLUMNS)
 RUN_REQUIRED = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "status")
 STATUSES = ("running", "finished", "failed")
-HPARAM_NAMES = tuple(c.name for c in HPARAM_COLUMNS)
 METRIC_NAMES = tuple(c.name for c in METRIC_COLUMNS)
-_RUN_COLUMN_NAMES = frozenset(c.name for c in RUN_COLUMNS)
-_BY_NAME = {c.name: c for c in RUN_COLUMNS}
+_KIND_TYPES = {"float": (pa.float64(), "DOUBLE"), "int": (pa.int64(), "BIGINT"), "str": (pa.string(), "VARCHAR"),
+               "bool": (pa.bool_(), "BOOLEAN")}
+
+
+def hparam_columns() -> tuple[Column, ...]:
+    """One column per hparam of every registered method, typed by its card (methods sharing a name share it)."""
+    docs = registry.hparam_docs()
+    return tuple(Column(name, *_KIND_TYPES[kind], docs[name]) for name, kind in registry.hparam_kinds().items())
+
+
+def run_columns() -> tuple[Column, ...]:
+    """The runs table's columns: identity, every registered hparam, status and metrics, bookkeeping."""
+    return (HEAD_COLUMNS + IDENTITY_COLUMNS + hparam_columns() + (METRIC_COLUMNS[0], STATUS_COLUMN)
+            + METRIC_COLUMNS[1:] + TAIL_COLUMNS)
+
+
+_FIXED_RUN_NAMES = frozenset(c.name for c in HEAD_COLUMNS + IDENTITY_COLUMNS + METRIC_COLUMNS + TAIL_COLUMNS
+                             + (STATUS_COLUMN,))
 
 REQUIRED_CONFIG_KEYS = ("sweep", "backbone", "dataset", "method", "seed")
 OPTIONAL_CONFIG_KEYS = ("pretrained", "templates", "num_templates", "views", "hparams")
@@ -167,18 +176,22 @@ def _as_int(value: Any, where: str) -> int:
     return int(value)
 
 
-def _coerce_hparam(name: str, value: Any) -> Any:
-    """Known hparams take their column's type (so n1=30000.0 and n1=30000 hash alike); others pass as is."""
-    if value is None or name not in _BY_NAME:
+def _coerce_hparam(name: str, value: Any, kinds: Mapping[str, str]) -> Any:
+    """Registered hparams take their card's kind (so n1=30000.0 and n1=30000 hash alike); others pass as is."""
+    kind = kinds.get(name)
+    if value is None or kind is None:
         return value
-    arrow = _BY_NAME[name].arrow
     where = f"hparams.{name}"
-    if pa.types.is_integer(arrow):
+    if kind == "int":
         return _as_int(value, where)
-    if pa.types.is_floating(arrow):
+    if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"run config {where}: expected a number, got {value!r}")
         return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"run config {where}: expected true or false, got {value!r}")
+        return value
     if not isinstance(value, str):
         raise ValueError(f"run config {where}: expected a string, got {value!r}")
     return value
@@ -213,12 +226,13 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(hparams, dict):
         raise ValueError(f"run config hparams: expected a dict of name -> value, got {hparams!r}")
     clean = {}
+    kinds = registry.hparam_kinds()
     for name, value in hparams.items():
         if not _NAME_RE.match(name):
             raise ValueError(f"run config hparams: {name!r} is not a valid column name (letters, digits, _)")
-        if name in _RUN_COLUMN_NAMES and name not in HPARAM_NAMES:
+        if name in _FIXED_RUN_NAMES:
             raise ValueError(f"run config hparams: {name!r} collides with the runs-table column of that name")
-        clean[name] = _coerce_hparam(name, value)
+        clean[name] = _coerce_hparam(name, value, kinds)
     cfg["hparams"] = dict(sorted(clean.items()))
     return cfg
 
@@ -259,9 +273,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def extra_hparam_type(name: str, value: Any) -> pa.DataType:
-    """Column type of an hparam the schema does not list, from its value (lists/dicts stored as JSON text)."""
-    if name in _BY_NAME:
-        return _BY_NAME[name].arrow
+    """Column type of an hparam no registered card declares, from its value (lists/dicts stored as JSON text)."""
     if isinstance(value, bool):
         return pa.bool_()
     if isinstance(value, int):
@@ -272,9 +284,11 @@ def extra_hparam_type(name: str, value: Any) -> pa.DataType:
 
 
 def run_table_schema(hparams: Mapping[str, Any]) -> pa.Schema:
-    """Runs-table schema for one run: the fixed columns, then its hparams the schema does not list."""
-    fields = [pa.field(c.name, c.arrow) for c in RUN_COLUMNS]
-    fields += [pa.field(k, extra_hparam_type(k, v)) for k, v in hparams.items() if k not in _BY_NAME]
+    """Runs-table schema for one run: the fixed and registered columns, then its hparams no card declares."""
+    columns = run_columns()
+    known = {c.name for c in columns}
+    fields = [pa.field(c.name, c.arrow) for c in columns]
+    fields += [pa.field(k, extra_hparam_type(k, v)) for k, v in hparams.items() if k not in known]
     return pa.schema(fields)
 
 

@@ -69,6 +69,23 @@ def _bool_column(arr: np.ndarray, name: str) -> np.ndarray:
     return arr
 
 
+def _top5_column(arr: np.ndarray) -> pa.Array:
+    """[n, k] class indices (k <= 5, best first) as a list column."""
+    arr = _int_column(arr, "top5", np.int32)
+    if not 1 <= arr.shape[1] <= 5:
+        raise ValueError(f"column 'top5': expected 1..5 classes per sample, got {arr.shape[1]}")
+    offsets = np.arange(0, arr.size + 1, arr.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(arr.reshape(-1)))
+
+
+def _prob_column(arr: np.ndarray) -> pa.Array:
+    """Probabilities of the true class; NaN (an OOD sample has none) is stored as null."""
+    if arr.dtype.kind != "f":
+        raise ValueError(f"column 'prob_true': expected floats, got dtype {arr.dtype}")
+    arr = arr.astype(np.float32)
+    return pa.array(arr, pa.float32(), mask=np.isnan(arr))
+
+
 class RunWriter:
     """Writes one run: RunWriter(results_dir, run_config) (see schema.py for the config's keys)."""
 
@@ -138,9 +155,10 @@ class RunWriter:
         for name in ("image_id", "label", "pred", "confidence"):
             if name not in columns:
                 raise ValueError(f"write_part: missing required column {name!r}")
-        arrays = {name: _to_numpy(value, name) for name, value in columns.items() if name != "image_id"}
+        arrays = {name: _to_numpy(value, name) for name, value in columns.items() if name not in ("image_id", "source")}
         image_ids = list(columns["image_id"])
-        lengths = {name: len(a) if a.ndim == 1 else None for name, a in arrays.items()} | {"image_id": len(image_ids)}
+        lengths = {name: len(a) if a.ndim == (2 if name == "top5" else 1) else None for name, a in arrays.items()}
+        lengths |= {"image_id": len(image_ids)} | ({"source": len(columns["source"])} if "source" in columns else {})
         bad_shape = [name for name, n in lengths.items() if n is None]
         if bad_shape:
             raise ValueError(f"write_part: column(s) {bad_shape} must be one-dimensional")
@@ -175,6 +193,12 @@ class RunWriter:
             else np.full(n, schema.SAMPLE_DEFAULTS["gated_prior"]),
             "selected": _int_column(arrays["selected"], "selected", np.int32) if "selected" in arrays
             else np.full(n, schema.SAMPLE_DEFAULTS["selected"], np.int32),
+            "top5": _top5_column(arrays["top5"]) if "top5" in arrays else pa.nulls(n, pa.list_(pa.int32())),
+            "prob_true": _prob_column(arrays["prob_true"]) if "prob_true" in arrays else pa.nulls(n, pa.float32()),
+            "is_ood": _bool_column(arrays["is_ood"], "is_ood") if "is_ood" in arrays
+            else np.full(n, schema.SAMPLE_DEFAULTS["is_ood"]),
+            "source": pa.array(list(columns["source"]) if "source" in columns else [self.config["dataset"]] * n,
+                               pa.string()),
         }
         table = pa.Table.from_pydict(cols, schema=schema.SAMPLE_ARROW_SCHEMA)
         return table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"samples"})
@@ -218,7 +242,7 @@ class RunWriter:
         return None if row is None else row.get("status")
 
     def _base_row(self) -> dict[str, Any]:
-        row: dict[str, Any] = {c.name: None for c in schema.RUN_COLUMNS}
+        row: dict[str, Any] = {c.name: None for c in schema.run_columns()}
         row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,
                    config_json=self.config_json)
         row.update({c.name: self.config.get(c.name) for c in schema.IDENTITY_COLUMNS})

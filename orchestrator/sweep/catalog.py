@@ -11,10 +11,6 @@ from pathlib import Path
 from orchestrator.clip import TEMPLATE_SET_NAMES, resolve_templates
 
 
-def template_set_names() -> tuple[str, ...]:
-    return TEMPLATE_SET_NAMES
-
-
 def template_counts(template_set: str, dataset: str) -> tuple[int, int]:
     """(templates in the set for this dataset, class embeddings per class: 1 when the set is ensembled)."""
     tset = resolve_templates(template_set, dataset=dataset)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from orchestrator.sweep.load import SpecError, load_spec
 from orchestrator.sweep.runner import NoGPU, SharedStorageError, run_sweep
-from orchestrator.sweep.spec import SpecError, load_spec
 
 
 def _say(line: str) -> None:

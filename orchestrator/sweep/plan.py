@@ -20,15 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.methods import METHODS, hparam_defaults, tda_defaults
-from orchestrator.results.atomic import atomic_write
+from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, config_hash, normalize_config
-from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_views,
-                                     entry_datasets, method_grid, spec_fingerprint)
+from orchestrator.sweep.spec import (
+    Backbone,
+    RealDataset,
+    SweepSpec,
+    SyntheticDataset,
+    dataset_views,
+    entry_datasets,
+    method_grid,
+)
 
 SYNTHETIC_BACKBONE = "synthetic"
-# Methods whose defaults for the positive cache depend on the dataset (REFERENCE.md section 3).
-_TDA_FAMILY = ("tda", "tda_pa")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class DataSource:
     @property
     def is_synthetic(self) -> bool:
         return self.synthetic is not None
+
+    @property
+    def weights(self) -> str | None:
+        """What the backbone loads: the checkpoint file if one is given, else the pretrained tag (None: random)."""
+        return self.checkpoint if self.checkpoint is not None else self.pretrained
 
     def params(self) -> dict[str, Any]:
         return json.loads(self.synthetic_params)
@@ -84,12 +93,8 @@ def _grid_points(entry: Any) -> list[dict[str, Any]]:
 
 
 def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) -> dict[str, Any]:
-    """Every hparam of the method: its defaults, TDA's per-dataset cache defaults, then the grid point."""
-    resolved = hparam_defaults(method)
-    if method in _TDA_FAMILY and not synthetic:
-        resolved.update(tda_defaults(dataset))
-    resolved.update(point)
-    return resolved
+    """Every hparam of the method: its card's defaults (per dataset for a benchmark dataset), then the point."""
+    return method_card(method).resolve(point, None if synthetic else dataset)
 
 
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
@@ -110,15 +115,11 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
                             pretrained=backbone.pretrained, checkpoint=backbone.checkpoint,
                             model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
-        fields = {"backbone": backbone.model, "pretrained": _weights(backbone), "templates": templates,
+        fields = {"backbone": backbone.model, "pretrained": source.weights, "templates": templates,
                   "num_templates": template_counts(templates, dataset.name)[0], "views": views,
                   "stream_order": "permutation", **_backbone_extras(backbone)}
         out.append((source, fields))
     return out
-
-
-def _weights(backbone: Backbone) -> str | None:
-    return backbone.checkpoint if backbone.checkpoint is not None else backbone.pretrained
 
 
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
@@ -129,6 +130,12 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     if backbone.config is not None:
         extras["model_config_sha256"] = hashlib.sha256(Path(backbone.config).read_bytes()).hexdigest()[:16]
     return extras
+
+
+def data_sources(spec: SweepSpec) -> list[DataSource]:
+    """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
+    return list(dict.fromkeys(source for dataset in spec.datasets for seed in spec.seeds
+                              for source, _ in _sources(spec, dataset, seed)))
 
 
 def expand(spec: SweepSpec) -> list[Run]:
@@ -167,7 +174,7 @@ def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     of features they take (a view-voting method such as zero is packed only with its own kind)."""
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
     for run in runs:
-        groups.setdefault((run.source, METHODS[run.config["method"]].takes_views), []).append(run)
+        groups.setdefault((run.source, method_card(run.config["method"]).takes_views), []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
         for start in range(0, len(group), pack):
@@ -180,35 +187,3 @@ def _trial_key(members: tuple[Run, ...]) -> str:
     if len(members) == 1:
         return members[0].run_id
     return "pack-" + hashlib.sha256(",".join(r.run_id for r in members).encode()).hexdigest()[:16]
-
-
-# ------------------------------------------------------------------------------------------ sweep record
-
-def sweep_record_path(results_dir: str | Path, name: str) -> Path:
-    """<results>/sweeps/<name>.json: the run_ids a sweep name stands for in this results dir."""
-    return Path(results_dir) / "sweeps" / f"{name}.json"
-
-
-def check_sweep_record(spec: SweepSpec, runs: list[Run]) -> str | None:
-    """None when the results dir has no sweep of this name or the same runs; else what differs."""
-    path = sweep_record_path(spec.results_dir, spec.name)
-    try:
-        recorded = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        return f"cannot read the sweep record {path}: {exc}; expected the JSON this tool writes"
-    old, new = set(recorded.get("run_ids", [])), {r.run_id for r in runs}
-    if old == new:
-        return None
-    return (f"sweep {spec.name!r} already exists in {spec.results_dir} with a different configuration "
-            f"({len(old - new)} recorded runs not in this spec, {len(new - old)} runs new in it); expected the "
-            f"same configuration (to resume) or a new `name` (or remove {path} and that sweep's results)")
-
-
-def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> Path:
-    path = sweep_record_path(spec.results_dir, spec.name)
-    body = {"name": spec.name, "run_ids": sorted(r.run_id for r in runs), "spec": json.loads(spec_fingerprint(spec))}
-    # ResultsWriteError names the path and the OS reason when the results dir cannot be written
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(body, indent=1, sort_keys=True)), "sweep record")
-    return path

@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator.results.writer import RunWriter, read_run
-from orchestrator.sweep.plan import Run, Trial, expand, make_trials, sweep_record_path, write_sweep_record
+from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
+from orchestrator.sweep.load import SpecError
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
+from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
 
@@ -53,10 +56,10 @@ def _trial_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Summary metrics a trial reports to Tune: the run's own, or the pack's means."""
     if not results:
         return {"n_runs": 0}
-    keys = ("accuracy", "last50_accuracy", "samples_per_s", "time_encoder_s", "time_logits_s",
-            "time_posterior_s", "time_update_s", "peak_mem_mb")
+    keys = ("accuracy", "last50_accuracy", "samples_per_s", *STAGE_COLUMNS, "peak_mem_mb")
     out: dict[str, Any] = {k: sum(r[k] for r in results) / len(results) for k in keys}
-    out["time_encoder_s"] = sum(r["time_encoder_s"] for r in results)
+    encoder = stage_column(ENCODER_STAGE)
+    out[encoder] = sum(r[encoder] for r in results)  # a pack encodes once
     out["peak_mem_mb"] = max(r["peak_mem_mb"] for r in results)
     out.update(n_runs=len(results), n_samples=results[0]["n_samples"],
                rows_written=sum(r["rows_written"] for r in results),
@@ -79,7 +82,7 @@ def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
 def settings_of(spec: SweepSpec, progress_every_s: float = 30.0) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
                     part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
-                    progress_every_s=progress_every_s)
+                    plugins=tuple(spec.plugins), progress_every_s=progress_every_s)
 
 
 def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
@@ -164,6 +167,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     if address:
         check_shared_storage(spec, address)
     runs = expand(spec)
+    problem = check_sweep_record(spec, runs)
+    if problem:
+        raise SpecError(f"sweep {spec.name}", [("name", problem)])
     if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
         # Accepted so that scripts can always pass --resume (the README's main job does).
         out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")

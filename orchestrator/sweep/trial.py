@@ -34,8 +34,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from orchestrator.methods import METHODS, make_method
+from orchestrator.device import auto_device
+from orchestrator.methods import make_method
+from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
+from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 
 FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
@@ -61,6 +64,7 @@ class Settings:
     data_root: str | None
     part_rows: int
     failpoint: str | None = None  # see the module docstring
+    plugins: tuple[str, ...] = ()  # modules registering plugin methods, imported in each trial process
     progress_every_s: float = 30.0  # how often a running trial tells the driver how far it got
 
 
@@ -88,10 +92,6 @@ def stream_order(n: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
     if source.is_synthetic:
         from orchestrator.data.synthetic import make_synthetic
@@ -108,14 +108,14 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool, prog
 
             register_model_config(source.model_config)
         bench = load_benchmark(source.dataset, data_root=settings.data_root, cache_dir=settings.cache_dir,
-                               backbone=source.model, pretrained=source.checkpoint or source.pretrained,
+                               backbone=source.model, pretrained=source.weights,
                                views=source.views, templates=source.templates, seed=source.seed,
                                quick_gelu=source.quick_gelu, reduce_views=not keep_views,
                                progress=lambda done, total: progress("encoding", done, total))
         encode_s = bench.encode_seconds
         skipped = list(bench.skipped)
         order = stream_order(len(bench), source.seed)
-    device = _device()
+    device = auto_device()
     features = bench.features[order].to(device)
     class_embeddings = bench.class_embeddings.to(device)
     class_ids = bench.class_ids.to(device)
@@ -256,8 +256,9 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order)})
     accuracy, last50 = _accuracy(np.concatenate(outcome.preds), stream.labels.numpy())
     metrics = {"n_samples": n, "accuracy": accuracy, "last50_accuracy": last50,
-               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "time_encoder_s": encode_s,
-               **{f"time_{stage}_s": outcome.timings.get(stage, 0.0) for stage in ("logits", "posterior", "update")},
+               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               stage_column(ENCODER_STAGE): encode_s,
+               **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": _peak_mem_mb(stream.features.device),
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
     writer.mark("finished", **metrics)
@@ -270,7 +271,17 @@ def _offer(sink: _RowSink, start: int, trace: Any, pred: np.ndarray) -> None:
 
 
 def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    return stream.view_features if METHODS[method].takes_views else stream.features
+    return stream.view_features if method_card(method).takes_views else stream.features
+
+
+def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+    """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
+    stream's length, since the trial feeds the stream in parts."""
+    hparams = dict(config["hparams"])
+    length = method_card(config["method"]).stream_length
+    if length is not None and hparams.get(length) is None:
+        hparams[length] = n
+    return hparams
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
@@ -282,7 +293,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
     try:
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                             **config["hparams"])
+                             **_method_hparams(config, len(stream)))
         features = _features_for(config["method"], stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
@@ -307,7 +318,7 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         writer.mark("running", n_samples=len(stream))
     try:
         features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **run.config["hparams"]} for run in runs]
+        configs = [{"method": run.config["method"], **_method_hparams(run.config, len(stream))} for run in runs]
         began = time.perf_counter()
         traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
         share = (time.perf_counter() - began) / len(runs)
@@ -331,7 +342,8 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
     todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
     if not todo:
         return []
-    keep_views = any(METHODS[run.config["method"]].takes_views for run in todo)
+    load_plugins(settings.plugins)
+    keep_views = any(method_card(run.config["method"]).takes_views for run in todo)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()  # per trial: the actor process serves trial after trial
     stream, cached = load_stream(trial.source, settings, keep_views, progress)

@@ -29,8 +29,8 @@ import yaml
 
 from orchestrator.results import schema
 from orchestrator.results.writer import read_run
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.trial import Settings, execute_trial
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ _REFERENCES: dict[str, dict[str, list[dict]]] = {}
 
 def reference_rows(spec_path: Path, scratch: Path) -> dict[str, list[dict]]:
     """The rows an uninterrupted run of the spec writes: every trial through execute_trial in this process."""
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     runs = expand(spec)
     key = ",".join(sorted(r.run_id for r in runs))
     if key not in _REFERENCES:
@@ -136,7 +136,7 @@ def assert_exact(results_dir: Path, spec_path: Path, reference: dict[str, list[d
                  where: str) -> None:
     """Every run of the spec finished with exactly its n rows, no duplicate (run_id, sample_idx), no temp file
     left, and every row (predictions, confidences, gates) equal to the uninterrupted reference."""
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     runs = expand(spec)
     rows = sample_rows(results_dir)
     missing = [r.label for r in runs if r.run_id not in rows]

@@ -23,9 +23,9 @@ from orchestrator.features import load_benchmark
 from orchestrator.methods import run_stream
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import load_state, read_run
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand
 from orchestrator.sweep.runner import run_sweep
-from orchestrator.sweep.spec import load_spec
 
 from .conftest import sample_rows
 

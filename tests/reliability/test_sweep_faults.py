@@ -24,18 +24,29 @@ from orchestrator.results import schema
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand
 from orchestrator.sweep.runner import run_sweep
-from orchestrator.sweep.spec import load_spec
 
-from .conftest import (N, PART, assert_exact, fill_disk, finish, mount_tmpfs, reference_rows, sample_rows, start_bca,
-                       unmount, write_spec)
+from .conftest import (
+    PART,
+    N,
+    assert_exact,
+    fill_disk,
+    finish,
+    mount_tmpfs,
+    reference_rows,
+    sample_rows,
+    start_bca,
+    unmount,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _run(spec_path: Path, method: str):
-    return next(r for r in expand(load_spec(spec_path, check_existing=False)) if r.config["method"] == method)
+    return next(r for r in expand(load_spec(spec_path)) if r.config["method"] == method)
 
 
 def _part_match(run, start: int) -> list[str]:

@@ -1,0 +1,320 @@
+"""Stream protocols: the order in which a dataset's samples reach an online method (numpy only, no torch).
+
+Each protocol is a small frozen dataclass, validated on construction, whose ``order(...)`` is a pure
+function of (labels, seed): the same arguments give the same order on every machine. An order is a
+``StreamOrder``: for each stream position, the source it comes from and the sample's index there, and
+whether the sample is out of distribution.
+
+- ``Iid``: a uniform random permutation, bit-identical to ``torch.randperm(n, generator=
+  torch.Generator().manual_seed(seed))``, the order every real-dataset run has used so far, so existing
+  runs keep their order. It replays torch's CPU algorithm (a Fisher-Yates pass drawing
+  ``mt19937() % (n - i)``, with the generator seeded by the seed's low 32 bits) with numpy's legacy
+  MT19937, which is seeded the same way.
+- ``Dirichlet(gamma)``: label-correlated bursts, StatA's definition (``MaxZanella/StatA`` sampler.py,
+  ``OnlineSampler.create_indices``): every class draws Dirichlet(gamma, ..., gamma) proportions over S
+  slots (S = the number of classes present, as StatA's online runs use); the class's samples, in dataset
+  order, are cut into S consecutive chunks by those proportions (cut points floor(cumsum * count));
+  slot s gathers chunk s of every class; each slot is shuffled; the stream is slot 0, slot 1, ...
+  Smaller gamma concentrates each class in fewer slots: longer runs of one class. OGA's
+  ``LabelCorrelatedSampler`` (``cfuchs2023/OGA`` datasets/sampler.py) means the same but, as written,
+  empties the slots and extends the stream inside its per-class loop, which yields the classes one after
+  another (in label order); we follow StatA.
+- ``Separate``: class after class (class-incremental): the classes present in a random order, each
+  class's samples shuffled (StatA's gamma = -1).
+- ``Contaminated(rate, pool)``: a base protocol's order of the dataset with out-of-distribution samples
+  interleaved: m = round(rate * n / (1 - rate)) samples drawn without replacement from the OOD pool
+  (held-out classes of the same dataset, or another dataset) at uniformly random positions, so that a
+  fraction ``rate`` of the stream is OOD. Source 0 is the dataset, source 1 the pool; OOD positions are
+  flagged ``is_ood``.
+- ``Continual(datasets)``: one stream across several datasets that share a label space, one after
+  another, each in its own i.i.d. order; ``source`` keeps each sample's dataset (its position in the list).
+
+``derive_order_seeds(seed, n)`` gives the seeds of ``orders: n`` (the first is the run's seed itself, so
+one order is today's order); ``protocol_from_spec`` reads the YAML forms
+(``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{contaminated: {with: X, rate: 0.2}}``,
+``{continual: [a, b, c]}``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+PROTOCOLS = ("iid", "dirichlet", "separate", "contaminated", "continual")
+# StatA's and OGA's gamma presets: smaller is burstier.
+DIRICHLET_GAMMAS = (0.1, 0.01, 0.001)
+# The contamination pool meaning "the dataset's own held-out classes" rather than another dataset's name.
+HELD_OUT_CLASSES = "held_out_classes"
+# torch.randperm switches to another algorithm from this length on (aten TensorFactories.cpp, randperm_cpu).
+_TORCH_SMALL_N = (2**32 - 1) // 20
+_SEED_MASK = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class StreamOrder:
+    """A stream: position i is sample ``index[i]`` of source ``source[i]``; ``is_ood[i]`` flags OOD samples."""
+
+    index: np.ndarray   # [n] int64
+    source: np.ndarray  # [n] int64: 0 for single-dataset protocols; the pool (1) or the dataset's list position
+    is_ood: np.ndarray  # [n] bool
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+
+def _single(index: np.ndarray) -> StreamOrder:
+    n = index.shape[0]
+    return StreamOrder(index=index.astype(np.int64), source=np.zeros(n, np.int64), is_ood=np.zeros(n, bool))
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"stream seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def _check_labels(labels: Any, name: str = "labels") -> np.ndarray:
+    arr = np.asarray(labels)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"stream {name} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def iid_permutation(n: int, seed: int) -> np.ndarray:
+    """torch.randperm(n, generator=torch.Generator().manual_seed(seed)), reproduced without torch."""
+    seed = _check_seed(seed)
+    if not 0 <= n < _TORCH_SMALL_N:
+        raise ValueError(f"iid stream length must be in [0, {_TORCH_SMALL_N}), got {n}")
+    draws = np.random.RandomState(seed & _SEED_MASK).randint(0, 2**32, size=max(n - 1, 0), dtype=np.uint32)
+    out = np.arange(n, dtype=np.int64)
+    for i, draw in enumerate(draws.tolist()):
+        j = i + draw % (n - i)
+        out[i], out[j] = out[j], out[i]
+    return out
+
+
+def derive_order_seeds(seed: int, n: int) -> list[int]:
+    """``n`` distinct seeds for ``orders: n``: the run's seed, then seeds drawn from a SeedSequence of it.
+
+    Deterministic; all in [0, 2**32) after the first (torch seeds on the low 32 bits, so distinct low 32
+    bits are what make the orders distinct: a drawn seed equal to the run's seed there is skipped).
+    """
+    seed = _check_seed(seed)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"orders must be an integer >= 1, got {n!r}")
+    seeds, seen = [seed], {seed & _SEED_MASK}
+    sequence = np.random.SeedSequence(seed)
+    while len(seeds) < n:
+        for value in sequence.generate_state(n, dtype=np.uint32).tolist():
+            if value not in seen and len(seeds) < n:
+                seeds.append(value)
+                seen.add(value)
+        sequence = sequence.spawn(1)[0]
+    return seeds
+
+
+@dataclass(frozen=True)
+class Iid:
+    """Today's order: a uniform random permutation (bit-identical to the trial's torch.randperm)."""
+
+    name = "iid"
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        return _single(iid_permutation(len(_check_labels(labels)), seed))
+
+    def describe(self) -> str:
+        return "iid: every sample once, in a uniformly random order (torch.randperm of the run's seed)"
+
+
+@dataclass(frozen=True)
+class Dirichlet:
+    """Label-correlated bursts (StatA): per class, Dirichlet(gamma) proportions over ``slots`` slots."""
+
+    gamma: float
+    slots: int | None = None  # None: the number of classes present
+    name = "dirichlet"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not (
+                math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError(f"dirichlet gamma must be a finite number > 0, got {self.gamma!r}")
+        if self.slots is not None and (isinstance(self.slots, bool) or not isinstance(self.slots, int)
+                                       or self.slots < 1):
+            raise ValueError(f"dirichlet slots must be an integer >= 1 or null, got {self.slots!r}")
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        labels = _check_labels(labels)
+        rng = np.random.default_rng(_check_seed(seed))
+        classes = np.unique(labels)
+        num_slots = self.slots or len(classes)
+        proportions = rng.dirichlet([float(self.gamma)] * num_slots, len(classes))
+        slots: list[list[np.ndarray]] = [[] for _ in range(num_slots)]
+        for c, share in zip(classes, proportions):
+            members = np.flatnonzero(labels == c)
+            cuts = (np.cumsum(share)[:-1] * len(members)).astype(np.int64)
+            for s, chunk in enumerate(np.split(members, cuts)):
+                slots[s].append(chunk)
+        parts = [rng.permutation(np.concatenate(slot)) for slot in slots if slot]
+        return _single(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    def describe(self) -> str:
+        slots = "one slot per class" if self.slots is None else f"{self.slots} slots"
+        return (f"dirichlet(gamma={self.gamma}): label-correlated bursts as in StatA, {slots}; each class's "
+                "samples split over the slots by Dirichlet(gamma) proportions, slots shuffled and streamed "
+                "in turn (smaller gamma: longer runs of one class)")
+
+
+@dataclass(frozen=True)
+class Separate:
+    """Class after class: the classes in a random order, each class's samples shuffled."""
+
+    name = "separate"
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        labels = _check_labels(labels)
+        rng = np.random.default_rng(_check_seed(seed))
+        parts = [rng.permutation(np.flatnonzero(labels == c)) for c in rng.permutation(np.unique(labels))]
+        return _single(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+
+    def describe(self) -> str:
+        return "separate: one class after another (classes in a random order), each class's samples shuffled"
+
+
+_IN_DISTRIBUTION = (Iid, Dirichlet, Separate)
+
+
+@dataclass(frozen=True)
+class Contaminated:
+    """The base protocol's order with a fraction ``rate`` of the stream drawn from an OOD pool."""
+
+    rate: float
+    pool: str = HELD_OUT_CLASSES  # another dataset's name, or HELD_OUT_CLASSES
+    base: Iid | Dirichlet | Separate = Iid()
+    name = "contaminated"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or not 0 <= self.rate < 1:
+            raise ValueError(f"contaminated rate must be a number in [0, 1), got {self.rate!r}")
+        if not isinstance(self.pool, str) or not self.pool:
+            raise ValueError(f"contaminated with must be a dataset name or {HELD_OUT_CLASSES!r}, got {self.pool!r}")
+        if not isinstance(self.base, _IN_DISTRIBUTION):
+            raise ValueError(f"contaminated base must be iid, dirichlet or separate, got {self.base!r}")
+
+    def ood_count(self, n: int) -> int:
+        """How many pool samples a stream of ``n`` in-distribution samples gets."""
+        return int(round(self.rate * n / (1 - self.rate)))
+
+    def order(self, labels: Any, seed: int, pool_size: int) -> StreamOrder:
+        labels = _check_labels(labels)
+        seed = _check_seed(seed)
+        base = self.base.order(labels, seed)
+        m = self.ood_count(len(labels))
+        if m > pool_size:
+            raise ValueError(f"contaminated rate {self.rate} needs {m} OOD samples for {len(labels)} in-distribution "
+                             f"ones, but the pool {self.pool!r} has {pool_size}")
+        rng = np.random.default_rng([seed, 1])  # independent of the base order's stream
+        picked = rng.choice(pool_size, size=m, replace=False)
+        total = len(labels) + m
+        is_ood = np.zeros(total, bool)
+        is_ood[rng.choice(total, size=m, replace=False)] = True
+        index = np.empty(total, np.int64)
+        index[~is_ood], index[is_ood] = base.index, picked
+        return StreamOrder(index=index, source=is_ood.astype(np.int64), is_ood=is_ood)
+
+    def describe(self) -> str:
+        pool = "held-out classes of the same dataset" if self.pool == HELD_OUT_CLASSES else f"dataset {self.pool}"
+        return (f"contaminated(rate={self.rate}, with={pool}): the {self.base.name} order with OOD samples "
+                f"at random positions, {self.rate:.0%} of the stream, flagged is_ood and left out of accuracy")
+
+
+def held_out_split(labels: Any, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hold out a random ``fraction`` of the classes as the OOD pool (tta-vlm holds out 50%).
+
+    Returns (kept classes sorted, indices of the kept classes' samples, indices of the held-out ones'), the
+    indices in dataset order. The kept classes are the run's label space.
+    """
+    labels = _check_labels(labels)
+    classes = np.unique(labels)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"held-out fraction must be a number in (0, 1), got {fraction!r}")
+    held = int(round(fraction * len(classes)))
+    if not 0 < held < len(classes):
+        raise ValueError(f"held-out fraction {fraction} of {len(classes)} classes leaves one side without a class")
+    rng = np.random.default_rng([_check_seed(seed), 2])
+    held_classes = rng.choice(classes, size=held, replace=False)
+    is_held = np.isin(labels, held_classes)
+    return np.setdiff1d(classes, held_classes), np.flatnonzero(~is_held), np.flatnonzero(is_held)
+
+
+@dataclass(frozen=True)
+class Continual:
+    """Several datasets sharing a label space, one after another, each in its own i.i.d. order."""
+
+    datasets: tuple[str, ...]
+    name = "continual"
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.datasets, tuple) or len(self.datasets) < 2
+                or not all(isinstance(d, str) and d for d in self.datasets)):
+            raise ValueError(f"continual needs a list of at least 2 dataset names, got {self.datasets!r}")
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError(f"continual datasets must be distinct, got {list(self.datasets)}")
+
+    def order(self, labels: Sequence[Any], seed: int) -> StreamOrder:
+        """``labels``: one label array per dataset, in ``datasets`` order."""
+        if len(labels) != len(self.datasets):
+            raise ValueError(f"continual needs labels for its {len(self.datasets)} datasets, got {len(labels)}")
+        seeds = derive_order_seeds(_check_seed(seed), len(self.datasets))
+        parts = [iid_permutation(len(_check_labels(lab, f"labels of {name}")), s)
+                 for lab, s, name in zip(labels, seeds, self.datasets)]
+        source = np.concatenate([np.full(len(p), i, np.int64) for i, p in enumerate(parts)])
+        return StreamOrder(index=np.concatenate(parts), source=source, is_ood=np.zeros(len(source), bool))
+
+    def describe(self) -> str:
+        return (f"continual({', '.join(self.datasets)}): one method state across the datasets in turn, each "
+                "in its own i.i.d. order; rows keep their source dataset")
+
+
+Protocol = Iid | Dirichlet | Separate | Contaminated | Continual
+
+
+def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"stream {name} takes a mapping of {sorted(allowed)}, got {value!r}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ValueError(f"unknown stream {name} field {unknown[0]!r}; expected {sorted(allowed)}")
+    return value
+
+
+def protocol_from_spec(value: Any) -> Protocol:
+    """The protocol a spec's ``stream:`` value names (see the module docstring for the forms)."""
+    if value in ("iid", "separate"):
+        return Iid() if value == "iid" else Separate()
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in PROTOCOLS:
+        raise ValueError(f"unknown stream {value!r}; expected one of {', '.join(PROTOCOLS)} "
+                         "(iid and separate as words, the others as a one-key mapping)")
+    name, body = next(iter(value.items()))
+    if name == "dirichlet":
+        body = _fields(name, body, {"gamma", "slots"})
+        if "gamma" not in body:
+            raise ValueError("stream dirichlet needs gamma (e.g. 0.1, 0.01, 0.001)")
+        return Dirichlet(**body)
+    if name == "contaminated":
+        body = _fields(name, body, {"with", "rate", "base"})
+        if "rate" not in body:
+            raise ValueError("stream contaminated needs rate")
+        base = protocol_from_spec(body.get("base", "iid"))
+        if not isinstance(base, _IN_DISTRIBUTION):
+            raise ValueError(f"contaminated base must be iid, dirichlet or separate, got {body['base']!r}")
+        return Contaminated(rate=body["rate"], pool=body.get("with", HELD_OUT_CLASSES), base=base)
+    if name == "continual":
+        if not isinstance(body, list):
+            raise ValueError(f"stream continual takes a list of dataset names, got {body!r}")
+        return Continual(datasets=tuple(body))
+    if body not in (None, {}):
+        raise ValueError(f"stream {name} takes no parameters, got {body!r}")
+    return protocol_from_spec(name)

@@ -1,0 +1,42 @@
+"""Shared pieces of the methods whose official code keeps one prototype per class (DPE, TPS, DMN-ZS, OnZeta,
+DOTA): the class prototypes, the confident-view rule of their official code, and the entropy of the mean
+probability (TPT's `avg_entropy`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def class_prototypes(class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """[M, d] rows -> [K, d]: each class's rows averaged and L2-renormalised.
+
+    The official code of DPE, TPS, DMN, OnZeta and DOTA builds exactly this from per-prompt embeddings (mean of
+    the unit prompt embeddings, renormalised), so M > K rows of one prompt each reproduce it; with M = K it only
+    renormalises.
+    """
+    d = class_embeddings.shape[1]
+    sums = class_embeddings.new_zeros(num_classes, d).index_add_(0, class_ids, class_embeddings)
+    counts = torch.bincount(class_ids, minlength=num_classes).to(class_embeddings.dtype)
+    return torch.nn.functional.normalize(sums / counts[:, None], dim=1)
+
+
+def confident_views(logits: torch.Tensor, keep: float) -> torch.Tensor:
+    """[V, K] view logits -> indices of the max(1, int(V * keep)) views with the lowest softmax entropy.
+
+    TPT's select_confident_samples, used by DPE and TPS; the official code keeps int(V * keep), which is
+    empty below 1 / keep views (a nan loss there), hence the floor of one. Ties go to the earlier view.
+    """
+    entropy = -(torch.softmax(logits, dim=-1) * torch.log_softmax(logits, dim=-1)).sum(-1)
+    k = max(1, int(logits.shape[0] * keep))
+    return torch.argsort(entropy, stable=True)[:k]
+
+
+def mean_prob_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the mean of the rows' softmax probabilities, via log-mean-exp (TPT's avg_entropy)."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    log_mean = torch.logsumexp(log_probs, dim=0) - math.log(logits.shape[0])
+    log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
+    return -(log_mean * log_mean.exp()).sum(-1)

@@ -1,0 +1,279 @@
+"""Per-run metrics from the stored per-sample rows, and their summary across stream orders (numpy; no torch).
+
+Every metric is a function of arrays in stream order, so it can be recomputed from the results at any
+time, and the DuckDB views compute the same numbers with the SQL the ``*_sql`` functions return (tests
+check SQL == numpy). Accuracy-type metrics (top-1, top-5, ECE, NLL, last-half and windowed accuracy) are
+over in-distribution samples only: a caller passes those rows (``run_metrics`` filters them by ``is_ood``).
+
+Definitions:
+- top-1: mean of ``correct``; top-5: mean of "the label is among the stored top-5 classes" (the top-min(5, K)
+  classes of the posterior, best first).
+- ECE: 15 equal-width confidence bins over [0, 1], bin b = (b/15, (b+1)/15] with a confidence of exactly 0
+  in the first bin; ECE = sum_b |B_b|/n * |acc(B_b) - conf(B_b)| = sum_b |sum_{B_b}(correct - confidence)| / n.
+  ``confidence`` is the max posterior.
+- NLL: mean of -ln p(true class), the posterior probability of the true class stored per sample
+  (``prob_true``), floored at the smallest positive normal float32 (1.1754944e-38) so that a probability
+  that underflowed to 0 in float32 counts as 87.3 nats instead of infinity.
+- Last-half accuracy: over positions >= n // 2 (the last n - n // 2 samples). Windowed accuracy: over
+  consecutive windows of ``window`` samples from the start, the last window possibly shorter.
+- Helped / hurt against zero-shot CLIP on the same stream: at each position (same image id required),
+  helped = the method right and CLIP wrong, hurt = the method wrong and CLIP right.
+- OOD AUROC of the confidence: in-distribution samples are positives; the probability that a random
+  in-distribution sample is more confident than a random OOD one, ties counting one half.
+- Across orders (OGA): mean, sample standard deviation (ddof = 1; undefined, NaN, for one order), and the
+  mean of the worst 10% of orders: the k = max(1, ceil(N / 10)) lowest values, so N = 20 -> 2, 25 -> 3, 5 -> 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+ECE_BINS = 15
+TOP_K = 5
+PROB_FLOOR = float(np.finfo(np.float32).tiny)  # smallest positive normal float32
+_CONF_SLACK = 1e-5  # float32 posteriors may exceed 1 by a rounding step
+
+
+def _array(values: Any, name: str, dtype: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"metric input {name} must be 1-D, got shape {arr.shape}")
+    return arr.astype(dtype)
+
+
+def _nonempty(n: int, metric: str) -> None:
+    if n == 0:
+        raise ValueError(f"{metric} needs at least one sample, got none")
+
+
+def top1(correct: Any) -> float:
+    correct = _array(correct, "correct", bool)
+    _nonempty(len(correct), "top-1 accuracy")
+    return float(correct.mean())
+
+
+def top5(top5_classes: Any, labels: Any) -> float:
+    """``top5_classes``: [n, k<=5] class ids per sample (best first); ``labels``: [n] true classes."""
+    classes = np.asarray(top5_classes)
+    labels = _array(labels, "labels", np.int64)
+    if classes.ndim != 2 or classes.shape[0] != len(labels) or not 1 <= classes.shape[1] <= TOP_K:
+        raise ValueError(f"top5 classes must be [n, k] with n = {len(labels)} labels and 1 <= k <= {TOP_K}, "
+                         f"got shape {classes.shape}")
+    _nonempty(len(labels), "top-5 accuracy")
+    return float((classes == labels[:, None]).any(axis=1).mean())
+
+
+def _confidence(confidence: Any) -> np.ndarray:
+    conf = _array(confidence, "confidence", np.float64)
+    if not (np.isfinite(conf).all() and (conf >= 0).all() and (conf <= 1 + _CONF_SLACK).all()):
+        bad = conf[~(np.isfinite(conf) & (conf >= 0) & (conf <= 1 + _CONF_SLACK))][0]
+        raise ValueError(f"confidence must lie in [0, 1], got {float(bad)!r}")
+    return conf
+
+
+def ece_bin(confidence: np.ndarray, bins: int = ECE_BINS) -> np.ndarray:
+    """Bin of each confidence: b with b/bins < c <= (b+1)/bins; 0 goes to bin 0, above 1 to the last bin."""
+    return np.clip(np.ceil(confidence * bins).astype(np.int64) - 1, 0, bins - 1)
+
+
+def ece(confidence: Any, correct: Any, bins: int = ECE_BINS) -> float:
+    conf = _confidence(confidence)
+    correct = _array(correct, "correct", np.float64)
+    if len(correct) != len(conf):
+        raise ValueError(f"ece needs as many correct flags as confidences, got {len(correct)} and {len(conf)}")
+    _nonempty(len(conf), "ECE")
+    gap = np.bincount(ece_bin(conf, bins), weights=correct - conf, minlength=bins)
+    return float(np.abs(gap).sum() / len(conf))
+
+
+def nll(prob_true: Any) -> float:
+    p = _array(prob_true, "prob_true", np.float64)
+    _nonempty(len(p), "NLL")
+    if not (np.isfinite(p).all() and (p >= 0).all() and (p <= 1 + _CONF_SLACK).all()):
+        raise ValueError("prob_true must lie in [0, 1] (the posterior probability of the true class)")
+    return float(-np.log(np.maximum(p, PROB_FLOOR)).mean())
+
+
+def last_half_accuracy(correct: Any) -> float:
+    correct = _array(correct, "correct", bool)
+    _nonempty(len(correct), "last-half accuracy")
+    return float(correct[len(correct) // 2:].mean())
+
+
+def windowed_accuracy(correct: Any, window: int) -> np.ndarray:
+    """Accuracy per consecutive window of ``window`` samples (the last one may be shorter)."""
+    correct = _array(correct, "correct", np.float64)
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"accuracy window must be an integer >= 1, got {window!r}")
+    _nonempty(len(correct), "windowed accuracy")
+    starts = np.arange(0, len(correct), window)
+    return np.add.reduceat(correct, starts) / np.diff(np.append(starts, len(correct)))
+
+
+@dataclass(frozen=True)
+class HelpedHurt:
+    helped: int  # method right, zero-shot CLIP wrong
+    hurt: int    # method wrong, zero-shot CLIP right
+
+
+def helped_hurt(image_ids: Sequence[str], correct: Any, clip_image_ids: Sequence[str], clip_correct: Any
+                ) -> HelpedHurt:
+    """Counts against zero-shot CLIP over the very same stream: same image id at every position."""
+    correct = _array(correct, "correct", bool)
+    clip_correct = _array(clip_correct, "clip correct", bool)
+    ids, clip_ids = np.asarray(image_ids, dtype=object), np.asarray(clip_image_ids, dtype=object)
+    if not (len(ids) == len(correct) == len(clip_ids) == len(clip_correct)):
+        raise ValueError(f"helped/hurt needs equal lengths, got {len(ids)} ids and {len(correct)} flags for the "
+                         f"method, {len(clip_ids)} ids and {len(clip_correct)} flags for CLIP")
+    mismatch = np.flatnonzero(ids != clip_ids)
+    if mismatch.size:
+        i = int(mismatch[0])
+        raise ValueError(f"helped/hurt needs the same stream: position {i} is {ids[i]!r} for the method "
+                         f"but {clip_ids[i]!r} for CLIP")
+    return HelpedHurt(helped=int((correct & ~clip_correct).sum()), hurt=int((~correct & clip_correct).sum()))
+
+
+def ood_auroc(confidence: Any, is_ood: Any) -> float:
+    """AUROC of the confidence separating in-distribution (positive) from OOD samples; ties count 1/2."""
+    conf = _confidence(confidence)
+    ood = _array(is_ood, "is_ood", bool)
+    if len(ood) != len(conf):
+        raise ValueError(f"ood auroc needs one is_ood flag per confidence, got {len(ood)} and {len(conf)}")
+    n_pos, n_neg = int((~ood).sum()), int(ood.sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"ood auroc needs both in-distribution and OOD samples, got {n_pos} and {n_neg}")
+    # Mann-Whitney U from midranks: (rank sum of the positives - n_pos (n_pos + 1) / 2) / (n_pos n_neg).
+    order = np.argsort(conf, kind="stable")
+    ranks = np.empty(len(conf))
+    sorted_conf = conf[order]
+    first = np.r_[0, np.flatnonzero(np.diff(sorted_conf)) + 1]
+    last = np.r_[first[1:], len(conf)]
+    ranks[order] = np.repeat((first + last + 1) / 2.0, last - first)
+    return float((ranks[~ood].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+@dataclass(frozen=True)
+class OrderSummary:
+    mean: float
+    std: float        # sample std (ddof 1); NaN for one order
+    worst10: float    # mean of the worst_count lowest values
+    worst_count: int  # max(1, ceil(N / 10))
+    orders: int
+
+
+def worst_count(n: int) -> int:
+    """How many orders are the worst 10% of n: ceil(n / 10), at least 1."""
+    return max(1, -(-n // 10))
+
+
+def across_orders(values: Any) -> OrderSummary:
+    """Summary of one metric over N stream orders of the same configuration (OGA's mean and worst 10%)."""
+    v = _array(values, "values", np.float64)
+    _nonempty(len(v), "the summary across orders")
+    if not np.isfinite(v).all():
+        raise ValueError("the summary across orders needs finite values")
+    k = worst_count(len(v))
+    std = float(v.std(ddof=1)) if len(v) > 1 else float("nan")
+    return OrderSummary(mean=float(v.mean()), std=std, worst10=float(np.sort(v)[:k].mean()), worst_count=k,
+                        orders=len(v))
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    top1: float
+    top5: float | None
+    ece: float
+    nll: float | None
+    last_half: float
+    helped_hurt: HelpedHurt | None
+    ood_auroc: float | None
+
+
+def run_metrics(*, correct: Any, confidence: Any, labels: Any, top5_classes: Any = None, prob_true: Any = None,
+                is_ood: Any = None, image_ids: Sequence[str] | None = None,
+                clip: tuple[Sequence[str], Any] | None = None) -> RunMetrics:
+    """Every per-run metric from one run's rows in stream order; OOD rows only enter the AUROC.
+
+    ``clip``: (image ids, correct) of zero-shot CLIP on the same stream, for helped / hurt (with the run's
+    own ``image_ids``); metrics whose inputs are not given are None.
+    """
+    correct = _array(correct, "correct", bool)
+    conf = _confidence(confidence)
+    inside = ~_array(is_ood, "is_ood", bool) if is_ood is not None else np.ones(len(correct), bool)
+    if not (len(conf) == len(correct) == len(inside)):
+        raise ValueError("run metrics need one correct flag, confidence and is_ood flag per row")
+    counts = None
+    if clip is not None:
+        if image_ids is None:
+            raise ValueError("helped/hurt needs the run's image_ids as well as CLIP's")
+        ids = np.asarray(image_ids, dtype=object)
+        counts = helped_hurt(ids[inside], correct[inside], clip[0], clip[1])
+    return RunMetrics(
+        top1=top1(correct[inside]),
+        top5=top5(np.asarray(top5_classes)[inside], np.asarray(labels)[inside]) if top5_classes is not None else None,
+        ece=ece(conf[inside], correct[inside]),
+        nll=nll(np.asarray(prob_true)[inside]) if prob_true is not None else None,
+        # the last half of the stream's positions (as the views count it), its in-distribution rows
+        last_half=top1(correct[len(correct) // 2:][inside[len(correct) // 2:]]),
+        helped_hurt=counts,
+        ood_auroc=ood_auroc(conf, ~inside) if not inside.all() else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------------- SQL
+# The same metrics as DuckDB SQL over a relation (a table, view or parenthesised subquery) with the sample
+# columns confidence FLOAT, correct BOOLEAN, prob_true FLOAT, label INTEGER, top5 INTEGER[], is_ood BOOLEAN,
+# grouped by `keys` (e.g. "run_id"). Pass in-distribution rows for the accuracy-type metrics, e.g.
+# in_distribution("samples").
+
+def in_distribution(relation: str) -> str:
+    return f"(SELECT * FROM {relation} WHERE NOT is_ood)"
+
+
+def ece_sql(relation: str, keys: str = "run_id", bins: int = ECE_BINS) -> str:
+    return f"""
+SELECT {keys}, sum(abs(gap)) / sum(cnt) AS ece FROM (
+    SELECT {keys}, least(greatest(ceil(confidence::DOUBLE * {bins}) - 1, 0), {bins - 1}) AS b,
+           count(*) AS cnt, sum(correct::DOUBLE - confidence::DOUBLE) AS gap
+    FROM {relation} GROUP BY {keys}, b
+) GROUP BY {keys}"""
+
+
+def nll_sql(relation: str, keys: str = "run_id") -> str:
+    return (f"SELECT {keys}, avg(-ln(greatest(prob_true::DOUBLE, {PROB_FLOOR!r}))) AS nll "
+            f"FROM {relation} GROUP BY {keys}")
+
+
+def top5_sql(relation: str, keys: str = "run_id") -> str:
+    return f"SELECT {keys}, avg(list_contains(top5, label)::DOUBLE) AS top5 FROM {relation} GROUP BY {keys}"
+
+
+def auroc_sql(relation: str, keys: str = "run_id") -> str:
+    """OOD AUROC of the confidence (in-distribution positive, midranks for ties) per ``keys`` that have both kinds."""
+    return f"""
+SELECT {keys}, (sum(midrank) FILTER (WHERE NOT is_ood) - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg) AS ood_auroc
+FROM (
+    SELECT {keys}, is_ood,
+           rank() OVER (PARTITION BY {keys} ORDER BY confidence)
+               + (count(*) OVER (PARTITION BY {keys}, confidence) - 1) / 2.0 AS midrank,
+           count(*) FILTER (WHERE NOT is_ood) OVER (PARTITION BY {keys}) AS n_pos,
+           count(*) FILTER (WHERE is_ood) OVER (PARTITION BY {keys}) AS n_neg
+    FROM {relation}
+) GROUP BY {keys}, n_pos, n_neg HAVING n_pos > 0 AND n_neg > 0"""
+
+
+def across_orders_sql(relation: str, keys: str, value: str) -> str:
+    """Mean, std (ddof 1), worst-10% mean and its count of column ``value`` per ``keys`` (one row per order)."""
+    return f"""
+SELECT {keys}, avg(v) AS mean, stddev_samp(v) AS std,
+       avg(v) FILTER (WHERE rk <= greatest(1, (n + 9) // 10)) AS worst10,
+       greatest(1, (any_value(n) + 9) // 10) AS worst_count, any_value(n) AS orders
+FROM (
+    SELECT {keys}, {value}::DOUBLE AS v,
+           row_number() OVER (PARTITION BY {keys} ORDER BY {value}) AS rk,
+           count(*) OVER (PARTITION BY {keys}) AS n
+    FROM {relation}
+) GROUP BY {keys}"""

@@ -1,0 +1,285 @@
+"""The registries: one card per method and per dataset, and everything else knows them only through the cards.
+
+- a method registered from a plugin module of its own runs through spec validation, a Ray sweep trial, the
+  results views, the report and the dashboard's labels and filters with no other file touched;
+- no method name, method label or dataset alias is spelled in the package outside the registry;
+- no import cycle among orchestrator packages or modules; the plain-data registries import without torch;
+- the README's methods table is the cards' table.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import registry
+from orchestrator.registry.docs import readme_section
+
+REPO = Path(__file__).resolve().parents[1]
+BCA = str(Path(sys.executable).with_name("bca"))
+
+PLUGIN = '''
+"""A user's method outside orchestrator/methods: CLIP with its own softmax scale."""
+import torch
+
+from orchestrator.methods.base import Method, Trace, empty_trace
+from orchestrator.registry import HParam, MethodCard, register_method
+
+
+class Sharpen(Method):
+    name = "sharpen"
+
+    def _run(self, features):
+        n, k = features.shape[0], self.num_classes
+        posteriors, selected, gated, gated_prior = empty_trace(n, k, features.device)
+        p = torch.softmax(self.hp["scale"] * features @ self.class_embeddings.T, dim=1)
+        posteriors.index_add_(1, self.class_ids, p)
+        return Trace(posteriors, selected, gated, gated_prior)
+
+
+register_method(MethodCard(
+    "sharpen", "Sharpened CLIP", 95, "toy", "nothing: CLIP with its own scale", Sharpen,
+    (HParam("scale", "float", 50.0, "softmax scale of the cosines", "scale", low=0.0, low_open=True, log=True),)))
+'''
+
+SPEC = {
+    "name": "plugin", "results_dir": "results", "plugins": ["toy_plugin"],
+    "datasets": [{"synthetic": "label_shift", "n": 300, "num_classes": 5, "dim": 16}],
+    "methods": [{"method": "clip"}, {"method": "sharpen", "scale": [10, 100]}],
+    "seeds": [1], "resources": {"cpus": 1},
+}
+
+READ_BACK = '''
+import json, sys
+from orchestrator import registry
+from orchestrator.results.db import ResultsDB
+from orchestrator.results import report
+from dashboard import queries
+
+db = ResultsDB(sys.argv[1])
+runs = queries.accuracy_runs(db)
+hparams = queries.hparam_columns(db)
+table = report.method_dataset_table(db).to_frame()
+print(json.dumps({
+    "card": registry.method_card("sharpen").label,
+    "scale_type": db.sql("SELECT scale FROM runs").schema.field("scale").type.__str__(),
+    "extra": db.extra_run_columns,
+    "accuracy": {f"{m}:{s}": a for m, s, a in zip(runs["method"], runs["scale"].fillna(-1), runs["accuracy"])},
+    "rows": [str(i[1]) for i in table.index],
+    "labels": sorted(set(queries.series_labels(runs, hparams))),
+    "filters": queries.filter_columns(runs, hparams),
+    "options": queries.filter_options(runs, ["scale"]),
+}))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_plugin_method_is_first_class_everywhere(tmp_path):
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "toy_plugin.py").write_text(PLUGIN)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps(SPEC))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugin"), str(REPO)])}
+    env.pop("BCA_PLUGINS", None)
+    sweep = subprocess.run([BCA, "sweep", str(spec)], env=env, capture_output=True, text=True, timeout=280)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert "Sharpened CLIP (scale=10)" in sweep.stdout  # the end-of-sweep table labels it from its card
+    read = subprocess.run([sys.executable, "-c", READ_BACK, str(tmp_path / "results")],
+                          env={**env, "BCA_PLUGINS": "toy_plugin"}, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr
+    got = json.loads(read.stdout)
+    assert got["card"] == "Sharpened CLIP"
+    assert got["scale_type"] == "double" and got["extra"] == []  # a typed column from the card, not a guess
+    # scale 100 is CLIP's own logit scale: the same predictions on the same stream
+    assert got["accuracy"]["sharpen:100.0"] == got["accuracy"]["clip:-1.0"]
+    assert {"Sharpened CLIP (scale=10)", "Sharpened CLIP (scale=100)"} <= set(got["rows"])
+    assert {"Sharpened CLIP (scale=10)", "Sharpened CLIP (scale=100)"} <= set(got["labels"])
+    assert got["filters"]["scale"] == "scale" and got["options"]["scale"] == [10.0, 100.0]
+
+
+def test_a_plugin_that_cannot_be_imported_is_a_spec_error(tmp_path):
+    from orchestrator.sweep.load import SpecError, validate_spec
+
+    with pytest.raises(SpecError, match=r"plugins: plugin module 'no_such_plugin' cannot be imported"):
+        validate_spec({**SPEC, "plugins": ["no_such_plugin"]}, base_dir=tmp_path)
+
+
+def test_cards_refuse_what_would_break_a_results_column():
+    card = registry.method_card("bca")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_method(registry.MethodCard("bca", "Other", 1, "x", "", "m:C"))
+    with pytest.raises(ValueError, match=r"hparam 'tau' is int, but another method declares it float"):
+        registry.register_method(registry.MethodCard(
+            "clash", "Clash", 1, "x", "", "m:C", (registry.HParam("tau", "int", 1, "a gate", "threshold"),)))
+    assert registry.method_card("bca") is card and registry.find_method("clash") is None
+
+
+def test_one_range_for_the_spec_and_the_methods(tmp_path):
+    """The sweep refuses exactly what run_stream refuses: both ask the card."""
+    import torch
+
+    from orchestrator.methods import run_stream
+    from orchestrator.sweep.load import SpecError, validate_spec
+
+    feats = torch.nn.functional.normalize(torch.randn(4, 8), dim=1)
+    emb = torch.nn.functional.normalize(torch.randn(3, 8), dim=1)
+    for hp in ({"n1": 2.5}, {"tau": 1.5}, {"n2": -1}):
+        with pytest.raises(ValueError, match="must be"):
+            run_stream("bca", feats, emb, torch.arange(3), 3, **hp)
+        spec = {**SPEC, "plugins": [], "methods": [{"method": "bca", **hp}]}
+        with pytest.raises(SpecError, match=f"methods\\[0\\].{next(iter(hp))}: bca: hparam"):
+            validate_spec(spec, base_dir=tmp_path)
+
+
+def test_per_dataset_defaults_come_from_the_card():
+    assert registry.method_card("tda").defaults("ImageNet-Sketch")["pos_beta"] == 7.45
+    assert registry.method_card("bca").defaults("dtd")["tau"] == 0.35
+    assert registry.method_card("bca").defaults("imagenet")["tau"] == 0.3
+    assert registry.method_card("bca").defaults("synthetic-iid") == registry.method_card("bca").defaults()
+
+
+@pytest.mark.parametrize("spelling,name", [
+    ("imagenet", "imagenet"), ("ImageNet-A", "imagenet-a"), ("imagenet_v2", "imagenet-v2"), ("V", "imagenet-v2"),
+    ("imagenet-rendition", "imagenet-r"), ("ImageNet-Sketch", "imagenet-sketch"), ("imagenet_s", "imagenet-sketch"),
+    ("K", "imagenet-sketch"), ("fgvc_aircraft", "aircraft"), ("Caltech101", "caltech101"), ("stanford_cars", "cars"),
+    ("DTD", "dtd"), ("eurosat", "eurosat"), ("oxford_flowers", "flowers102"), ("food-101", "food101"),
+    ("oxford_pets", "pets"), ("SUN397", "sun397"), ("ucf101", "ucf101"), ("synthetic_iid", None),
+])
+def test_one_alias_table(spelling, name):
+    assert registry.dataset_key(spelling) == name
+
+
+def test_dataset_cards_hold_the_protocol():
+    assert len(registry.group_datasets(registry.OOD)) == 5 and len(registry.group_datasets(registry.CROSS_DOMAIN)) == 10
+    assert registry.dataset_card("imagenet-a").num_classes == 200 and registry.dataset_card("a").test_images == 7500
+    assert registry.dataset_card("dtd").templates == ("{} texture.",)
+    with pytest.raises(ValueError, match="unknown dataset 'cifar10'; known datasets: imagenet, imagenet-a"):
+        registry.canonical_dataset("cifar10")
+
+
+def _package_files() -> list[Path]:
+    return sorted((REPO / "orchestrator").rglob("*.py")) + sorted((REPO / "dashboard").rglob("*.py"))
+
+
+# Where a literal may equal a method name: a method class naming its own card, the tool's own name ("bca" is
+# the CLI and the package), and the fake-results helpers that tests use to write example runs.
+_NAME_ALLOWED = {("orchestrator/cli.py", "bca"), ("orchestrator/features/cache.py", "bca")}
+_TEST_SUPPORT = ("orchestrator/results/testing.py", "orchestrator/clip/testing.py")
+
+
+def test_no_method_or_dataset_spelling_outside_the_registry():
+    """Method names and labels, and dataset aliases of three or more letters (one-letter codes such as 'a' are
+    every file mode's too), appear as string literals only in orchestrator/registry."""
+    cards = registry.method_cards()
+    spelled = ({c.name for c in cards} | {c.label for c in cards}
+               | {a for d in registry.DATASETS.values() for a in d.aliases if len(a) > 2})
+    found = []
+    for path in _package_files():
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("orchestrator/registry/") or rel in _TEST_SUPPORT:
+            continue
+        tree = ast.parse(path.read_text())
+        own_names = {node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                     and [getattr(t, "id", None) for t in node.targets] == ["name"]
+                     and isinstance(node.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and node.value in spelled and (rel, node.value) not in _NAME_ALLOWED
+                    and not (rel.startswith("orchestrator/methods/") and node.value in own_names)):
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert found == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str], top_level: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in (tree.body if top_level else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out & modules
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    """Modules: no cycle through top-level imports. Packages: none even counting imports inside functions (a
+    lazy import hides a cycle from Python, not from the design)."""
+    files = {_module_name(p): p for p in _package_files()}
+    modules = set(files)
+    by_module = {m: _imports(p, modules, top_level=True) - {m} for m, p in files.items()}
+    assert _cycles(by_module) == []
+
+    def package(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    by_package: dict[str, set[str]] = {}
+    for m, p in files.items():
+        by_package.setdefault(package(m), set()).update(
+            package(i) for i in _imports(p, modules, top_level=False) if package(i) != package(m))
+    assert _cycles(by_package) == []
+
+
+def test_registries_results_and_dashboard_queries_import_without_torch():
+    code = ("import sys; import orchestrator.registry, orchestrator.results.schema, orchestrator.results.report, "
+            "orchestrator.results.db, dashboard.queries, dashboard.charts; from orchestrator import registry; "
+            "registry.method_cards(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_readme_methods_table_is_the_cards():
+    assert readme_section() in (REPO / "README.md").read_text(), \
+        "the README's methods table differs from the cards: run python -m orchestrator.registry.docs"
+
+
+def test_docs_table_names_every_method_and_its_defaults():
+    section = readme_section()
+    for card in registry.method_cards():
+        assert f"| `{card.name}` | {card.label} |" in section
+        for h in card.hparams:
+            assert f"`{h.name}`" in section
+    assert "[0.35 on the cross-domain benchmark]" in section

@@ -1,0 +1,197 @@
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.data.streams import (
+    HELD_OUT_CLASSES, Contaminated, Continual, Dirichlet, Iid, Separate, derive_order_seeds, held_out_split,
+    iid_permutation, protocol_from_spec,
+)
+from orchestrator.sweep.trial import stream_order
+
+# 20 classes of uneven sizes (10..48 samples), in dataset order grouped by nothing in particular.
+LABELS = np.random.default_rng(0).permutation(np.repeat(np.arange(20), np.arange(10, 50, 2)))
+
+
+def _runs(labels: np.ndarray) -> np.ndarray:
+    """Lengths of the maximal runs of one class."""
+    change = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+    return np.diff(np.concatenate([[0], change, [len(labels)]]))
+
+
+def _is_permutation(index: np.ndarray, n: int) -> bool:
+    return np.array_equal(np.sort(index), np.arange(n))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 1000, 50000])
+@pytest.mark.parametrize("seed", [0, 3, 2**31 + 11, 2**32 + 5])
+def test_iid_is_the_trials_torch_permutation(n, seed):
+    assert np.array_equal(iid_permutation(n, seed), stream_order(n, seed).numpy())
+
+
+def test_iid_protocol_order_is_the_permutation_with_no_flags():
+    order = Iid().order(LABELS, 4)
+    assert np.array_equal(order.index, stream_order(len(LABELS), 4).numpy())
+    assert not order.source.any() and not order.is_ood.any() and len(order) == len(LABELS)
+
+
+@pytest.mark.parametrize("protocol", [Iid(), Dirichlet(0.1), Dirichlet(0.001, slots=5), Separate()])
+def test_single_dataset_orders_are_deterministic_permutations(protocol):
+    a, b, c = protocol.order(LABELS, 1), protocol.order(LABELS, 1), protocol.order(LABELS, 2)
+    assert _is_permutation(a.index, len(LABELS))
+    assert np.array_equal(a.index, b.index) and not np.array_equal(a.index, c.index)
+
+
+def test_separate_is_one_run_per_class_in_a_seeded_class_order():
+    orders = [LABELS[Separate().order(LABELS, s).index] for s in range(5)]
+    for labels in orders:
+        assert len(_runs(labels)) == 20
+        assert np.array_equal(np.bincount(labels), np.bincount(LABELS))
+    first_classes = {tuple(labels[np.r_[0, np.flatnonzero(np.diff(labels)) + 1]]) for labels in orders}
+    assert len(first_classes) == 5  # the class order itself is random
+
+
+def test_separate_shuffles_within_a_class():
+    index = Separate().order(LABELS, 0).index
+    members = index[LABELS[index] == LABELS[index[0]]]
+    assert not np.array_equal(members, np.sort(members))
+
+
+def _mean_run(gamma: float, seeds=range(8)) -> float:
+    return float(np.mean([_runs(LABELS[Dirichlet(gamma).order(LABELS, s).index]).mean() for s in seeds]))
+
+
+def test_dirichlet_smaller_gamma_gives_longer_runs():
+    iid = np.mean([_runs(LABELS[Iid().order(LABELS, s).index]).mean() for s in range(8)])
+    runs = [_mean_run(g) for g in (10.0, 0.1, 0.01, 0.001)]
+    assert iid < 1.1 and abs(runs[0] - iid) < 0.1  # large gamma spreads each class evenly: i.i.d.-like
+    assert runs[0] < runs[1] < runs[2] < runs[3]
+    # gamma 0.001: each class falls into one slot, shared with about one other class on average (20 classes
+    # into 20 slots), so a class spans about 2/20 of the stream; in an i.i.d. order it spans nearly all of it.
+    assert _mean_span(Dirichlet(0.001)) < 0.2 and _mean_span(Iid()) > 0.9
+
+
+def _mean_span(protocol) -> float:
+    """Mean over classes and seeds of (last - first + 1) / n of the class's stream positions."""
+    spans = []
+    for seed in range(8):
+        labels = LABELS[protocol.order(LABELS, seed).index]
+        for c in range(20):
+            where = np.flatnonzero(labels == c)
+            spans.append((where[-1] - where[0] + 1) / len(labels))
+    return float(np.mean(spans))
+
+
+def test_dirichlet_follows_statas_slots():
+    # slots=1: every class goes wholly into the one slot, which is then shuffled: an i.i.d.-like order.
+    one = LABELS[Dirichlet(0.01, slots=1).order(LABELS, 0).index]
+    assert _runs(one).mean() < 1.2
+    # Tiny gamma: each class sits almost entirely in one slot, so a class's samples form one block in the
+    # stream whenever its slot holds no other class; the histogram per tenth of the stream is then peaked.
+    labels = LABELS[Dirichlet(0.001).order(LABELS, 0).index]
+    tenths = np.array_split(labels, 10)
+    peak = np.mean([np.bincount(t, minlength=20).max() / len(t) for t in tenths])
+    iid_peak = np.mean([np.bincount(t, minlength=20).max() / len(t)
+                        for t in np.array_split(LABELS[Iid().order(LABELS, 0).index], 10)])
+    assert peak > 2 * iid_peak
+
+
+def test_contaminated_rate_positions_and_flags():
+    protocol = Contaminated(rate=0.2, pool="imagenet-o")
+    order = protocol.order(LABELS, 5, pool_size=1000)
+    m = protocol.ood_count(len(LABELS))
+    assert m == round(0.2 * len(LABELS) / 0.8) and len(order) == len(LABELS) + m
+    assert abs(order.is_ood.mean() - 0.2) < 0.005
+    assert np.array_equal(order.source, order.is_ood.astype(np.int64))
+    # In-distribution positions are the base (iid) order; OOD ones distinct pool indices.
+    assert np.array_equal(order.index[~order.is_ood], Iid().order(LABELS, 5).index)
+    pool = order.index[order.is_ood]
+    assert len(set(pool.tolist())) == m and pool.max() < 1000
+    # Spread over the stream, not bunched: each half holds about half of the OOD samples.
+    half = len(order) // 2
+    assert abs(order.is_ood[:half].sum() - m / 2) < 0.2 * m
+    again = protocol.order(LABELS, 5, pool_size=1000)
+    assert np.array_equal(order.index, again.index) and np.array_equal(order.is_ood, again.is_ood)
+
+
+def test_contaminated_over_a_dirichlet_base_keeps_its_bursts():
+    order = Contaminated(rate=0.1, base=Dirichlet(0.001)).order(LABELS, 0, pool_size=500)
+    assert np.array_equal(order.index[~order.is_ood], Dirichlet(0.001).order(LABELS, 0).index)
+
+
+def test_contaminated_pool_too_small():
+    with pytest.raises(ValueError, match="needs 249 OOD samples .* has 100"):
+        Contaminated(rate=0.3).order(LABELS, 0, pool_size=100)
+
+
+def test_held_out_split_partitions_the_classes():
+    kept, inside, outside = held_out_split(LABELS, 0.5, 3)
+    assert len(kept) == 10
+    assert np.array_equal(np.sort(np.concatenate([inside, outside])), np.arange(len(LABELS)))
+    assert np.isin(LABELS[inside], kept).all() and not np.isin(LABELS[outside], kept).any()
+    assert np.array_equal(held_out_split(LABELS, 0.5, 3)[0], kept)
+
+
+def test_continual_concatenates_each_dataset_in_its_own_order():
+    a, b, c = LABELS, LABELS[:100], np.arange(30) % 20
+    order = Continual(("imagenet", "imagenet-v2", "imagenet-sketch")).order([a, b, c], 9)
+    assert np.array_equal(np.bincount(order.source), [len(a), len(b), len(c)])
+    assert np.array_equal(order.source, np.sort(order.source))  # one dataset after another
+    seeds = derive_order_seeds(9, 3)
+    for i, labels in enumerate((a, b, c)):
+        assert np.array_equal(order.index[order.source == i], iid_permutation(len(labels), seeds[i]))
+    assert not order.is_ood.any()
+
+
+def test_derive_order_seeds():
+    seeds = derive_order_seeds(7, 100)
+    assert seeds[0] == 7 and len(set(seeds)) == 100 and all(0 <= s < 2**32 for s in seeds[1:])
+    assert seeds == derive_order_seeds(7, 100) and derive_order_seeds(7, 10) == seeds[:10]
+    assert derive_order_seeds(8, 5) != seeds[:5]
+    orders = {tuple(Iid().order(LABELS, s).index[:20]) for s in seeds}
+    assert len(orders) == 100
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("iid", Iid()), ("separate", Separate()), ({"iid": None}, Iid()),
+    ({"dirichlet": {"gamma": 0.01}}, Dirichlet(0.01)),
+    ({"contaminated": {"with": "imagenet-o", "rate": 0.2}}, Contaminated(0.2, "imagenet-o")),
+    ({"contaminated": {"rate": 0.1, "base": {"dirichlet": {"gamma": 0.1}}}},
+     Contaminated(0.1, HELD_OUT_CLASSES, Dirichlet(0.1))),
+    ({"continual": ["imagenet", "imagenet-v2"]}, Continual(("imagenet", "imagenet-v2"))),
+])
+def test_protocol_from_spec(value, expected):
+    assert protocol_from_spec(value) == expected
+
+
+def test_describe_names_the_parameters():
+    assert "gamma=0.01" in Dirichlet(0.01).describe()
+    text = Contaminated(0.2, "imagenet-o").describe()
+    assert "20%" in text and "imagenet-o" in text
+    assert "held-out classes" in Contaminated(0.2).describe()
+    assert "imagenet, imagenet-v2" in Continual(("imagenet", "imagenet-v2")).describe()
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: Dirichlet(0.0), "dirichlet gamma must be a finite number > 0, got 0.0"),
+    (lambda: Dirichlet(float("nan")), "dirichlet gamma must be a finite number > 0"),
+    (lambda: Dirichlet(0.1, slots=0), "dirichlet slots must be an integer >= 1 or null, got 0"),
+    (lambda: Contaminated(rate=1.0), r"contaminated rate must be a number in \[0, 1\), got 1.0"),
+    (lambda: Contaminated(rate=0.2, pool=""), "contaminated with must be a dataset name"),
+    (lambda: Contaminated(rate=0.2, base=Continual(("a", "b"))), "contaminated base must be iid"),
+    (lambda: Continual(("imagenet",)), "continual needs a list of at least 2 dataset names"),
+    (lambda: Continual(("a", "a")), "continual datasets must be distinct"),
+    (lambda: Iid().order(LABELS, -1), "stream seed must be an integer >= 0, got -1"),
+    (lambda: Iid().order(LABELS.astype(float), 0), "stream labels must be a 1-D integer array"),
+    (lambda: Continual(("a", "b")).order([LABELS], 0), "continual needs labels for its 2 datasets, got 1"),
+    (lambda: derive_order_seeds(0, 0), "orders must be an integer >= 1, got 0"),
+    (lambda: held_out_split(LABELS, 1.0, 0), r"held-out fraction must be a number in \(0, 1\), got 1.0"),
+    (lambda: protocol_from_spec("shuffled"), "unknown stream 'shuffled'; expected one of iid, dirichlet"),
+    (lambda: protocol_from_spec({"dirichlet": {"alpha": 0.1}}), "unknown stream dirichlet field 'alpha'"),
+    (lambda: protocol_from_spec({"dirichlet": {}}), "stream dirichlet needs gamma"),
+    (lambda: protocol_from_spec({"contaminated": {"with": "x"}}), "stream contaminated needs rate"),
+    (lambda: protocol_from_spec({"separate": {"gamma": 1}}), "stream separate takes no parameters"),
+    (lambda: protocol_from_spec({"continual": "imagenet"}), "stream continual takes a list of dataset names"),
+])
+def test_bad_parameters(make, needle):
+    with pytest.raises(ValueError, match=needle):
+        make()

@@ -1,0 +1,153 @@
+"""TPS against a float64 per-sample reference written from the official code (shift_classification.py,
+model/shifter.py), hand cases, episodic chunking, errors, and a synthetic sanity check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.methods import make_method, run_stream
+from tests.view_streams import view_stream
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Per-sample loops of small tensor ops: intra-op threads only add overhead on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tps_reference(views: torch.Tensor, class_embeddings: torch.Tensor, lr: float = 5e-3, keep: float = 0.1,
+                  scale: float = 100.0):
+    """Per sample: zero shifts, TPT's confident views and avg_entropy, torch's AdamW formula (betas 0.9, 0.999,
+    eps 1e-8, weight decay 0.01) for one step from zero, then the original view against the shifted prototypes."""
+    protos = torch.nn.functional.normalize(class_embeddings.double(), dim=1)
+    posts, changed = [], []
+    for x in views.double():
+        shift = torch.zeros_like(protos, requires_grad=True)
+        out = scale * x @ torch.nn.functional.normalize(protos + shift, dim=1).T
+        ent = -(torch.softmax(out, 1) * torch.log_softmax(out, 1)).sum(1).detach()
+        idx = torch.argsort(ent, stable=True)[:max(1, int(x.shape[0] * keep))]
+        mean_p = torch.softmax(out[idx], 1).mean(0)
+        loss = -torch.special.xlogy(mean_p, mean_p).sum()
+        (grad,) = torch.autograd.grad(loss, [shift])
+        m_hat = (1 - 0.9) * grad / (1 - 0.9)
+        v_hat = (1 - 0.999) * grad ** 2 / (1 - 0.999)
+        stepped = torch.zeros_like(grad) * (1 - lr * 0.01) - lr * m_hat / (v_hat.sqrt() + 1e-8)
+        post = torch.softmax(scale * torch.nn.functional.normalize(protos + stepped, dim=1) @ x[0], 0)
+        posts.append(post)
+        changed.append(bool(post.argmax() != (protos @ x[0]).argmax()))
+    return torch.stack(posts), torch.tensor(changed)
+
+
+# At logit scale 100 the most confident views are nearly one-hot, and float32 rounds their largest term
+# p log p away, so their entropy ranking (which views are kept) differs from float64 on a few samples; at 20 the
+# ranking is exact and the float32 method agrees with the float64 reference to 1e-5.
+def test_matches_the_reference_over_a_long_stream():
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=10, dim=32, n=2000, views=10, seed=11)
+    trace = make_method("tps", emb, ids, k, keep=0.2, logit_scale=20.0).run(feats)
+    post, changed = tps_reference(feats, emb, keep=0.2, scale=20.0)
+    assert torch.equal(trace.predictions, post.argmax(1))
+    torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
+    assert int(changed.sum()) > 0                # the shift step changes some predictions
+    assert trace.state == {} and bool((trace.selected == -1).all()) and not trace.gated.any()
+
+
+def test_matches_the_reference_at_k_1000():
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=1000, dim=64, n=30, views=16, seed=12, noise=0.5)
+    trace = make_method("tps", emb, ids, k, lr=1e-3).run(feats)
+    post, _ = tps_reference(feats, emb, lr=1e-3)
+    assert torch.equal(trace.predictions, post.argmax(1))
+    torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------- by hand (K = d = 2)
+
+def unit(xs):
+    n = math.sqrt(sum(x * x for x in xs))
+    return [x / n for x in xs]
+
+
+def softmax(xs):
+    e = [math.exp(x - max(xs)) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+def hand_posterior(x0, confident_view, lr, scale):
+    """Prototypes e1, e2; loss = softmax entropy H of the one kept view f, z_k = s unit(e_k + S_k) . f.
+    dH/dz_k = -p_k (log p_k + H), and d unit(e_k + S_k) / dS_k = I - e_k e_k^T at S = 0, so
+    dH/dS_0 = (0, s c_0 f_1), dH/dS_1 = (s c_1 f_0, 0) with c_k = dH/dz_k. AdamW's first step from zero is
+    -lr * g / (|g| + 1e-8) (zero entries stay zero); the posterior is the original view against the shifted rows."""
+    f = confident_view
+    p = softmax([scale * f[0], scale * f[1]])
+    h = -sum(q * math.log(q) for q in p)
+    c = [-q * (math.log(q) + h) for q in p]
+    grad = [[0.0, scale * c[0] * f[1]], [scale * c[1] * f[0], 0.0]]
+    shift = [[-lr * g / (abs(g) + 1e-8) for g in row] for row in grad]
+    rows = [unit([1.0 + shift[0][0], shift[0][1]]), unit([shift[1][0], 1.0 + shift[1][1]])]
+    return softmax([scale * sum(a * b for a, b in zip(r, x0)) for r in rows]), grad
+
+
+def test_one_sample_by_hand_loss_on_the_confident_view_prediction_on_the_original():
+    x0, confident = unit([0.6, 0.8]), unit([0.95, 0.3])      # view 1 has the lower entropy: keep = 0.5 keeps it
+    expected, grad = hand_posterior(x0, confident, lr=0.05, scale=3.0)
+    assert abs(grad[0][1]) > 1e-3 and abs(grad[1][0]) > 1e-3
+    post = run_stream("tps", torch.tensor([[x0, confident]]), torch.eye(2), torch.arange(2), 2, lr=0.05, keep=0.5,
+                      logit_scale=3.0)
+    torch.testing.assert_close(post, torch.tensor([expected], dtype=torch.float32), atol=1e-6, rtol=0)
+    plain = softmax([3.0 * x0[0], 3.0 * x0[1]])
+    assert abs(expected[0] - plain[0]) > 1e-3              # the step moved the original view's posterior
+
+
+def test_two_samples_are_independent_episodes():
+    a, b = unit([0.6, 0.8]), unit([0.9, 0.2])
+    together = run_stream("tps", torch.tensor([[a], [b]]), torch.eye(2), torch.arange(2), 2, lr=0.05, logit_scale=3.0)
+    expected_b, _ = hand_posterior(b, b, lr=0.05, scale=3.0)
+    torch.testing.assert_close(together[1], torch.tensor(expected_b, dtype=torch.float32), atol=1e-6, rtol=0)
+    alone = run_stream("tps", torch.tensor([[b]]), torch.eye(2), torch.arange(2), 2, lr=0.05, logit_scale=3.0)
+    assert torch.equal(together[1:], alone)
+
+
+# ------------------------------------------------------------------------------------------------------ contract
+
+def test_chunks_equal_the_whole_run_and_posteriors_are_distributions():
+    feats, emb, ids, k, _ = view_stream("temporal", num_classes=6, dim=16, n=200, views=6, seed=13)
+    obj = make_method("tps", emb, ids, k, keep=0.34)
+    whole = make_method("tps", emb, ids, k, keep=0.34).run(feats).posteriors
+    assert torch.equal(torch.cat([obj.run(feats[:70]).posteriors, obj.run(feats[70:]).posteriors]), whole)
+    torch.testing.assert_close(whole.sum(1), torch.ones(200), atol=1e-5, rtol=0)
+
+
+def test_several_rows_per_class_are_averaged_and_renormalised():
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=5, dim=16, n=60, views=4, seed=14, templates_per_class=3)
+    merged = torch.nn.functional.normalize(torch.stack([emb[ids == c].mean(0) for c in range(k)]), dim=1)
+    torch.testing.assert_close(run_stream("tps", feats, emb, ids, k, keep=0.5),
+                               run_stream("tps", feats, merged, torch.arange(k), k, keep=0.5), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("hp,message", [
+    ({"lr": 0}, r"tps: hparam 'lr' must be a number > 0 \(.*\), got 0"),
+    ({"lr": float("nan")}, r"tps: hparam 'lr' must be a number > 0 \(.*\), got nan"),
+    ({"keep": 0.0}, r"tps: hparam 'keep' must be a number in \(0, 1\] \(.*\), got 0.0"),
+    ({"logit_scale": -1.0}, r"tps: hparam 'logit_scale' must be a number > 0 \(.*\), got -1.0"),
+    ({"steps": 2}, r"unknown hparam 'steps' for method 'tps'"),
+])
+def test_bad_hparams_are_named(hp, message):
+    with pytest.raises(ValueError, match=message):
+        make_method("tps", torch.eye(3), torch.arange(3), 3, **hp)
+
+
+def test_sanity_beats_zero_shot_clip_on_a_shifted_synthetic_stream():
+    # A sanity check of the mechanism on the simulator, not a claim about real data: the views are other
+    # observations of the sample's class, so shifting the prototypes towards the confident ones helps view 0.
+    feats, emb, ids, k, labels = view_stream("iid", num_classes=10, dim=64, n=1000, views=32, seed=15,
+                                             class_views=True)
+    clip = run_stream("clip", feats[:, 0], emb, ids, k)
+    tps = run_stream("tps", feats, emb, ids, k)
+    acc_clip = float((clip.argmax(1) == labels).float().mean())
+    acc_tps = float((tps.argmax(1) == labels).float().mean())
+    assert acc_tps > acc_clip + 0.005, (acc_tps, acc_clip)
