@@ -88,10 +88,10 @@ def test_joining_a_cluster_with_an_unwritable_results_dir_fails_at_start(tmp_pat
 
 def test_joining_a_cluster_with_a_relative_results_dir_is_refused(tmp_path):
     from orchestrator.sweep.runner import SharedStorageError, check_shared_storage
-    from orchestrator.sweep.spec import validate_spec
+    from orchestrator.sweep.load import validate_spec
 
     spec = validate_spec({"name": "s", "results_dir": "results", "datasets": [{"synthetic": "label_shift"}],
-                          "methods": [{"method": "clip"}], "seeds": [1]}, base_dir=tmp_path, check_existing=False)
+                          "methods": [{"method": "clip"}], "seeds": [1]}, base_dir=tmp_path)
     check_shared_storage(spec, "10.0.0.10:6379")  # absolute once loaded, and writable: accepted
     with pytest.raises(SharedStorageError, match="results_dir: results is not absolute; joining the cluster at "
                                                  "10.0.0.10:6379 needs an absolute path"):

@@ -28,7 +28,7 @@ from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.spec import load_spec
+from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 
 pytest.importorskip("ray.dashboard")  # Ray's default extra: the Jobs server and CLI
@@ -115,7 +115,7 @@ def wait_for(path: Path, timeout: float = 180) -> str:
 
 def local_reference(spec_path: Path, directory: Path) -> tuple[dict, dict]:
     """The same spec run locally in this process without Ray: (rows by run, runs-table rows by run)."""
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     spec = spec.model_copy(update={"results_dir": str(directory)})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a Ray trial of 1 CPU (OMP_NUM_THREADS=1)
@@ -129,7 +129,7 @@ def local_reference(spec_path: Path, directory: Path) -> tuple[dict, dict]:
 
 def outcome(spec_path: Path, results_dir: Path) -> tuple[dict, dict]:
     """(run_id -> its sample rows in stream order, run_id -> its runs-table row without timings and hosts)."""
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     rows, runs = {}, {}
     for run in expand(spec):  # the shared results dir holds other sweeps too
         parts = sorted(Path(results_dir).glob(f"samples/*/*/*/*/run_id={run.run_id}/part-*.parquet"))
@@ -153,7 +153,7 @@ def final_results(results_dir: Path, sweep: str) -> dict[str, dict]:
 
 
 def assert_same_as_local(spec_path: Path, shared_results: Path, tmp_path: Path) -> None:
-    spec = load_spec(spec_path, check_existing=False)
+    spec = load_spec(spec_path)
     assert outcome(spec_path, shared_results) == local_reference(spec_path, tmp_path / "local")
     report = verify_results(shared_results)
     assert report.ok, report.problems

@@ -15,7 +15,7 @@ import yaml
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.spec import validate_spec
+from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.trial import execute_trial
 
 N, PART = 450, 100
@@ -52,8 +52,7 @@ def test_a_trial_reports_each_stage_at_most_once_per_interval():
 
 
 def test_a_run_reports_samples_done_after_each_part(tmp_path):
-    spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "bca"}], "seeds": [1]}, base_dir=tmp_path,
-                         check_existing=False)
+    spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "bca"}], "seeds": [1]}, base_dir=tmp_path)
     calls = []
     (trial,) = make_trials(expand(spec), 1)
     execute_trial(trial, settings_of(spec), lambda *args: calls.append(args))
@@ -69,7 +68,7 @@ def test_encoding_reports_images_done(tmp_path):
     spec = validate_spec({"name": "enc", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
                           "backbones": [{"model": TINY_VIT, "config": str(config)}], "datasets": ["dtd"],
                           "methods": [{"method": "clip"}], "seeds": [1], "part_rows": 4},
-                         base_dir=tmp_path, check_existing=False)
+                         base_dir=tmp_path)
     calls = []
     (trial,) = make_trials(expand(spec), 1)
     execute_trial(trial, settings_of(spec), lambda *args: calls.append(args))
@@ -81,7 +80,7 @@ def test_encoding_reports_images_done(tmp_path):
 def test_running_trial_lines_and_an_eta_weighted_by_method_cost(tmp_path):
     """clip costs 1/450 s per sample, tda 1/5 (90x): with both clips and one tda done after 92 s, the one tda
     left takes about 90 s more, not the third of the elapsed time a per-run average would say."""
-    spec = validate_spec(copy.deepcopy(SPEC), base_dir=tmp_path, check_existing=False)
+    spec = validate_spec(copy.deepcopy(SPEC), base_dir=tmp_path)
     runs = expand(spec)
     trials = make_trials(runs, 1)
     clip = [t for t in trials if t.runs[0].config["method"] == "clip"]
