@@ -2,10 +2,10 @@
 
 `ray start --head` (no CPUs, no GPUs: like cluster.yaml's head, it never runs a trial) and `ray start --address`
 per worker node, each its own raylet with fake GPUs and a custom resource, all given 127.0.0.1 (on Linux Ray
-resolves a loopback address to this machine's own, so that is the nodes' IP; the dashboard alone stays on
-loopback) and ports chosen free here, so that several such clusters (other test sessions) can run side by side. Every process a node
-starts is found by its temp dir (each node has its own) and stopped by pid: `ray stop` would end every Ray
-process on the machine, other people's included.
+resolves a loopback address to this machine's own, so that is the nodes' IP; the dashboard stays on loopback)
+and ports chosen free here, so that several such clusters (other test sessions) can run side by side. Every
+process a node starts is found by its temp dir (each node has its own) and stopped by pid: `ray stop` would
+end every Ray process on the machine, other people's included.
 """
 
 from __future__ import annotations
@@ -89,17 +89,18 @@ class LocalCluster:
         self.head: Node | None = None
         self.workers: list[Node] = []
 
-    def _start(self, name: str, args: list[str], env: dict[str, str]) -> Node:
+    def _start(self, name: str, args: list[str]) -> Node:
         temp_dir = self.root / name
         temp_dir.mkdir(parents=True, exist_ok=True)
         nm, om, agent, agent_grpc, env_agent, metrics, *workers = free_ports(6 + WORKER_PORTS)
         node = Node(name, temp_dir)
-        cmd = [RAY, "start", "--node-name", name, "--temp-dir", str(temp_dir), "--node-manager-port", str(nm), "--object-manager-port", str(om),
+        cmd = [RAY, "start", "--node-name", name, "--temp-dir", str(temp_dir),
+               "--node-manager-port", str(nm), "--object-manager-port", str(om),
                "--dashboard-agent-listen-port", str(agent), "--dashboard-agent-grpc-port", str(agent_grpc),
                "--runtime-env-agent-port", str(env_agent), "--metrics-export-port", str(metrics),
                "--worker-port-list", ",".join(map(str, workers)), "--disable-usage-stats", *args]
         try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+            done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=180)
             if done.returncode != 0:
                 raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}")
             node.node_id = self._node_id(node)
@@ -112,8 +113,7 @@ class LocalCluster:
         """The node id Ray gave the node (read from `ray list nodes`, matched by its name)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            listed = subprocess.run([RAY, "list", "nodes", "--address", self.address, "--format", "json",
-                                     ], env=self.env, capture_output=True, text=True, timeout=60)
+            listed = self.ray("list", "nodes", "--address", self.address, "--format", "json", timeout=60)
             if listed.returncode == 0:
                 for info in json.loads(listed.stdout):
                     if info.get("state") == "ALIVE" and info.get("node_name") == node.name:
@@ -126,13 +126,13 @@ class LocalCluster:
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port), "--num-cpus", "0", "--num-gpus", "0",
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(self.dashboard_port), "--ray-client-server-port", str(self.client_port),
-            "--system-config", json.dumps(SYSTEM_CONFIG)], self.env)
+            "--system-config", json.dumps(SYSTEM_CONFIG)])
         return self.head
 
     def add_worker(self, cpus: int = 1, gpus: int = 1) -> Node:
         name = f"worker{len(self.workers) + 1}"
         node = self._start(name, ["--address", self.address, "--num-cpus", str(cpus), "--num-gpus", str(gpus),
-                                  "--resources", json.dumps({"bca_worker": 1})], self.env)
+                                  "--resources", json.dumps({"bca_worker": 1})])
         self.workers.append(node)
         return node
 
@@ -168,6 +168,7 @@ def cluster_env(home: Path, repo: Path) -> dict[str, str]:
     is its checkout), this environment's `ray` first on PATH, this checkout importable, nothing inherited that
     would point Ray at another cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(home), PATH=os.pathsep.join([str(Path(RAY).parent), os.environ.get("PATH", "")]), PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
-               RAY_USAGE_STATS_ENABLED="0")
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0",
+               PATH=os.pathsep.join([str(Path(RAY).parent), os.environ.get("PATH", "")]),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     return env

@@ -30,9 +30,7 @@ from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import settings_of
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
-
-pytest.importorskip("ray.dashboard")  # Ray's default extra: the Jobs server and CLI
-from ray_cluster import LocalCluster, cluster_env  # noqa: E402
+from ray_cluster import LocalCluster, cluster_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
