@@ -1,7 +1,9 @@
-"""`bca sweep SPEC [--resume] [--address ADDR]`: load and validate the spec, run it, set the exit code.
+"""`bca sweep SPEC [--resume] [--address ADDR] [--ray-dashboard] [--progress-every S]`: load and validate the
+spec, run it, set the exit code.
 
 Exit codes: 0 every run finished; 1 some runs failed or were left unfinished (the summary says which and how
-to resume), or the results dir cannot be written; 2 the spec is invalid (every problem listed); 130 Ctrl-C.
+to resume), or the results dir cannot be written; 2 the spec is invalid (every problem listed), asks for a GPU
+a local Ray lacks, or joins a cluster with a results/cache dir that is not absolute and writable; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ import sys
 from pathlib import Path
 
 from orchestrator.sweep.load import SpecError, load_spec
-from orchestrator.sweep.runner import NoGPU, run_sweep
+from orchestrator.sweep.runner import NoGPU, SharedStorageError, run_sweep
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None) -> int:
+def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None,
+                  ray_dashboard: bool = False, progress_every_s: float = 30.0) -> int:
     try:
         spec = load_spec(spec_path)
-        outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}")
-    except (SpecError, NoGPU) as exc:
+        outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}",
+                            ray_dashboard=ray_dashboard, progress_every_s=progress_every_s)
+    except (SpecError, NoGPU, SharedStorageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)
