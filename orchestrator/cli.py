@@ -79,7 +79,13 @@ def sweep_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue a sweep started before: finished runs are "
                                 "skipped, unfinished ones go on from their last complete part."),
     address: str = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                "local Ray using this machine's cores)."),
+                                "local Ray using this machine's cores). Its nodes must share results_dir and "
+                                "cache_dir at the same absolute path."),
+    ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="Start Ray's own dashboard with the local "
+                                       "Ray (on 127.0.0.1, while the sweep runs) and print its address; with "
+                                       "--address, print the cluster's."),
+    progress_every: float = typer.Option(30.0, "--progress-every", min=0, help="Seconds between the progress "
+                                         "lines of a trial still running (encoding, adapting); 0: every part."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs and trials per backbone, dataset "
                                  "and method, feature-cache entries to encode, estimated cost); run nothing."),
     yes: bool = typer.Option(False, "--yes", help="Start a sweep of more than 5,000 runs to run."),
@@ -91,7 +97,8 @@ def sweep_cmd(
         os.environ["RAY_ADDRESS"] = address  # before Ray is imported: it decides which address Ray binds
     from orchestrator.sweep.command import sweep_command
 
-    raise typer.Exit(sweep_command(spec, resume=resume, address=address, dry_run=dry_run, yes=yes,
+    raise typer.Exit(sweep_command(spec, resume=resume, address=address, ray_dashboard=ray_dashboard,
+                                   progress_every_s=progress_every, dry_run=dry_run, yes=yes,
                                    rerun_changed=rerun_changed))
 
 

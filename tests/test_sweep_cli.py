@@ -148,7 +148,7 @@ def test_sweep_flags_are_documented(flag):
 def test_ctrl_c_before_trials_start_counts_them_not_started(tmp_path, monkeypatch):
     import orchestrator.sweep.runner as runner
 
-    monkeypatch.setattr(runner, "_tune", lambda *args: {})  # Tune returned at Ctrl-C before starting a trial
+    monkeypatch.setattr(runner, "_tune", lambda *args, **kwargs: {})  # Tune returned at Ctrl-C before starting a trial
     r = bca("sweep", str(write_spec(tmp_path)))
     assert r.exit_code == 130
     assert "0/6 runs finished, 0 failed, 0 interrupted, 6 not started" in r.stdout

@@ -132,6 +132,16 @@ def test_rerun_skips_finished_runs(reference):
     assert not [ln for ln in lines if ln.startswith("[")]
 
 
+def test_a_running_trials_progress_reaches_the_driver(ray_session, tmp_path):
+    """With --progress-every 0 every part of a running trial shows up as a driver line, through Tune."""
+    spec_path = write_spec(tmp_path, methods=[{"method": "bca", "n1": 50}], seeds=[1])
+    lines: list[str] = []
+    assert run_sweep(load_spec(spec_path), out=lines.append, progress_every_s=0).ok
+    adapting = [ln.split(": adapting ", 1)[1] for ln in lines if ": adapting " in ln]
+    assert [ln.split(" samples")[0] for ln in adapting] == [f"{k}/{N}" for k in range(PART, N + 1, PART)]
+    assert all("ETA" in ln for ln in adapting)
+
+
 def test_trial_worker_sigkilled_mid_run_is_retried_from_its_last_part(reference, tmp_path, monkeypatch):
     ref_dir, ref_spec, _, _ = reference
     flag = tmp_path / "killed"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ def load_benchmark(
     batch_size: int = 256,
     num_workers: int | None = None,
     corrupt: str = "skip",
-    progress: bool = False,
+    progress: bool | Callable[[int, int], None] = False,
     weights_dir: str | None = None,
     allow_download: bool = False,
 ) -> RealBenchmark:

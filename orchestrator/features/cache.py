@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -191,9 +191,11 @@ def _encode_entry(
     batch_size: int,
     num_workers: int,
     corrupt: str,
-    progress: bool,
+    progress: bool | Callable[[int, int], None],
 ) -> dict[str, Any]:
-    """Encode every image into tmp/features.npy (+ labels.npy); returns the manifest's encode fields."""
+    """Encode every image into tmp/features.npy (+ labels.npy); returns the manifest's encode fields.
+    progress: True for a console bar, or a callable given (images done, images) after each batch (a sweep
+    trial forwards it to the driver)."""
     from tqdm.auto import tqdm
 
     n, V, d = len(images), views.num_views, backbone.embed_dim
@@ -211,7 +213,9 @@ def _encode_entry(
     skipped: list[dict[str, str]] = []
     start = time.perf_counter()
     bar = tqdm(total=n, unit="img", desc=f"encode {images.name} [{backbone.spec.label}, {views.name}]",
-               disable=not progress, dynamic_ncols=True, smoothing=0.1)
+               disable=progress is not True, dynamic_ncols=True, smoothing=0.1)
+    report = progress if callable(progress) else None
+    seen = 0
     try:
         for idx, pixels, failed in loader:
             for i, reason in failed:
@@ -225,6 +229,9 @@ def _encode_entry(
                 raw[idx.numpy()] = (feats[:, 0] if views.kind == "single" else feats).numpy().astype(np.float16)
                 ok[idx.numpy()] = True
             bar.update(len(idx) + len(failed))
+            seen += len(idx) + len(failed)
+            if report is not None:
+                report(seen, n)
     finally:
         bar.close()
     seconds = time.perf_counter() - start
@@ -277,7 +284,7 @@ class FeatureCache:
         batch_size: int = 256,
         num_workers: int | None = None,
         corrupt: str = "skip",
-        progress: bool = False,
+        progress: bool | Callable[[int, int], None] = False,
         force: bool = False,
         weights_dir: str | None = None,
         allow_download: bool = False,

@@ -143,7 +143,7 @@ register_method(MethodCard(
         HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views that choose the pseudo-label', 'threshold', low=0.0, high=1.0, low_open=True),
         LOGIT_SCALE,
     ),
-    inputs='views', views='crops', state=('memory', 'memory_entropy', 'memory_count'),
+    inputs='views', views='crops', view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
     source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)'))
 # DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (methods-spec.md section 4).
 _DOTA = {

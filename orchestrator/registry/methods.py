@@ -134,7 +134,8 @@ class MethodCard:
     (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
     used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
     its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
-    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops');
+    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops') and
+    view_count how many (the original included);
     view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
     has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
     single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
@@ -155,6 +156,7 @@ class MethodCard:
     inputs: str = "single"
     views_when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     views: str | None = None
+    view_count: int = 64
     view_scope: str = "all"
     single_view_datasets: tuple[str, ...] = ()
     prior: bool = False
@@ -203,7 +205,9 @@ class MethodCard:
             return own
         if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
             return "single"
-        return self.views or own
+        if self.views is None:
+            return own
+        return self.views if self.view_count == 64 else f"{self.views}{self.view_count - 1}"
 
     def wants_views(self, hparams: Mapping[str, Any]) -> bool:
         """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views

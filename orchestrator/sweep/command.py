@@ -1,10 +1,12 @@
-"""`bca sweep SPEC [--resume] [--address ADDR] [--dry-run] [--yes] [--rerun-changed]`: load and validate the
-spec, plan it, run it (or with --dry-run print the plan), set the exit code.
+"""`bca sweep SPEC [--resume] [--address ADDR] [--ray-dashboard] [--progress-every S] [--dry-run] [--yes]
+[--rerun-changed]`: load and validate the spec, plan it, run it (or with --dry-run print the plan), set the exit
+code.
 
 Exit codes: 0 every run finished (or the dry run's plan printed); 1 some runs failed or were left unfinished (the
 summary says which and how to resume), or the results dir cannot be written; 2 the spec is invalid (every
-problem listed), the cluster cannot place a trial, another `bca sweep` runs this sweep, or a sweep of more than
-LARGE_SWEEP runs lacks --yes; 130 Ctrl-C.
+problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, joins a cluster with a
+results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
+than LARGE_SWEEP runs lacks --yes; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.sweep.load import SpecError, load_spec
-from orchestrator.sweep.runner import NeedsConfirmation, NoGPU, SweepLocked, run_sweep
+from orchestrator.sweep.runner import NeedsConfirmation, NoGPU, SharedStorageError, SweepLocked, run_sweep
 
 
 def _say(line: str) -> None:
@@ -38,7 +40,8 @@ def _plan(spec_path: Path) -> tuple | int:
         return 130
 
 
-def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None, dry_run: bool = False,
+def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None,
+                  ray_dashboard: bool = False, progress_every_s: float = 30.0, dry_run: bool = False,
                   yes: bool = False, rerun_changed: bool = False) -> int:
     planned = _plan(spec_path)
     if isinstance(planned, int):
@@ -57,8 +60,9 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
         return 0
     try:
         outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}",
-                            yes=yes, rerun_changed=rerun_changed, runs=runs)
-    except (SpecError, NoGPU, SweepLocked, NeedsConfirmation) as exc:
+                            ray_dashboard=ray_dashboard, progress_every_s=progress_every_s, yes=yes,
+                            rerun_changed=rerun_changed, runs=runs)
+    except (SpecError, NoGPU, SharedStorageError, SweepLocked, NeedsConfirmation) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)

@@ -13,10 +13,13 @@ again from the start with `rerun_changed`.
 One driver per sweep: a lock under <results>/sweeps/ (`sweep_lock`); a second `bca sweep` of the same sweep is
 refused naming the holder, before it writes anything. Sweeps of more than LARGE_SWEEP runs to run need `yes`.
 
-Ray: local by default (num_cpus = this machine's cores); `address` or RAY_ADDRESS joins a running cluster.
-An already initialised Ray session is used as is (the tests share one). Tune's own console reporter is off;
-`ProgressCallback` prints one line per finished trial instead. Per-sample rows never travel through Ray: the
-trial writes them itself; only summary metrics go through `ray.tune.report`.
+Ray: local by default (num_cpus = this machine's cores, no dashboard unless asked for); `address` or
+RAY_ADDRESS joins a running cluster, whose nodes must all see the results and cache dirs at the same absolute
+path (checked at start). An already initialised Ray session is used as is (the tests share one). Tune's own
+console reporter is off; `ProgressCallback` prints one line per finished trial, and now and then one per long
+trial still running, instead. Per-sample rows never travel through Ray: the trial writes them itself; only
+summary metrics and progress go through `ray.tune.report`, the final metrics with the id of the node that ran
+the trial (in Tune's result.json under <results>/tune, beside Tune's own node_ip).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +40,7 @@ from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials
-from orchestrator.sweep.progress import ProgressCallback, summary_table
+from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
@@ -79,25 +83,27 @@ def _trial_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
-    """The Tune function trainable: one trial of the plan, metrics through tune.report only."""
+    """The Tune function trainable: one trial of the plan, progress and metrics through tune.report only."""
+    import ray
     from ray import tune
 
-    trial = plan["trials"][config["trial"]]
+    trial, settings = plan["trials"][config["trial"]], plan["settings"]
+    node = {"node_id": ray.get_runtime_context().get_node_id()}
     try:
-        results = execute_trial(trial, plan["settings"])
+        results = execute_trial(trial, settings, TrialProgress(tune.report, settings.progress_every_s))
     except Exception as exc:
-        error = deterministic_failure(trial, plan["settings"], exc)
+        error = deterministic_failure(trial, settings, exc)
         if error is None:
             raise  # Tune retries it (a killed worker, a full disk, ...)
-        tune.report({"n_runs": 0, "error": error})  # ProgressCallback counts it failed; no retry
+        tune.report({"n_runs": 0, "error": error, **node})  # ProgressCallback counts it failed; no retry
         return
-    tune.report(_trial_metrics(results))
+    tune.report({**_trial_metrics(results), **node})
 
 
-def settings_of(spec: SweepSpec) -> Settings:
+def settings_of(spec: SweepSpec, progress_every_s: float = 30.0) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
                     part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
-                    plugins=tuple(spec.plugins))
+                    plugins=tuple(spec.plugins), progress_every_s=progress_every_s)
 
 
 class SweepLocked(RuntimeError):
@@ -144,16 +150,45 @@ class NoGPU(ValueError):
     node): trials would wait forever."""
 
 
-def _init_ray(address: str | None, gpu: float) -> None:
+class SharedStorageError(ValueError):
+    """Joining a cluster with a results or cache dir its other nodes could not use."""
+
+
+def check_shared_storage(spec: SweepSpec, address: str) -> None:
+    """Every node of a cluster writes rows, Tune state and cache entries under these dirs, at the path the
+    driver resolved: it must be absolute and writable (and, which no check here can see, the same storage on
+    every node). Checked before anything is written, so a wrong path fails at once, not in every trial."""
+    for field_name, path in (("results_dir", spec.results_dir), ("cache_dir", spec.cache_dir)):
+        if path is None:
+            continue
+        expected = (f"joining the cluster at {address} needs an absolute path on storage that every node mounts "
+                    f"at that same path (EFS, NFS), writable by this user")
+        if not Path(path).is_absolute():
+            raise SharedStorageError(f"{field_name}: {path} is not absolute; {expected}")
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".bca-write-check-"):
+                pass
+        except OSError as exc:
+            raise SharedStorageError(f"{field_name}: {path} cannot be written ({exc.strerror or exc}); "
+                                     f"{expected}") from exc
+
+
+def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[str], None]) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        context = ray.init(address=address, logging_level=logging.WARNING)
+        if dashboard:
+            out(f"Ray dashboard: http://{context.dashboard_url} on the head (from your machine: "
+                f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265)")
         return  # a cluster's autoscaler may still add GPU nodes: no check
-    ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+    context = ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING, include_dashboard=dashboard,
+                       dashboard_host="127.0.0.1")
+    if dashboard:
+        out(f"Ray dashboard: http://{context.dashboard_url} (this machine only; it closes with the sweep)")
     if gpu > 0 and ray.cluster_resources().get("GPU", 0) < gpu:
         ray.shutdown()
         raise NoGPU(f"resources.gpu: each trial asks for {gpu} GPU but this machine has none; expected "
@@ -197,12 +232,17 @@ def _mark_failed(settings: Settings, out: Callable[[str], None]) -> Callable[[Tr
 
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
-              out: Callable[[str], None] = print, command: str = "bca sweep SPEC", yes: bool = False,
-              rerun_changed: bool = False, runs: list[Run] | None = None) -> SweepOutcome:
+              out: Callable[[str], None] = print, command: str = "bca sweep SPEC", ray_dashboard: bool = False,
+              progress_every_s: float = 30.0, yes: bool = False, rerun_changed: bool = False,
+              runs: list[Run] | None = None) -> SweepOutcome:
     """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or was interrupted.
-    `command` is how the user started it, for the resume hints; `yes` confirms a sweep of more than LARGE_SWEEP
-    runs; `rerun_changed` runs again the finished runs made on another version of their dataset; `runs`: the
-    spec's expansion when the caller already has it."""
+    `command` is how the user started it, for the resume hints; `ray_dashboard` starts Ray's dashboard with a
+    local Ray (on loopback) and prints its address; `progress_every_s`: how often a running trial reports;
+    `yes` confirms a sweep of more than LARGE_SWEEP runs; `rerun_changed` runs again the finished runs made on
+    another version of their dataset; `runs`: the spec's expansion when the caller already has it."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_shared_storage(spec, address)
     runs = expand(spec) if runs is None else runs
     problem = check_sweep_record(spec, runs)
     if problem:
@@ -238,7 +278,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         not_started: list[str] = []
         errors: dict[str, str] = {}
         if todo:
-            errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
+            errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out,
+                           dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
                            and RunWriter(spec.results_dir, r.config).status() is None]
@@ -259,15 +300,14 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
-          out: Callable[[str], None]) -> dict[str, str]:
+          out: Callable[[str], None], *, dashboard: bool, settings: Settings) -> dict[str, str]:
     """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good."""
     # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from ray import tune
 
-    _init_ray(address, spec.resources.gpu)
+    _init_ray(address, spec.resources.gpu, dashboard, out)
     _check_cpus(spec.resources.cpus)
-    settings = settings_of(spec)
     callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),
@@ -343,4 +383,5 @@ def _count(errors: Any) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
-__all__ = ["run_sweep", "SweepOutcome", "NoGPU", "SweepLocked", "NeedsConfirmation", "LARGE_SWEEP"]
+__all__ = ["run_sweep", "SweepOutcome", "NoGPU", "SharedStorageError", "SweepLocked", "NeedsConfirmation",
+           "LARGE_SWEEP"]

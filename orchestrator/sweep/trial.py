@@ -28,7 +28,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -50,6 +50,13 @@ FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
 _MEMO_SIZE = 2
 _MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
+# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images) or
+# 'adapting' (samples). The runner forwards it to the driver's progress lines.
+Progress = Callable[[str, int, int], None]
+
+
+def _silent(stage: str, done: int, total: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Settings:
     part_rows: int
     failpoint: str | None = None  # see the module docstring
     plugins: tuple[str, ...] = ()  # modules registering plugin methods, imported in each trial process
+    progress_every_s: float = 30.0  # how often a running trial tells the driver how far it got
 
 
 @dataclass
@@ -87,7 +95,8 @@ class Stream:
         return int(self.labels.shape[0])
 
 
-def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool) -> Benchmark:
+def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool,
+               progress: Progress) -> Benchmark:
     """One dataset of a source as a Benchmark in dataset order: generated, or read through the feature cache."""
     if source.is_synthetic:
         from orchestrator.data.synthetic import synthesize
@@ -101,15 +110,16 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         register_model_config(source.model_config)
     return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
-                          seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views)
+                          seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
+                          progress=lambda done, total: progress("encoding", done, total))
 
 
-def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
+def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
     protocol = source.protocol()
     # views are reduced against the run's label space, which a held-out split changes: keep them until then
     reduce_views = not keep_views and not isinstance(protocol, Contaminated)
-    bench = _benchmark(source, source.dataset, settings, reduce_views)
-    others = tuple(_benchmark(source, name, settings, reduce_views) for name in source.others)
+    bench = _benchmark(source, source.dataset, settings, reduce_views, progress)
+    others = tuple(_benchmark(source, name, settings, reduce_views, progress) for name in source.others)
     benches = (bench, *others)
     encode_s = sum(getattr(b, "encode_seconds", 0.0) for b in benches)
     skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
@@ -135,7 +145,8 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
                   fingerprint=listing[:16] or None)
 
 
-def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
+def load_stream(source: DataSource, settings: Settings, keep_views: bool = False,
+                progress: Progress = _silent) -> tuple[Stream, bool]:
     """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for runs
     that take views: zero, tda, tda_pa, the BCA family's view_selection='adaptive');
     otherwise only the confident-view means are built, without a float32 copy of all views."""
@@ -143,7 +154,7 @@ def load_stream(source: DataSource, settings: Settings, keep_views: bool = False
     if key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key], True
-    stream = _build_stream(source, settings, keep_views)
+    stream = _build_stream(source, settings, keep_views, progress)
     _MEMO[key] = stream
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
@@ -320,7 +331,7 @@ def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                peak: PeakMemory | None = None) -> dict[str, Any]:
+                peak: PeakMemory | None = None, progress: Progress = _silent) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -337,6 +348,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             trace = method.run(features[start:start + settings.part_rows])
             labels = stream.labels[start:start + settings.part_rows]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
+            progress("adapting", min(start + settings.part_rows, len(stream)), len(stream))
         return _finish(run, writer, sink, outcome, stream, encode_s, peak)
     except BaseException as exc:
         _mark_failed(writer, exc)
@@ -380,17 +392,18 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         raise
 
 
-def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
+def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent) -> list[dict[str, Any]]:
     """Run every run of a trial that is not complete yet (a finished run whose rows went missing is run again
-    from its last complete part); returns one metrics dict per run executed."""
+    from its last complete part); returns one metrics dict per run executed. `progress` hears how far encoding
+    and (for a single run) adapting got."""
     todo = [run for run in trial.runs if not RunWriter(settings.results_dir, run.config).complete()]
     if not todo:
         return []
     load_plugins(settings.plugins)
     keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
-        stream, cached = load_stream(trial.source, settings, keep_views)
+        stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         if len(todo) > 1:
             return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak)
-        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak)]
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress)]
