@@ -75,7 +75,8 @@ def load_benchmark(
     cached = FeatureCache(cache_dir).get_or_encode(
         spec, name, data_root, views, seed, device=device, batch_size=batch_size, num_workers=num_workers,
         corrupt=corrupt, progress=progress, **load_kwargs)
-    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, cache_dir=cache_dir,
+    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, data_root=data_root,
+                                cache_dir=cache_dir,
                                 device=device, **load_kwargs)
     array = cached.array()
     if array.ndim == 3 and reduce_views:

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.load import SpecError
-from orchestrator.sweep.plan import Run, Trial, expand, make_trials
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
@@ -177,6 +177,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     status = run_status(spec, runs)
     todo = [r for r in runs if status[r.run_id] != "finished"]
     skipped = len(runs) - len(todo)
+    for note in template_notes(spec):
+        out(f"note: {note}")
     out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
         f"-> {spec.results_dir}")
     interrupted: list[str] = []
