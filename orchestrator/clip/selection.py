@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.views import PROTOCOL_KEEP, confident_view_means, lowest_entropy_views, view_posteriors
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 
 def confident_view_indices(
@@ -20,7 +21,7 @@ def confident_view_indices(
     class_embeddings: torch.Tensor,
     class_ids: torch.Tensor,
     num_classes: int,
-    logit_scale: float = 100.0,
+    logit_scale: float = CLIP_LOGIT_SCALE,
     keep: float = PROTOCOL_KEEP,
 ) -> torch.Tensor:
     """[n, V, d] -> [n, k] indices of the k = max(1, int(V * keep)) lowest-entropy views (as int() truncates)."""
@@ -33,7 +34,7 @@ def select_views(
     class_embeddings: torch.Tensor,
     class_ids: torch.Tensor,
     num_classes: int,
-    logit_scale: float = 100.0,
+    logit_scale: float = CLIP_LOGIT_SCALE,
     keep: float = PROTOCOL_KEEP,
     chunk: int = 1024,
 ) -> torch.Tensor:

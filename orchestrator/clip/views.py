@@ -33,7 +33,9 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 from torchvision.transforms.autoaugment import _apply_op
 
-VIEW_KINDS = ("single", "augmix", "crops")
+from orchestrator.registry.methods import VIEW_KINDS as METHOD_VIEW_KINDS
+
+VIEW_KINDS = ("single", *METHOD_VIEW_KINDS)  # the kinds a method card may name, and no views at all
 AUGMIX_VIEWS = 63  # augmented views per image in the public protocols (augmix and crops alike)
 _PIPELINE_VERSION = 1  # bump when the transforms change, so old cache entries are not reused
 

@@ -19,7 +19,9 @@ from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
 from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
+from orchestrator.methods.views import PROTOCOL_KEEP
 from orchestrator.registry import dataset_card
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,8 @@ def load_benchmark(
     quick_gelu: bool | None = None,
     device: str | torch.device | None = None,
     reduce_views: bool = False,
-    logit_scale: float = 100.0,
-    keep: float = 0.1,
+    logit_scale: float = CLIP_LOGIT_SCALE,
+    keep: float = PROTOCOL_KEEP,
     batch_size: int = 256,
     num_workers: int | None = None,
     corrupt: str = "skip",
@@ -76,7 +78,8 @@ def load_benchmark(
     cached = FeatureCache(cache_dir).get_or_encode(
         spec, name, data_root, views, seed, device=device, batch_size=batch_size, num_workers=num_workers,
         corrupt=corrupt, progress=progress, **load_kwargs)
-    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, cache_dir=cache_dir,
+    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, data_root=data_root,
+                                cache_dir=cache_dir,
                                 device=device, **load_kwargs)
     array = cached.array()
     if array.ndim == 3 and reduce_views:

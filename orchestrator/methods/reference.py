@@ -64,6 +64,7 @@ import torch
 
 from orchestrator.methods.base import StageTimer, Trace, empty_trace
 from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_views
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 SELECT_ON = ("likelihood", "posterior")
 UPDATES = ("count", "momentum", "decay")
@@ -80,7 +81,7 @@ class BCAConfig:
     tau_prior: float = 0.3
     n1: float = 30000.0
     n2: float = 10.0
-    logit_scale: float = 100.0
+    logit_scale: float = CLIP_LOGIT_SCALE
     select_on: str = "likelihood"
     update: str = "count"
     decay: float = 0.999

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+
 # The protocol's kept fraction of views (TDA's get_clip_logits, and the BCA code's selection_p).
 PROTOCOL_KEEP = 0.1
 
 
 def view_posteriors(view_features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, logit_scale: float = 100.0) -> torch.Tensor:
+                    num_classes: int, logit_scale: float = CLIP_LOGIT_SCALE) -> torch.Tensor:
     """[n, V, d] -> [n, V, K]: softmax over the M class embeddings, summed into their K classes.
 
     With one embedding per class (M = K) this is the plain softmax over classes.
@@ -46,7 +48,7 @@ def gather_views(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def confident_view_means(view_features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                         num_classes: int, logit_scale: float = 100.0, keep: float = PROTOCOL_KEEP,
+                         num_classes: int, logit_scale: float = CLIP_LOGIT_SCALE, keep: float = PROTOCOL_KEEP,
                          chunk: int = 1024) -> torch.Tensor:
     """[n, V, d] -> [n, d]: each sample's kept views (lowest entropy against `class_embeddings`) averaged,
     not renormalised, as the public code does. `chunk` samples at a time bound the [chunk, V, M] logits."""

@@ -13,7 +13,8 @@ from orchestrator.registry.methods import HParam, MethodCard, register_method
 
 _CROSS_DOMAIN = group_datasets(CROSS_DOMAIN)
 
-LOGIT_SCALE = HParam("logit_scale", "float", 100.0, "softmax scale of the cosine logits (CLIP's)", "scale",
+CLIP_LOGIT_SCALE = 100.0  # CLIP's learned logit scale, as the official codes write it (exp(4.6052))
+LOGIT_SCALE = HParam("logit_scale", "float", CLIP_LOGIT_SCALE, "softmax scale of the cosine logits (CLIP's)", "scale",
                      low=0.0, low_open=True)
 
 

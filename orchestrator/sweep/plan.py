@@ -290,10 +290,11 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
                   "num_templates": params.get("templates_per_class", 1), "views": "single",
                   "synthetic": {"scenario": dataset.synthetic, **params}, "stream_order": "scenario"}
         return [(source, fields)]
-    from orchestrator.sweep.catalog import template_counts
+    from orchestrator.sweep.catalog import effective_templates, template_counts
 
     out = []
-    for backbone, templates in itertools.product(spec.backbones, spec.templates):
+    for backbone, asked in itertools.product(spec.backbones, spec.templates):
+        templates = effective_templates(asked, dataset.name, spec.data_root)[0]
         tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
                             pretrained=tag, checkpoint=backbone.checkpoint,
@@ -322,6 +323,17 @@ def _entries_by_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) 
         if dataset in entry_datasets(spec, entry):
             groups.setdefault(dataset_views(spec, dataset, entry.method), []).append(entry)
     return groups
+
+
+def template_notes(spec: SweepSpec) -> list[str]:
+    """What the plan says of template sets it could not use as asked (a missing CuPL prompt file)."""
+    if not spec.has_real_datasets:
+        return []
+    from orchestrator.sweep.catalog import effective_templates
+
+    notes = [effective_templates(t, d.name, spec.data_root)[1] for d in spec.datasets if isinstance(d, RealDataset)
+             for t in spec.templates]
+    return [n for n in notes if n]
 
 
 def data_sources(spec: SweepSpec) -> list[DataSource]:

@@ -39,7 +39,7 @@ from orchestrator.results.atomic import atomic_write, ensure_dir
 from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.load import SpecError
-from orchestrator.sweep.plan import Run, Trial, expand, make_trials
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
@@ -270,6 +270,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
                 RunWriter(spec.results_dir, run.config).discard_rows()
         incomplete = sum(1 for r in runs if status[r.run_id] == INCOMPLETE)
         skipped = len(runs) - len(todo)
+        for note in template_notes(spec):
+            out(f"note: {note}")
         out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
             f"-> {spec.results_dir}")
         if incomplete:
