@@ -120,7 +120,7 @@ def test_small_sweep_end_to_end(reference):
     # progress: one line per finished trial with done/total, then the table and the dashboard command
     done_lines = [ln for ln in lines if ln.startswith("[")]
     assert len(done_lines) == outcome.total and done_lines[-1].startswith(f"[{outcome.total}/{outcome.total}]")
-    assert any("Accuracy (%) by method and dataset" in ln and "±" in ln for ln in lines)
+    assert any("By method and dataset" in ln and "top-1 accuracy (%)" in ln and "±" in ln for ln in lines)
     assert any("bca dashboard --results" in ln for ln in lines)
 
 
