@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import orchestrator.clip.prompts as prompts
 from orchestrator.clip import BackboneSpec, class_embeddings, load_backbone, resolve_templates
-from orchestrator.clip.testing import TINY_VIT, register_tiny_models
+from orchestrator.clip.testing import TINY_VIT, build_dataset, register_tiny_models
 from orchestrator.registry import DATASETS
 
 CLASSES = ["cat", "dog", "school bus"]
@@ -128,7 +128,7 @@ def test_cupl_without_its_file_is_a_clear_error_and_the_plan_falls_back_saying_s
 
     with pytest.raises(ValueError, match=r"CuPL_prompts_oxfordpets.json does not exist"):
         resolve_templates("cupl", dataset="pets", data_root=tmp_path)
-    (tmp_path / "data").mkdir()
+    build_dataset("pets", tmp_path / "data", num_classes=2, per_class=2)
     spec = validate_spec({"name": "c", "results_dir": "r", "cache_dir": "c", "data_root": "data",
                           "backbones": [{"model": "RN50", "pretrained": "openai"}], "datasets": ["pets"],
                           "templates": ["cupl"], "methods": [{"method": "clip"}], "seeds": [1]}, base_dir=tmp_path)

@@ -129,10 +129,12 @@ def test_paper_results_file_is_consistent():
                 if label in row["values"] and all(c in row["values"] for c in cols):
                     # a transcription error would break the printed averages; the paper's own slip is listed
                     off = abs(np.mean([row["values"][c] for c in cols]) - row["values"][label])
-                    if (table, row["backbone"], row["method"]) == ("ood", "ViT-B/16", "bca"):
-                        assert off > 0.2
-                    else:
-                        assert off <= 0.015, row
+                    if (table, row["backbone"], row["method"]) == ("ood", "ViT-B/16", "bca") or \
+                            label in row.get("inconsistent", ()):
+                        assert off > 0.015  # a slip of the paper's, kept as printed and listed in the source
+                    else:  # values printed to one decimal (C-TPT, HisTPT) round their average to one too
+                        one_decimal = all(round(v, 1) == v for v in row["values"].values())
+                        assert off <= (0.051 if one_decimal else 0.015), row
     assert "65.57" in data["source"]["known_inconsistencies"][0]
     ood = {(r["backbone"], r["method"]): r["values"] for r in data["tables"]["ood"]["rows"]}
     assert ood[("RN50", "bca")]["ImageNet"] == 61.81 and ood[("ViT-B/16", "clip")]["ImageNet-R"] == 77.65

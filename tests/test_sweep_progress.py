@@ -66,7 +66,8 @@ def test_encoding_reports_images_done(tmp_path):
     build_dataset("dtd", tmp_path / "data", num_classes=2, per_class=3)
     config = write_model_config(TINY_VIT, tmp_path / "models")
     spec = validate_spec({"name": "enc", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
-                          "backbones": [{"model": TINY_VIT, "config": str(config)}], "datasets": ["dtd"],
+                          "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+                          "datasets": ["dtd"],
                           "methods": [{"method": "clip"}], "seeds": [1], "part_rows": 4},
                          base_dir=tmp_path)
     calls = []
