@@ -378,6 +378,7 @@ def cost_panel(view: View) -> None:
 
 
 def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> None:
+    st.caption("Every run passing the filters, with those not yet written; `open` goes to a run's own page.")
     listing = queries.runs_listing(filters.apply(table), runs)
     listing.insert(0, "page", [link("Run", run=r) for r in listing["run_id"]])
     st.dataframe(listing, hide_index=True, width="stretch",

@@ -51,6 +51,9 @@ pack: 9
 part_rows: 200
 """
 METHODS = ("clip", "la", "pa", "bca", "tda", "tda_pa")
+# The comparison's rows for this sweep: one per configuration, labelled as the report labels them.
+CONFIG_ROWS = {"CLIP", "CLIP+LA", "CLIP+PA", "BCA (tau=0.2, n2=5)", "BCA (tau=0.2, n2=50)", "BCA (tau=0.5, n2=5)",
+               "BCA (tau=0.5, n2=50)", "TDA", "TDA+PA"}
 
 
 def bca_executable() -> str:

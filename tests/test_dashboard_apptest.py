@@ -19,7 +19,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import APP_PATH, RESULTS_ENV
 from dashboard.app import PANELS
-from dashboard_results import CLASS_NAMES, real_dataset_results, real_sweep_results
+from dashboard_results import CLASS_NAMES, CONFIG_ROWS, real_dataset_results, real_sweep_results
 from orchestrator import registry
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results, write_fake_run
@@ -27,8 +27,6 @@ from orchestrator.results.writer import RunWriter
 
 # Generous: the first run opens DuckDB and reads every footer on a busy 2-core machine.
 TIMEOUT_S = 180
-CONFIG_ROWS = {"CLIP", "CLIP+LA", "CLIP+PA", "BCA (tau=0.2, n2=5)", "BCA (tau=0.2, n2=50)", "BCA (tau=0.5, n2=5)",
-               "BCA (tau=0.5, n2=50)", "TDA", "TDA+PA"}
 
 
 def run_app(results_dir: Path, monkeypatch: pytest.MonkeyPatch, **params: str) -> AppTest:
