@@ -321,7 +321,8 @@ def per_class_panel(results_dir: str, print_: tuple, view: View, names: Callable
     top = st.slider("classes shown (largest differences between series)", 1, num_classes, min(25, num_classes),
                     key="per_class_top", bind=URL)
     shown = table[table["label"].isin(queries.most_different_classes(table, top))]
-    chart(charts.per_class_accuracy(shown.assign(**{"class": shown["label"].map(names)})),
+    chart(charts.per_class_accuracy(shown.assign(**{"class": shown["label"].map(names)}),
+                                    queries.series_methods(view.focus_runs, view.focus_labels)),
           f"per_class_{dataset}", "per_class")
     wide = table.pivot(index="label", columns="series", values="accuracy").round(2).reset_index()
     wide.insert(1, "class", wide["label"].map(names))

@@ -150,7 +150,7 @@ def prior_heatmap(matrix: pd.DataFrame, title: str) -> alt.Chart:
     )
 
 
-def per_class_accuracy(per_class: pd.DataFrame) -> alt.Chart:
+def per_class_accuracy(per_class: pd.DataFrame, series_methods: dict[str, str]) -> alt.Chart:
     """Per-class accuracy as a heat-map: one row per configuration, one column per class (named), so 20
     configurations stay as readable as 2.
 
@@ -161,8 +161,9 @@ def per_class_accuracy(per_class: pd.DataFrame) -> alt.Chart:
         alt.Chart(per_class)
         .mark_rect()
         .encode(
-            x=alt.X("class:N", title="true class", sort=None, axis=alt.Axis(labelAngle=-45, labelLimit=160)),
-            y=alt.Y("series:N", title=None, sort=None, axis=_ALL_LABELS),
+            x=alt.X("class:N", title="true class", sort=None,
+                    axis=alt.Axis(labelAngle=-45, labelLimit=160, labelOverlap=False)),
+            y=alt.Y("series:N", title=None, sort=family_colours(series_methods).domain, axis=_ALL_LABELS),
             color=alt.Color("accuracy:Q", title="accuracy (%)", scale=alt.Scale(domain=[0, 100], scheme="viridis")),
             tooltip=["class:N", "series:N", alt.Tooltip("accuracy:Q", format=".2f"), "n:Q"],
         )
@@ -194,7 +195,7 @@ def parallel_coordinates(runs: pd.DataFrame, dims: list[str], metric: str, metri
                       ends.assign(scaled=1.0, text=ends["hi"].map("{:.4g}".format))])
     order = [names[a] for a in axes]
     x = alt.X("axis_name:N", sort=order, title=None, axis=alt.Axis(labelAngle=0, labelLimit=200))
-    lines = alt.Chart(long).mark_line(opacity=0.6).encode(
+    lines = alt.Chart(long).mark_line(opacity=0.7, point=True).encode(
         x=x, y=alt.Y("scaled:Q", title=None, axis=None),
         color=_method_color(long["method"]), detail="run_id:N",
         tooltip=["run_id:N", "method_label:N", "axis_name:N", alt.Tooltip("value:Q", format=".4g")])
@@ -208,10 +209,12 @@ def importance(scores: pd.DataFrame, metric_label: str) -> alt.LayerChart:
     std."""
     data = scores.assign(lo=scores["importance"] - scores["std"], hi=scores["importance"] + scores["std"])
     y = alt.Y("setting:N", sort=None, title=None, axis=_ALL_LABELS)
-    bars = alt.Chart(data).mark_bar().encode(
-        y=y, x=alt.X("importance:Q", title=f"drop in R² of {metric_label} when shuffled"),
+    x_title = f"drop in R² of {metric_label} when shuffled (± std over repeats)"
+    bars = alt.Chart(data).mark_bar(color=_FAMILY_BASE[0]).encode(
+        y=y, x=alt.X("importance:Q", title=x_title),
         tooltip=["setting:N", alt.Tooltip("importance:Q", format=".3f"), alt.Tooltip("std:Q", format=".3f")])
-    bars_err = alt.Chart(data).mark_errorbar().encode(y=y, x="lo:Q", x2="hi:Q")
+    bars_err = alt.Chart(data).mark_errorbar(color="gray", thickness=2).encode(y=y, x=alt.X("lo:Q", title=x_title),
+                                                                               x2="hi:Q")
     return alt.layer(bars, bars_err).properties(height=60 + 26 * len(scores))
 
 
@@ -226,7 +229,9 @@ def metric_bars(summary: pd.DataFrame, series_methods: dict[str, str], metric_la
         y=y, x=alt.X("mean:Q", title=x_title, scale=alt.Scale(zero=False)),
         color=alt.Color("series:N", scale=family_colours(series_methods), legend=None),
         tooltip=["series:N", alt.Tooltip("mean:Q", format=".2f"), alt.Tooltip("std:Q", format=".2f"), "n:Q"])
-    err = alt.Chart(data).mark_errorbar().encode(y=y, x=alt.X("lo:Q", title=x_title), x2="hi:Q")
+    err = alt.Chart(data).mark_errorbar(thickness=2).encode(
+        y=y, x=alt.X("lo:Q", title=x_title), x2="hi:Q",
+        color=alt.Color("series:N", scale=family_colours(series_methods), legend=None))
     return alt.layer(err, dots).properties(height=60 + ROW_PX * len(summary))
 
 
@@ -237,12 +242,13 @@ def disagreement_classes(by_class: pd.DataFrame, label_a: str, label_b: str) -> 
     return (
         alt.Chart(long).mark_bar().encode(
             y=alt.Y("class:N", sort=list(by_class["class"]), title=None, axis=_ALL_LABELS),
-            x=alt.X("n:Q", title=f"← only {label_a} right · only {label_b} right →"),
+            x=alt.X("n:Q", title=f"← only {label_a} right · only {label_b} right → (samples)",
+                    axis=alt.Axis(labelExpr="abs(datum.value)", tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_FAMILY_BASE[0], _FAMILY_BASE[1]]),
                             legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
             tooltip=["class:N", "run:N", alt.Tooltip("n:Q", title="samples")])
-        .properties(height=100 + ROW_PX * len(by_class))
+        .properties(height=140 + 28 * len(by_class))
     )
 
 
@@ -252,7 +258,7 @@ def disagreement_stream(over: pd.DataFrame, label_a: str, label_b: str) -> alt.C
     return (
         alt.Chart(data).mark_line(point=True).encode(
             x=alt.X("position:Q", title="stream position (end of window)", axis=alt.Axis(format="d")),
-            y=alt.Y("n:Q", title="samples only this run gets right"),
+            y=alt.Y("n:Q", title="samples only this run gets right", axis=alt.Axis(tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_FAMILY_BASE[0], _FAMILY_BASE[1]]),
                             legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
