@@ -4,8 +4,10 @@ command line (loopback by default, issue 7)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 
 from dashboard import RESULTS_ENV, charts, context, export, importance, launch, metrics, prior, queries
 from dashboard.queries import Filters
+from orchestrator import registry
 from orchestrator.cli import app
 
 
@@ -249,3 +252,33 @@ def test_class_names_from_the_cache_manifest(tmp_path: Path) -> None:
     namer = context.class_namer(names)
     assert (namer(1), namer(5)) == ("1: b", "class 5")
     assert context.class_namer([])(3) == "class 3"
+
+
+def plot_height(chart) -> float:
+    """Height in px of a chart's plotting area (Vega's root frame) as vl-convert renders it when, as Streamlit
+    does, title, axes and legend must fit into the chart's height."""
+    fitted = chart.properties(autosize=alt.AutoSizeParams(type="fit", contains="padding"), width=800)
+    svg = export.chart_image(fitted, "svg").decode()
+    match = re.search(r'role-frame root".*?<path class="background"[^>]* d="M[\d.]+,[\d.]+h([\d.]+)v([\d.]+)', svg)
+    assert match, svg[:300]
+    return float(match.group(2))
+
+
+@pytest.mark.parametrize("n_series", [2, 20])
+def test_charts_keep_a_plotting_area_with_many_configurations(n_series: int) -> None:
+    """The issue's flat line: a fixed height filled by the legend. Heights follow the number of series."""
+    methods = ["clip", "la", "pa", "bca", "tda"]
+    series = {f"{registry.method_label(methods[i % 5])} (setting={i}, a long label to cut)": methods[i % 5]
+              for i in range(n_series)}
+    names = list(series)
+    curve = pd.DataFrame([{"series": s, "position": p, "cumulative": 60.0 + i, "cumulative_std": 1.0, "runs": 2}
+                          for i, s in enumerate(names) for p in (100, 200, 300)])
+    points = pd.DataFrame([{"series": s, "value": v, "mean": 60.0 + i, "std": 0.5, "n": 2}
+                           for i, s in enumerate(names) for v in (1, 10, 1000)])
+    summary = pd.DataFrame({"series": names, "mean": np.arange(n_series) + 60.0, "std": 0.5, "n": 2})
+    per_class = pd.DataFrame([{"series": s, "class": f"class {k}", "accuracy": 50.0, "n": 3}
+                              for s in names for k in range(10)])
+    for chart in (charts.online_accuracy(curve, series), charts.sensitivity(points, "n2", series, baseline=61.0,
+                                                                           baseline_label="CLIP"),
+                  charts.metric_bars(summary, series, "accuracy (%)"), charts.per_class_accuracy(per_class, series)):
+        assert plot_height(chart) >= max(50, 15 * n_series)  # room for every series, whatever the legend takes
