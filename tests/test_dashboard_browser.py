@@ -29,6 +29,7 @@ import websocket
 from dashboard.app import PANELS
 from dashboard_results import CONFIG_ROWS, bca_executable, real_sweep_results
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.testing import write_fake_run
 
 pytestmark = pytest.mark.slow
 
@@ -321,3 +322,17 @@ def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
         assert background != "rgb(255, 255, 255)", background
         plot_areas(cdp, "dark, 1920 px", at_least=3)
         screenshot(cdp, "dashboard-dark", 1920)
+
+
+def test_page_follows_a_running_sweep(tmp_path: Path) -> None:
+    """While a run is running, new result files appear on the open page without any click (auto-refresh)."""
+    config = {"sweep": "live", "backbone": "RN50", "dataset": "imagenet", "method": "bca", "seed": 1,
+              "hparams": {"tau": 0.3}}
+    results = tmp_path / "results"
+    write_fake_run(results, {**config, "method": "clip", "hparams": {}}, n=100)
+    write_fake_run(results, config, n=100, rows=40, status="running")
+    caption = "document.querySelector('[data-testid=\"stMain\"] [data-testid=\"stCaptionContainer\"]').innerText"
+    with page(results, tmp_path, "live") as (url, cdp):
+        navigate(cdp, url, "1 running · 1 finished")
+        write_fake_run(results, {**config, "seed": 2}, n=100)  # the sweep goes on
+        wait_until("the page to show the new run", lambda: "2 finished" in cdp.evaluate(caption), RENDER_WAIT_S)
