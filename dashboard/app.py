@@ -88,11 +88,6 @@ def load_importance(runs: pd.DataFrame, hparams: tuple[str, ...], metric: str) -
     return importance.hparam_importance(runs, hparams, metric)
 
 
-def fingerprint(results_dir: str) -> tuple:
-    """(files, newest mtime, total bytes) of the results files: changes whenever a sweep writes."""
-    return context.results_fingerprint(results_dir)
-
-
 # -------------------------------------------------------------------------------------------- widgets
 def table_exports(text: pd.DataFrame, numbers: pd.DataFrame, best: pd.DataFrame | None, name: str, key: str,
                   caption: str = "") -> None:
@@ -193,8 +188,8 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
         st.table(styled)
         table_exports(text, numbers, best, f"comparison_{view.metric}", "comparison",
                       f"{view.metric_label} by configuration and dataset")
-        if len(summary["dataset"].unique()) == 1 or view.focus[1] in set(summary["dataset"]):
-            in_focus = summary[summary["dataset"] == view.focus[1]]
+        in_focus = summary[summary["dataset"] == view.focus[1]]
+        if not in_focus.empty:
             chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label),
                   f"{view.metric}_{view.focus[1]}", "metric_bars")
     with st.expander("The paper's tables (accuracy, Table 1 / Table 2 layout, gain over CLIP)",
@@ -213,7 +208,7 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
             table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
 
 
-def stream_panel(results_dir: str, print_: tuple, view: View) -> None:
+def stream_panel(results_dir: str, stamp: tuple, view: View) -> None:
     backbone, dataset = view.focus
     runs = view.focus_runs
     left, right = st.columns(2)
@@ -223,7 +218,7 @@ def stream_panel(results_dir: str, print_: tuple, view: View) -> None:
                                     "seen so far.")
     kind = right.segmented_control("curve", ["cumulative", "windowed"], default="cumulative", key="curve",
                                    bind=URL, required=True)
-    curves = load_curves(results_dir, print_, tuple(runs["run_id"]), backbone, dataset, int(window))
+    curves = load_curves(results_dir, stamp, tuple(runs["run_id"]), backbone, dataset, int(window))
     if curves.empty:
         st.info("No samples for these runs yet.")
         return
@@ -306,10 +301,10 @@ def prior_panel(results_dir: str, view: View, names: Callable[[int], str]) -> No
     prior_view(results_dir, candidates[candidates["run_id"] == run_id].iloc[0], names, "prior")
 
 
-def per_class_panel(results_dir: str, print_: tuple, view: View, names: Callable[[int], str],
+def per_class_panel(results_dir: str, stamp: tuple, view: View, names: Callable[[int], str],
                     names_known: bool) -> None:
     backbone, dataset = view.focus
-    counts = load_per_class(results_dir, print_, tuple(view.focus_runs["run_id"]), backbone, dataset)
+    counts = load_per_class(results_dir, stamp, tuple(view.focus_runs["run_id"]), backbone, dataset)
     if counts.empty:
         st.info("No samples for these runs yet.")
         return
@@ -387,7 +382,7 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
     table_exports(listing.drop(columns="page"), listing.drop(columns="page"), None, "runs", "runs")
 
 
-def workbench(results_dir: str, print_: tuple, db: ResultsDB, table: pd.DataFrame, all_runs: pd.DataFrame,
+def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame, all_runs: pd.DataFrame,
               record_for: Callable[[str], dict | None]) -> None:
     hparams = queries.hparam_columns(db)
     filter_columns = queries.filter_columns(all_runs, hparams)
@@ -433,10 +428,10 @@ def workbench(results_dir: str, print_: tuple, db: ResultsDB, table: pd.DataFram
     namer = context.class_namer(names)
     tabs = st.tabs(list(PANELS), key="panel", bind=URL)
     panels = (
-        lambda: stream_panel(results_dir, print_, view),
+        lambda: stream_panel(results_dir, stamp, view),
         lambda: sensitivity_panel(view),
         lambda: prior_panel(results_dir, view, namer),
-        lambda: per_class_panel(results_dir, print_, view, namer, bool(names)),
+        lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),
         lambda: settings_panel(view),
         lambda: cost_panel(view),
         lambda: runs_panel(table, filters, runs),
@@ -448,18 +443,18 @@ def workbench(results_dir: str, print_: tuple, db: ResultsDB, table: pd.DataFram
 
 
 # ------------------------------------------------------------------------------------- run and config
-def run_options(table: pd.DataFrame, all_runs: pd.DataFrame, hparams: list[str]) -> dict[str, str]:
+def run_options(table: pd.DataFrame, hparams: list[str]) -> dict[str, str]:
     """run_id -> "BCA (tau=0.2) · synthetic-continual · seed 1 · 0560bcc9" for every run in the runs table."""
-    labels = queries.series_labels(table.assign(status=table["status"]), hparams)
+    labels = queries.series_labels(table, hparams)
     return {r: f"{labels[i]} · {registry.dataset_title(d)} · seed {s} · {r[:8]}"
             for i, r, d, s in zip(table.index, table["run_id"], table["dataset"], table["seed"])}
 
 
-def run_page(results_dir: str, print_: tuple, table: pd.DataFrame, all_runs: pd.DataFrame, hparams: list[str],
+def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.DataFrame, hparams: list[str],
              record_for: Callable[[str], dict | None]) -> None:
-    options = run_options(table, all_runs, hparams)
+    options = run_options(table, hparams)
     run_id = id_selectbox("run", options, "run")
-    detail, stream = load_run(results_dir, print_, run_id)
+    detail, stream = load_run(results_dir, stamp, run_id)
     if detail.empty:
         st.info(f"Run {run_id} is not in the runs table.")
         return
@@ -523,7 +518,7 @@ def run_page(results_dir: str, print_: tuple, table: pd.DataFrame, all_runs: pd.
                            mime="application/x-yaml", key="reproduce", on_click="ignore")
 
 
-def config_page(results_dir: str, print_: tuple, all_runs: pd.DataFrame, hparams: list[str]) -> None:
+def config_page(results_dir: str, stamp: tuple, all_runs: pd.DataFrame, hparams: list[str]) -> None:
     labels = queries.series_labels(all_runs, hparams)
     groups = all_runs.assign(series=labels).dropna(subset=["group_id"]).groupby("group_id", sort=False).first()
     options = {g: f"{r['series']} · {registry.dataset_title(r['dataset'])} · {report.backbone_label(r['backbone'])}"
@@ -549,7 +544,7 @@ def config_page(results_dir: str, print_: tuple, all_runs: pd.DataFrame, hparams
                                            else finished[c].max()) for c in cols]})
     st.markdown("**Over its finished runs**")
     dataframe(summary, f"config_{group}", "config_summary")
-    curves = load_curves(results_dir, print_, tuple(runs["run_id"]), first["backbone"], first["dataset"],
+    curves = load_curves(results_dir, stamp, tuple(runs["run_id"]), first["backbone"], first["dataset"],
                          queries.default_window(int(runs["n_rows"].max())))
     if not curves.empty:
         one = pd.Series(options[group], index=runs["run_id"].values)
@@ -558,9 +553,9 @@ def config_page(results_dir: str, print_: tuple, all_runs: pd.DataFrame, hparams
 
 
 # --------------------------------------------------------------------------------------- two runs
-def compare_page(results_dir: str, print_: tuple, table: pd.DataFrame, all_runs: pd.DataFrame,
+def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.DataFrame,
                  hparams: list[str], record_for: Callable[[str], dict | None]) -> None:
-    options = {r: v for r, v in run_options(table, all_runs, hparams).items() if r in set(all_runs["run_id"])}
+    options = {r: v for r, v in run_options(table, hparams).items() if r in set(all_runs["run_id"])}
     ids = list(options)
     left, right = st.columns(2)
     run_a = id_selectbox("run A", options, "run_a", left)
@@ -571,7 +566,7 @@ def compare_page(results_dir: str, print_: tuple, table: pd.DataFrame, all_runs:
         st.info("Only one run has samples: a comparison needs two.")
         return
     run_b = id_selectbox("run B (same dataset and seed first)", {r: options[r] for r in partners}, "run_b", right)
-    pair = load_pair(results_dir, print_, run_a, run_b)
+    pair = load_pair(results_dir, stamp, run_a, run_b)
     if pair.empty:
         st.info("The two runs share no stream positions.")
         return
@@ -627,11 +622,11 @@ def compare_page(results_dir: str, print_: tuple, table: pd.DataFrame, all_runs:
 
 
 # ----------------------------------------------------------------------------------------------- page
-def auto_refresh(results_dir: str, print_: tuple) -> None:
+def auto_refresh(results_dir: str, stamp: tuple) -> None:
     """While runs are running, look for new result files every few seconds and rerun when there are."""
     @st.fragment(run_every=AUTO_REFRESH_S)
     def watch() -> None:
-        if fingerprint(results_dir) != print_:
+        if context.results_fingerprint(results_dir) != stamp:
             st.rerun(scope="app")
 
     watch()
@@ -649,8 +644,8 @@ def main() -> None:
         st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC` writes to the "
                 f"spec's `results_dir`) or open another one with `bca dashboard --results DIR`.")
         return
-    print_ = fingerprint(results_dir)
-    table, all_runs, bad = load_results(results_dir, print_)
+    stamp = context.results_fingerprint(results_dir)
+    table, all_runs, bad = load_results(results_dir, stamp)
     if bad:
         st.warning(f"Left out {len(bad)} unreadable or incomplete results file(s); everything else is shown:\n\n"
                    + "\n".join(f"- `{b}`" for b in bad))
@@ -661,7 +656,7 @@ def main() -> None:
     st.caption(" · ".join(f"{counts.get(s, 0)} {s}" for s in schema.STATUSES) + f" runs in `{results_dir}`")
     running = counts.get("running", 0) > 0
     if running and st.sidebar.toggle("auto-refresh while runs are running", value=True, key="auto_refresh"):
-        auto_refresh(results_dir, print_)
+        auto_refresh(results_dir, stamp)
 
     if all_runs.empty:
         st.info("The runs below have started but none has written samples yet; refresh in a moment.")
@@ -680,13 +675,13 @@ def main() -> None:
     page = st.segmented_control("page", list(PAGES), default=PAGES[0], key="page", bind=URL, required=True,
                                 label_visibility="collapsed")
     if page == "Run":
-        run_page(results_dir, print_, table, all_runs, hparams, record_for)
+        run_page(results_dir, stamp, table, all_runs, hparams, record_for)
     elif page == "Configuration":
-        config_page(results_dir, print_, all_runs, hparams)
+        config_page(results_dir, stamp, all_runs, hparams)
     elif page == "Compare two runs":
-        compare_page(results_dir, print_, table, all_runs, hparams, record_for)
+        compare_page(results_dir, stamp, table, all_runs, hparams, record_for)
     else:
-        workbench(results_dir, print_, db, table, all_runs, record_for)
+        workbench(results_dir, stamp, db, table, all_runs, record_for)
 
 
 main()

@@ -186,14 +186,6 @@ ORDER BY run_id, win
 """, params)
 
 
-def mean_curves(curves: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
-    """Average the per-run curves over the runs of one configuration (the seeds): columns series, win,
-    position, cumulative, windowed. `labels` maps run_id -> series label; runs are few, rows per run few."""
-    frame = curves.assign(series=curves["run_id"].map(labels))
-    return (frame.groupby(["series", "win"], as_index=False)
-            .agg(position=("position", "mean"), cumulative=("cumulative", "mean"), windowed=("windowed", "mean")))
-
-
 def default_window(max_rows: int, points: int = 25) -> int:
     """A window giving about `points` points per curve."""
     return max(1, int(np.ceil(max_rows / points)))
@@ -373,10 +365,10 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
             name = f"Δ {pinned} ({titles[column]})"
             text[name] = [_signed(v) for v in delta]
             numbers[name] = delta
-    text.index.name = numbers.index.name = best.index.name = "configuration"
-    best = best.reindex(columns=text.columns, fill_value=False)
-    return text.reset_index(), numbers.reset_index(), best.reset_index(drop=True).assign(configuration=False)[
-        ["configuration", *text.columns]]
+    text.index.name = numbers.index.name = "configuration"
+    best = best.reindex(columns=text.columns, fill_value=False).reset_index(drop=True)
+    best.insert(0, "configuration", False)
+    return text.reset_index(), numbers.reset_index(), best
 
 
 def _signed(value: Any) -> str:
