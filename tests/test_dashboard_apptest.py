@@ -18,7 +18,7 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 from dashboard import APP_PATH, RESULTS_ENV
-from dashboard.app import PANELS
+from dashboard.workbench import PANELS
 from dashboard_results import CLASS_NAMES, CONFIG_ROWS, real_dataset_results, real_sweep_results
 from orchestrator import registry
 from orchestrator.results.db import ResultsDB

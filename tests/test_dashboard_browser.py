@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 import pytest
 import websocket
 
-from dashboard.app import PANELS
+from dashboard.workbench import PANELS
 from dashboard_results import CONFIG_ROWS, bca_executable, real_sweep_results
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import write_fake_run
