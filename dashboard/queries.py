@@ -33,8 +33,8 @@ IDENTITY_FILTERS = {
 _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")
 # Settings that may tell two configurations of one method apart, besides the hparams.
 SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
-# Metrics of the runs table the accuracy view does not carry.
-RUN_METRICS = ("samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", "error", "updated_at")
+# Runs-view columns left out of the per-run frame: long JSON read only on a run's own page.
+_HEAVY = ("config_json", "versions")
 LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "status",
                    "n_samples", "samples_per_s", "error", "updated_at")
 
@@ -106,9 +106,13 @@ def status_counts(runs: pd.DataFrame) -> dict[str, int]:
 
 
 def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
-    """One row per run that has samples: the accuracy view plus the run's cost metrics from the runs view."""
-    extra = ", ".join(f"r.{c}" for c in RUN_METRICS)
-    return db.df(f"SELECT a.*, {extra} FROM accuracy a LEFT JOIN runs r USING (run_id) "
+    """One row per run that has samples: the accuracy view plus every runs-view column it does not carry (costs,
+    error, and any metric column added to the runs table), so new metric columns reach the dashboard as they are
+    added to either view."""
+    carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
+    extra = [c for c in db.df("SELECT * FROM runs LIMIT 0").columns if c not in carried and c not in _HEAVY]
+    columns = "".join(f', r."{c}"' for c in extra)
+    return db.df(f"SELECT a.*{columns} FROM accuracy a LEFT JOIN runs r USING (run_id) "
                  "ORDER BY a.backbone, a.dataset, a.method, a.run_id")
 
 
@@ -182,14 +186,6 @@ ORDER BY run_id, win
 """, params)
 
 
-def mean_curves(curves: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
-    """Average the per-run curves over the runs of one configuration (the seeds): columns series, win,
-    position, cumulative, windowed. `labels` maps run_id -> series label; runs are few, rows per run few."""
-    frame = curves.assign(series=curves["run_id"].map(labels))
-    return (frame.groupby(["series", "win"], as_index=False)
-            .agg(position=("position", "mean"), cumulative=("cumulative", "mean"), windowed=("windowed", "mean")))
-
-
 def default_window(max_rows: int, points: int = 25) -> int:
     """A window giving about `points` points per curve."""
     return max(1, int(np.ceil(max_rows / points)))
@@ -236,8 +232,9 @@ def varying_numeric(runs: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     return out
 
 
-def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str]) -> tuple[pd.DataFrame, dict]:
-    """Mean ± std accuracy over seeds against one hyperparameter, the paper's one-at-a-time Fig. 3.
+def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
+                       metric: str = "accuracy") -> tuple[pd.DataFrame, dict]:
+    """Mean ± std of a metric over seeds against one hyperparameter, the paper's one-at-a-time Fig. 3.
 
     Runs vary in several hparams at once in a grid; to show the effect of `param` alone the other
     hparams in `others` are held at their most common value among the runs that have `param` (ties: the
@@ -258,7 +255,7 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str]) ->
     finished = finished[finished.groupby(keys)[param].transform("nunique") >= 2]
     if finished.empty:
         return pd.DataFrame(columns=columns), held
-    points = (finished.groupby([*keys, param], as_index=False)["accuracy"]
+    points = (finished.groupby([*keys, param], as_index=False)[metric]
               .agg(mean="mean", std="std", n="count")
               .rename(columns={param: "value"}))
     points["value"] = points["value"].astype(float)
@@ -285,3 +282,155 @@ def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()
+
+
+# ------------------------------------------------------------------------------------ choose, group, pin
+def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[str]) -> pd.Series:
+    """A series label per run: its configuration (as the report names it) when `group_by` is empty, else the
+    values of the chosen columns ("method=BCA · n2=5"), so runs differing only elsewhere are pooled."""
+    if not group_by:
+        return series_labels(runs, hparams)
+
+    def show(column: str, value: Any) -> str:
+        if pd.isna(value):
+            return f"{column}=—"
+        if column == "method":
+            return registry.method_label(value)
+        if column == "dataset":
+            return registry.dataset_title(value)
+        if column == "backbone":
+            return report.backbone_label(value)
+        return f"{column}={_clean(value)}"
+
+    return pd.Series([" · ".join(show(c, runs.at[i, c]) for c in group_by) for i in runs.index], index=runs.index)
+
+
+def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
+    """Series label -> the method of its runs (the first, for a group pooling several): the colour family."""
+    return {label: method for label, method in zip(labels, runs["method"])}
+
+
+def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str) -> pd.DataFrame:
+    """Mean, std and count of `metric` per series and dataset over finished runs (the seeds, orders and
+    anything the grouping pools): columns series, method, dataset, mean, std, n."""
+    finished = runs[(runs["status"] == "finished") & runs[metric].notna()].assign(series=labels)
+    if finished.empty:
+        return pd.DataFrame(columns=["series", "method", "dataset", "mean", "std", "n"])
+    out = (finished.groupby(["series", "dataset"], as_index=False)
+           .agg(method=("method", "first"), mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count")))
+    out["rank"] = out["method"].map(lambda m: registry.method_rank(m))
+    return out.sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank").reset_index(drop=True)
+
+
+def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(display text, numbers, best mask) of a series x dataset table of one metric: 'mean ± std' cells (the
+    mean alone for one run), an Average column over datasets, and 'Δ <pinned>' columns when a series is pinned."""
+    from dashboard import metrics
+
+    mean = summary.pivot(index="series", columns="dataset", values="mean")
+    std = summary.pivot(index="series", columns="dataset", values="std")
+    n = summary.pivot(index="series", columns="dataset", values="n")
+    order = list(dict.fromkeys(summary["series"]))
+    mean, std, n = mean.reindex(order), std.reindex(order), n.reindex(order)
+    datasets = sorted(mean.columns, key=lambda d: (registry.dataset_key(d) is None, d))
+    mean, std, n = mean[datasets], std[datasets], n[datasets]
+    titles = {d: registry.dataset_title(d) for d in datasets}
+    if len(datasets) > 1:
+        mean["Average"] = mean[datasets].mean(axis=1, skipna=False)
+        titles["Average"] = "Average"
+    text = pd.DataFrame(index=mean.index)
+    numbers = pd.DataFrame(index=mean.index)
+    best = pd.DataFrame(index=mean.index)
+    for column in mean.columns:
+        values = mean[column]
+        cells = []
+        for series in mean.index:
+            value = values[series]
+            spread = std[column][series] if column in std.columns else np.nan
+            if pd.isna(value):
+                cells.append("—")
+            elif column in n.columns and n[column][series] > 1 and pd.notna(spread):
+                cells.append(f"{value:.2f} ± {spread:.2f}")
+            else:
+                cells.append(f"{value:.2f}")
+        text[titles[column]] = cells
+        numbers[titles[column]] = values
+        if column in std.columns:
+            numbers[f"{titles[column]} std"] = std[column]
+        best[titles[column]] = metrics.best_index(values, metric)
+    if pinned is not None and pinned in mean.index:
+        for column in mean.columns:
+            delta = mean[column] - mean.at[pinned, column]
+            name = f"Δ {pinned} ({titles[column]})"
+            text[name] = [_signed(v) for v in delta]
+            numbers[name] = delta
+    text.index.name = numbers.index.name = "configuration"
+    best = best.reindex(columns=text.columns, fill_value=False).reset_index(drop=True)
+    best.insert(0, "configuration", False)
+    return text.reset_index(), numbers.reset_index(), best
+
+
+def _signed(value: Any) -> str:
+    return "—" if pd.isna(value) else f"{value:+.2f}"
+
+
+def curve_bands(curves: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
+    """Mean and std over the runs of each series (seeds, orders, pooled settings) of the per-run curves:
+    columns series, win, position, cumulative, cumulative_std, windowed, windowed_std, runs."""
+    frame = curves.assign(series=curves["run_id"].map(labels))
+    out = (frame.groupby(["series", "win"], as_index=False)
+           .agg(position=("position", "mean"), cumulative=("cumulative", "mean"), cumulative_std=("cumulative", "std"),
+                windowed=("windowed", "mean"), windowed_std=("windowed", "std"), runs=("run_id", "nunique")))
+    return out.fillna({"cumulative_std": 0.0, "windowed_std": 0.0})
+
+
+# ------------------------------------------------------------------------------------- one run, two runs
+def run_detail(db: ResultsDB, run_id: str) -> pd.DataFrame:
+    """Every column of the runs table for one run (one row; empty when unknown)."""
+    return db.df("SELECT * FROM runs WHERE run_id = $run", {"run": run_id})
+
+
+def stream_rows(db: ResultsDB, run_id: str, limit: int) -> pd.DataFrame:
+    """The first `limit` samples of a run's stream in order: sample_idx, image_id, label, pred, correct,
+    confidence, gated, gated_prior."""
+    return db.df("""
+SELECT sample_idx, image_id, label, pred, correct, confidence, gated, gated_prior
+FROM samples WHERE run_id = $run ORDER BY sample_idx LIMIT $limit
+""", {"run": run_id, "limit": int(limit)})
+
+
+def aligned_pair(db: ResultsDB, run_a: str, run_b: str) -> pd.DataFrame:
+    """Two runs' rows side by side at the same stream position: sample_idx, image_id (A's), same_image, label,
+    pred_a, pred_b, correct_a, correct_b, confidence_a, confidence_b. Positions only one run has are left out."""
+    return db.df("""
+SELECT a.sample_idx, a.image_id, a.image_id IS NOT DISTINCT FROM b.image_id AS same_image, a.label,
+       a.pred AS pred_a, b.pred AS pred_b, a.correct AS correct_a, b.correct AS correct_b,
+       a.confidence AS confidence_a, b.confidence AS confidence_b
+FROM (SELECT * FROM samples WHERE run_id = $a) a JOIN (SELECT * FROM samples WHERE run_id = $b) b USING (sample_idx)
+ORDER BY a.sample_idx
+""", {"a": run_a, "b": run_b})
+
+
+def disagreements(pair: pd.DataFrame) -> pd.DataFrame:
+    """The aligned samples exactly one run gets right: `pair` rows with a column `winner` ('A' or 'B')."""
+    only = pair[pair["correct_a"] != pair["correct_b"]]
+    return only.assign(winner=np.where(only["correct_a"], "A", "B"))
+
+
+def disagreements_by_class(diff: pd.DataFrame) -> pd.DataFrame:
+    """Per true class: samples only A gets right, only B gets right, and B - A. Columns label, A, B, net."""
+    counts = diff.groupby(["label", "winner"]).size().unstack(fill_value=0)
+    counts = counts.reindex(columns=["A", "B"], fill_value=0).reset_index()
+    counts["net"] = counts["B"] - counts["A"]
+    return counts.sort_values("net", key=abs, ascending=False, kind="stable").reset_index(drop=True)
+
+
+def disagreements_over_stream(diff: pd.DataFrame, window: int, length: int) -> pd.DataFrame:
+    """Per window of a stream of `length` positions: how many samples only A / only B gets right (0 where none).
+    Columns position (end of the window), winner, n."""
+    ends = np.minimum(np.arange(window, length + window, window), length)
+    grid = pd.MultiIndex.from_product([ends, ["A", "B"]], names=["position", "winner"])
+    binned = diff.assign(position=np.minimum((diff["sample_idx"] // window + 1) * window, length))
+    counts = binned.groupby(["position", "winner"]).size().reindex(grid, fill_value=0)
+    return counts.rename("n").reset_index()

@@ -1,7 +1,8 @@
 """The dashboard in a real browser: `bca dashboard` on localhost, loaded in headless Chromium driven over the
-DevTools protocol, the comparison table waited for (a plain --screenshot captures only placeholders), the
-methods' rows checked in the page text, and a screenshot saved to $BCA_SCREENSHOT when set
-(BCA_SCREENSHOT=docs/dashboard.png refreshes the README's picture).
+DevTools protocol. It opens the app (the comparison's rows), changes a filter by typing into it (the table and
+the URL follow), follows that shared link in a fresh load (the same view), opens every panel, a run's page and
+the two-run comparison, and checks that every chart has a plotting area; then once more at 1920 px in the dark
+theme. BCA_SCREENSHOTS=docs saves a full-page screenshot of each view there (the README's pictures).
 
 Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it this test fails, on purpose.
 """
@@ -20,19 +21,26 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlencode
 
 import pytest
 import websocket
 
-from dashboard_results import bca_executable, real_sweep_results
+from dashboard.workbench import PANELS
+from dashboard_results import CONFIG_ROWS, bca_executable, real_sweep_results
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.testing import write_fake_run
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("BCA_CHROMIUM", "/usr/bin/chromium")
-# The README's screenshot is refreshed only on request, so a test run leaves the work tree clean.
-SCREENSHOT = Path(os.environ.get("BCA_SCREENSHOT", ""))
-# The rows the comparison table must show for the sweep's methods (report.METHOD_LABELS' spellings).
-METHOD_ROWS = ("CLIP", "CLIP+LA", "CLIP+PA", "BCA (tau=0.2)", "BCA (tau=0.5)", "TDA", "TDA+PA")
+# The README's screenshots are refreshed only on request (BCA_SCREENSHOTS=docs), so a test run leaves the work
+# tree clean.
+SCREENSHOTS = Path(os.environ.get("BCA_SCREENSHOTS", ""))
+VIEW_HEIGHT = 1200
+# Text each panel shows once drawn.
+PANEL_TEXT = {"Sensitivity": "other settings held at", "Prior": "top classes", "Per class": "classes shown",
+              "Which settings matter": "Parallel coordinates", "Cost": "Peak memory", "Runs": "goes to a run's own page"}
 # How long to wait for slow starts on a loaded 2-core machine; waits, not assertions about speed.
 START_WAIT_S = 120
 RENDER_WAIT_S = 180
@@ -149,15 +157,27 @@ class DevTools:
         self.ws.close()
 
 
-# Rendered: the comparison table holds rows, the charts drew, and Streamlit is not running the script.
-RENDERED_JS = """
-(() => {
-  const table = document.querySelector('[data-testid="stTable"] table');
-  const charts = document.querySelectorAll('.vega-embed canvas, .vega-embed svg').length;
+# Idle: Streamlit is not running the script, no placeholder is left, and the page shows `text` somewhere.
+IDLE_JS = """
+((text) => {
   const running = document.querySelector('[data-testid="stStatusWidget"]');
   const skeletons = document.querySelectorAll('[data-testid="stSkeleton"]').length;
-  return !!table && table.querySelectorAll('tbody tr').length > 0 && charts > 0 && !running && skeletons === 0;
-})()
+  const main = document.querySelector('[data-testid="stMain"]');
+  return !running && skeletons === 0 && !!main && main.innerText.includes(text);
+})(%s)
+"""
+# Every chart's plotting area (Vega's root frame; the charts render as SVG, charts.for_page): [width, height].
+PLOT_AREAS_JS = """
+JSON.stringify([...document.querySelectorAll('.vega-embed')].map(e => {
+  const frame = e.querySelector('svg g.role-frame.root > g > path.background');
+  if (!frame) return [0, 0];
+  const r = frame.getBoundingClientRect();
+  return [Math.round(r.width), Math.round(r.height)];
+}))
+"""
+COMPARISON_ROWS_JS = """
+[...document.querySelectorAll('[data-testid="stTable"]')[0].querySelectorAll('tbody tr')].map(
+  r => r.querySelector('th, td').innerText.trim())
 """
 
 
@@ -173,36 +193,146 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
+def navigate(cdp: DevTools, url: str, text: str) -> None:
+    cdp.call("Page.navigate", url=url)
+    wait_for(cdp, text)
+
+
+def wait_for(cdp: DevTools, text: str) -> None:
+    time.sleep(1)  # let a rerun start before asking whether it is done
+    wait_until(f"the page to show {text!r}", lambda: cdp.evaluate(IDLE_JS % json.dumps(text)), RENDER_WAIT_S)
+    exceptions = cdp.evaluate("document.querySelectorAll('[data-testid=\"stException\"]').length")
+    assert exceptions == 0, f"the page shows a Python exception after waiting for {text!r}"
+
+
+def plot_areas(cdp: DevTools, where: str, at_least: int = 1) -> list[list[int]]:
+    """Every chart on the page has a plotting area (not just a legend or a title): at least 40 x 40 px."""
+    areas = json.loads(cdp.evaluate(PLOT_AREAS_JS))
+    assert len(areas) >= at_least, f"{where}: {len(areas)} charts, expected at least {at_least}"
+    flat = [a for a in areas if a[0] < 40 or a[1] < 40]
+    assert not flat, f"{where}: charts with (almost) no plotting area {flat} among {areas}"
+    return areas
+
+
+def comparison_cells(cdp: DevTools) -> set[str]:
+    text = cdp.evaluate("document.querySelectorAll('[data-testid=\"stTable\"]')[0].innerText")
+    return {cell.strip() for line in text.splitlines() for cell in line.split("\t")}
+
+
+def screenshot(cdp: DevTools, name: str, width: int) -> None:
+    """The whole page as docs/<name>.png, only when BCA_SCREENSHOTS names a folder (refreshed on request)."""
+    if not SCREENSHOTS.name:
+        return
+    height = int(cdp.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight"))
+    cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=min(height + 40, 5000), deviceScaleFactor=1,
+             mobile=False)
+    time.sleep(1.5)  # the charts re-layout to the new viewport
+    shot = cdp.call("Page.captureScreenshot", format="png")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    (SCREENSHOTS / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
+    cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=VIEW_HEIGHT, deviceScaleFactor=1, mobile=False)
+
+
+def choose_in_multiselect(cdp: DevTools, key: str, text: str) -> None:
+    """Type into a Streamlit multiselect and press Enter, as a user picks an option."""
+    cdp.evaluate(f"document.querySelector('.st-key-{key} input').focus()")
+    cdp.call("Input.insertText", text=text)
+    time.sleep(0.5)
+    for kind in ("keyDown", "keyUp"):
+        cdp.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13)
+    cdp.call("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape", windowsVirtualKeyCode=27)
+
+
+@contextmanager
+def page(results_dir: Path, tmp_path: Path, name: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, DevTools]]:
     port = free_port()
-    with dashboard_server(results, port, tmp_path / "dashboard.log") as url, \
-            chromium(tmp_path / "profile", tmp_path / "chromium.log") as devtools_port:
-        # Issue 7: loopback only unless --host says otherwise (127.0.0.1 is 0100007F in /proc/net/tcp).
-        assert listening_addresses(port) == {"0100007F"}, listening_addresses(port)
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with dashboard_server(results_dir, port, tmp_path / f"{name}-dashboard.log") as url, \
+                chromium(tmp_path / f"{name}-profile", tmp_path / f"{name}-chromium.log") as devtools_port:
+            # Issue 7: loopback only unless --host says otherwise (127.0.0.1 is 0100007F in /proc/net/tcp).
+            assert listening_addresses(port) == {"0100007F"}, listening_addresses(port)
+            cdp = DevTools(devtools_port)
+            try:
+                cdp.call("Page.enable")
+                yield url, cdp
+            finally:
+                cdp.close()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
-        cdp = DevTools(devtools_port)
-        try:
-            cdp.call("Emulation.setDeviceMetricsOverride", width=1440, height=1320, deviceScaleFactor=1,
-                     mobile=False)
-            cdp.call("Page.enable")
-            cdp.call("Page.navigate", url=url)
-            wait_until("the comparison table and charts to render", lambda: cdp.evaluate(RENDERED_JS), RENDER_WAIT_S)
-            exceptions = cdp.evaluate("document.querySelectorAll('[data-testid=\"stException\"]').length")
-            table_text = cdp.evaluate("document.querySelector('[data-testid=\"stTable\"]').innerText")
-            shot = cdp.call("Page.captureScreenshot", format="png")
-        finally:
-            cdp.close()
 
-    assert exceptions == 0, "the page shows a Python exception"
-    rows = [line.split("\t") for line in table_text.splitlines()]
-    row_labels = {cell.strip() for row in rows for cell in row[:3]}
-    missing = [m for m in METHOD_ROWS if m not in row_labels]
-    assert not missing, f"comparison table lacks rows {missing}; it shows:\n{table_text}"
-    for dataset in ("synthetic-label_shift", "synthetic-continual"):
-        assert dataset in table_text
+def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
+    with ResultsDB(results) as db:
+        runs = db.df("SELECT run_id, method, dataset, seed FROM accuracy ORDER BY method, run_id")
+    with page(results, tmp_path, "light") as (url, cdp):
+        cdp.call("Emulation.setDeviceMetricsOverride", width=1280, height=VIEW_HEIGHT, deviceScaleFactor=1,
+                 mobile=False)
+        navigate(cdp, url, "Comparison: accuracy")
+        cells = comparison_cells(cdp)
+        missing = [m for m in CONFIG_ROWS if m not in cells]
+        assert not missing, f"comparison table lacks rows {missing}; it shows {sorted(cells)}"
+        plot_areas(cdp, "workbench, Stream panel", at_least=2)
+        screenshot(cdp, "dashboard", 1280)
 
-    png = base64.b64decode(shot["data"])
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    if SCREENSHOT.name:
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        SCREENSHOT.write_bytes(png)
+        # change a filter as a user does: the table follows and the URL carries the filter
+        choose_in_multiselect(cdp, "filter_method", "bca")
+        wait_until("the URL to carry the method filter",
+                   lambda: "filter_method=bca" in cdp.evaluate("location.href"), RENDER_WAIT_S)
+        wait_for(cdp, "Comparison: accuracy")
+        filtered = {c for c in comparison_cells(cdp) if c.startswith(("CLIP", "TDA", "BCA"))}
+        assert filtered and all(c.startswith("BCA") for c in filtered), filtered
+        shared = cdp.evaluate("location.href")
+
+        # follow the shared link in a fresh page load: the same view
+        cdp.call("Page.navigate", url="about:blank")
+        navigate(cdp, shared, "Comparison: accuracy")
+        assert {c for c in comparison_cells(cdp) if c.startswith(("CLIP", "TDA", "BCA"))} == filtered
+
+        for panel in PANELS[1:]:
+            navigate(cdp, f"{url}/?{urlencode({'panel': panel})}", "Comparison: accuracy")
+            wait_for(cdp, PANEL_TEXT[panel])
+            plot_areas(cdp, f"{panel} panel", at_least=1)
+            screenshot(cdp, f"dashboard-{panel.lower().replace(' ', '-')}", 1280)
+
+        bca = runs[runs["method"] == "bca"].iloc[0]
+        navigate(cdp, f"{url}/?{urlencode({'page': 'Run', 'run': bca['run_id']})}", "Reproduce this run")
+        assert f"bca sweep reproduce-{bca['run_id']}.yaml" in cdp.evaluate("document.body.innerText")
+        plot_areas(cdp, "run page (prior heat-maps)", at_least=2)
+        screenshot(cdp, "dashboard-run", 1280)
+
+        same = runs[(runs["dataset"] == bca["dataset"]) & (runs["seed"] == bca["seed"])]
+        clip = same[same["method"] == "clip"].iloc[0]
+        navigate(cdp, f"{url}/?{urlencode({'page': 'Compare two runs', 'run_a': clip['run_id'], 'run_b': bca['run_id']})}",
+                 "only B right")
+        plot_areas(cdp, "two-run comparison", at_least=2)
+        screenshot(cdp, "dashboard-compare", 1280)
+
+    # wide screen, dark theme: still every chart with a plotting area
+    with page(results, tmp_path, "dark", {"STREAMLIT_THEME_BASE": "dark"}) as (url, cdp):
+        cdp.call("Emulation.setDeviceMetricsOverride", width=1920, height=VIEW_HEIGHT, deviceScaleFactor=1,
+                 mobile=False)
+        navigate(cdp, f"{url}/?{urlencode({'panel': 'Which settings matter'})}", PANEL_TEXT["Which settings matter"])
+        background = cdp.evaluate("getComputedStyle(document.querySelector('[data-testid=\"stApp\"]')).backgroundColor")
+        assert background != "rgb(255, 255, 255)", background
+        plot_areas(cdp, "dark, 1920 px", at_least=3)
+        screenshot(cdp, "dashboard-dark", 1920)
+
+
+def test_page_follows_a_running_sweep(tmp_path: Path) -> None:
+    """While a run is running, new result files appear on the open page without any click (auto-refresh)."""
+    config = {"sweep": "live", "backbone": "RN50", "dataset": "imagenet", "method": "bca", "seed": 1,
+              "hparams": {"tau": 0.3}}
+    results = tmp_path / "results"
+    write_fake_run(results, {**config, "method": "clip", "hparams": {}}, n=100)
+    write_fake_run(results, config, n=100, rows=40, status="running")
+    caption = "document.querySelector('[data-testid=\"stMain\"] [data-testid=\"stCaptionContainer\"]').innerText"
+    with page(results, tmp_path, "live") as (url, cdp):
+        navigate(cdp, url, "1 running · 1 finished")
+        write_fake_run(results, {**config, "seed": 2}, n=100)  # the sweep goes on
+        wait_until("the page to show the new run", lambda: "2 finished" in cdp.evaluate(caption), RENDER_WAIT_S)

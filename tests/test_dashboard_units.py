@@ -4,15 +4,18 @@ command line (loopback by default, issue 7)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from dashboard import RESULTS_ENV, launch, prior, queries
+from dashboard import RESULTS_ENV, charts, context, export, importance, launch, metrics, prior, queries
 from dashboard.queries import Filters
+from orchestrator import registry
 from orchestrator.cli import app
 
 
@@ -133,3 +136,149 @@ def test_bca_dashboard_host_option(captured_exec: dict, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert option(captured_exec["argv"], "--server.address") == "0.0.0.0"
     assert option(captured_exec["argv"], "--server.port") == "8501"
+
+
+# ------------------------------------------------------------------------------- metrics, tables, exports
+def test_metric_columns_are_whatever_numeric_metric_the_views_carry() -> None:
+    runs = runs_frame().assign(ece=[5.0, 4.0, 3.0, 2.0, 1.0], new_score=[1, 2, 3, 4, 5], n_rows=100)
+    columns = metrics.metric_columns(runs, ["tau", "n1", "n2"])
+    # registered ones in their order, then an unregistered numeric column under its own name; never hparams,
+    # seeds or row counts
+    assert columns == ["accuracy", "ece", "new_score"]
+    assert metrics.label("ece") == "expected calibration error (%)" and metrics.label("new_score") == "new_score"
+    assert metrics.best_index(runs["ece"], "ece").tolist() == [False, False, False, False, True]  # lower is better
+    assert metrics.best_index(runs["accuracy"], "accuracy").tolist() == [False, False, True, False, False]
+
+
+def test_metric_table_mean_std_best_and_pinned_delta() -> None:
+    runs = runs_frame()
+    runs["status"] = "finished"
+    labels = queries.group_labels(runs, ["method"], ["tau", "n1", "n2"])
+    assert labels.tolist() == ["CLIP", "BCA", "BCA", "BCA", "BCA"]
+    summary = queries.metric_summary(runs, labels, "accuracy")
+    text, numbers, best = queries.metric_table(summary, "accuracy", pinned="CLIP")
+    rows = text.set_index("configuration")
+    bca = runs.loc[runs["method"] == "bca", "accuracy"]
+    assert rows.at["BCA", "ImageNet"] == f"{bca.mean():.2f} ± {bca.std():.2f}"
+    assert rows.at["CLIP", "ImageNet"] == "50.00"  # one run: no spread
+    assert rows.at["BCA", "Δ CLIP (ImageNet)"] == f"{bca.mean() - 50:+.2f}"
+    assert best.set_index(text["configuration"])["ImageNet"].to_dict() == {"CLIP": False, "BCA": True}
+    assert numbers.set_index("configuration").at["BCA", "ImageNet std"] == pytest.approx(bca.std())
+
+
+def test_markdown_and_latex_exports_bold_the_best() -> None:
+    text = pd.DataFrame({"method": ["CLIP", "BCA_x"], "ImageNet": ["60.00 ± 0.10", "62.00 ± 0.20"]})
+    best = pd.DataFrame({"method": [False, False], "ImageNet": [False, True]})
+    md = export.to_markdown(text, best).splitlines()
+    assert md[1] == "| :--- | ---: |" and md[3] == "| BCA_x | **62.00 ± 0.20** |"
+    tex = export.to_latex(text, best, caption="Top-1 (%)")
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex and r"\begin{tabular}{lr}" in tex
+    assert r"BCA\_x & \textbf{62.00 $\pm$ 0.20} \\" in tex and r"CLIP & 60.00 $\pm$ 0.10 \\" in tex
+
+
+def test_chart_export_png_and_svg() -> None:
+    chart = charts.metric_bars(pd.DataFrame({"series": ["CLIP", "BCA"], "mean": [60.0, 62.0], "std": [0.1, 0.2],
+                                             "n": [2, 2]}), {"CLIP": "clip", "BCA": "bca"}, "accuracy (%)")
+    assert export.chart_image(chart, "png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in export.chart_image(chart, "svg")[:200]
+    with pytest.raises(ValueError, match="'png' or 'svg', got 'gif'"):
+        export.chart_image(chart, "gif")
+
+
+def test_family_colours_one_hue_per_family_shades_per_setting() -> None:
+    series = {"CLIP": "clip", "BCA (tau=0.2)": "bca", "BCA (tau=0.5)": "bca", "CLIP+LA": "la", "TDA": "tda"}
+    scale = charts.family_colours(series).to_dict()
+    colours = dict(zip(scale["domain"], scale["range"]))
+    assert scale["domain"][0] == "CLIP" and len(set(colours.values())) == len(series)  # all distinct
+
+    def hue(hex_colour: str) -> float:
+        import colorsys
+        return colorsys.rgb_to_hsv(*(int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0]
+
+    same_family = [colours[s] for s in ("BCA (tau=0.2)", "BCA (tau=0.5)", "CLIP+LA")]  # la and bca: one family
+    assert max(hue(c) for c in same_family) - min(hue(c) for c in same_family) < 0.02
+    assert abs(hue(colours["TDA"]) - hue(colours["BCA (tau=0.2)"])) > 0.1
+
+
+def test_disagreements_by_class_and_over_the_stream() -> None:
+    pair = pd.DataFrame({"sample_idx": range(6), "label": [0, 0, 1, 1, 2, 2],
+                         "correct_a": [True, False, True, True, False, False],
+                         "correct_b": [True, True, False, True, True, True]})
+    diff = queries.disagreements(pair)
+    assert diff["winner"].tolist() == ["B", "A", "B", "B"]
+    by_class = queries.disagreements_by_class(diff)
+    assert by_class.set_index("label")[["A", "B", "net"]].to_dict("index") == {
+        2: {"A": 0, "B": 2, "net": 2}, 0: {"A": 0, "B": 1, "net": 1}, 1: {"A": 1, "B": 0, "net": -1}}
+    over = queries.disagreements_over_stream(diff, window=4, length=6)
+    assert over.to_dict("records") == [{"position": 4, "winner": "A", "n": 1}, {"position": 4, "winner": "B", "n": 1},
+                                       {"position": 6, "winner": "A", "n": 0}, {"position": 6, "winner": "B", "n": 2}]
+
+
+def test_importance_finds_the_setting_that_moves_the_metric() -> None:
+    rng = np.random.default_rng(0)
+    tau = np.repeat([0.1, 0.3, 0.5, 0.7], 4)
+    n2 = np.tile([1, 10, 100, 1000], 4)
+    runs = pd.DataFrame({"tau": tau, "n2": n2, "dataset": "d", "backbone": "b",
+                         "accuracy": 50 + 20 * tau + 0.01 * rng.normal(size=16)})
+    scores = importance.hparam_importance(runs, ["tau", "n2", "n1"], "accuracy")
+    assert scores["setting"].tolist() == ["tau", "n2"]  # n1 does not vary: not a feature
+    assert scores.at[0, "importance"] > 10 * max(scores.at[1, "importance"], 1e-6)
+    assert importance.hparam_importance(runs.head(importance.MIN_RUNS - 1), ["tau"], "accuracy").empty
+
+
+def test_reproduce_spec_narrows_the_record_to_one_run() -> None:
+    record = {"run_ids": ["r1"], "spec": {
+        "name": "s", "results_dir": "/x", "cache_dir": None, "seeds": [1, 2], "templates": ["dataset"],
+        "backbones": [{"model": "RN50", "pretrained": "openai", "checkpoint": None},
+                      {"model": "ViT-B-16", "pretrained": "openai", "checkpoint": None}],
+        "datasets": [{"name": "imagenet", "views": None}, {"name": "dtd", "views": None}],
+        "methods": [{"method": "bca", "tau": [0.2, 0.3], "datasets": None}]}}
+    config = {"sweep": "s", "backbone": "ViT-B-16", "pretrained": "openai", "dataset": "dtd", "method": "bca",
+              "seed": 2, "templates": "dataset", "hparams": {"tau": 0.3, "n1": 30000}}
+    spec = context.reproduce_spec(record, config, "r1")
+    assert spec["backbones"] == [{"model": "ViT-B-16", "pretrained": "openai"}]
+    assert spec["datasets"] == [{"name": "dtd"}] and spec["seeds"] == [2] and spec["name"] == "s"
+    assert spec["methods"] == [{"method": "bca", "tau": 0.3, "n1": 30000}] and "cache_dir" not in spec
+    assert spec["results_dir"] == "reproduce-r1"
+    assert context.reproduce_spec(record, config, "other") is None  # not a run of this sweep
+
+
+def test_class_names_from_the_cache_manifest(tmp_path: Path) -> None:
+    entry = tmp_path / "features" / "k"
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text('{"dataset": "dtd", "backbone": "RN50 (openai)", "class_names": ["a", "b"]}')
+    names = context.class_names(tmp_path, "dtd", "RN50")
+    assert names == ["a", "b"] and context.class_names(tmp_path, "dtd", "ViT-B-16") == []
+    namer = context.class_namer(names)
+    assert (namer(1), namer(5)) == ("1: b", "class 5")
+    assert context.class_namer([])(3) == "class 3"
+
+
+def plot_height(chart) -> float:
+    """Height in px of a chart's plotting area (Vega's root frame) as vl-convert renders it when, as Streamlit
+    does, title, axes and legend must fit into the chart's height."""
+    fitted = chart.properties(autosize=alt.AutoSizeParams(type="fit", contains="padding"), width=800)
+    svg = export.chart_image(fitted, "svg").decode()
+    match = re.search(r'role-frame root".*?<path class="background"[^>]* d="M[\d.]+,[\d.]+h([\d.]+)v([\d.]+)', svg)
+    assert match, svg[:300]
+    return float(match.group(2))
+
+
+@pytest.mark.parametrize("n_series", [2, 20])
+def test_charts_keep_a_plotting_area_with_many_configurations(n_series: int) -> None:
+    """The issue's flat line: a fixed height filled by the legend. Heights follow the number of series."""
+    methods = ["clip", "la", "pa", "bca", "tda"]
+    series = {f"{registry.method_label(methods[i % 5])} (setting={i}, a long label to cut)": methods[i % 5]
+              for i in range(n_series)}
+    names = list(series)
+    curve = pd.DataFrame([{"series": s, "position": p, "cumulative": 60.0 + i, "cumulative_std": 1.0, "runs": 2}
+                          for i, s in enumerate(names) for p in (100, 200, 300)])
+    points = pd.DataFrame([{"series": s, "value": v, "mean": 60.0 + i, "std": 0.5, "n": 2}
+                           for i, s in enumerate(names) for v in (1, 10, 1000)])
+    summary = pd.DataFrame({"series": names, "mean": np.arange(n_series) + 60.0, "std": 0.5, "n": 2})
+    per_class = pd.DataFrame([{"series": s, "class": f"class {k}", "accuracy": 50.0, "n": 3}
+                              for s in names for k in range(10)])
+    for chart in (charts.online_accuracy(curve, series), charts.sensitivity(points, "n2", series, baseline=61.0,
+                                                                           baseline_label="CLIP"),
+                  charts.metric_bars(summary, series, "accuracy (%)"), charts.per_class_accuracy(per_class, series)):
+        assert plot_height(chart) >= max(50, 15 * n_series)  # room for every series, whatever the legend takes
