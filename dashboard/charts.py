@@ -294,7 +294,7 @@ def peak_memory(memory: pd.DataFrame) -> alt.Chart:
         .mark_bar()
         .encode(
             y=alt.Y("series:N", title=None, axis=_ALL_LABELS),
-            x=alt.X("peak_mem_mb:Q", title="peak resident memory of the trial process (MB, mean over runs)"),
+            x=alt.X("peak_mem_mb:Q", title="the trial's own peak memory (MB, mean over runs)"),
             tooltip=["series:N", alt.Tooltip("peak_mem_mb:Q", format=".1f")],
         )
         .properties(height=90 + ROW_PX * int(memory["series"].nunique()), title="peak memory")

@@ -18,6 +18,7 @@ import pandas as pd
 from orchestrator import registry
 from orchestrator.results import report
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.metrics import worst_count
 from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
 
 # Filters on the run's identity, in display order: runs-table column -> label. Every hyperparameter that takes
@@ -112,8 +113,8 @@ def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
     carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
     extra = [c for c in db.df("SELECT * FROM runs LIMIT 0").columns if c not in carried and c not in _HEAVY]
     columns = "".join(f', r."{c}"' for c in extra)
-    return db.df(f"SELECT a.*{columns} FROM accuracy a LEFT JOIN runs r USING (run_id) "
-                 "ORDER BY a.backbone, a.dataset, a.method, a.run_id")
+    return db.df(f"SELECT a.*{columns}, p.helped, p.hurt FROM accuracy a LEFT JOIN runs r USING (run_id) "
+                 "LEFT JOIN paired p USING (run_id) ORDER BY a.backbone, a.dataset, a.method, a.run_id")
 
 
 def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -311,30 +312,41 @@ def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
 
 
 def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str) -> pd.DataFrame:
-    """Mean, std and count of `metric` per series and dataset over finished runs (the seeds, orders and
-    anything the grouping pools): columns series, method, dataset, mean, std, n."""
+    """Mean, std, count and worst-10% mean of `metric` per series and dataset over finished runs (the seeds,
+    orders and anything the grouping pools; OGA's worst 10%: the mean of the ceil(n / 10) worst runs, worst as the
+    metric's direction says): columns series, method, dataset, mean, std, n, worst10."""
+    from dashboard import metrics
+
     finished = runs[(runs["status"] == "finished") & runs[metric].notna()].assign(series=labels)
     if finished.empty:
-        return pd.DataFrame(columns=["series", "method", "dataset", "mean", "std", "n"])
+        return pd.DataFrame(columns=["series", "method", "dataset", "mean", "std", "n", "worst10"])
+    ascending = metrics.metric(metric).higher_is_better  # the worst come first
+
+    def worst10(values: pd.Series) -> float:
+        return float(values.sort_values(ascending=ascending).head(worst_count(len(values))).mean())
+
     out = (finished.groupby(["series", "dataset"], as_index=False)
-           .agg(method=("method", "first"), mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count")))
+           .agg(method=("method", "first"), mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"),
+                worst10=(metric, worst10)))
     out["rank"] = out["method"].map(lambda m: registry.method_rank(m))
     return out.sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank").reset_index(drop=True)
 
 
 def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(display text, numbers, best mask) of a series x dataset table of one metric: 'mean ± std' cells (the
-    mean alone for one run), an Average column over datasets, and 'Δ <pinned>' columns when a series is pinned."""
+    """(display text, numbers, best mask) of a series x dataset table of one metric: 'mean ± std [worst 10%]'
+    cells (the mean alone for one run), an Average column over datasets, and 'Δ <pinned>' columns when a series
+    is pinned."""
     from dashboard import metrics
 
     mean = summary.pivot(index="series", columns="dataset", values="mean")
     std = summary.pivot(index="series", columns="dataset", values="std")
     n = summary.pivot(index="series", columns="dataset", values="n")
+    worst = summary.pivot(index="series", columns="dataset", values="worst10")
     order = list(dict.fromkeys(summary["series"]))
-    mean, std, n = mean.reindex(order), std.reindex(order), n.reindex(order)
+    mean, std, n, worst = mean.reindex(order), std.reindex(order), n.reindex(order), worst.reindex(order)
     datasets = sorted(mean.columns, key=lambda d: (registry.dataset_key(d) is None, d))
-    mean, std, n = mean[datasets], std[datasets], n[datasets]
+    mean, std, n, worst = mean[datasets], std[datasets], n[datasets], worst[datasets]
     titles = {d: registry.dataset_title(d) for d in datasets}
     if len(datasets) > 1:
         mean["Average"] = mean[datasets].mean(axis=1, skipna=False)
@@ -351,13 +363,14 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
             if pd.isna(value):
                 cells.append("—")
             elif column in n.columns and n[column][series] > 1 and pd.notna(spread):
-                cells.append(f"{value:.2f} ± {spread:.2f}")
+                cells.append(f"{value:.2f} ± {spread:.2f} [{worst[column][series]:.2f}]")
             else:
                 cells.append(f"{value:.2f}")
         text[titles[column]] = cells
         numbers[titles[column]] = values
         if column in std.columns:
             numbers[f"{titles[column]} std"] = std[column]
+            numbers[f"{titles[column]} worst10"] = worst[column]
         best[titles[column]] = metrics.best_index(values, metric)
     if pinned is not None and pinned in mean.index:
         for column in mean.columns:

@@ -65,7 +65,8 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
     else:
         text, numbers, best = queries.metric_table(summary, view.metric, view.pinned)
         better = "higher" if metrics.metric(view.metric).higher_is_better else "lower"
-        st.caption(f"mean ± std over the runs of each row (seeds, orders, and whatever the grouping pools); "
+        st.caption(f"mean ± std [mean of the worst 10%] over the runs of each row (seeds, orders, and whatever "
+                   f"the grouping pools); "
                    f"best ({better}) in bold" + (f"; Δ: difference to the pinned {view.pinned}" if view.pinned else ""))
         styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
         st.table(styled)
@@ -220,7 +221,8 @@ def cost_panel(view: View) -> None:
     if not timing.empty:
         chart(charts.stage_times(timing), "stage_times", "stage_times")
     if not memory.empty:
-        st.caption("Peak memory is the trial process's peak resident size: runs packed into one process share it.")
+        st.caption("Peak memory is the trial's own: the GPU allocator's peak, or on a CPU the growth of the "
+                   "process's resident size over the trial (a pack's runs share their trial's).")
         chart(charts.peak_memory(memory), "peak_memory", "peak_memory")
     dataframe(queries.cost_table(view.runs, view.labels), "cost", "cost")
 

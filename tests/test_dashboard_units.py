@@ -159,7 +159,8 @@ def test_metric_table_mean_std_best_and_pinned_delta() -> None:
     text, numbers, best = queries.metric_table(summary, "accuracy", pinned="CLIP")
     rows = text.set_index("configuration")
     bca = runs.loc[runs["method"] == "bca", "accuracy"]
-    assert rows.at["BCA", "ImageNet"] == f"{bca.mean():.2f} ± {bca.std():.2f}"
+    assert rows.at["BCA", "ImageNet"] == f"{bca.mean():.2f} ± {bca.std():.2f} [{bca.min():.2f}]"
+    assert numbers.set_index("configuration").at["BCA", "ImageNet worst10"] == bca.min()  # 4 runs: the worst 1
     assert rows.at["CLIP", "ImageNet"] == "50.00"  # one run: no spread
     assert rows.at["BCA", "Δ CLIP (ImageNet)"] == f"{bca.mean() - 50:+.2f}"
     assert best.set_index(text["configuration"])["ImageNet"].to_dict() == {"CLIP": False, "BCA": True}
