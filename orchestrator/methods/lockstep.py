@@ -1,0 +1,266 @@
+"""Lockstep streams: G independent states of one method advanced together, one sample per batched step.
+
+    run_lockstep(methods, features) -> list[Trace], one per method, each equal to `methods[g].run(features)`
+    LOCKSTEP: the Method classes that have a lockstep runner (`many.run_traces_many` routes them here)
+
+A per-sample loop on a CPU (or a GPU) pays a fixed cost per tensor operation; G configurations of a pack
+over one stream pay it once here. Every per-stream gate and update is a mask or an index operation over the
+G (or H) rows, never a Python branch per stream. Each runner starts from the methods' initial state (fresh
+objects from `make_method`), takes the features as `Method.run` does, and matches the single-stream method:
+predictions, selections and gates identical, posteriors within float32 rounding (the batched products sum
+in another order than the single-stream ones).
+
+TDA / TDA+PA. A TDA cache is a function of (logit_scale, pos_shot, neg_shot) alone: the zero-shot
+prediction, entropy and negative gate that fill it do not depend on the cache weights (alpha, beta) nor on
+TDA+PA's prior. So the H distinct cache triples hold one cache each, and the G streams read theirs with
+their own alpha / beta (and, for TDA+PA, keep their own prior V and counters C2). A cache holds its entries
+in a pool in arrival order (a replacement reuses the replaced entry's pool row), so the filled entries are a
+prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
+per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
+
+OnZeta. The proxies W [G, K, d] and dual variables rho [G, K] per stream, the text logits once per call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.onzeta import OnZeta
+from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior
+
+
+def _column(methods: list[Method], key: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One hparam of every stream as a [G, 1] tensor (broadcasts against per-stream rows)."""
+    return torch.tensor([[m.hp[key]] for m in methods], dtype=dtype, device=device)
+
+
+def _split_timings(timer: StageTimer, g: int) -> dict[str, float]:
+    """Each stream's share of the lockstep pass (as a pack reports a run's share of the pass)."""
+    return {stage: seconds / g for stage, seconds in timer.seconds.items()}
+
+
+# ------------------------------------------------------------------------------------------------ TDA
+
+class _Caches:
+    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together."""
+
+    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool):
+        H, K = len(shots), num_classes
+        S = max(max(shots), 1)
+        P = K * S  # pool rows; row P is a dump that non-entering writes go to
+        self.K, self.S, self.P = K, S, P
+        self.rows = torch.arange(H, device=device)
+        self.shot = torch.tensor(shots, dtype=torch.int64, device=device)
+        self.slot_loss = torch.full((H, K, S), math.inf, dtype=torch.float32, device=device)
+        self.slot_time = torch.zeros(H, K, S, dtype=torch.int64, device=device)
+        self.slot_pool = torch.zeros(H, K, S, dtype=torch.int64, device=device)
+        self.count = torch.zeros(H, K, dtype=torch.int64, device=device)
+        self.used = torch.zeros(H, dtype=torch.int64, device=device)
+        self.keys = torch.zeros(H, P + 1, dim, dtype=torch.float32, device=device)
+        self.cls = torch.full((H, P + 1), K, dtype=torch.int64, device=device)  # K: empty (a dropped column)
+        self.values = (torch.zeros(H, P + 1, K, dtype=torch.float32, device=device) if with_values else None)
+        self.slots = torch.arange(S, device=device)
+
+    def offer(self, step: int, gate: torch.Tensor, pred: torch.Tensor, loss: torch.Tensor, f: torch.Tensor,
+              value: torch.Tensor | None = None) -> torch.Tensor:
+        """TDA's update_cache in every cache at once: append while class `pred` has room, else replace its worst
+        entry (highest loss; among equal losses the newest) when `loss` is strictly lower. [H] bool: entered."""
+        rows = self.rows
+        count = self.count[rows, pred]
+        row_loss = self.slot_loss[rows, pred]
+        row_time = self.slot_time[rows, pred]
+        filled = self.slots[None, :] < count[:, None]
+        ranked = torch.where(filled, row_loss, -math.inf)
+        worst = ranked.max(dim=1).values
+        worst_slot = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
+        room = count < self.shot
+        enter = gate & (room | (loss < worst))
+        slot = torch.where(room, count, worst_slot)
+        old_pool = self.slot_pool[rows, pred, slot]
+        pool = torch.where(enter, torch.where(room, self.used, old_pool), self.P)
+        self.keys[rows, pool] = f
+        self.cls[rows, pool] = torch.where(enter, pred, self.K)
+        if value is not None:
+            self.values[rows, pool] = value
+        self.slot_loss[rows, pred, slot] = torch.where(enter, loss, row_loss[rows, slot])
+        self.slot_time[rows, pred, slot] = torch.where(enter, step, row_time[rows, slot])
+        self.slot_pool[rows, pred, slot] = torch.where(enter, pool, old_pool)
+        grew = (enter & room).long()
+        self.count[rows, pred] += grew
+        self.used += grew
+        return enter
+
+    def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """exp(-beta (1 - f . key)) per stream over the filled pool prefix [G, used], zero for empty rows."""
+        used = int(self.used.max())
+        affinity = self.keys[:, :used] @ f
+        weights = torch.exp(-1.0 * (beta - beta * affinity[group]))
+        return torch.where(self.cls[group, :used] < self.K, weights, torch.zeros_like(weights)), used
+
+    def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
+        """Cache h in TDA's layout ([K, shot, ...], zeros and inf where empty), as `ClassCache.state` gives it."""
+        filled = (self.slots[None, :shot] < self.count[h, :, None])
+        pool = torch.where(filled, self.slot_pool[h, :, :shot], self.P)
+        out = {f"{prefix}_keys": torch.where(filled[..., None], self.keys[h, pool], 0.0),
+               f"{prefix}_entropy": self.slot_loss[h, :, :shot].clone()}
+        if self.values is not None:
+            out[f"{prefix}_values"] = torch.where(filled[..., None], self.values[h, pool], 0.0)
+        return out
+
+
+def _class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """`tda.class_logits` row-wise over [H, M] -> [H, K] (the same elementwise operations per row)."""
+    ids = class_ids.expand(logits.shape[0], -1)
+    top = torch.full((logits.shape[0], num_classes), -math.inf, dtype=logits.dtype, device=logits.device)
+    top = top.scatter_reduce(1, ids, logits, reduce="amax")
+    sums = torch.zeros_like(top).index_add(1, class_ids, torch.exp(logits - top[:, class_ids]))
+    return top + torch.log(sums)
+
+
+def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """G TDA (or G TDA+PA) streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=False)
+    E, class_ids, K = first.class_embeddings, first.class_ids, first.num_classes
+    device, (n, d), G = features.device, features.shape, len(methods)
+    with_prior = first.with_prior
+    triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
+    distinct = list(dict.fromkeys(triples))
+    group = torch.tensor([distinct.index(t) for t in triples], dtype=torch.int64, device=device)
+    members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
+    scale = torch.tensor([[t[0]] for t in distinct], dtype=torch.float32, device=device)
+    pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
+    neg = _Caches([t[2] for t in distinct], K, d, device, with_values=True)
+    pos_alpha, pos_beta, neg_alpha, neg_beta = (_column(methods, k, torch.float32, device)
+                                                for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
+    streams = torch.arange(G, device=device)
+    if with_prior:
+        V = torch.nn.functional.one_hot(class_ids, K).float().expand(G, -1, -1).clone()
+        C2 = _column(methods, "n2", torch.float32, device).expand(-1, E.shape[0]).clone()
+        tau = _column(methods, "tau", torch.float64, device).flatten()
+    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
+    gated = torch.zeros(G, n, dtype=torch.bool, device=device)
+    gated_prior = torch.zeros(G, n, dtype=torch.bool, device=device)
+    lo_entropy, hi_entropy = NEG_ENTROPY_BOUNDS
+    lo_mask, hi_mask = NEG_MASK_BOUNDS
+    log2_k = math.log2(K)
+    always = torch.ones(len(distinct), dtype=torch.bool, device=device)
+    timer = StageTimer()
+    for i in range(n):
+        f = features[i]
+        with timer("logits"):
+            logits = scale * (E @ f)[None, :]
+            clip_logits = _class_logits(logits, class_ids, K)
+            prob_map = torch.softmax(clip_logits, dim=1)
+            loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
+            entropy = loss / log2_k
+            pred = torch.argmax(clip_logits, dim=1)
+        with timer("update"):
+            entered = pos.offer(i, always, pred, loss, f)
+            band = (entropy.double() > lo_entropy) & (entropy.double() < hi_entropy)  # as tda's Python floats
+            mask = ((prob_map > lo_mask) & (prob_map < hi_mask)).float()
+            entered = neg.offer(i, band, pred, loss, f, mask) | entered
+            gated[:, i] = entered[group]
+        with timer("logits"):
+            w_pos, _ = pos.weights(f, pos_beta, group)
+            positive = torch.zeros(G, K + 1, dtype=torch.float32, device=device)
+            positive = positive.scatter_add_(1, pos.cls[group, :w_pos.shape[1]], w_pos)[:, :K]
+            w_neg, used = neg.weights(f, neg_beta, group)
+            negative = torch.empty(G, K, dtype=torch.float32, device=device)
+            for h, rows in enumerate(members):
+                negative[rows] = w_neg[rows] @ neg.values[h, :used]
+            adjustment = pos_alpha * positive - neg_alpha * negative
+        if not with_prior:
+            with timer("posterior"):
+                posteriors[:, i] = torch.softmax(clip_logits[group] + adjustment, dim=1)
+            continue
+        with timer("posterior"):
+            p = torch.softmax(logits[group] + adjustment[:, class_ids], dim=1)
+            post = torch.bmm(p[:, None, :], V)[:, 0]
+            post = post / post.sum(dim=1, keepdim=True)
+            posteriors[:, i] = post
+        with timer("update"):
+            s = torch.argmax(p, dim=1)
+            selected[:, i] = s
+            fire = p[streams, s].double() > tau
+            a = C2[streams, s]
+            row = V[streams, s]
+            V[streams, s] = torch.where(fire[:, None], (a[:, None] * row + 1.0 * post) / (a[:, None] + 1.0), row)
+            C2[streams, s] = torch.where(fire, a + 1.0, a)
+            gated_prior[:, i] = fire
+    timings = _split_timings(timer, G)
+    traces = []
+    for g, method in enumerate(methods):
+        h = int(group[g])
+        state = {**pos.state(h, method.hp["pos_shot"], "pos"), **neg.state(h, method.hp["neg_shot"], "neg")}
+        if with_prior:
+            state.update(V=V[g].clone(), C2=C2[g].clone())
+        traces.append(Trace(posteriors[g], selected[g], gated[g], gated_prior[g], state=state,
+                            timings=dict(timings)))
+    return traces
+
+
+# --------------------------------------------------------------------------------------------- OnZeta
+
+def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=False)
+    n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
+    for method in methods:
+        method.claim(n)
+    # Per-step scalars in float64, rounded to float32 where they meet a tensor, as the loop's Python floats.
+    col = {k: _column(methods, k, torch.float64, device) for k in ("tau_t", "tau_i", "cw", "cr", "alpha", "beta")}
+    n_total = torch.tensor([[float(m.n_total)] for m in methods], dtype=torch.float64, device=device)
+    tau_t, tau_i = col["tau_t"].float(), col["tau_i"].float()
+    W = first.text.expand(G, -1, -1).clone()
+    rho = torch.zeros(G, K, dtype=torch.float32, device=device)
+    target = (col["alpha"] / K).float()
+    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    timer = StageTimer()
+    with timer("logits"):
+        text_products = features @ first.text.T
+    for j in range(n):
+        x = features[j]
+        i = j + 1
+        root = math.sqrt(i)
+        step = (-col["cw"] / root / col["tau_i"]).float()
+        rlr = (col["cr"] / root).float()
+        b = (col["beta"] * torch.sqrt(i / n_total)).float()
+        with timer("logits"):
+            q = torch.softmax(text_products[j] / tau_t + rho, dim=1)
+            p = torch.softmax((W @ x) / tau_i, dim=1)
+        with timer("posterior"):
+            posteriors[:, j] = q + b * (p - q)
+        with timer("update"):
+            rho.sub_(rlr * (q - target)).clamp_(min=0.0)
+            W.baddbmm_((step * (p - q))[:, :, None], x.expand(G, 1, -1))
+            W.div_(torch.linalg.vector_norm(W, dim=2, keepdim=True).clamp_(min=1e-12))
+    for method in methods:
+        method.step = n
+    timings = _split_timings(timer, G)
+    none = torch.full((n,), -1, dtype=torch.int64, device=device)
+    off = torch.zeros(n, dtype=torch.bool, device=device)
+    return [Trace(posteriors[g], none.clone(), off.clone(), off.clone(),
+                  state={"W": W[g].clone(), "rho": rho[g].clone(), "step": torch.tensor(n)}, timings=dict(timings))
+            for g in range(G)]
+
+
+LOCKSTEP: dict[type, Callable[[list[Method], torch.Tensor], list[Trace]]] = {
+    TDA: run_tda_lockstep, TDAWithPrior: run_tda_lockstep, OnZeta: run_onzeta_lockstep,
+}
+
+
+def run_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """Fresh methods of one class with a lockstep runner, over one feature stream: one Trace per method."""
+    kinds = {type(m) for m in methods}
+    if len(kinds) != 1 or next(iter(kinds)) not in LOCKSTEP:
+        names = sorted(k.__name__ for k in kinds)
+        raise ValueError(f"run_lockstep takes methods of one class with a lockstep runner "
+                         f"({sorted(k.__name__ for k in LOCKSTEP)}), got {names}")
+    return LOCKSTEP[type(methods[0])](methods, features)
