@@ -96,10 +96,10 @@ def official_tda(features, class_embeddings, hp: dict) -> torch.Tensor:
             values = torch.cat(values, dim=0)
             values = ((values > 0.03) & (values < 1.0)).float()
         else:
-            values = torch.nn.functional.one_hot(torch.tensor(values), K).float()
+            values = torch.nn.functional.one_hot(torch.tensor(values, device=f.device), K).float()
         return alpha * (torch.exp(-1.0 * (beta - beta * (f @ keys))) @ values)
 
-    out = torch.empty(features.shape[0], K)
+    out = torch.empty(features.shape[0], K, device=features.device)
     for i in range(features.shape[0]):
         f = features[i:i + 1]
         clip_logits = hp["logit_scale"] * f @ class_embeddings.T
@@ -122,6 +122,8 @@ def official_tda(features, class_embeddings, hp: dict) -> torch.Tensor:
 def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return out, time.perf_counter() - start
 
 
