@@ -18,7 +18,13 @@ in a pool in arrival order (a replacement reuses the replaced entry's pool row),
 prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
 per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
 
-OnZeta. The proxies W [G, K, d] and dual variables rho [G, K] per stream, the text logits once per call.
+OnZeta. The dual variables rho [G, K] per stream, the text logits once per call, and the proxies W [G, K, d]
+in blocks of B samples so that W is read twice per block, not three times per sample: a step's update is
+W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X the block's
+samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per block, per step
+a [G, K, <B] product and the row norms from |W_t + u x^T|^2 = |W_t|^2 + 2 u (W_t x) + u^2 |x|^2; at the
+block's end W is formed and renormalised. The posteriors then differ from the loop's by float32 rounding
+(~1e-7 at K >= 100: `test_lockstep.py`; below K ~ 100 OnZeta's own loop amplifies rounding, onzeta.py).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import torch
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.onzeta import OnZeta
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior
+
+ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
 
 
 def _column(methods: list[Method], key: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -207,7 +215,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
 
 # --------------------------------------------------------------------------------------------- OnZeta
 
-def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block: int = ONZETA_BLOCK) -> list[Trace]:
     """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=False)
@@ -217,29 +225,50 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor) -> list[T
     # Per-step scalars in float64, rounded to float32 where they meet a tensor, as the loop's Python floats.
     col = {k: _column(methods, k, torch.float64, device) for k in ("tau_t", "tau_i", "cw", "cr", "alpha", "beta")}
     n_total = torch.tensor([[float(m.n_total)] for m in methods], dtype=torch.float64, device=device)
+    i = torch.arange(1, n + 1, dtype=torch.float64, device=device)[None, :]
+    step = (-col["cw"] / i.sqrt() / col["tau_i"]).float()             # [G, n]: -lr / tau_i
+    rlr = (col["cr"] / i.sqrt()).float()
+    mix = (col["beta"] * torch.sqrt(i / n_total)).float()
     tau_t, tau_i = col["tau_t"].float(), col["tau_i"].float()
+    target = (col["alpha"] / K).float()
     W = first.text.expand(G, -1, -1).clone()
     rho = torch.zeros(G, K, dtype=torch.float32, device=device)
-    target = (col["alpha"] / K).float()
     posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
     timer = StageTimer()
     with timer("logits"):
         text_products = features @ first.text.T
-    for j in range(n):
-        x = features[j]
-        i = j + 1
-        root = math.sqrt(i)
-        step = (-col["cw"] / root / col["tau_i"]).float()
-        rlr = (col["cr"] / root).float()
-        b = (col["beta"] * torch.sqrt(i / n_total)).float()
+    rows = W.view(G * K, -1)
+    # Buffers written in place: fresh memory costs a page fault per first touch, a sizeable share here.
+    products_buf = torch.empty(G * K, block, dtype=torch.float32, device=device)
+    coef_buf = torch.empty(G * K, block, dtype=torch.float32, device=device)
+    for a in range(0, n, block):
+        X = features[a:a + block]
+        B = X.shape[0]
         with timer("logits"):
-            q = torch.softmax(text_products[j] / tau_t + rho, dim=1)
-            p = torch.softmax((W @ x) / tau_i, dim=1)
-        with timer("posterior"):
-            posteriors[:, j] = q + b * (p - q)
+            products = torch.mm(rows, X.T, out=products_buf[:, :B]).view(G, K, B)   # W_a x for the block
+            gram = X @ X.T
+            coef = coef_buf[:, :B].zero_()
+            scale = torch.ones(G, K, dtype=torch.float32, device=device)
+            sq_norm = torch.linalg.vector_norm(W, dim=2).square_()
+        for j in range(B):
+            t = a + j
+            with timer("logits"):
+                z = scale * (products[:, :, j] + (coef[:, :j] @ gram[:j, j]).view(G, K))   # W_t x_t
+                q = torch.softmax(text_products[t] / tau_t + rho, dim=1)
+                p = torch.softmax(z / tau_i, dim=1)
+            with timer("posterior"):
+                posteriors[:, t] = q + mix[:, t:t + 1] * (p - q)
+            with timer("update"):
+                rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
+                u = step[:, t:t + 1] * (p - q)
+                coef[:, j] = (u / scale).flatten()
+                grown = sq_norm + 2.0 * u * z + u * u * gram[j, j]         # |W_t + u x^T|^2 per row
+                norm = grown.sqrt().clamp_(min=1e-12)
+                scale = scale / norm
+                sq_norm = grown / (norm * norm)
         with timer("update"):
-            rho.sub_(rlr * (q - target)).clamp_(min=0.0)
-            W.baddbmm_((step * (p - q))[:, :, None], x.expand(G, 1, -1))
+            # W_end = diag(scale) (W_a + C X), renormalised: the positive row scale drops out.
+            rows.addmm_(coef, X)
             W.div_(torch.linalg.vector_norm(W, dim=2, keepdim=True).clamp_(min=1e-12))
     for method in methods:
         method.step = n
