@@ -248,12 +248,14 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
             products = torch.mm(rows, X.T, out=products_buf[:, :B]).view(G, K, B)   # W_a x for the block
             gram = X @ X.T
             coef = coef_buf[:, :B].zero_()
-            scale = torch.ones(G, K, dtype=torch.float32, device=device)
-            sq_norm = torch.linalg.vector_norm(W, dim=2).square_()
+            # The row scale and squared norm recur over the block: float64 keeps their rounding from adding up.
+            scale = torch.ones(G, K, dtype=torch.float64, device=device)
+            sq_norm = torch.linalg.vector_norm(W, dim=2).double().square_()
         for j in range(B):
             t = a + j
             with timer("logits"):
-                z = scale * (products[:, :, j] + (coef[:, :j] @ gram[:j, j]).view(G, K))   # W_t x_t
+                z64 = scale * (products[:, :, j] + (coef[:, :j] @ gram[:j, j]).view(G, K))   # W_t x_t
+                z = z64.float()
                 q = torch.softmax(text_products[t] / tau_t + rho, dim=1)
                 p = torch.softmax(z / tau_i, dim=1)
             with timer("posterior"):
@@ -262,7 +264,7 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
                 rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
                 u = step[:, t:t + 1] * (p - q)
                 coef[:, j] = (u / scale).flatten()
-                grown = sq_norm + 2.0 * u * z + u * u * gram[j, j]         # |W_t + u x^T|^2 per row
+                grown = sq_norm + 2.0 * u * z64 + u.double().square() * float(gram[j, j])   # |W_t + u x^T|^2
                 norm = grown.sqrt().clamp_(min=1e-12)
                 scale = scale / norm
                 sq_norm = grown / (norm * norm)
