@@ -13,7 +13,8 @@ in another order than the single-stream ones).
 TDA / TDA+PA. A TDA cache is a function of (logit_scale, pos_shot, neg_shot) alone: the zero-shot
 prediction, entropy and negative gate that fill it do not depend on the cache weights (alpha, beta) nor on
 TDA+PA's prior. So the H distinct cache triples hold one cache each, and the G streams read theirs with
-their own alpha / beta (and, for TDA+PA, keep their own prior V and counters C2). A cache holds its entries
+their own alpha / beta (and, for TDA+PA, keep their own prior V and counters C2, applied a block at a
+time: `_Prior`). A cache holds its entries
 in a pool in arrival order (a replacement reuses the replaced entry's pool row), so the filled entries are a
 prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
 per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
@@ -39,6 +40,7 @@ from orchestrator.methods.onzeta import OnZeta
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
+TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
 
 def _column(methods: list[Method], key: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -120,6 +122,51 @@ class _Caches:
         return out
 
 
+class _Prior:
+    """TDA+PA's prior per stream (V [G, M, K], counters C2 [G, M]), applied to a block of likelihoods at once.
+
+    Nothing TDA+PA's likelihood p, its row s or its gate uses depends on V, so a block's p are known before
+    its posteriors: p V_a for the whole block is one product with the block's first V_a, and sample j adds
+    what the rows updated earlier in the block changed, sum over i < j of p_j[s_i] (V_{i+1} - V_i)[s_i]."""
+
+    def __init__(self, methods: list[Method], block: int) -> None:
+        first = methods[0]
+        G, M, K = len(methods), first.class_embeddings.shape[0], first.num_classes
+        device = first.class_embeddings.device
+        self.block, self.count = block, 0
+        self.V = torch.nn.functional.one_hot(first.class_ids, K).float().expand(G, -1, -1).clone()
+        self.C2 = _column(methods, "n2", torch.float32, device).expand(-1, M).clone()
+        self.p = torch.empty(G, block, M, dtype=torch.float32, device=device)
+        self.rows = torch.empty(G, block, dtype=torch.int64, device=device)
+        self.fire = torch.empty(G, block, dtype=torch.bool, device=device)
+        self.steps = torch.empty(G, block, K, dtype=torch.float32, device=device)
+        self.streams = torch.arange(G, device=device)
+
+    def add(self, p: torch.Tensor, s: torch.Tensor, fire: torch.Tensor) -> None:
+        self.p[:, self.count], self.rows[:, self.count], self.fire[:, self.count] = p, s, fire
+        self.count += 1
+
+    def flush(self, posteriors: torch.Tensor, start: int) -> None:
+        """The block's posteriors into posteriors[:, start:], and its prior updates (Eq. 9, count rule)."""
+        B, streams, V, C2 = self.count, self.streams, self.V, self.C2
+        base = torch.bmm(self.p[:, :B], V)                                   # p_j V_a
+        for j in range(B):
+            post = base[:, j]
+            if j:
+                weights = self.p[:, j].gather(1, self.rows[:, :j])
+                post = post + torch.bmm(weights[:, None, :], self.steps[:, :j])[:, 0]
+            post = post / post.sum(dim=1, keepdim=True)
+            posteriors[:, start + j] = post
+            s, fire = self.rows[:, j], self.fire[:, j]
+            a = C2[streams, s]
+            row = V[streams, s]
+            new = torch.where(fire[:, None], (a[:, None] * row + 1.0 * post) / (a[:, None] + 1.0), row)
+            self.steps[:, j] = new - row
+            V[streams, s] = new
+            C2[streams, s] = torch.where(fire, a + 1.0, a)
+        self.count = 0
+
+
 def _class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
     """`tda.class_logits` row-wise over [H, M] -> [H, K] (the same elementwise operations per row)."""
     ids = class_ids.expand(logits.shape[0], -1)
@@ -147,8 +194,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
                                                 for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
     streams = torch.arange(G, device=device)
     if with_prior:
-        V = torch.nn.functional.one_hot(class_ids, K).float().expand(G, -1, -1).clone()
-        C2 = _column(methods, "n2", torch.float32, device).expand(-1, E.shape[0]).clone()
+        prior = _Prior(methods, TDA_PRIOR_BLOCK)
         tau = _column(methods, "tau", torch.float64, device).flatten()
     posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
     selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
@@ -189,25 +235,20 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
             continue
         with timer("posterior"):
             p = torch.softmax(logits[group] + adjustment[:, class_ids], dim=1)
-            post = torch.bmm(p[:, None, :], V)[:, 0]
-            post = post / post.sum(dim=1, keepdim=True)
-            posteriors[:, i] = post
-        with timer("update"):
             s = torch.argmax(p, dim=1)
             selected[:, i] = s
             fire = p[streams, s].double() > tau
-            a = C2[streams, s]
-            row = V[streams, s]
-            V[streams, s] = torch.where(fire[:, None], (a[:, None] * row + 1.0 * post) / (a[:, None] + 1.0), row)
-            C2[streams, s] = torch.where(fire, a + 1.0, a)
             gated_prior[:, i] = fire
+            prior.add(p, s, fire)
+            if prior.count == prior.block or i == n - 1:
+                prior.flush(posteriors, i + 1 - prior.count)
     timings = _split_timings(timer, G)
     traces = []
     for g, method in enumerate(methods):
         h = int(group[g])
         state = {**pos.state(h, method.hp["pos_shot"], "pos"), **neg.state(h, method.hp["neg_shot"], "neg")}
         if with_prior:
-            state.update(V=V[g].clone(), C2=C2[g].clone())
+            state.update(V=prior.V[g].clone(), C2=prior.C2[g].clone())
         traces.append(Trace(posteriors[g], selected[g], gated[g], gated_prior[g], state=state,
                             timings=dict(timings)))
     return traces
