@@ -35,8 +35,9 @@ FULL = {"K": 1000, "d": 512, "n": 2000, "encoder_batch": 64, "encoders": ("RN50"
         "peak_n": 2000, "peak_g": 32}
 TOLERANCE = 1e-4
 # What open_clip needs beyond torch and numpy (pip download these for the GPU machine's Python and torch).
-OPEN_CLIP_WHEELS = ("open_clip_torch", "torchvision (the build matching torch)", "timm", "huggingface_hub",
-                    "safetensors", "ftfy", "wcwidth", "regex", "tqdm", "pyyaml", "filelock", "fsspec", "packaging")
+OPEN_CLIP_WHEELS = ("open_clip_torch", "torchvision (the build matching torch)", "timm", "safetensors", "ftfy",
+                    "wcwidth", "regex", "tqdm", "huggingface_hub with click, filelock, fsspec, hf-xet, httpx, "
+                    "packaging, pyyaml, typing-extensions")
 TRIAL_WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "pyyaml")
 
 
