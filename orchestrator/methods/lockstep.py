@@ -288,6 +288,7 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
         with timer("logits"):
             products = torch.mm(rows, X.T, out=products_buf[:, :B]).view(G, K, B)   # W_a x for the block
             gram = X @ X.T
+            sq_x = gram.diagonal().double()
             coef = coef_buf[:, :B].zero_()
             # The row scale and squared norm recur over the block: float64 keeps their rounding from adding up.
             scale = torch.ones(G, K, dtype=torch.float64, device=device)
@@ -305,7 +306,7 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
                 rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
                 u = step[:, t:t + 1] * (p - q)
                 coef[:, j] = (u / scale).flatten()
-                grown = sq_norm + 2.0 * u * z64 + u.double().square() * float(gram[j, j])   # |W_t + u x^T|^2
+                grown = sq_norm + 2.0 * u * z64 + u.double().square() * sq_x[j]   # |W_t + u x^T|^2
                 norm = grown.sqrt().clamp_(min=1e-12)
                 scale = scale / norm
                 sq_norm = grown / (norm * norm)
