@@ -91,3 +91,18 @@ def test_a_pack_of_mixed_methods_equals_the_separate_runs():
         hparams = {k: v for k, v in config.items() if k != "method"}
         single = make_method(config["method"], emb, ids, 120, **hparams).run(feats)
         _assert_same(single, trace, str(config))
+
+
+def test_dmn_zs_lockstep_equals_each_stream_run_alone():
+    """Two memories (memory_size / keep), each read by two streams with their own beta and memory_weight."""
+    gen = torch.Generator().manual_seed(4)
+    feats, emb, ids = _stream(20, 16, 400)
+    views = torch.nn.functional.normalize(feats[:, None] + 0.1 * torch.randn(400, 4, 16, generator=gen), dim=-1)
+    views[:, 0] = feats
+    configs = [{}, {"beta": 3.0, "memory_weight": 0.3}, {"memory_size": 2, "keep": 0.5},
+               {"memory_size": 2, "keep": 0.5, "beta": 8.0, "memory_weight": 10.0}]
+    traces = run_lockstep([make_method("dmn_zs", emb, ids, 20, **c) for c in configs], views)
+    for config, lock in zip(configs, traces):
+        _assert_same(make_method("dmn_zs", emb, ids, 20, **config).run(views), lock, str(config))
+    assert 0 < int(traces[2].gated.sum()) < 400          # a full memory replaces entries only sometimes
+    assert not torch.equal(traces[2].posteriors, traces[3].posteriors)

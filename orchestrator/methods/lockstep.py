@@ -19,6 +19,12 @@ in a pool in arrival order (a replacement reuses the replaced entry's pool row),
 prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
 per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
 
+DMN-ZS. A memory is a function of (logit_scale, keep, memory_size) alone (its writes follow the text
+posteriors of the views), so each distinct triple keeps one (`DMNZeroShot.observe` on its first stream)
+and its streams read it with their own beta in one batched product per sample, then mix with their own
+memory_weight. The memory read is G K depth d multiply-adds per sample either way: the gain is the shared
+write and the per-operation overhead paid once.
+
 OnZeta. The dual variables rho [G, K] per stream, the text logits once per call, and the proxies W [G, K, d]
 in blocks of B samples so that W is read twice per block, not three times per sample: a step's update is
 W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X the block's
@@ -38,6 +44,7 @@ from typing import Callable
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.dmn_zs import DMNZeroShot
 from orchestrator.methods.onzeta import OnZeta
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior
 
@@ -327,8 +334,53 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
             for g in range(G)]
 
 
+# --------------------------------------------------------------------------------------------- DMN-ZS
+
+def run_dmn_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """G DMN-ZS streams over one stream of views [n, V, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=True)
+    n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
+    keys = [(m.hp["logit_scale"], m.hp["keep"], m.hp["memory_size"]) for m in methods]
+    distinct = list(dict.fromkeys(keys))
+    writers = [methods[keys.index(key)] for key in distinct]      # each memory's first stream keeps it
+    members = [torch.tensor([g for g, k in enumerate(keys) if k == key], device=device) for key in distinct]
+    betas = [_column([methods[int(g)] for g in rows], "beta", torch.float32, device)[:, :, None]
+             for rows in members]
+    weight64 = _column(methods, "memory_weight", torch.float64, device)
+    weight, denominator = weight64.float(), (1.0 + weight64).float()     # as the loop's Python floats
+    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
+    gated = torch.zeros(G, n, dtype=torch.bool, device=device)
+    timer = StageTimer()
+    for i in range(n):
+        views = features[i]
+        x0 = views[0]
+        query = torch.nn.functional.normalize(x0, dim=0)
+        for writer, rows, beta in zip(writers, members, betas):
+            text_posterior, label, written = writer.observe(views, timer)
+            with timer("posterior"):
+                text = writer.text
+                memory = writer.memory[:, :writer.depth]                    # [K, depth, d]
+                text_weight = torch.exp(-beta[:, :, 0] * (1.0 - text @ query))   # [R, K]
+                memory_weight = torch.exp(-beta * (1.0 - memory @ query))          # [R, K, depth]
+                read = text_weight[:, :, None] * text + torch.bmm(memory_weight.transpose(0, 1), memory).transpose(0, 1)
+                logits = writer.hp["logit_scale"] * torch.nn.functional.normalize(read, dim=2) @ x0
+                p_memory = torch.softmax(logits, dim=1)
+                posteriors[rows, i] = (text_posterior + weight[rows] * p_memory) / denominator[rows]
+            selected[rows, i] = label
+            gated[rows, i] = written
+    timings = _split_timings(timer, G)
+    writer_of = {int(g): writer for writer, rows in zip(writers, members) for g in rows}
+    return [Trace(posteriors[g], selected[g], gated[g], torch.zeros(n, dtype=torch.bool, device=device),
+                  state={"memory": writer_of[g].memory.clone(), "memory_entropy": writer_of[g].entropy.clone(),
+                         "memory_count": writer_of[g].count.clone()}, timings=dict(timings))
+            for g in range(G)]
+
+
 LOCKSTEP: dict[type, Callable[[list[Method], torch.Tensor], list[Trace]]] = {
     TDA: run_tda_lockstep, TDAWithPrior: run_tda_lockstep, OnZeta: run_onzeta_lockstep,
+    DMNZeroShot: run_dmn_lockstep,
 }
 
 
