@@ -58,7 +58,7 @@ def check_exact(device: str, K: int, d: int, n: int) -> bool:
     from orchestrator.methods.reference import bca_family_reference
     from orchestrator.registry import method_cards
 
-    feats, _, emb, ids = methods_benchmark.make_stream(K, d, n, 1, "cpu", seed=5)
+    feats, view_feats, emb, ids = methods_benchmark.make_stream(K, d, n, 4, "cpu", seed=5)
     dev = [t.to(device) for t in (feats, emb, ids)]
     results = []
     bca = [{"tau": 0.3, "n1": 30000, "n2": 10}, {"tau": 0.4, "n1": 50, "n2": 5}]
@@ -72,9 +72,10 @@ def check_exact(device: str, K: int, d: int, n: int) -> bool:
         if card.implementation() not in LOCKSTEP:
             continue
         configs = methods_benchmark.differing_configs(card, 4, n)
-        traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], dev[0])
+        x = view_feats if card.takes_views else feats
+        traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], x.to(device))
         for i, (config, trace) in enumerate(zip(configs, traces)):
-            single = make_method(card.name, emb, ids, K, **config).run(feats)
+            single = make_method(card.name, emb, ids, K, **config).run(x)
             results.append(_compare(f"lockstep {card.name} config {i}", single, trace))
     for line, _ in results:
         print(line)
