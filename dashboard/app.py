@@ -222,8 +222,8 @@ def main() -> None:
         st.cache_data.clear()
 
     if not Path(results_dir).is_dir():
-        st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC --results "
-                f"{results_dir}`) or open another one with `bca dashboard --results DIR`.")
+        st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC` writes to the "
+                f"spec's `results_dir`) or open another one with `bca dashboard --results DIR`.")
         return
     table, all_runs, bad = load_results(results_dir)
     if bad:

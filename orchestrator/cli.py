@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import socket
 from pathlib import Path
 
 import typer
+from typer.core import TyperOption
+
+_value_type = TyperOption.display_type_rich
+
+
+def _flag_type(self: TyperOption, ctx) -> str | None:
+    """The help's type column: nothing for a flag (typer writes '<bool>', as if the flag took a value)."""
+    return None if self.is_flag else _value_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_type
 
 app = typer.Typer(
     name="bca",
@@ -14,6 +27,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"bca {importlib.metadata.version('bca-orchestrator')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Online test-time adaptation of CLIP (BCA and baselines): sweeps, feature cache, results, dashboard."""
 
 # Results subcommands (query, report, verify) live with the results package.
 from orchestrator.results.cli import register as _register_results  # noqa: E402
@@ -30,8 +55,22 @@ def dashboard_cmd(
     """Open the Streamlit dashboard over a results directory (listens on 127.0.0.1 by default)."""
     from dashboard.launch import launch
 
+    problem = _port_taken(host, port)
+    if problem:
+        typer.echo(f"error: --port {port}: {problem}; expected a free port (e.g. --port {port + 1})", err=True)
+        raise typer.Exit(2)
     typer.echo(f"dashboard for {results.resolve()} at http://{host}:{port}")
     launch(results, host=host, port=port)
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why the dashboard could not listen on host:port (checked by binding it briefly), or None."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.bind((host, port))
+    except OSError as exc:
+        return f"cannot listen on {host}:{port} ({exc.strerror or exc}: another program may be using it)"
+    return None
 
 
 @app.command("sweep")
@@ -40,14 +79,27 @@ def sweep_cmd(
     resume: bool = typer.Option(False, "--resume", help="Continue a sweep started before: finished runs are "
                                 "skipped, unfinished ones go on from their last complete part."),
     address: str = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                "local Ray using this machine's cores)."),
+                                "local Ray using this machine's cores). Its nodes must share results_dir and "
+                                "cache_dir at the same absolute path."),
+    ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="Start Ray's own dashboard with the local "
+                                       "Ray (on 127.0.0.1, while the sweep runs) and print its address; with "
+                                       "--address, print the cluster's."),
+    progress_every: float = typer.Option(30.0, "--progress-every", min=0, help="Seconds between the progress "
+                                         "lines of a trial still running (encoding, adapting); 0: every part."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (runs and trials per backbone, dataset "
+                                 "and method, feature-cache entries to encode, estimated cost); run nothing."),
+    yes: bool = typer.Option(False, "--yes", help="Start a sweep of more than 5,000 runs to run."),
+    rerun_changed: bool = typer.Option(False, "--rerun-changed", help="Run again the finished runs made on "
+                                       "another version of their dataset's image list."),
 ) -> None:
     """Run a sweep spec on Ray Tune: one trial per online run, per-sample rows as Parquet under results_dir."""
     if address:
         os.environ["RAY_ADDRESS"] = address  # before Ray is imported: it decides which address Ray binds
     from orchestrator.sweep.command import sweep_command
 
-    raise typer.Exit(sweep_command(spec, resume=resume, address=address))
+    raise typer.Exit(sweep_command(spec, resume=resume, address=address, ray_dashboard=ray_dashboard,
+                                   progress_every_s=progress_every, dry_run=dry_run, yes=yes,
+                                   rerun_changed=rerun_changed))
 
 
 @app.command("cache")

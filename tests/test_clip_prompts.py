@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,3 +101,36 @@ def test_text_cache_hit_loads_no_model(tmp_path, backbone, monkeypatch):
     # other prompts miss
     with pytest.raises(AssertionError, match="loaded a model"):
         class_embeddings(spec, CLASSES, "handcrafted2", cache_dir=tmp_path, device="cpu")
+
+
+def test_cupl_prompts_are_ensembled_with_the_dataset_templates(backbone, tmp_path):
+    """DPE's class prototypes: each class's templates and CuPL descriptions, each normalised, averaged."""
+    path = prompts.cupl_file(tmp_path, "dtd")
+    assert path == tmp_path / "prompts" / "cupl" / "CuPL_prompts_dtd.json"
+    path.parent.mkdir(parents=True)
+    cupl = {"cat": ["a cat curled up.", "a furry cat."], "dog": ["a dog running."], "school_bus": ["a yellow bus."]}
+    path.write_text(json.dumps(cupl))
+    emb, ids = class_embeddings(backbone, CLASSES, "cupl", dataset="dtd", data_root=tmp_path)
+    assert ids.tolist() == [0, 1, 2]
+    for k, name in enumerate(CLASSES):
+        texts = [f"{name} texture.", *cupl[name.replace(" ", "_")]]
+        expected = F.normalize(F.normalize(backbone.encode_texts(texts), dim=-1).mean(dim=0), dim=0)
+        torch.testing.assert_close(emb[k], expected, atol=1e-5, rtol=0)
+    cupl.pop("dog")
+    path.write_text(json.dumps(cupl))
+    with pytest.raises(ValueError, match=r"no prompts for classes \['dog'\]"):
+        class_embeddings(backbone, CLASSES, "cupl", dataset="dtd", data_root=tmp_path)
+
+
+def test_cupl_without_its_file_is_a_clear_error_and_the_plan_falls_back_saying_so(tmp_path):
+    from orchestrator.sweep.load import validate_spec
+    from orchestrator.sweep.plan import expand, template_notes
+
+    with pytest.raises(ValueError, match=r"CuPL_prompts_oxfordpets.json does not exist"):
+        resolve_templates("cupl", dataset="pets", data_root=tmp_path)
+    (tmp_path / "data").mkdir()
+    spec = validate_spec({"name": "c", "results_dir": "r", "cache_dir": "c", "data_root": "data",
+                          "backbones": [{"model": "RN50", "pretrained": "openai"}], "datasets": ["pets"],
+                          "templates": ["cupl"], "methods": [{"method": "clip"}], "seeds": [1]}, base_dir=tmp_path)
+    assert [r.config["templates"] for r in expand(spec)] == ["dataset"]
+    assert "CuPL_prompts_oxfordpets.json is absent" in template_notes(spec)[0]

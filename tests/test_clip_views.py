@@ -1,4 +1,4 @@
-"""Image views (single, seeded AugMix) and run-time confident-view selection."""
+"""Image views (single, seeded AugMix, seeded crops) and run-time confident-view selection."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from PIL import Image
 from orchestrator.clip import load_backbone, parse_views, select_views
 from orchestrator.clip.selection import confident_view_indices
 from orchestrator.clip.testing import TINY_VIT, register_tiny_models, write_image
-from orchestrator.clip.views import AUGMIX_VIEWS, ViewTransform
+from orchestrator.clip.views import AUGMIX_VIEWS, ViewConfig, ViewTransform
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +35,23 @@ def test_parse_views():
     full = parse_views("augmix", seed=3)
     assert full.num_views == 1 + AUGMIX_VIEWS == 64 and full.seed == 3
     assert parse_views("augmix8").num_views == 9
+    crops = parse_views("crops")
+    assert crops.kind == "crops" and crops.num_views == 64 and crops.name == "crops" and crops.seed == 1
+    assert parse_views("crops8").num_views == 9 and parse_views("crops8").name == "crops8"
     with pytest.raises(ValueError, match="unknown views 'augmax'"):
         parse_views("augmax")
+    with pytest.raises(ValueError, match="unknown views 'crops0'"):
+        parse_views("crops0")
+    with pytest.raises(ValueError, match="unknown view kind 'cutout'"):
+        ViewConfig("cutout")
 
 
 def test_single_seed_is_not_part_of_the_identity():
     assert parse_views("single", seed=1).identity() == parse_views("single", seed=2).identity()
     assert parse_views("augmix", seed=1).identity() != parse_views("augmix", seed=2).identity()
+    assert parse_views("crops", seed=1).identity() != parse_views("crops", seed=2).identity()
+    assert parse_views("crops").identity()["kind"] == "crops"
+    assert parse_views("crops").identity() != parse_views("augmix").identity()
 
 
 def test_single_view_is_the_backbone_preprocess(backbone, image):
@@ -61,6 +71,42 @@ def test_augmix_views_are_seeded_per_image(backbone, image):
     assert not torch.allclose(t(image, "a/c.jpg")[1:], views[1:])  # ... the image id does
     other_seed = ViewTransform(parse_views("augmix", seed=2), backbone.preprocess, backbone.resolved.preprocess)
     assert not torch.allclose(other_seed(image, "a/b.jpg")[1:], views[1:])
+
+
+def test_crop_views_are_seeded_per_image_and_are_not_augmix(backbone, image):
+    t = _transform(backbone, "crops")
+    views = t(image, "a/b.jpg")
+    assert views.shape == (64, 3, 64, 64)  # the model's input size
+    torch.testing.assert_close(views[0], backbone.preprocess(image))
+    assert not torch.allclose(views[1], views[2])
+    torch.manual_seed(123)
+    torch.testing.assert_close(t(image, "a/b.jpg"), views)
+    assert not torch.allclose(t(image, "a/c.jpg")[1:], views[1:])
+    other_seed = ViewTransform(parse_views("crops", seed=2), backbone.preprocess, backbone.resolved.preprocess)
+    assert not torch.allclose(other_seed(image, "a/b.jpg")[1:], views[1:])
+    augmix = _transform(backbone, "augmix")(image, "a/b.jpg")
+    assert not torch.allclose(augmix[1:], views[1:])
+
+
+def test_crop_view_is_a_normalised_resized_crop_with_flip(backbone, image):
+    """Each crop view is exactly RandomResizedCrop + RandomHorizontalFlip of the raw image, then the model's
+    normalisation, with no AugMix: redo the transform by hand from the same seeded draws."""
+    from torchvision import transforms as T
+    from torchvision.transforms import functional as TF
+
+    from orchestrator.clip.views import _item_seed
+
+    cfg = backbone.resolved.preprocess
+    views = _transform(backbone, "crops2")(image, "x")
+    torch.manual_seed(_item_seed(1, "x"))
+    expected = []
+    for _ in range(2):
+        top, left, h, w = T.RandomResizedCrop.get_params(image, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        crop = TF.resized_crop(image, top, left, h, w, [64, 64], T.InterpolationMode.BILINEAR, antialias=True)
+        if torch.rand(1) < 0.5:
+            crop = TF.hflip(crop)
+        expected.append(TF.normalize(TF.to_tensor(crop), cfg["mean"], cfg["std"]))
+    torch.testing.assert_close(views[1:], torch.stack(expected))
 
 
 def test_augmix_leaves_the_global_rng_alone(backbone, image):

@@ -114,9 +114,26 @@ def test_key_covers_what_decides_the_features(tmp_path, data_root):
     single = key()
     assert key(seed=2) == single  # one entry for the deterministic single view, whatever the seed
     augmix = key(views="augmix2")
-    assert len({single, augmix, key(views="augmix2", seed=2), key(views="augmix3"),
-                key(backbone=BackboneSpec(TINY_RN)), key(backbone=BackboneSpec(TINY_VIT, quick_gelu=True))}) == 6
-    assert len(list((tmp_path / "features").glob("*/manifest.json"))) == 6
+    crops = key(views="crops2")  # the same view count and seed, another kind: another entry
+    assert len({single, augmix, crops, key(views="augmix2", seed=2), key(views="augmix3"),
+                key(backbone=BackboneSpec(TINY_RN)), key(backbone=BackboneSpec(TINY_VIT, quick_gelu=True))}) == 7
+    assert len(list((tmp_path / "features").glob("*/manifest.json"))) == 7
+
+
+def test_crops_and_augmix_entries_are_kept_apart(tmp_path, data_root):
+    cache = FeatureCache(tmp_path)
+    crops = cache.get_or_encode(SPEC, "imagenet-a", data_root, "crops2", num_workers=0, device="cpu")
+    augmix = cache.get_or_encode(SPEC, "imagenet-a", data_root, "augmix2", num_workers=0, device="cpu")
+    assert crops.key != augmix.key and crops.encoded and augmix.encoded
+    assert (crops.manifest["view_kind"], crops.manifest["views"]) == ("crops", "crops2")
+    assert (augmix.manifest["view_kind"], augmix.manifest["views"]) == ("augmix", "augmix2")
+    assert crops.manifest["key_fields"]["views"]["kind"] == "crops"
+    assert crops.features.shape == augmix.features.shape == (4, 3, 64)
+    torch.testing.assert_close(crops.features[:, 0], augmix.features[:, 0])  # the same original image
+    assert not torch.allclose(crops.features[:, 1:], augmix.features[:, 1:], atol=1e-2)
+    again = cache.get_or_encode(SPEC, "imagenet-a", data_root, "crops2", num_workers=0, device="cpu")
+    assert not again.encoded and again.key == crops.key
+    torch.testing.assert_close(again.features, crops.features)
 
 
 def test_augmix_entry_keeps_every_view(tmp_path, data_root):
@@ -293,7 +310,7 @@ def test_bca_cache_from_a_sweep_spec(tmp_path, data_root):
         results_dir: results
         data_root: {data_root}
         cache_dir: cache
-        backbones: [{{model: {TINY_VIT}}}]
+        backbones: [{{model: {TINY_VIT}, pretrained: random}}]
         datasets: [dtd, {{name: imagenet-a, views: augmix2}}, {{synthetic: iid}}]
         templates: [handcrafted1]
         methods: [{{method: clip}}]

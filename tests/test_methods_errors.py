@@ -46,8 +46,9 @@ def test_every_default_is_valid(method):
 @pytest.mark.parametrize("features,match", [
     ([[1.0, 0.0, 0.0, 0.0]], "features must be a torch.Tensor"),
     (FEATS.double(), "features must be float32, got torch.float64"),
-    (FEATS[0], r"features must have shape \[n, d\], got \(4,\)"),
-    (FEATS[:, None], r"features must have shape \[n, d\].*select_views"),
+    (FEATS[0], r"features must have shape \[n, d\] or \[n, V, d\] .*, got \(4,\)$"),
+    (FEATS[:, None, None], r"bca: features must have shape \[n, d\] or \[n, V, d\] \(augmented views, view 0 "
+                           r"the original\), got \(5, 1, 1, 4\)$"),
     (FEATS[:, :3], "features have dimension 3 but class_embeddings have 4"),
     (torch.cat([FEATS, torch.full((1, D), float("nan"))]), "non-finite values.*first at sample 5"),
     (torch.cat([FEATS, torch.tensor([[float("inf"), 0.0, 0.0, 0.0]])]), "non-finite values"),

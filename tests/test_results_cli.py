@@ -103,9 +103,22 @@ def test_query_parquet_never_writes_into_the_results(results):
     assert r.exit_code == 2 and "inside the results dir" in r.stderr and not target.exists()
 
 
-def test_query_on_missing_results_dir(tmp_path):
-    r = bca("query", "SELECT count(*) AS n FROM runs", "--results", str(tmp_path / "none"), "--csv")
-    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "0"]
+def test_query_and_report_on_a_missing_results_dir_name_it(tmp_path):
+    missing = tmp_path / "none"
+    for r in (bca("query", "SELECT count(*) AS n FROM runs", "--results", str(missing), "--csv"),
+              bca("report", "--results", str(missing)), bca("verify", str(missing))):
+        assert r.exit_code == 2 and f"results dir {missing} does not exist" in r.stderr and r.stdout == ""
+    assert not missing.exists()
+
+
+def test_sql_beginning_with_a_comment(results):
+    r = bca("query", "-- how many runs\nSELECT count(*) AS n FROM runs", "--results", str(results), "--csv")
+    assert r.exit_code == 0 and r.stdout.splitlines() == ["n", "12"]
+
+
+def test_install_refusal_names_install(results):
+    r = bca("query", "INSTALL httpfs", "--results", str(results))
+    assert r.exit_code == 2 and "INSTALL statements are not allowed" in r.stderr
 
 
 def test_query_names_bad_files_and_goes_on(tmp_path):
@@ -160,6 +173,7 @@ def test_verify_lists_problems_with_exit_code_1(tmp_path):
     assert r.exit_code == 1
     assert "bad_part" in r.stdout and str(part) in r.stdout.replace("\n", "")
     assert "missing_rows" in r.stdout and "running: 40 of 100 rows present" in r.stdout
+    assert "bca sweep SPEC --resume repairs runs with missing rows" in r.stdout
 
 
 def test_verify_missing_dir(tmp_path):
@@ -177,3 +191,42 @@ def test_verify_temp_files_by_age(tmp_path):
     os.utime(tmp, (old, old))
     r = bca("verify", str(tmp_path))
     assert r.exit_code == 1 and "temp_file" in r.stdout
+
+
+def _caltech_runs(root: Path, pretrained: str, methods=("clip", "bca"), fingerprint: str | None = None) -> None:
+    from orchestrator.results.writer import RunWriter
+
+    for method in methods:
+        for seed in (1, 2):
+            config = {"sweep": "s", "backbone": "ViT-B-16", "pretrained": pretrained, "dataset": "caltech101",
+                      "method": method, "seed": seed, "views": "single"}
+            write_fake_run(root, config, n=40, accuracy=0.1)
+            if fingerprint:
+                RunWriter(root, config).mark("finished", data_fingerprint=fingerprint)
+
+
+def test_random_weight_runs_are_labelled_and_never_set_beside_the_paper(tmp_path):
+    _caltech_runs(tmp_path, "random")
+    r = bca("report", "--results", str(tmp_path), "--paper")
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.stdout.splitlines() if "ViT-B/16" in ln and "Caltech" not in ln]
+    random_rows = [ln for ln in lines if "(random weights)" in ln]
+    assert len(random_rows) == 2 and all("measured" in ln for ln in random_rows)  # no paper, no Δ paper rows
+    # the published ViT-B/16 rows stand alone: nothing measured beside them
+    deltas = [ln for ln in lines if "(random weights)" not in ln and "Δ paper" in ln]
+    assert deltas and all({c.strip() for c in ln.split("│")[4:-1]} == {"—"} for ln in deltas)
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import row_labels
+
+    with ResultsDB(tmp_path) as db:
+        runs = db.df("SELECT * FROM accuracy")
+    assert set(row_labels(runs, [])) == {"CLIP [random weights]", "BCA [random weights]"}
+
+
+def test_report_names_datasets_whose_runs_saw_different_image_lists(tmp_path):
+    _caltech_runs(tmp_path, "openai", methods=("clip",), fingerprint="aaaaaaaaaaaaaaaa")
+    _caltech_runs(tmp_path, "openai", methods=("bca",), fingerprint="bbbbbbbbbbbbbbbb")
+    r = bca("report", "--results", str(tmp_path))
+    assert r.exit_code == 0
+    assert ("warning: caltech101: finished runs were made on 2 versions of its image list (2 run(s) on "
+            "aaaaaaaaaaaaaaaa") in r.stderr and "bbbbbbbbbbbbbbbb" in r.stderr and "--rerun-changed" in r.stderr

@@ -47,3 +47,52 @@ def test_ray_validation_rejects_a_broken_config():
     raw["available_node_types"]["head"]["resourcez"] = {}
     with pytest.raises(Exception, match="resourcez"):
         util.validate_config(util.prepare_config(raw))
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster-local.yaml"])
+def test_cluster_files_keep_the_dashboard_on_the_heads_loopback(name):
+    """Ray has no authentication: a dashboard reachable from the network accepts anyone's jobs (any code)."""
+    config = prepared(name)
+    text = (REPO / name).read_text()
+    assert "0.0.0.0" not in text
+    head_start = " ".join(config["head_start_ray_commands"])
+    assert "--dashboard-host=127.0.0.1" in head_start and "--head" in head_start
+
+
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster-local.yaml"])
+def test_cluster_files_install_what_the_readme_flow_needs(name):
+    """`ray job submit` and `ray dashboard` need Ray's default extra on the head, in the project's venv."""
+    setup = " ".join(prepared(name)["setup_commands"])
+    assert "-e ~/bca 'ray[default,tune]'" in setup
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"ray[default,tune]' in pyproject
+
+
+def test_joining_a_cluster_with_an_unwritable_results_dir_fails_at_start(tmp_path):
+    """Exit 2 before Ray is contacted (no cluster listens at this address), naming the path and what it needs.
+    /proc takes no new directories, whoever runs the test (root ignores permission bits)."""
+    import subprocess
+    import sys
+
+    results = "/proc/bca-results-test"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "results_dir": results, "seeds": [1],
+                                    "datasets": [{"synthetic": "label_shift", "n": 50}],
+                                    "methods": [{"method": "clip"}]}))
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--address",
+                           "127.0.0.1:9"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: results_dir: {results} cannot be written" in done.stderr
+    assert "every node mounts at that same path" in done.stderr and "127.0.0.1:9" in done.stderr
+
+
+def test_joining_a_cluster_with_a_relative_results_dir_is_refused(tmp_path):
+    from orchestrator.sweep.runner import SharedStorageError, check_shared_storage
+    from orchestrator.sweep.load import validate_spec
+
+    spec = validate_spec({"name": "s", "results_dir": "results", "datasets": [{"synthetic": "label_shift"}],
+                          "methods": [{"method": "clip"}], "seeds": [1]}, base_dir=tmp_path)
+    check_shared_storage(spec, "10.0.0.10:6379")  # absolute once loaded, and writable: accepted
+    with pytest.raises(SharedStorageError, match="results_dir: results is not absolute; joining the cluster at "
+                                                 "10.0.0.10:6379 needs an absolute path"):
+        check_shared_storage(spec.model_copy(update={"results_dir": "results"}), "10.0.0.10:6379")

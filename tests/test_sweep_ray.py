@@ -120,7 +120,7 @@ def test_small_sweep_end_to_end(reference):
     # progress: one line per finished trial with done/total, then the table and the dashboard command
     done_lines = [ln for ln in lines if ln.startswith("[")]
     assert len(done_lines) == outcome.total and done_lines[-1].startswith(f"[{outcome.total}/{outcome.total}]")
-    assert any("Accuracy (%) by method and dataset" in ln and "±" in ln for ln in lines)
+    assert any("By method and dataset" in ln and "top-1 accuracy (%)" in ln and "±" in ln for ln in lines)
     assert any("bca dashboard --results" in ln for ln in lines)
 
 
@@ -130,6 +130,16 @@ def test_rerun_skips_finished_runs(reference):
     again = run_sweep(load_spec(spec_path), resume=True, out=lines.append)
     assert again.ok and again.skipped == again.total
     assert not [ln for ln in lines if ln.startswith("[")]
+
+
+def test_a_running_trials_progress_reaches_the_driver(ray_session, tmp_path):
+    """With --progress-every 0 every part of a running trial shows up as a driver line, through Tune."""
+    spec_path = write_spec(tmp_path, methods=[{"method": "bca", "n1": 50}], seeds=[1])
+    lines: list[str] = []
+    assert run_sweep(load_spec(spec_path), out=lines.append, progress_every_s=0).ok
+    adapting = [ln.split(": adapting ", 1)[1] for ln in lines if ": adapting " in ln]
+    assert [ln.split(" samples")[0] for ln in adapting] == [f"{k}/{N}" for k in range(PART, N + 1, PART)]
+    assert all("ETA" in ln for ln in adapting)
 
 
 def test_trial_worker_sigkilled_mid_run_is_retried_from_its_last_part(reference, tmp_path, monkeypatch):
@@ -228,7 +238,7 @@ def test_real_dataset_sweep_encodes_each_cache_key_once(ray_session, tmp_path):
     spec_path = tmp_path / "real.yaml"
     spec_path.write_text(yaml.safe_dump({
         "name": "real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
-        "backbones": [{"model": TINY_VIT, "config": str(config)}],
+        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
         "datasets": ["dtd", {"name": "imagenet-a", "views": "augmix4"}],
         "methods": [{"method": "clip"}, {"method": "bca", "tau": 0.3, "n1": 10},
                     {"method": "zero", "datasets": ["imagenet-a"]}],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.clip.testing import build_all, build_dataset
 from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.record import check_sweep_record, write_sweep_record
@@ -27,10 +28,11 @@ BASE = {
 
 
 def _real(d: dict, root: Path, **extra) -> None:
-    """Add a real dataset with everything it needs (data root, cache dir, backbone), then `extra`."""
-    (root / "data").mkdir(exist_ok=True)
+    """Add a real dataset with everything it needs (data root holding it, cache dir, backbone), then `extra`."""
+    if not (root / "data" / "dtd").is_dir():
+        build_dataset("dtd", root / "data")
     d["datasets"].append("dtd")
-    d.update(data_root=str(root / "data"), cache_dir="cache", backbones=[{"model": "RN50"}])
+    d.update(data_root=str(root / "data"), cache_dir="cache", backbones=[{"model": "RN50", "pretrained": "random"}])
     d.update(extra)
 
 
@@ -58,7 +60,24 @@ def test_duplicate_sweep_name_with_a_different_config_is_refused_by_the_plan(tmp
     write_sweep_record(other, expand(other))
     spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)  # the document alone is valid
     problem = check_sweep_record(spec, expand(spec))
-    assert "already exists" in problem and "different configuration" in problem
+    assert "already exists" in problem and "leaves out 8 of its 8 recorded runs" in problem
+    assert "changed: seeds: [7] -> [1, 2]" in problem
+
+
+def test_growing_a_sweep_keeps_its_runs_and_changing_one_is_refused_with_what_changed(tmp_path):
+    spec = validate_spec(copy.deepcopy(BASE), base_dir=tmp_path)
+    write_sweep_record(spec, expand(spec))
+    grown = copy.deepcopy(BASE)
+    grown["methods"][1]["tau"] = [0.2, 0.3, 0.4]
+    grown["seeds"] = [1, 2, 3]
+    grown_spec = validate_spec(grown, base_dir=tmp_path)
+    assert check_sweep_record(grown_spec, expand(grown_spec)) is None
+    assert {r.run_id for r in expand(spec)} < {r.run_id for r in expand(grown_spec)}
+    changed = copy.deepcopy(BASE)
+    changed["methods"][1]["n1"] = 200
+    changed_spec = validate_spec(changed, base_dir=tmp_path)
+    problem = check_sweep_record(changed_spec, expand(changed_spec))
+    assert "leaves out 8 of its 16 recorded runs (changed: methods[1].n1: 100 -> 200)" in problem
 
 
 # (case, mutation, field path the message must name, what it must say is expected)
@@ -83,7 +102,7 @@ CASES = [
     ("select_on posterior with M > K",
      lambda d, root: (d["datasets"][0].update(templates_per_class=2), d["methods"][1].update(select_on="posterior")),
      "methods[1].select_on", "expected 'likelihood'"),
-    ("zero without AugMix views", _append_method({"method": "zero"}), "methods[3].method", "views: augmix"),
+    ("zero without views", _append_method({"method": "zero"}), "methods[3].method", "needs views (got single)"),
     ("empty methods", _set("methods", []), "methods", "at least 1 item"),
     ("missing methods", _drop("methods"), "methods", "Field required"),
     ("missing results_dir", _drop("results_dir"), "results_dir", "Field required"),
@@ -109,7 +128,7 @@ CASES = [
      "expected a directory for the feature cache"),
     ("real dataset without a backbone", lambda d, root: _real(d, root, backbones=[]), "backbones",
      "expected a list such as"),
-    ("unknown backbone", lambda d, root: _real(d, root, backbones=[{"model": "ViT-Z-99"}]), "backbones[0].model",
+    ("unknown backbone", lambda d, root: _real(d, root, backbones=[{"model": "ViT-Z-99", "pretrained": "random"}]), "backbones[0].model",
      "open_clip.list_models()"),
     ("unknown pretrained tag", lambda d, root: _real(d, root, backbones=[{"model": "RN50", "pretrained": "openia"}]),
      "backbones[0].pretrained", "expected one of: openai"),
@@ -120,6 +139,17 @@ CASES = [
      "backbones[0]", "either pretrained"),
     ("unknown template set", lambda d, root: _real(d, root, templates=["handcrafted9"]), "templates[0]",
      "expected one of: dataset, ensemble7"),
+    ("unknown template set in a synthetic-only spec", _set("templates", ["handcrafted9"]), "templates[0]",
+     "expected one of: dataset, ensemble7"),
+    ("backbone without weights", lambda d, root: _real(d, root, backbones=[{"model": "RN50"}]),
+     "backbones[0].pretrained", "would run with random weights; expected a tag (e.g. openai), a checkpoint file, "
+                                "or pretrained: random"),
+    ("dataset folder missing under an existing data root",
+     lambda d, root: (_real(d, root), d["datasets"].append("eurosat")), "datasets[3]", "EuroSAT"),
+    ("results_dir that is a file", lambda d, root: ((root / "out").write_text("x"), d.update(results_dir="out")),
+     "results_dir", "is a file; expected a directory"),
+    ("results_dir under a file", lambda d, root: ((root / "out").write_text("x"), d.update(results_dir="out/r")),
+     "results_dir", "which is a file; expected a directory"),
 ]
 
 
@@ -210,7 +240,44 @@ def test_same_config_under_the_same_name_is_accepted(tmp_path):
 def test_shipped_specs_are_valid(name, tmp_path):
     text = (REPO / "experiments" / f"{name}.yaml").read_text()
     data = yaml.safe_load(text)
-    if "data_root" in data:  # the paper specs point at the user's data; validate against an empty stand-in
+    if "data_root" in data:  # the paper specs point at the user's data; validate against tiny stand-ins
+        build_all(tmp_path)
         data["data_root"] = str(tmp_path)
     spec = validate_spec(data, base_dir=REPO / "experiments")
     assert expand(spec)
+
+
+def test_run_ids_are_the_config_hash_of_the_stored_config(tmp_path):
+    from orchestrator.results.schema import config_hash
+
+    data = copy.deepcopy(BASE)
+    data["methods"].append({"method": "pa", "tau": [0.25, 1], "n2": [5, 10.0], "logit_scale": 50})
+    runs = expand(validate_spec(data, base_dir=tmp_path))
+    assert all(config_hash(r.config) == r.run_id for r in runs)
+
+
+def test_settings_that_cannot_affect_a_run_do_not_multiply_the_grid(tmp_path):
+    from orchestrator.sweep.checks import spec_warnings
+
+    plain = {**copy.deepcopy(BASE), "methods": [{"method": "bca", "update": "count"}]}
+    data = {**copy.deepcopy(BASE), "methods": [{"method": "bca", "update": ["count", "decay"],
+                                                "decay": [0.9, 0.99, 0.999]}]}
+    runs = expand(validate_spec(data, base_dir=tmp_path))
+    # per dataset and seed: one count run (decay inert) + three decay runs, not six
+    assert len(runs) == 2 * 2 * 4
+    count = [r for r in runs if r.config["hparams"]["update"] == "count"]
+    assert {r.config["hparams"]["decay"] for r in count} == {0.999}
+    # the count runs are the very runs a spec that never named decay gives (same run_ids)
+    assert {r.run_id for r in count} == {r.run_id for r in expand(validate_spec(plain, base_dir=tmp_path))}
+    warnings = spec_warnings(validate_spec(data, base_dir=tmp_path))
+    assert warnings == ["methods[0].decay: matters only with update: decay; the runs with update: count take its "
+                        "default (0.999) and are not repeated per decay value"]
+    assert spec_warnings(validate_spec(plain, base_dir=tmp_path)) == []
+
+
+def test_random_weights_are_explicit_and_recorded_as_such(tmp_path):
+    data = copy.deepcopy(BASE)
+    _real(data, tmp_path)
+    runs = expand(validate_spec(data, base_dir=tmp_path))
+    real = [r for r in runs if r.config["dataset"] == "dtd"]
+    assert real and all(r.config["pretrained"] == "random" and r.source.weights is None for r in real)

@@ -4,19 +4,23 @@ equals its runs done one by one, failures are recorded, and progress lines and e
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from orchestrator.clip import select_views
+from orchestrator.methods import make_method
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
 from orchestrator.sweep.runner import settings_of
-from orchestrator.sweep.trial import execute_trial, parse_failpoint
+from orchestrator.sweep.trial import _MEMO, execute_pack, execute_run, execute_trial, load_stream, parse_failpoint
 
 N, PART = 450, 100
 SPEC = {
@@ -134,3 +138,116 @@ def test_progress_lines_count_runs_and_report_retries_and_failures(tmp_path):
     assert "ETA" in lines[0]
     assert lines[1].startswith("retry:") and "worker process died" in lines[1]
     assert lines[2].startswith(f"[4/{len(runs)}] FAILED") and failed == [(trials[1].key, summarise_error(ACTOR_DIED))]
+
+
+def test_a_finished_run_with_a_truncated_part_is_repaired_exactly(tmp_path):
+    from orchestrator.sweep.status import INCOMPLETE, run_status
+
+    reference = spec_in(tmp_path / "ref")
+    run_all(reference)
+    spec = spec_in(tmp_path / "damaged")
+    run_all(spec)
+    first = expand(spec)[0]
+    part = sorted(RunWriter(spec.results_dir, first.config).samples_dir.glob("part-*.parquet"))[2]
+    part.write_bytes(part.read_bytes()[:200])  # truncated after the run was marked finished
+    assert read_run(spec.results_dir, spec.name, first.run_id)["status"] == "finished"
+    status = run_status(spec, expand(spec))
+    assert status[first.run_id] == INCOMPLETE and list(status.values()).count("finished") == len(status) - 1
+    results = run_all(spec)
+    assert [r["run_id"] for r in results] == [first.run_id] and results[0]["resumed_from"] == 2 * PART
+    assert rows(spec.results_dir) == rows(reference.results_dir)
+    assert set(run_status(spec, expand(spec)).values()) == {"finished"}
+
+
+def test_deterministic_errors_fail_the_trial_at_once_and_others_are_retried(tmp_path):
+    from orchestrator.data.datasets import DatasetLayoutError
+    from orchestrator.sweep.trial import deterministic_failure
+
+    spec = spec_in(tmp_path)
+    trial = make_trials(expand(spec), 1)[0]
+    missing = DatasetLayoutError("DTD: folder /data/dtd does not exist")
+    text = deterministic_failure(trial, settings_of(spec), missing)
+    assert text.endswith("DatasetLayoutError: DTD: folder /data/dtd does not exist")
+    row = read_run(spec.results_dir, spec.name, trial.runs[0].run_id)
+    assert row["status"] == "failed" and "DTD: folder /data/dtd does not exist" in row["error"]
+    assert deterministic_failure(trial, settings_of(spec), RuntimeError("worker lost")) is None
+    assert deterministic_failure(trial, settings_of(spec), OSError(28, "No space left on device")) is None
+
+
+def test_progress_counts_a_reported_error_as_a_failure(tmp_path):
+    spec = spec_in(tmp_path)
+    runs = expand(spec)
+    trials = make_trials(runs, 1)
+    lines, failed = [], []
+    callback = ProgressCallback(trials, runs, out=lines.append, on_failed=lambda t, e: failed.append(e))
+    trial = SimpleNamespace(config={"trial": trials[0].key}, last_result={"n_runs": 0, "error": "orchestrator.data."
+                            "datasets.DatasetLayoutError: DTD: folder /d/dtd does not exist"})
+    callback.on_trial_complete(0, [], trial)
+    assert callback.errors == {trials[0].key: failed[0]} and "DTD: folder /d/dtd does not exist" in failed[0]
+    assert lines[0].startswith(f"[1/{len(runs)}] FAILED")
+
+
+def test_runs_record_their_image_list_and_a_changed_dataset_is_named_then_rerun(tmp_path):
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_image, write_model_config
+    from orchestrator.sweep.catalog import dataset_listing, listing_fingerprint
+    from orchestrator.sweep.status import changed_data, run_status
+
+    data = tmp_path / "data"
+    build_dataset("imagenet-a", data, num_classes=2, per_class=2)
+    spec = validate_spec({
+        "name": "real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+        "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                       "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
+        "datasets": [{"name": "imagenet-a", "views": "single"}], "methods": [{"method": "clip"}], "seeds": [1],
+    }, base_dir=tmp_path)
+    run_all(spec)
+    (run,) = expand(spec)
+    before = listing_fingerprint("imagenet-a", spec.data_root)
+    assert read_run(spec.results_dir, spec.name, run.run_id)["data_fingerprint"] == before
+    assert changed_data(spec, [run], run_status(spec, [run])) == {}
+    folder = next(p for p in (data / "imagenet-adversarial" / "imagenet-a").iterdir() if p.is_dir())
+    write_image(folder / "added.jpg", label=0, index=99)  # an image added after the run
+    dataset_listing.cache_clear()  # a new `bca sweep` process reads the folder afresh, and new trials too
+    _MEMO.clear()
+    assert listing_fingerprint("imagenet-a", spec.data_root) != before
+    assert changed_data(spec, [run], run_status(spec, [run])) == {"imagenet-a": [run]}
+    RunWriter(spec.results_dir, run.config).discard_rows()  # what --rerun-changed does before running it
+    run_all(spec)
+    row = read_run(spec.results_dir, spec.name, run.run_id)
+    assert row["n_samples"] == 5 and row["data_fingerprint"] == listing_fingerprint("imagenet-a", spec.data_root)
+    assert len(rows(spec.results_dir)[run.run_id]) == 5
+def test_views_go_to_the_runs_that_take_them(tmp_path):
+    # A stream with augmented views: tda and bca's adaptive view selection get the views [n, V, d]; clip and
+    # bca with view_selection='fixed' get the confident-view means, run by run and in a mixed pack alike.
+    methods = [{"method": "clip"}, {"method": "bca", "n1": 5, "view_selection": ["adaptive", "fixed"]},
+               {"method": "tda"}]
+    datasets = [{"synthetic": "temporal", "n": 150, "num_classes": 5, "dim": 16}]
+    single, packed = (spec_in(tmp_path / name, methods=methods, datasets=datasets) for name in ("single", "packed"))
+    runs = expand(single)
+    stream, _ = load_stream(runs[0].source, settings_of(single))
+    gen = torch.Generator().manual_seed(0)
+    views = torch.cat([stream.features[:, None], stream.features[:, None]
+                       + 0.8 * torch.randn(len(stream), 19, stream.features.shape[1], generator=gen)], dim=1)
+    views = torch.nn.functional.normalize(views, dim=-1)
+    means = select_views(views, stream.class_embeddings, stream.class_ids, stream.num_classes)
+    with_views = dataclasses.replace(stream, features=means, view_features=views)
+    for run in runs:
+        execute_run(run, with_views, settings_of(single))
+    execute_pack(expand(packed), with_views, settings_of(packed))
+    by_single, by_pack = rows(single.results_dir), rows(packed.results_dir)
+    took_views = set()
+    for run in runs:
+        config = run.config
+
+        def predictions(features: torch.Tensor) -> list[int]:
+            return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                               **config["hparams"]).run(features).predictions.tolist()
+
+        wants = config["method"] == "tda" or config["hparams"].get("view_selection") == "adaptive"
+        expected = predictions(views if wants else means)
+        assert [r["pred"] for r in by_single[run.run_id]] == expected
+        assert [r["pred"] for r in by_pack[run.run_id]] == expected
+        if wants:
+            assert predictions(means) != expected          # the views make a difference here
+            took_views.add(config["method"])
+    assert took_views == {"tda", "bca"} and len(runs) == 4

@@ -9,6 +9,7 @@ import torch
 
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.tda import class_logits
+from orchestrator.methods.views import gather_views, lowest_entropy_views
 from orchestrator.registry import method_card
 
 EYE2 = torch.eye(2)
@@ -201,3 +202,145 @@ def test_tda_defaults_per_dataset(name, expected):
 def test_tda_defaults_outside_the_benchmarks_are_imagenets():
     assert method_card("tda").defaults("synthetic_iid") == method_card("tda").defaults()
     assert (method_card("tda").defaults()["pos_alpha"], method_card("tda").defaults()["pos_beta"]) == (2.0, 5.0)
+
+
+# ---------------------------------------------------------------------------- augmented views [n, V, d]
+
+def official_tda(views: torch.Tensor, weights: torch.Tensor, hp: dict) -> tuple[torch.Tensor, dict, dict]:
+    """The public code (kdiAAA/TDA: utils.get_clip_logits, tda_runner.run_test_tda / update_cache /
+    compute_cache_logits) in float32 over per-sample views [n, V, d], one embedding per class ([K, d]):
+    (final posteriors [n, K], positive cache, negative cache) with caches {class: [[f, loss(, prob_map)]]}."""
+    num_classes = weights.shape[0]
+    pos, neg, out = {}, {}, []
+
+    def update(cache, pred, item, shot):
+        if pred in cache:
+            if len(cache[pred]) < shot:
+                cache[pred].append(item)
+            elif item[1] < cache[pred][-1][1]:
+                cache[pred][-1] = item
+            cache[pred] = sorted(cache[pred], key=lambda entry: entry[1])
+        else:
+            cache[pred] = [item]
+
+    def cache_logits(f, cache, alpha, beta, negative):
+        keys = torch.stack([e[0] for c in sorted(cache) for e in cache[c]]).T
+        if negative:
+            values = torch.stack([e[2] for c in sorted(cache) for e in cache[c]])
+            values = ((values > 0.03) & (values < 1.0)).float()
+        else:
+            values = torch.nn.functional.one_hot(torch.tensor([c for c in sorted(cache) for _ in cache[c]]),
+                                                 num_classes).float()
+        return alpha * ((-1) * (beta - beta * (f @ keys))).exp() @ values
+
+    for sample in views:
+        logits = hp["logit_scale"] * sample @ weights.T
+        if sample.shape[0] > 1:
+            entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
+            output = logits[torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]]
+            f = sample[torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]].mean(0)
+            clip_logits = output.mean(0)
+            log_p = output - output.logsumexp(dim=-1, keepdim=True)
+            avg = torch.clamp(log_p.logsumexp(dim=0) - math.log(log_p.shape[0]), min=torch.finfo(torch.float32).min)
+            loss = -(avg * avg.exp()).sum()
+            prob_map = output.softmax(1).mean(0)
+        else:
+            f, clip_logits = sample[0], logits[0]
+            loss = -(clip_logits.softmax(0) * clip_logits.log_softmax(0)).sum()
+            prob_map = clip_logits.softmax(0)
+        pred = int(clip_logits.argmax())
+        update(pos, pred, [f, float(loss)], hp["pos_shot"])
+        if 0.2 < float(loss) / math.log2(num_classes) < 0.5:
+            update(neg, pred, [f, float(loss), prob_map], hp["neg_shot"])
+        final = clip_logits.clone()
+        if pos:
+            final += cache_logits(f, pos, hp["pos_alpha"], hp["pos_beta"], False)
+        if neg:
+            final -= cache_logits(f, neg, hp["neg_alpha"], hp["neg_beta"], True)
+        out.append(final.softmax(0))
+    return torch.stack(out), pos, neg
+
+
+def _view_stream(n: int = 300, k: int = 6, d: int = 12, views: int = 20, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.nn.functional.normalize(torch.randn(k, d, generator=gen), dim=1)
+    labels = torch.randint(k, (n,), generator=gen)
+    base = emb[labels] + 0.8 * torch.randn(n, d, generator=gen)
+    feats = torch.nn.functional.normalize(base[:, None] + 0.9 * torch.randn(n, views, d, generator=gen), dim=-1)
+    return feats, emb, torch.arange(k), k
+
+
+VIEW_HP = {"logit_scale": 8.0, "pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.117, "neg_beta": 1.0,
+           "pos_shot": 3, "neg_shot": 2}
+
+
+def test_views_follow_the_official_entropy_and_prob_map():
+    feats, emb, ids, k = _view_stream()
+    trace = make_method("tda", emb, ids, k, **VIEW_HP).run(feats)
+    expected, pos, neg = official_tda(feats, emb, VIEW_HP)
+    torch.testing.assert_close(trace.posteriors, expected, atol=2e-6, rtol=0)
+    assert sum(len(v) for v in neg.values()) >= k      # the negative cache is in play
+    for c in range(k):
+        for prefix, cache in (("pos", pos), ("neg", neg)):
+            kept = trace.state[f"{prefix}_entropy"][c]
+            losses = sorted(e[1] for e in cache.get(c, []))
+            torch.testing.assert_close(kept[torch.isfinite(kept)].sort().values, torch.tensor(losses), atol=1e-6,
+                                       rtol=0)
+        for entry in neg.get(c, []):                   # prob_map: the mean of the kept views' softmaxes
+            row = int(torch.argmin((trace.state["neg_entropy"][c] - entry[1]).abs()))
+            mask = ((entry[2] > 0.03) & (entry[2] < 1.0)).float()
+            assert torch.equal(trace.state["neg_values"][c, row], mask)
+
+
+def test_views_differ_from_the_mean_logits_rule():
+    # Taking the entropy from softmax(mean logits), as the method did before, ranks the caches differently:
+    # the official avg_entropy changes cache entries and predictions on this stream.
+    feats, emb, ids, k = _view_stream()
+    views = make_method("tda", emb, ids, k, **VIEW_HP).run(feats)
+    mean_feats = gather_views(feats, lowest_entropy_views(torch.softmax(
+        VIEW_HP["logit_scale"] * feats @ emb.T, dim=-1), 0.1)).mean(dim=1)
+    mean_rule = make_method("tda", emb, ids, k, **VIEW_HP).run(mean_feats)
+    assert not torch.allclose(views.state["pos_entropy"], mean_rule.state["pos_entropy"], atol=1e-3)
+    assert not torch.allclose(views.posteriors, mean_rule.posteriors, atol=1e-3)
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_a_single_view_is_exactly_the_single_view_path(method):
+    feats, emb, ids, k = _stream()
+    hp = {"logit_scale": 10.0, **({"tau": 0.5} if method == "tda_pa" else {})}
+    flat = make_method(method, emb, ids, k, **hp).run(feats)
+    single = make_method(method, emb, ids, k, **hp).run(feats[:, None])
+    assert torch.equal(single.posteriors, flat.posteriors) and torch.equal(single.gated, flat.gated)
+    assert all(torch.equal(single.state[key], flat.state[key]) for key in flat.state)
+
+
+def test_tda_pa_on_views_with_tau_above_one_is_tda():
+    feats, emb, ids, k = _view_stream()
+    tda = make_method("tda", emb, ids, k, **VIEW_HP).run(feats)
+    tda_pa = make_method("tda_pa", emb, ids, k, **VIEW_HP, tau=1.0).run(feats)
+    torch.testing.assert_close(tda_pa.posteriors, tda.posteriors, atol=1e-5, rtol=0)
+    assert torch.equal(tda_pa.gated, tda.gated)
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_cache_products_over_filled_entries_equal_the_full_capacity_products(method):
+    # Each sample's cache logits come from the filled entries only; recomputed over the whole [K, shot]
+    # capacity from the state the sample saw (caches update before its logits), empty slots weighing zero,
+    # they are the same up to float32 rounding, and so are the predictions.
+    feats, emb, ids, k = _stream(n=150)
+    hp = {"logit_scale": 10.0, "pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.5, "neg_beta": 1.0,
+          **({"tau": 1.0} if method == "tda_pa" else {})}
+    obj = make_method(method, emb, ids, k, **hp)
+    filled = []
+    for i in range(feats.shape[0]):
+        trace = obj.run(feats[i:i + 1])
+        f, st = feats[i], trace.state
+        weights = {p: torch.where(torch.isfinite(st[f"{p}_entropy"]),
+                                  torch.exp(-(hp[f"{p}_beta"] - hp[f"{p}_beta"] * (st[f"{p}_keys"] @ f))), 0.0)
+                   for p in ("pos", "neg")}
+        full = (10.0 * emb @ f + 2.0 * weights["pos"].sum(dim=1)
+                - 0.5 * weights["neg"].flatten() @ st["neg_values"].flatten(0, 1))
+        torch.testing.assert_close(trace.posteriors[0], torch.softmax(full, dim=0), atol=1e-6, rtol=0)
+        assert int(trace.predictions[0]) == int(full.argmax())
+        filled.append(int(torch.isfinite(st["neg_entropy"]).sum()))
+    assert filled[0] <= 1 < filled[-1]                  # partly filled caches at first, fuller later

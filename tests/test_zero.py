@@ -1,15 +1,19 @@
-"""Zero: confident-view filtering, majority vote, the tie-break and the posterior's form.
+"""Zero: confident-view filtering, majority vote, the tie-breaks and the posterior's form.
 
-With U = identity rows and logit_scale 1, a view feature log(q) has class probabilities exactly q.
+With U = identity rows and logit_scale 1, a view feature log(q) has class probabilities exactly q. The vote
+mechanics are checked with the 'mean_prob' tie-break (whose posterior is (votes + mean_q) / (kept + 1));
+the official 'discarded' tie-break against a per-sample reference written from the official code.
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
+from orchestrator.registry import method_card
 
 EYE3 = torch.eye(3)
 IDS3 = torch.arange(3)
@@ -22,7 +26,9 @@ def views(*qs: list[float]) -> torch.Tensor:
 
 
 def zero(feats: torch.Tensor, **hp) -> torch.Tensor:
-    return run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0, **hp)
+    """The vote mechanics: 10% of the views kept, ties to the higher mean probability."""
+    return run_stream("zero", feats, EYE3, IDS3, 3, **{"logit_scale": 1.0, "keep": 0.1, "tie_break": "mean_prob",
+                                                       **hp})
 
 
 def close(tensor: torch.Tensor, expected, atol: float = 1e-6) -> None:
@@ -79,7 +85,8 @@ def test_class_probabilities_sum_over_embeddings():
     emb = torch.cat([EYE3, EYE3])
     ids = torch.cat([IDS3, IDS3])
     f = views([0.6, 0.3, 0.1])
-    torch.testing.assert_close(run_stream("zero", f, emb, ids, 3, logit_scale=1.0), zero(f), atol=1e-6, rtol=0)
+    torch.testing.assert_close(run_stream("zero", f, emb, ids, 3, logit_scale=1.0, keep=0.1, tie_break="mean_prob"),
+                               zero(f), atol=1e-6, rtol=0)
 
 
 def test_single_view_matches_clip_and_chunks_are_independent():
@@ -89,8 +96,8 @@ def test_single_view_matches_clip_and_chunks_are_independent():
     feats = torch.nn.functional.normalize(torch.randn(300, 8, generator=gen), dim=1)   # > one 256-sample chunk
     clip = run_stream("clip", feats, emb, ids, 5)
     trace = make_method("zero", emb, ids, 5).run(feats[:, None])
-    torch.testing.assert_close(trace.posteriors, (torch.nn.functional.one_hot(clip.argmax(1), 5) + clip) / 2,
-                               atol=1e-6, rtol=0)
+    onehot = torch.nn.functional.one_hot(clip.argmax(1), 5)
+    torch.testing.assert_close(trace.posteriors, (onehot + (onehot + clip) / 2) / 2, atol=1e-6, rtol=0)
     assert not trace.gated.any() and not trace.gated_prior.any() and bool((trace.selected == -1).all())
     multi = torch.nn.functional.normalize(feats[:, None] + 0.3 * torch.randn(300, 12, 8, generator=gen), dim=-1)
     obj = make_method("zero", emb, ids, 5)
@@ -98,3 +105,91 @@ def test_single_view_matches_clip_and_chunks_are_independent():
     parts = torch.cat([obj.run(multi[:100]).posteriors, obj.run(multi[100:]).posteriors])
     torch.testing.assert_close(parts, whole, atol=1e-6, rtol=0)           # stateless: chunking changes nothing
     torch.testing.assert_close(whole.sum(dim=1), torch.ones(300), atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------- the official defaults and tie rule
+
+def official_zero_vote(q: torch.Tensor, gamma: float) -> int:
+    """One sample's prediction as FarinaMatteo/zero computes it (ttas/zero.py with utils/tools.py
+    greedy_break): q [V, K] view probabilities. Where no discarded view votes for a tied class the code's
+    break_sample_tie restricts the first discarded view to the tied classes (as intended; its `~ties`
+    indexing of an int tensor is a bug); with every view kept the most confident view stands in."""
+    entropy = -(q * q.log()).sum(1)
+    order = torch.argsort(entropy, stable=True).tolist()
+    k = max(1, int(q.shape[0] * gamma))
+    votes = torch.bincount(q[order[:k]].argmax(1), minlength=q.shape[1])
+    ties = [c for c in range(q.shape[1]) if votes[c] == votes.max()]
+    if len(ties) == 1:
+        return ties[0]
+    for v in order[k:]:
+        if int(q[v].argmax()) in ties:
+            return int(q[v].argmax())
+    first = order[k] if k < len(order) else order[0]
+    return max(ties, key=lambda c: float(q[first, c]))
+
+
+def test_official_defaults():
+    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded"}
+
+
+def test_a_tie_goes_to_the_first_discarded_view_voting_a_tied_class():
+    # V = 10, keep 0.3 -> three kept views voting 0, 2 and 1: a three-way tie. The discarded views in
+    # confidence order vote 1 (entropy lowest among them), then 0. Class 1 wins although class 0 has the
+    # highest mean probability among the kept views (which 'mean_prob' picks).
+    kept = [[0.97, 0.02, 0.01], [0.02, 0.01, 0.97], [0.03, 0.95, 0.02]]
+    discarded = [[0.1, 0.8, 0.1], [0.6, 0.2, 0.2]] + [FLAT] * 5
+    feats = views(*discarded[:1], *kept, *discarded[1:])
+    post = zero(feats, keep=0.3, tie_break="discarded")
+    assert int(post.argmax()) == 1 == official_zero_vote(torch.tensor([discarded[0], *kept, *discarded[1:]]), 0.3)
+    assert int(zero(feats, keep=0.3).argmax()) == 0                 # mean_prob: class 0's mean is highest
+    mean = torch.tensor(kept).mean(0)
+    close(post, ((torch.ones(3) + (torch.tensor([0.0, 1.0, 0.0]) + mean) / 2) / 4)[None].tolist())
+
+
+def test_a_discarded_view_voting_an_untied_class_is_skipped():
+    # V = 10, keep 0.2 -> two kept views tie classes 0 and 2; the most confident discarded view votes 1 (not
+    # tied) and is skipped; the next votes 2.
+    kept = [[0.96, 0.02, 0.02], [0.03, 0.02, 0.95]]
+    discarded = [[0.1, 0.8, 0.1], [0.15, 0.15, 0.7]] + [FLAT] * 6
+    q = torch.tensor([*kept, *discarded])
+    assert official_zero_vote(q, 0.2) == 2
+    assert int(zero(views(*kept, *discarded), keep=0.2, tie_break="discarded").argmax()) == 2
+    assert int(zero(views(*kept, *discarded), keep=0.2).argmax()) == 0
+
+
+def test_without_a_discarded_vote_for_a_tied_class_the_first_discarded_view_decides_among_them():
+    # Kept views tie 0 and 2; every discarded view votes 1; the first discarded view prefers 2 over 0.
+    kept = [[0.96, 0.02, 0.02], [0.03, 0.02, 0.95]]
+    discarded = [[0.1, 0.6, 0.3]] + [[0.3, 0.4, 0.3]] * 7
+    q = torch.tensor([*kept, *discarded])
+    assert official_zero_vote(q, 0.2) == 2
+    assert int(zero(views(*kept, *discarded), keep=0.2, tie_break="discarded").argmax()) == 2
+    # every view kept: the most confident view (class 0 at 0.96) decides among the tied classes 0 and 1
+    both = [[0.96, 0.03, 0.01], [0.02, 0.97, 0.01], [0.5, 0.4, 0.1], [0.45, 0.5, 0.05]]
+    assert official_zero_vote(torch.tensor(both), 1.0) == 1       # the most confident view is view 1
+    assert int(zero(views(*both), keep=1.0, tie_break="discarded").argmax()) == 1
+
+
+def test_discarded_tie_break_matches_the_official_rule_on_a_random_stream():
+    # Three classes and 20 views (6 kept): ties are common. Every prediction equals the official rule's, the
+    # posterior rows sum to 1, and the rule really differs from 'mean_prob' on some samples.
+    gen = torch.Generator().manual_seed(5)
+    q = torch.softmax(2.5 * torch.randn(400, 20, 3, generator=gen), dim=-1)
+    feats = q.log()
+    post = run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0)
+    expected = torch.tensor([official_zero_vote(q[i], 0.3) for i in range(400)])
+    assert torch.equal(post.argmax(1), expected)
+    torch.testing.assert_close(post.sum(1), torch.ones(400), atol=1e-6, rtol=0)
+    votes = torch.nn.functional.one_hot(
+        torch.gather(q, 1, torch.argsort(-(q * q.log()).sum(-1), dim=1, stable=True)[:, :6, None]
+                     .expand(-1, -1, 3)).argmax(-1), 3).sum(1)
+    ties = int(((votes == votes.max(1, keepdim=True).values).sum(1) > 1).sum())
+    assert ties > 40
+    other = run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0, tie_break="mean_prob").argmax(1)
+    assert int((other != expected).sum()) > 5
+
+
+def test_tie_break_must_be_a_known_rule():
+    with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['discarded', 'mean_prob'\] "
+                                         r"\(a tied vote: .*\), got 'vote'$"):
+        make_method("zero", EYE3, IDS3, 3, tie_break="vote")

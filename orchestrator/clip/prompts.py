@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from orchestrator.clip.backbone import (
 )
 from orchestrator.device import auto_device
 from orchestrator.registry import dataset_card
+from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
 
@@ -45,6 +47,8 @@ class TemplateSet:
     name: str
     templates: tuple[str, ...]
     ensemble: bool  # True: average per class (M = K); False: one embedding per (template, class) (M = K*t)
+    # class name -> further prompts of that class, averaged with its templates (CuPL's descriptions)
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _from_open_clip(templates) -> tuple[str, ...]:
@@ -68,15 +72,46 @@ def clip80() -> tuple[str, ...]:
     return _from_open_clip(OPENAI_IMAGENET_TEMPLATES)
 
 
-TEMPLATE_SET_NAMES = ("dataset", "ensemble7", "clip80", "handcrafted1", "handcrafted2", "handcrafted3", "handcrafted4")
+CUPL_DIR = Path("prompts") / "cupl"  # under the data root: where the CuPL prompt files go
+
+
+def cupl_file(data_root: str | os.PathLike, dataset: str) -> Path:
+    """Where the `cupl` template set reads a dataset's CuPL descriptions: <data_root>/prompts/cupl/<file> with
+    the file name DPE's and DMN's repositories give it (gpt3_prompts/CuPL_prompts_<dataset>.json)."""
+    return Path(data_root) / CUPL_DIR / dataset_card(dataset).cupl
+
+
+def _cupl(dataset: str, prompts_root: str | os.PathLike | None) -> TemplateSet:
+    """The dataset's own templates plus each class's CuPL descriptions, ensembled per class (DPE's prototypes)."""
+    if prompts_root is None:
+        raise ValueError("templates='cupl' needs the data root that holds prompts/cupl/")
+    path = cupl_file(prompts_root, dataset)
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"templates='cupl': {path} does not exist; expected the CuPL prompt file of "
+                         f"{dataset} from DPE's or DMN's repository (gpt3_prompts/{path.name})") from None
+    except ValueError as exc:
+        raise ValueError(f"templates='cupl': {path} is not valid JSON ({exc})") from None
+    if not isinstance(table, dict) or not all(isinstance(v, list) for v in table.values()):
+        raise ValueError(f"templates='cupl': {path} must map each class name to a list of prompts")
+    own = resolve_templates("dataset", dataset=dataset)
+    extra = {name.replace("_", " ").strip().lower(): tuple(prompts) for name, prompts in table.items()}
+    return TemplateSet(f"cupl:{dataset_card(dataset).name}", own.templates, True, extra)
 
 
 def resolve_templates(
-    templates: str | list[str] | tuple[str, ...], dataset: str | None = None, ensemble: bool | None = None
+    templates: str | list[str] | tuple[str, ...], dataset: str | None = None, ensemble: bool | None = None,
+    data_root: str | os.PathLike | None = None,
 ) -> TemplateSet:
-    """A named set (TEMPLATE_SET_NAMES) or explicit '{}' templates (ensembled unless ensemble=False)."""
+    """A named set (TEMPLATE_SET_NAMES) or explicit '{}' templates (ensembled unless ensemble=False); 'cupl' reads
+    the dataset's CuPL prompts under `data_root`."""
     if isinstance(templates, str):
         name = templates.strip().lower()
+        if name == "cupl":
+            if dataset is None:
+                raise ValueError("templates='cupl' needs the dataset name (dataset=...)")
+            return _cupl(dataset, data_root)
         if name == "dataset":
             if dataset is None:
                 raise ValueError("templates='dataset' needs the dataset name (dataset=...)")
@@ -101,6 +136,8 @@ def resolve_templates(
 
 
 def _encode(backbone: Backbone, class_names: list[str], tset: TemplateSet) -> tuple[torch.Tensor, torch.Tensor]:
+    if tset.extra:
+        return _encode_per_class(backbone, class_names, tset)
     K, t = len(class_names), len(tset.templates)
     # template-major order: row j*K + k is template j for class k, so class(m) = m % K
     prompts = [tmpl.replace("{}", name) for tmpl in tset.templates for name in class_names]
@@ -110,10 +147,23 @@ def _encode(backbone: Backbone, class_names: list[str], tset: TemplateSet) -> tu
     return feats.reshape(t * K, -1).contiguous(), torch.arange(t * K, dtype=torch.int64) % K
 
 
+def _encode_per_class(backbone: Backbone, class_names: list[str], tset: TemplateSet
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each class's templates and its own further prompts, each L2-normalised, averaged, renormalised (M = K)."""
+    missing = [n for n in class_names if n.lower() not in tset.extra]
+    if missing:
+        raise ValueError(f"template set {tset.name}: no prompts for classes {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}; expected every class name as a key")
+    prompts = [[t.replace("{}", n) for t in tset.templates] + list(tset.extra[n.lower()]) for n in class_names]
+    feats = F.normalize(backbone.encode_texts([p for group in prompts for p in group]), dim=-1)
+    means = torch.stack([part.mean(dim=0) for part in torch.split(feats, [len(g) for g in prompts])])
+    return F.normalize(means, dim=-1), torch.arange(len(class_names), dtype=torch.int64)
+
+
 def _text_key(identity: dict, precision: str, class_names: list[str], tset: TemplateSet) -> str:
     blob = json.dumps({"v": _TEXT_CACHE_VERSION, "backbone": identity, "precision": precision,
-                       "classes": class_names, "templates": tset.templates, "ensemble": tset.ensemble},
-                      sort_keys=True)
+                       "classes": class_names, "templates": tset.templates, "ensemble": tset.ensemble,
+                       **({"extra": dict(tset.extra)} if tset.extra else {})}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -124,6 +174,7 @@ def class_embeddings(
     *,
     dataset: str | None = None,
     ensemble: bool | None = None,
+    data_root: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     **load_kwargs,
@@ -133,7 +184,7 @@ def class_embeddings(
     backbone may be a loaded Backbone or a BackboneSpec; with a spec and a cache hit no model is loaded.
     cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache.
     """
-    tset = resolve_templates(templates, dataset, ensemble)
+    tset = resolve_templates(templates, dataset, ensemble, data_root)
     class_names = list(class_names)
     if not class_names:
         raise ValueError("class_names is empty")

@@ -1,16 +1,19 @@
 """Confident-view selection for augmented views (the public protocol, REFERENCE.md section 3).
 
 Done at run time, not at encode time, because it depends on the class embeddings (the prompts): for each
-sample the views' class posteriors are computed against the current class embeddings, the `keep` fraction
+sample the views' class posteriors are computed against the given class embeddings, the `keep` fraction
 with the lowest softmax entropy is kept, and the sample's feature is the mean of the kept views' features,
-not renormalised, as the public code does.
+not renormalised, as the public code does. This is TDA's fixed rule (selected once, against the prompt
+embeddings): what every single-view method is given, and the BCA family's view_selection='fixed'. TDA and
+the BCA family's default view_selection='adaptive' take the views themselves (orchestrator.methods).
 """
 
 from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.views import lowest_entropy_views, view_posteriors
+from orchestrator.methods.views import PROTOCOL_KEEP, confident_view_means, lowest_entropy_views, view_posteriors
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 
 def confident_view_indices(
@@ -18,8 +21,8 @@ def confident_view_indices(
     class_embeddings: torch.Tensor,
     class_ids: torch.Tensor,
     num_classes: int,
-    logit_scale: float = 100.0,
-    keep: float = 0.1,
+    logit_scale: float = CLIP_LOGIT_SCALE,
+    keep: float = PROTOCOL_KEEP,
 ) -> torch.Tensor:
     """[n, V, d] -> [n, k] indices of the k = max(1, int(V * keep)) lowest-entropy views (as int() truncates)."""
     post = view_posteriors(view_features, class_embeddings, class_ids, num_classes, logit_scale)
@@ -31,8 +34,8 @@ def select_views(
     class_embeddings: torch.Tensor,
     class_ids: torch.Tensor,
     num_classes: int,
-    logit_scale: float = 100.0,
-    keep: float = 0.1,
+    logit_scale: float = CLIP_LOGIT_SCALE,
+    keep: float = PROTOCOL_KEEP,
     chunk: int = 1024,
 ) -> torch.Tensor:
     """[n, V, d] view features -> [n, d] mean of each sample's confident views (float32, not renormalised).
@@ -43,10 +46,4 @@ def select_views(
         raise ValueError(f"select_views needs view features [n, V, d]; got shape {tuple(view_features.shape)}")
     if not 0.0 < keep <= 1.0:
         raise ValueError(f"keep must be in (0, 1]; got {keep}")
-    out = []
-    for start in range(0, view_features.shape[0], chunk):
-        block = view_features[start:start + chunk].float()
-        idx = confident_view_indices(block, class_embeddings, class_ids, num_classes, logit_scale, keep)
-        kept = torch.gather(block, 1, idx.unsqueeze(-1).expand(-1, -1, block.shape[-1]))
-        out.append(kept.mean(dim=1))
-    return torch.cat(out) if out else view_features.new_zeros(0, view_features.shape[-1], dtype=torch.float32)
+    return confident_view_means(view_features, class_embeddings, class_ids, num_classes, logit_scale, keep, chunk)

@@ -1,13 +1,17 @@
-"""Image views per test sample: 'single' (the backbone's own eval transform) or 'augmix' (original + 63 AugMix).
+"""Image views per test sample: 'single' (the backbone's own eval transform), 'augmix' or 'crops'
+(the original + 63 augmented views each).
 
 'single': resize the shorter side to the backbone's input size (bicubic for CLIP), centre crop, CLIP
 normalisation: open_clip's eval transform for the backbone, so its size follows the model (224 for the
 paper's backbones).
 
-'augmix' follows the public protocol's AugMixAugmenter (TPT/TDA): view 0 is the 'single' view; each of the
-63 others is a RandomResizedCrop to the input size and a random horizontal flip of the original image,
-then AugMix (torchvision's, severity 1, width 3, depth 1-3, the geometric + posterize/solarize/equalize/
-autocontrast operations the public augmentation list uses, i.e. all_ops=False), then CLIP normalisation.
+'augmix' and 'crops' follow the public protocol's AugMixAugmenter (TPT/TDA, also used by MTA and
+BoostAdapter): view 0 is the 'single' view; each of the others is a RandomResizedCrop to the input size
+(torchvision defaults: scale (0.08, 1), ratio (3/4, 4/3), bilinear) and a random horizontal flip of the
+original image, then CLIP normalisation. 'crops' stops there: it is AugMixAugmenter with augmix=False,
+the views of MTA and BoostAdapter. 'augmix' (TDA, DPE) mixes each crop with AugMix before normalising
+(torchvision's, severity 1, width 3, depth 1-3, the geometric + posterize/solarize/equalize/autocontrast
+operations the public augmentation list uses, i.e. all_ops=False).
 AugMix runs as `PilAugMix`: torchvision's sampling and operations, applied to the PIL image instead of a
 tensor copy: the same augmentations for a seed, pixels within the two backends' interpolation differences
 (tested), and several times faster per image on a busy CPU, where torchvision's tensor path spends its time
@@ -29,19 +33,26 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 from torchvision.transforms.autoaugment import _apply_op
 
-VIEW_KINDS = ("single", "augmix")
-AUGMIX_VIEWS = 63
+from orchestrator.registry.methods import VIEW_KINDS as METHOD_VIEW_KINDS
+
+VIEW_KINDS = ("single", *METHOD_VIEW_KINDS)  # the kinds a method card may name, and no views at all
+AUGMIX_VIEWS = 63  # augmented views per image in the public protocols (augmix and crops alike)
 _PIPELINE_VERSION = 1  # bump when the transforms change, so old cache entries are not reused
 
 
 @dataclass(frozen=True)
 class ViewConfig:
-    """A view protocol: 'single', or 'augmix' with n_aug augmented views (plus the original) and a seed."""
+    """A view protocol: 'single', or 'augmix' / 'crops' with n_aug augmented views (plus the original) and a
+    seed; severity applies to 'augmix' only."""
 
     kind: str = "single"
     n_aug: int = AUGMIX_VIEWS
     severity: int = 1
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in VIEW_KINDS:
+            raise ValueError(f"unknown view kind {self.kind!r}: expected one of {list(VIEW_KINDS)}")
 
     @property
     def num_views(self) -> int:
@@ -49,30 +60,36 @@ class ViewConfig:
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind == "single" or self.n_aug == AUGMIX_VIEWS else f"augmix{self.n_aug}"
+        return self.kind if self.kind == "single" or self.n_aug == AUGMIX_VIEWS else f"{self.kind}{self.n_aug}"
 
     def identity(self) -> dict[str, Any]:
         """What decides the views' pixels; 'single' is deterministic, so its seed is left out (one cache entry)."""
         if self.kind == "single":
             return {"kind": "single", "pipeline": _PIPELINE_VERSION}
+        if self.kind == "crops":
+            return {"kind": "crops", "n_aug": self.n_aug, "seed": self.seed, "crop": "RandomResizedCrop+hflip",
+                    "pipeline": _PIPELINE_VERSION}
         return {"kind": "augmix", "n_aug": self.n_aug, "severity": self.severity, "seed": self.seed,
                 "crop": "RandomResizedCrop+hflip", "augmix": "torchvision all_ops=False width=3 depth=-1 alpha=1",
                 "pipeline": _PIPELINE_VERSION}
 
 
 def parse_views(views: str | ViewConfig, seed: int | None = None) -> ViewConfig:
-    """'single', 'augmix' (63 + original) or 'augmixN' (N augmented + original)."""
+    """'single', 'augmix' / 'crops' (63 augmented views + the original) or 'augmixN' / 'cropsN' (N + the
+    original)."""
     if isinstance(views, ViewConfig):
         return views
     key = views.strip().lower()
     if key == "single":
         return ViewConfig("single", seed=None)
-    if key.startswith("augmix"):
-        rest = key[len("augmix"):].lstrip(":-_")
-        if rest == "" or (rest.isdigit() and int(rest) > 0):
-            return ViewConfig("augmix", n_aug=int(rest) if rest else AUGMIX_VIEWS, seed=1 if seed is None else seed)
-    raise ValueError(f"unknown views {views!r}: expected 'single', 'augmix' (63 AugMix views + the original) "
-                     f"or 'augmixN' (N augmented views + the original)")
+    for kind in ("augmix", "crops"):
+        if key.startswith(kind):
+            rest = key[len(kind):].lstrip(":-_")
+            if rest == "" or (rest.isdigit() and int(rest) > 0):
+                return ViewConfig(kind, n_aug=int(rest) if rest else AUGMIX_VIEWS, seed=1 if seed is None else seed)
+    raise ValueError(f"unknown views {views!r}: expected 'single', 'augmix' (63 AugMix views + the original), "
+                     f"'crops' (63 random resized crops with flips + the original) or 'augmixN' / 'cropsN' "
+                     f"(N augmented views + the original)")
 
 
 class PilAugMix(T.AugMix):
@@ -132,13 +149,15 @@ class ViewTransform:
     def __init__(self, config: ViewConfig, base: Any, preprocess_cfg: dict[str, Any]):
         self.config = config
         self.base = base
-        if config.kind == "augmix":
+        if config.kind != "single":
             size = preprocess_cfg["size"]
             size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+            mix = ([PilAugMix(severity=config.severity, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=False)]
+                   if config.kind == "augmix" else [])
             self.augment = T.Compose([
                 T.RandomResizedCrop(size),
                 T.RandomHorizontalFlip(),
-                PilAugMix(severity=config.severity, mixture_width=3, chain_depth=-1, alpha=1.0, all_ops=False),
+                *mix,
                 T.ToTensor(),
                 T.Normalize(preprocess_cfg["mean"], preprocess_cfg["std"]),
             ])

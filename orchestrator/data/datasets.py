@@ -14,6 +14,7 @@ Differences from the public reader, on purpose:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -60,6 +61,12 @@ class ImageList:
 
     def path(self, i: int) -> Path:
         return self.data_root / self.image_ids[i]
+
+    def fingerprint(self) -> str:
+        """sha256 of the image list (ids, labels, class names; file contents are not read): the feature cache's
+        key and each run's record of which version of the dataset it streamed."""
+        blob = json.dumps([self.image_ids, self.labels, self.class_names], separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class DatasetLayoutError(FileNotFoundError):

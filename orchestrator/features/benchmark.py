@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -18,7 +19,9 @@ from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
 from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
+from orchestrator.methods.views import PROTOCOL_KEEP
 from orchestrator.registry import dataset_card
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class RealBenchmark(Benchmark):
     skipped: list[dict[str, str]] = field(default_factory=list)
     cache_key: str = ""
     cache_path: str = ""
+    listing_sha256: str = ""  # the image list it was encoded from (ImageList.fingerprint)
 
 
 def load_benchmark(
@@ -49,12 +53,12 @@ def load_benchmark(
     quick_gelu: bool | None = None,
     device: str | torch.device | None = None,
     reduce_views: bool = False,
-    logit_scale: float = 100.0,
-    keep: float = 0.1,
+    logit_scale: float = CLIP_LOGIT_SCALE,
+    keep: float = PROTOCOL_KEEP,
     batch_size: int = 256,
     num_workers: int | None = None,
     corrupt: str = "skip",
-    progress: bool = False,
+    progress: bool | Callable[[int, int], None] = False,
     weights_dir: str | None = None,
     allow_download: bool = False,
 ) -> RealBenchmark:
@@ -74,7 +78,8 @@ def load_benchmark(
     cached = FeatureCache(cache_dir).get_or_encode(
         spec, name, data_root, views, seed, device=device, batch_size=batch_size, num_workers=num_workers,
         corrupt=corrupt, progress=progress, **load_kwargs)
-    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, cache_dir=cache_dir,
+    emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, data_root=data_root,
+                                cache_dir=cache_dir,
                                 device=device, **load_kwargs)
     array = cached.array()
     if array.ndim == 3 and reduce_views:
@@ -100,4 +105,5 @@ def load_benchmark(
         skipped=list(cached.skipped),
         cache_key=cached.key,
         cache_path=str(cached.path),
+        listing_sha256=manifest["key_fields"]["listing_sha256"],
     )

@@ -3,9 +3,10 @@
 The image encoder is most of a run's time, so features are encoded once per
 (backbone, dataset, views, seed, preprocessing) and reused by every trial. An entry lives in
 <cache_dir>/features/<key>/ with
-  features.npy   float16, [n, d] ('single') or [n, V, d] ('augmix', view 0 = the original image)
+  features.npy   float16, [n, d] ('single') or [n, V, d] ('augmix' / 'crops', view 0 = the original image)
   labels.npy     int64 [n]
-  manifest.json  key and its fields, counts, class names, image ids, skipped images, timings, versions.
+  manifest.json  key and its fields, the view kind and set name, counts, class names, image ids, skipped
+                 images, timings, versions.
 The key is a content hash of everything that decides the numbers (KEY FIELDS below); see `key_fields`.
 
 Concurrency: a file lock per key, so two trials asking for the same entry encode it once (the second
@@ -35,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -68,22 +69,17 @@ class CorruptImageError(RuntimeError):
 # --------------------------------------------------------------------------------------------- keys
 
 
-def _listing_hash(images: ImageList) -> str:
-    """Fingerprint of the image list (ids, labels, class names); file contents are not read."""
-    blob = json.dumps([images.image_ids, images.labels, images.class_names], separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, views: ViewConfig) -> dict[str, Any]:
     """KEY FIELDS: the backbone (model, weights id: tag or file sha256, quick_gelu, preprocessing: size, mean,
     std, interpolation, resize mode), the encoder precision (fp32 / amp_fp16), the dataset and a hash of its
-    image list, and the view protocol (kind; for augmix also count, severity, seed, pipeline version)."""
+    image list, and the view protocol (kind; for augmix and crops also count, seed, pipeline version, and
+    severity for augmix), so an AugMix and a crops view set of the same images are distinct entries."""
     return {
         "format": CACHE_FORMAT,
         "backbone": resolved.identity(),
         "precision": precision,
         "dataset": images.name,
-        "listing_sha256": _listing_hash(images),
+        "listing_sha256": images.fingerprint(),
         "views": views.identity(),
     }
 
@@ -195,9 +191,11 @@ def _encode_entry(
     batch_size: int,
     num_workers: int,
     corrupt: str,
-    progress: bool,
+    progress: bool | Callable[[int, int], None],
 ) -> dict[str, Any]:
-    """Encode every image into tmp/features.npy (+ labels.npy); returns the manifest's encode fields."""
+    """Encode every image into tmp/features.npy (+ labels.npy); returns the manifest's encode fields.
+    progress: True for a console bar, or a callable given (images done, images) after each batch (a sweep
+    trial forwards it to the driver)."""
     from tqdm.auto import tqdm
 
     n, V, d = len(images), views.num_views, backbone.embed_dim
@@ -215,7 +213,9 @@ def _encode_entry(
     skipped: list[dict[str, str]] = []
     start = time.perf_counter()
     bar = tqdm(total=n, unit="img", desc=f"encode {images.name} [{backbone.spec.label}, {views.name}]",
-               disable=not progress, dynamic_ncols=True, smoothing=0.1)
+               disable=progress is not True, dynamic_ncols=True, smoothing=0.1)
+    report = progress if callable(progress) else None
+    seen = 0
     try:
         for idx, pixels, failed in loader:
             for i, reason in failed:
@@ -229,6 +229,9 @@ def _encode_entry(
                 raw[idx.numpy()] = (feats[:, 0] if views.kind == "single" else feats).numpy().astype(np.float16)
                 ok[idx.numpy()] = True
             bar.update(len(idx) + len(failed))
+            seen += len(idx) + len(failed)
+            if report is not None:
+                report(seen, n)
     finally:
         bar.close()
     seconds = time.perf_counter() - start
@@ -281,7 +284,7 @@ class FeatureCache:
         batch_size: int = 256,
         num_workers: int | None = None,
         corrupt: str = "skip",
-        progress: bool = False,
+        progress: bool | Callable[[int, int], None] = False,
         force: bool = False,
         weights_dir: str | None = None,
         allow_download: bool = False,
@@ -289,8 +292,9 @@ class FeatureCache:
         """The entry for these arguments, encoding it first if no process has (at most once per key).
 
         backbone: a loaded Backbone, or a BackboneSpec (the model is loaded only on a miss).
-        views: 'single' | 'augmix' | 'augmixN'; seed matters for augmix only. batch_size counts views per
-        encoder call. corrupt: 'skip' (recorded) or 'error'. force: re-encode even if the entry exists.
+        views: 'single' | 'augmix' | 'augmixN' | 'crops' | 'cropsN'; seed matters for augmix and crops only.
+        batch_size counts views per encoder call. corrupt: 'skip' (recorded) or 'error'. force: re-encode even
+        if the entry exists.
         """
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}; got {corrupt!r}")
@@ -330,6 +334,7 @@ class FeatureCache:
                     "dataset": images.name,
                     "backbone": model.spec.label,
                     "views": vc.name,
+                    "view_kind": vc.kind,
                     "seed": vc.seed,
                     "num_views": vc.num_views,
                     "embed_dim": model.embed_dim,

@@ -81,6 +81,7 @@ def run_jobs(
                 echo(f"    skipped {skip['image_id']}: {skip['reason']}")
             for templates in job.templates:
                 emb, _ = class_embeddings(job.backbone, cached.class_names, templates, dataset=job.dataset,
+                                          data_root=job.data_root,
                                           cache_dir=job.cache_dir, device=device, **load)
                 echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
     except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:

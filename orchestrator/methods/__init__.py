@@ -9,7 +9,8 @@
 What each method is (label, hparams with types, ranges, defaults and per-dataset defaults, inputs, state) is
 its registry card: `orchestrator.registry.method_card(name)`. Implementations: the BCA family clip, la, pa,
 bca (`bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`), zero (`zero.py`, features [n, V, d]),
-dota (`dota.py`, features [n, V, d]), onzeta (`onzeta.py`).
+dota (`dota.py`, features [n, V, d]), onzeta (`onzeta.py`);
+la, pa, bca, tda and tda_pa also take augmented views [n, V, d] (their card's inputs 'either').
 Inputs are float32, expected L2-normalised, on any one torch device.
 """
 

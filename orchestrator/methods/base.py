@@ -107,7 +107,9 @@ class Method(ABC):
 
     def run(self, features: torch.Tensor) -> Trace:
         """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
-        validate_features(self.name, features, self.class_embeddings, views=self.card().takes_views)
+        inputs = self.card().inputs
+        validate_features(self.name, features, self.class_embeddings,
+                          views=True if inputs == "views" else None if inputs == "either" else False)
         return self._run(features)
 
 
@@ -145,16 +147,23 @@ def validate_class_inputs(class_embeddings: Any, class_ids: Any, num_classes: An
         raise ValueError(f"every class needs at least one class embedding; classes without one: {missing}")
 
 
-def validate_features(method: str, features: Any, class_embeddings: torch.Tensor, *, views: bool) -> None:
-    expected = "[n, V, d] (augmented views, view 0 the original)" if views else "[n, d]"
+_SHAPES = {True: ("[n, V, d] (augmented views, view 0 the original)", (3,),
+                  "; add a view axis (features[:, None]) for single-view features"),
+           False: ("[n, d]", (2,),
+                   "; reduce multi-view features first (orchestrator.clip select_views) or take view 0"),
+           None: ("[n, d] or [n, V, d] (augmented views, view 0 the original)", (2, 3), "")}
+
+
+def validate_features(method: str, features: Any, class_embeddings: torch.Tensor, *, views: bool | None) -> None:
+    """views: True for [n, V, d] only, False for [n, d] only, None for either."""
+    expected, ndims, hint = _SHAPES[views]
     if not isinstance(features, torch.Tensor):
         raise ValueError(f"{method}: features must be a torch.Tensor {expected}, got {type(features).__name__}")
     if features.dtype != torch.float32:
         raise ValueError(f"{method}: features must be float32, got {features.dtype}")
-    if features.ndim != (3 if views else 2):
-        hint = ("; add a view axis (features[:, None]) for single-view features" if views else
-                "; reduce multi-view features first (orchestrator.clip select_views) or take view 0")
+    if features.ndim not in ndims:
         raise ValueError(f"{method}: features must have shape {expected}, got {tuple(features.shape)}{hint}")
+    views = features.ndim == 3
     d = class_embeddings.shape[1]
     if features.shape[-1] != d:
         raise ValueError(f"{method}: features have dimension {features.shape[-1]} but class_embeddings have {d}")

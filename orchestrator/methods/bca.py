@@ -5,6 +5,18 @@ per-sample loop; `run()` computes the same thing with the exact blocked engine (
 which the tests hold to the reference. Their hparams (tau or tau_likelihood / tau_prior, n1, n2, logit_scale,
 select_on, update, decay, state_dtype), ranges and defaults are declared in their registry cards
 (`orchestrator.registry.cards`). A gate compares a probability with a strict '>', so tau = 1 disables it.
+
+Augmented views [n, V, d] (view 0 the original; la, pa and bca), by `view_selection`:
+- 'adaptive' (default, the public code's rule: TTABC's bca.py, which cites the official repository): every
+  sample re-selects its 10% lowest-entropy views against the CURRENT, adapted U, the entropy of
+  softmax(logit_scale * f_v U^T) over the M class embeddings (the likelihood alone: no prior, not summed
+  into classes), then averages them; see `reference.py` for the equations. It runs the per-sample
+  reference loop: the blocked engine cannot know a sample's views before every earlier update is done.
+- 'fixed' (TDA's rule): the views are selected once, against the prompt embeddings, exactly as
+  `orchestrator.clip.select_views` selects them for every single-view method (class-summed posteriors at
+  CLIP's logit scale 100, which TDA's pipeline hard-codes), then the blocked engine runs on their means.
+  The trial hands such runs those means directly (the card's views_when).
+The two agree while U has not moved. A single view ([n, 1, d]) is the single-view path.
 """
 
 from __future__ import annotations
@@ -15,7 +27,8 @@ import torch
 
 from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.engine import run_bca_blocked
-from orchestrator.methods.reference import BCAConfig, init_state
+from orchestrator.methods.reference import BCAConfig, bca_family_reference, init_state
+from orchestrator.methods.views import confident_view_means
 
 
 class BCAFamily(Method):
@@ -46,7 +59,14 @@ class BCAFamily(Method):
         return hp
 
     def _run(self, features: torch.Tensor) -> Trace:
-        trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
+        if features.ndim == 3 and features.shape[1] == 1:
+            features = features[:, 0]
+        elif features.ndim == 3 and self.hp.get("view_selection") != "adaptive":
+            features = confident_view_means(features, self.class_embeddings, self.class_ids, self.num_classes)
+        if features.ndim == 3:
+            trace = bca_family_reference(features, self.state, self.class_ids, self.num_classes, self.config)
+        else:
+            trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
         self.state = trace.state
         # The caller gets its own copy; clip has no counters to report.
         keys = ("U", "V", "C1", "C2") if self.config.selects else ("U", "V")

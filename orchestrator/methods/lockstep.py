@@ -41,14 +41,14 @@ both are within 1e-5 of each other. Below K ~ 100 the loop amplifies rounding fu
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dmn_zs import DMNZeroShot
 from orchestrator.methods.onzeta import OnZeta
-from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior
+from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, TDA, TDAWithPrior, class_logits
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
@@ -178,15 +178,6 @@ class _Prior:
         self.count = 0
 
 
-def _class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """`tda.class_logits` row-wise over [H, M] -> [H, K] (the same elementwise operations per row)."""
-    ids = class_ids.expand(logits.shape[0], -1)
-    top = torch.full((logits.shape[0], num_classes), -math.inf, dtype=logits.dtype, device=logits.device)
-    top = top.scatter_reduce(1, ids, logits, reduce="amax")
-    sums = torch.zeros_like(top).index_add(1, class_ids, torch.exp(logits - top[:, class_ids]))
-    return top + torch.log(sums)
-
-
 def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
     """G TDA (or G TDA+PA) streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
     first = methods[0]
@@ -220,7 +211,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
         f = features[i]
         with timer("logits"):
             logits = scale * (E @ f)[None, :]
-            clip_logits = _class_logits(logits, class_ids, K)
+            clip_logits = class_logits(logits, class_ids, K)
             prob_map = torch.softmax(clip_logits, dim=1)
             loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
             entropy = loss / log2_k
@@ -398,9 +389,16 @@ def run_dmn_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
                   state=dict(state_of[g]), timings=dict(timings)) for g in range(G)]
 
 
-LOCKSTEP: dict[type, Callable[[list[Method], torch.Tensor], list[Trace]]] = {
-    TDA: run_tda_lockstep, TDAWithPrior: run_tda_lockstep, OnZeta: run_onzeta_lockstep,
-    DMNZeroShot: run_dmn_lockstep,
+class Lockstep(NamedTuple):
+    """A lockstep runner and the features it takes: views [n, V, d] (True) or one feature [n, d] (False)."""
+
+    run: Callable[[list[Method], torch.Tensor], list[Trace]]
+    views: bool
+
+
+LOCKSTEP: dict[type, Lockstep] = {
+    TDA: Lockstep(run_tda_lockstep, False), TDAWithPrior: Lockstep(run_tda_lockstep, False),
+    OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
 }
 
 
@@ -411,4 +409,4 @@ def run_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
         names = sorted(k.__name__ for k in kinds)
         raise ValueError(f"run_lockstep takes methods of one class with a lockstep runner "
                          f"({sorted(k.__name__ for k in LOCKSTEP)}), got {names}")
-    return LOCKSTEP[type(methods[0])](methods, features)
+    return LOCKSTEP[type(methods[0])].run(methods, features)

@@ -4,11 +4,12 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
-BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product per group
-of configurations whose U evolves identically); the configs of a method with a lockstep runner
-(`lockstep.LOCKSTEP`, keyed by Method class) run as lockstep streams; any other method runs on its own.
-Every result equals the separate run (lockstep: within float32 rounding, `lockstep.py`).
+Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
+[n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
+per group of configurations whose U evolves identically); the configs of a method with a lockstep runner for
+the features' kind (`lockstep.LOCKSTEP`, keyed by Method class: TDA, TDA+PA and OnZeta on [n, d], DMN-ZS on
+views [n, V, d]) run as lockstep streams; any other method runs on its own. Every result equals the
+separate run (lockstep: within float32 rounding, `lockstep.py`).
 """
 
 from __future__ import annotations
@@ -39,17 +40,18 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
-    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)]
+    # Augmented views [n, V, d]: each method uses them its own way (BCA's adaptive selection runs per sample).
+    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)] if features.ndim == 2 else []
     traces: dict[int, Trace] = {}
     if family:
         validate_features(methods[family[0]].name, features, class_embeddings, views=False)
         runs = run_bca_blocked_many(features, [methods[i].state for i in family], class_ids, num_classes,
                                     [methods[i].config for i in family], block=block)
         traces.update(zip(family, runs))
-    for kind, runner in LOCKSTEP.items():
+    for kind, lockstep in LOCKSTEP.items():
         members = [i for i, m in enumerate(methods) if type(m) is kind]
-        if members:
-            traces.update(zip(members, runner([methods[i] for i in members], features)))
+        if members and lockstep.views == (features.ndim == 3):
+            traces.update(zip(members, lockstep.run([methods[i] for i in members], features)))
     for i, method in enumerate(methods):
         if i not in traces:
             traces[i] = method.run(features)

@@ -40,6 +40,15 @@ shared form r <- (a r + b x) / (a + b) (`update_weights` gives a, b and the next
   benchmarks (tens to hundreds of updates per row) close to 'count' while letting U and V keep tracking
   a drifting (continual) stream.
 
+Augmented views (features [n, V, d], view 0 the original, V > 1: view_selection='adaptive'), as the public
+code's copy (TTABC bca.py, assign_label with select_confident_samples): before step 1 each sample's views
+get logits Z = logit_scale * f_v U^T against the CURRENT, adapted U (the likelihood only: no prior, no
+summing into classes), the PROTOCOL_KEEP (10%) views with the lowest entropy of softmax(Z) over the M rows
+are kept (at least one; ties go to the earlier view), f = the mean of the kept views' features (not
+renormalised: it is what U[s] absorbs), and step 1's p = softmax(mean of the kept views' Z), the code's
+P_x_um (equal to logit_scale * U f up to float rounding). The engine cannot batch this (a sample's views
+depend on every earlier update), so it runs here, per sample.
+
 Precision (state_dtype): U and V are stored in that dtype and every update operation runs on tensors of
 that dtype (torch rounds after each op: C * r, + x, / (C + 1), normalise), so float16 reproduces the
 effect in REFERENCE.md section 1 where C1 * U[s] rounds the feature away. Counters are float32 in both
@@ -54,6 +63,8 @@ from dataclasses import dataclass
 import torch
 
 from orchestrator.methods.base import StageTimer, Trace, empty_trace
+from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_views
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 SELECT_ON = ("likelihood", "posterior")
 UPDATES = ("count", "momentum", "decay")
@@ -70,7 +81,7 @@ class BCAConfig:
     tau_prior: float = 0.3
     n1: float = 30000.0
     n2: float = 10.0
-    logit_scale: float = 100.0
+    logit_scale: float = CLIP_LOGIT_SCALE
     select_on: str = "likelihood"
     update: str = "count"
     decay: float = 0.999
@@ -127,9 +138,17 @@ def normalise(v: torch.Tensor) -> torch.Tensor:
     return v / torch.linalg.vector_norm(v)
 
 
+def adaptive_view_sample(views: torch.Tensor, U32: torch.Tensor, logit_scale: float) -> tuple[torch.Tensor, ...]:
+    """One sample's views [V, d] against the current U -> (feature [d], likelihood p [M]) (module docstring)."""
+    z = logit_scale * (views @ U32.T)
+    kept = lowest_entropy_views(torch.softmax(z, dim=1)[None], PROTOCOL_KEEP)[0]
+    return views[kept].mean(dim=0), torch.softmax(z[kept].mean(dim=0), dim=0)
+
+
 def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor], class_ids: torch.Tensor,
                          num_classes: int, cfg: BCAConfig) -> Trace:
-    """Run the per-sample loop over `features` [n, d] from `state` (not modified); the Trace holds the new state."""
+    """Run the per-sample loop over `features` [n, d] (or [n, V, d], views selected adaptively) from `state`
+    (not modified); the Trace holds the new state."""
     U, V = state["U"].clone(), state["V"].clone()
     C1, C2 = state["C1"].clone(), state["C2"].clone()
     # float32 mirrors of the stored rows: the logits and posteriors are always computed in float32.
@@ -139,9 +158,12 @@ def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor],
     rows = rows_of_classes(class_ids, num_classes) if cfg.select_on == "posterior" else None
     timer = StageTimer()
     for i in range(n):
-        f = features[i]
         with timer("logits"):
-            p = torch.softmax(cfg.logit_scale * (U32 @ f), dim=0)
+            if features.ndim == 2 or features.shape[1] == 1:
+                f = features[i].reshape(-1)
+                p = torch.softmax(cfg.logit_scale * (U32 @ f), dim=0)
+            else:
+                f, p = adaptive_view_sample(features[i], U32, cfg.logit_scale)
         with timer("posterior"):
             post = p @ V32
             post = post / post.sum()

@@ -18,9 +18,18 @@ TDA, per sample f, exactly as the public code (REFERENCE.md section 3):
 With M > K class embeddings (several prompts per class), a class's CLIP logit is the log-sum-exp of its
 embeddings' logits, so softmax(clip_logits) is the class-summed softmax over M that `clip` returns; with
 one embedding per class (TDA's setting) this is exactly logit_scale * u_k . f.
-For AugMix datasets the public code takes the entropy and prob_map from the kept views' individual logits;
-here a sample is its averaged feature (the orchestrator's feature contract), so both come from the mean
-logits, which are identical to the code's clip_logits. Everything runs in float32 (the public code in fp16).
+
+Augmented views (features [n, V, d], view 0 the original, V > 1), as the public code's get_clip_logits:
+each view's class logits and softmax are computed, the PROTOCOL_KEEP (10%) views with the lowest softmax
+entropy are kept (at least one; ties go to the earlier view), and
+- f (the cache key) = the mean of the kept views' features (not renormalised);
+- logits = the mean of the kept views' per-embedding logits, clip_logits = their per-class log-sum-exp
+  (for M = K exactly the code's mean of the kept views' logits), pred = argmax clip_logits;
+- loss = the entropy of the kept views' AVERAGED PROBABILITIES (the code's avg_entropy: log-mean-exp of
+  their log-softmaxes), not the entropy of softmax(clip_logits);
+- prob_map = the mean of the kept views' softmaxes (the negative cache's value).
+A single view (V = 1, or features [n, d]) takes the single-view branch above, as the code does.
+Everything runs in float32 (the public code in fp16).
 
 tda_pa: the prior attaches per class embedding. The cache adjustment of class k is added to the logit of
 every embedding of class k, z_m = logit_scale * u_m . f + (pos - neg)[class(m)], so that p = softmax(z)
@@ -39,27 +48,45 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.reference import blend, update_weights
+from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_views
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)
 NEG_MASK_BOUNDS = (0.03, 1.0)
 
 def class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-class log-sum-exp of per-embedding logits [M] -> [K]; exact for classes with a single embedding."""
-    top = torch.full((num_classes,), -math.inf, dtype=logits.dtype, device=logits.device)
-    top = top.scatter_reduce(0, class_ids, logits, reduce="amax")
-    sums = torch.zeros(num_classes, dtype=logits.dtype, device=logits.device)
-    sums = sums.index_add(0, class_ids, torch.exp(logits - top[class_ids]))
+    """Per-class log-sum-exp of per-embedding logits [..., M] -> [..., K]; exact for single-embedding classes."""
+    shape = (*logits.shape[:-1], num_classes)
+    index = class_ids.expand(logits.shape)
+    top = torch.full(shape, -math.inf, dtype=logits.dtype, device=logits.device)
+    top = top.scatter_reduce(-1, index, logits, reduce="amax")
+    sums = torch.zeros(shape, dtype=logits.dtype, device=logits.device)
+    sums = sums.index_add(-1, class_ids, torch.exp(logits - top[..., class_ids]))
     return top + torch.log(sums)
 
 
+def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[..., k, K] logits of k views -> [...]: entropy of the views' averaged softmax, computed as the public
+    code's avg_entropy (log-mean-exp of the log-softmaxes, clamped to the dtype's finite range)."""
+    log_p = torch.log_softmax(logits, dim=-1)
+    avg = torch.logsumexp(log_p, dim=-2) - math.log(logits.shape[-2])
+    avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
+    return -(avg * torch.exp(avg)).sum(dim=-1)
+
+
 class ClassCache:
-    """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first)."""
+    """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first).
+
+    keys [K, shot, d], entropy [K, shot] (inf where empty) and values [K, shot, K] hold the entries by class and
+    slot. The per-sample products read compact copies instead (row r: the r-th slot ever filled; a slot keeps its
+    row when its entry is replaced), so they run over the filled entries only, as the public code's per-class
+    lists do, not over the whole K * shot capacity.
+    """
 
     def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool) -> None:
         self.shot = shot
@@ -67,8 +94,13 @@ class ClassCache:
         self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
         self.values = (torch.zeros(num_classes, shot, num_classes, dtype=torch.float32, device=device)
                        if with_values else None)
-        # Per class, the entries' (loss, physical index) in rank order; entries never move physically.
-        self.ranking: list[list[tuple[float, int]]] = [[] for _ in range(num_classes)]
+        self.filled = 0
+        self.rows = torch.zeros(num_classes * shot, dim, dtype=torch.float32, device=device)
+        self.row_classes = torch.zeros(num_classes * shot, dtype=torch.int64, device=device)
+        self.row_values = (torch.zeros(num_classes * shot, num_classes, dtype=torch.float32, device=device)
+                           if with_values else None)
+        # Per class, the entries' (loss, slot, row) in rank order; entries never move.
+        self.ranking: list[list[tuple[float, int, int]]] = [[] for _ in range(num_classes)]
 
     def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
         """TDA's update_cache: append while there is room, else replace the worst if strictly better."""
@@ -76,18 +108,31 @@ class ClassCache:
             return False
         ranking = self.ranking[k]
         if len(ranking) < self.shot:
-            slot = len(ranking)
+            slot, row = len(ranking), self.new_row(k)
         elif loss < ranking[-1][0]:
-            slot = ranking.pop()[1]
+            _, slot, row = ranking.pop()
         else:
             return False
         # Stable re-sort: the new entry goes after every entry with an equal loss.
-        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot))
+        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot, row))
+        self.store(k, slot, row, key, loss, value)
+        return True
+
+    def new_row(self, k: int) -> int:
+        """The compact row of a slot of class k filled for the first time."""
+        row = self.filled
+        self.row_classes[row] = k
+        self.filled += 1
+        return row
+
+    def store(self, k: int, slot: int, row: int, key: torch.Tensor, loss: float, value: torch.Tensor | None) -> None:
+        """Write an entry into slot `slot` of class k and its compact row (the ranking is the caller's)."""
         self.keys[k, slot] = key
+        self.rows[row] = key
         self.entropy[k, slot] = loss
         if self.values is not None:
             self.values[k, slot] = value
-        return True
+            self.row_values[row] = value
 
     def affinity_weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """exp(-beta * (1 - f . key)) per entry [K, shot], zero for empty entries."""
@@ -95,11 +140,27 @@ class ClassCache:
         weights = torch.exp(-1.0 * (beta - beta * affinity))
         return torch.where(torch.isfinite(self.entropy), weights, torch.zeros_like(weights))
 
+    def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """exp(-beta * (1 - f . key)) of each filled entry, by compact row [filled]."""
+        return torch.exp(-1.0 * (beta - beta * (self.rows[:self.filled] @ f)))
+
+    def class_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """[K] the weights summed per class: the positive cache's product with one-hot class values."""
+        sums = torch.zeros(self.entropy.shape[0], dtype=torch.float32, device=f.device)
+        return sums.index_add_(0, self.row_classes[:self.filled], self.weights(f, beta))
+
+    def value_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
+        """[K] the weights times the entries' values: the negative cache's product with its masks."""
+        return self.weights(f, beta) @ self.row_values[:self.filled]
+
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
         out = {f"{prefix}_keys": self.keys.clone(), f"{prefix}_entropy": self.entropy.clone()}
         if self.values is not None:
             out[f"{prefix}_values"] = self.values.clone()
         return out
+
+
+_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
 
 
 class TDA(Method):
@@ -119,6 +180,32 @@ class TDA(Method):
             self.V = torch.nn.functional.one_hot(class_ids, num_classes).float()
             self.C2 = torch.full((m,), float(hparams["n2"]), dtype=torch.float32, device=device)
 
+    def _single_view(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Per sample (f, per-embedding logits, clip_logits, prob_map, loss): the code's single-view branch."""
+        for f in features:
+            with timer("logits"):
+                logits = self.hp["logit_scale"] * (self.class_embeddings @ f)
+                clip_logits = class_logits(logits, self.class_ids, self.num_classes)
+                prob_map = torch.softmax(clip_logits, dim=0)
+                loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
+            yield f, logits, clip_logits, prob_map, loss_t
+
+    def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The same per sample from its kept views (module docstring); stateless, so computed in chunks."""
+        for start in range(0, features.shape[0], _CHUNK):
+            with timer("logits"):
+                chunk = features[start:start + _CHUNK]
+                logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
+                view_logits = class_logits(logits, self.class_ids, self.num_classes)          # [c, V, K]
+                kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
+                kept_logits = gather_views(view_logits, kept)
+                f = gather_views(chunk, kept).mean(dim=1)
+                mean_logits = gather_views(logits, kept).mean(dim=1)
+                clip_logits = class_logits(mean_logits, self.class_ids, self.num_classes)
+                prob_map = torch.softmax(kept_logits, dim=-1).mean(dim=1)
+                loss = avg_entropy(kept_logits)
+            yield from zip(f, mean_logits, clip_logits, prob_map, loss)
+
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n = features.shape[0]
@@ -127,13 +214,11 @@ class TDA(Method):
         lo_mask, hi_mask = NEG_MASK_BOUNDS
         log2_k = math.log2(K)
         timer = StageTimer()
-        for i in range(n):
-            f = features[i]
+        if features.ndim == 3 and features.shape[1] == 1:
+            features = features[:, 0]
+        samples = self._single_view(features, timer) if features.ndim == 2 else self._views(features, timer)
+        for i, (f, logits, clip_logits, prob_map, loss_t) in enumerate(samples):
             with timer("logits"):
-                logits = hp["logit_scale"] * (self.class_embeddings @ f)
-                clip_logits = class_logits(logits, self.class_ids, K)
-                prob_map = torch.softmax(clip_logits, dim=0)
-                loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
                 loss = float(loss_t)
                 entropy = float(loss_t / log2_k)
                 pred = int(torch.argmax(clip_logits))
@@ -144,8 +229,8 @@ class TDA(Method):
                     entered = self.neg.offer(pred, f, loss, mask) or entered
                 gated[i] = entered
             with timer("logits"):
-                positive = self.pos.affinity_weights(f, hp["pos_beta"]).sum(dim=1)
-                negative = self.neg.affinity_weights(f, hp["neg_beta"]).flatten() @ self.neg.values.flatten(0, 1)
+                positive = self.pos.class_sums(f, hp["pos_beta"])
+                negative = self.neg.value_sums(f, hp["neg_beta"])
                 adjustment = hp["pos_alpha"] * positive - hp["neg_alpha"] * negative
             if not self.with_prior:
                 with timer("posterior"):

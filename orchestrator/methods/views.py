@@ -1,4 +1,5 @@
-"""Per-view posteriors and the confident-view rule, shared by Zero and the AugMix feature selection.
+"""Per-view posteriors and the confident-view rule, shared by Zero, TDA, the BCA family and the AugMix
+feature selection.
 
 The public protocol (REFERENCE.md section 3) keeps, for each sample, the `keep` fraction of its augmented
 views whose class posterior has the lowest softmax entropy; Zero votes over the same views.
@@ -8,9 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+
+# The protocol's kept fraction of views (TDA's get_clip_logits, and the BCA code's selection_p).
+PROTOCOL_KEEP = 0.1
+
 
 def view_posteriors(view_features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, logit_scale: float = 100.0) -> torch.Tensor:
+                    num_classes: int, logit_scale: float = CLIP_LOGIT_SCALE) -> torch.Tensor:
     """[n, V, d] -> [n, V, K]: softmax over the M class embeddings, summed into their K classes.
 
     With one embedding per class (M = K) this is the plain softmax over classes.
@@ -20,9 +26,33 @@ def view_posteriors(view_features: torch.Tensor, class_embeddings: torch.Tensor,
     return out.index_add_(-1, class_ids.to(probs.device), probs)
 
 
-def lowest_entropy_views(posteriors: torch.Tensor, keep: float) -> torch.Tensor:
-    """[n, V, K] view posteriors -> [n, k] indices of the k = max(1, int(V * keep)) lowest-entropy views
-    (int() truncates, as the public code's filter does; ties go to the earlier view)."""
+def kept_count(num_views: int, keep: float) -> int:
+    """k = max(1, int(V * keep)): int() truncates as the public code's filter does; at least one view."""
+    return max(1, int(num_views * keep))
+
+
+def confidence_order(posteriors: torch.Tensor) -> torch.Tensor:
+    """[n, V, K] view posteriors -> [n, V] view indices by softmax entropy, lowest first (ties: earlier view)."""
     entropy = -torch.special.xlogy(posteriors, posteriors).sum(-1)
-    k = max(1, int(posteriors.shape[1] * keep))
-    return torch.argsort(entropy, dim=1, stable=True)[:, :k]
+    return torch.argsort(entropy, dim=1, stable=True)
+
+
+def lowest_entropy_views(posteriors: torch.Tensor, keep: float) -> torch.Tensor:
+    """[n, V, K] view posteriors -> [n, k] indices of the kept_count(V, keep) lowest-entropy views."""
+    return confidence_order(posteriors)[:, :kept_count(posteriors.shape[1], keep)]
+
+
+def gather_views(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """values [n, V, x], index [n, k] -> [n, k, x]: each sample's chosen views, in index order."""
+    return torch.gather(values, 1, index[..., None].expand(-1, -1, values.shape[-1]))
+
+
+def confident_view_means(view_features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
+                         num_classes: int, logit_scale: float = CLIP_LOGIT_SCALE, keep: float = PROTOCOL_KEEP,
+                         chunk: int = 1024) -> torch.Tensor:
+    """[n, V, d] -> [n, d]: each sample's kept views (lowest entropy against `class_embeddings`) averaged,
+    not renormalised, as the public code does. `chunk` samples at a time bound the [chunk, V, M] logits."""
+    out = [gather_views(block, lowest_entropy_views(
+               view_posteriors(block, class_embeddings, class_ids, num_classes, logit_scale), keep)).mean(dim=1)
+           for block in (view_features[s:s + chunk].float() for s in range(0, view_features.shape[0], chunk))]
+    return torch.cat(out) if out else view_features.new_zeros(0, view_features.shape[-1], dtype=torch.float32)

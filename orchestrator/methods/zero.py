@@ -1,17 +1,28 @@
 """Zero (Farina et al., NeurIPS 2024): test-time augmentation with the softmax temperature taken to zero.
 
-Per sample with view features [V, d] (view 0 the original image, the rest augmentations):
+Per sample with view features [V, d] (view 0 the original image, the rest augmentations), as the official
+code (FarinaMatteo/zero, ttas/zero.py):
 
 1. each view's class probabilities q_v = softmax(logit_scale * U f_v) summed into the K classes (as `clip`);
 2. keep the confident views: the int(V * keep) views with the lowest entropy of q_v, at least one
-   (int(...) as the public code's confidence filter; ties go to the earlier view);
-3. each kept view votes for argmax q_v (zero temperature); the prediction is the majority vote, ties broken
-   toward the class with the higher mean probability over the kept views.
+   (keep is the code's gamma, default 0.3; int(...) as its confidence filter; ties go to the earlier view);
+3. each kept view votes for argmax q_v (zero temperature); the prediction is the majority vote.
+4. A tie between voted classes (tie_break):
+   - 'discarded' (default, the official code's greedy_break): the first DISCARDED view, in confidence
+     order, whose argmax is among the tied classes decides. If none is (the code then restricts the first
+     discarded view's logits to the tied classes through its break_sample_tie, whose `logit[~ties]` on an
+     int tensor indexes the wrong entries: we follow its evident intent), the tied class with the highest
+     probability in the first discarded view wins; with every view kept, in the most confident view.
+   - 'mean_prob': the tied class with the higher mean probability over the kept views.
 
-The posterior is the vote histogram with one extra soft vote spread as that mean probability:
-post = (votes + mean_q) / (kept + 1). It sums to 1, and its argmax is exactly the tie-broken majority
-vote: if class a has more votes than b it leads by at least one whole vote, and the soft votes cannot
-overturn that, since mean_q[b] - mean_q[a] <= 1 - 2 mean_q[a] < 1 (a got a vote, so mean_q[a] > 0).
+The posterior is the vote histogram with one extra soft vote, post = (votes + extra) / (kept + 1), so
+it sums to 1 and its argmax is exactly the tie-broken majority vote:
+- 'mean_prob': extra = mean_q, the kept views' mean probability. If class a has more votes than b it
+  leads by a whole vote, which mean_q[b] - mean_q[a] <= 1 - 2 mean_q[a] < 1 cannot overturn (a got a
+  vote, so mean_q[a] > 0); on a tie the higher mean_q wins, as the rule says.
+- 'discarded': extra = (onehot(winner) + mean_q) / 2. Over any class b the winner gains at least
+  1/2 - (mean_q[b] - mean_q[winner]) / 2 > 0 on top of its votes (the same bound), so it wins ties and
+  keeps every lead.
 Stateless: samples are processed in vectorised chunks.
 """
 
@@ -20,19 +31,36 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
-from orchestrator.methods.views import lowest_entropy_views, view_posteriors
+from orchestrator.methods.views import confidence_order, kept_count, view_posteriors
 
 _CHUNK = 256  # samples per vectorised chunk: bounds the [chunk, V, M] logits in memory
 
 
+def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
+    """[c] the tie-broken vote: votes [c, K], view posteriors q [c, V, K], views by confidence order [c, V],
+    the first k of them kept (module docstring, 'discarded')."""
+    tied = votes == votes.max(dim=1, keepdim=True).values                          # [c, K]
+    winner = votes.argmax(dim=1)
+    rest = order[:, k:] if k < order.shape[1] else order[:, :1]
+    rest_q = torch.gather(q, 1, rest[..., None].expand(-1, -1, q.shape[-1]))       # [c, V - k, K]
+    rest_votes = rest_q.argmax(dim=-1)
+    in_tie = torch.gather(tied, 1, rest_votes) & (k < order.shape[1])             # [c, V - k]
+    first = in_tie.int().argmax(dim=1)                                             # first True (0 if none)
+    by_view = torch.gather(rest_votes, 1, first[:, None])[:, 0]
+    fallback = torch.where(tied, rest_q[:, 0], -1.0).argmax(dim=1)
+    broken = torch.where(in_tie.any(dim=1), by_view, fallback)
+    return torch.where(tied.sum(dim=1) > 1, broken, winner)
+
+
 class Zero(Method):
-    """Majority vote of the confident augmented views' argmax predictions."""
+    """Majority vote of the confident augmented views' argmax predictions (hparams: its registry card)."""
 
     name = "zero"
 
     def _run(self, features: torch.Tensor) -> Trace:
         n = features.shape[0]
         K = self.num_classes
+        k = kept_count(features.shape[1], self.hp["keep"])
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
         for start in range(0, n, _CHUNK):
@@ -40,8 +68,14 @@ class Zero(Method):
             with timer("logits"):
                 q = view_posteriors(chunk, self.class_embeddings, self.class_ids, K, self.hp["logit_scale"])
             with timer("posterior"):
-                order = lowest_entropy_views(q, self.hp["keep"])
-                q_kept = torch.gather(q, 1, order[..., None].expand(-1, -1, K))
+                order = confidence_order(q)
+                q_kept = torch.gather(q, 1, order[:, :k, None].expand(-1, -1, K))
                 votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
-                posteriors[start:start + _CHUNK] = (votes + q_kept.mean(dim=1)) / (order.shape[1] + 1)
+                mean_q = q_kept.mean(dim=1)
+                if self.hp["tie_break"] == "mean_prob":
+                    extra = mean_q
+                else:
+                    winner = discarded_view_winner(votes, q, order, k)
+                    extra = (torch.nn.functional.one_hot(winner, K) + mean_q) / 2
+                posteriors[start:start + _CHUNK] = (votes + extra) / (k + 1)
         return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)

@@ -13,7 +13,8 @@ from orchestrator.registry.methods import HParam, MethodCard, register_method
 
 _CROSS_DOMAIN = group_datasets(CROSS_DOMAIN)
 
-LOGIT_SCALE = HParam("logit_scale", "float", 100.0, "softmax scale of the cosine logits (CLIP's)", "scale",
+CLIP_LOGIT_SCALE = 100.0  # CLIP's learned logit scale, as the official codes write it (exp(4.6052))
+LOGIT_SCALE = HParam("logit_scale", "float", CLIP_LOGIT_SCALE, "softmax scale of the cosine logits (CLIP's)", "scale",
                      low=0.0, low_open=True)
 
 
@@ -39,7 +40,12 @@ _OPTIONS = (
            low=0.0, high=1.0, low_open=True, when={"update": ("decay",)}),
     HParam("state_dtype", "str", "float32", "precision of U and V (float16 only to study its rounding)", "choice",
            choices=("float32", "float16")),
+    HParam("view_selection", "str", "adaptive", "augmented views: adaptive re-selects each sample's confident views "
+           "against the current U (public code), fixed selects them once against the prompts (TDA's rule)",
+           "choice", choices=("adaptive", "fixed")),
 )
+# The BCA family takes a stream's augmented views only to re-select them as it adapts.
+_BCA_VIEWS = {"inputs": "either", "views_when": {"view_selection": ("adaptive",)}, "views": "augmix"}
 
 _BCA_SOURCE = "BCA, CVPR 2025 (paper Algorithm 1; public code's two thresholds)"
 
@@ -49,15 +55,16 @@ register_method(MethodCard(
     source="CLIP zero-shot classification"))
 register_method(MethodCard(
     "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)", "orchestrator.methods.bca:LikelihoodAdaptation",
-    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE))
+    (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
+    **_BCA_VIEWS))
 register_method(MethodCard(
     "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca:PriorAdaptation",
     (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"),
-    source=_BCA_SOURCE))
+    source=_BCA_SOURCE, **_BCA_VIEWS))
 register_method(MethodCard(
     "bca", "BCA", 30, "bca", "both U and V (Algorithm 1)", "orchestrator.methods.bca:BCA",
     (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2",
-    state=("U", "V", "C1", "C2"), source=_BCA_SOURCE))
+    state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS))
 
 # TDA's positive cache per dataset (pos_alpha, pos_beta), from its public configs.
 _TDA_POSITIVE = {
@@ -82,15 +89,19 @@ _TDA_SOURCE = "kdiAAA/TDA (tda_runner.py, utils.py, configs/)"
 
 register_method(MethodCard(
     "tda", "TDA", 40, "tda", "positive / negative feature caches", "orchestrator.methods.tda:TDA", _TDA,
-    state=_TDA_STATE, source=_TDA_SOURCE))
+    state=_TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix"))
 register_method(MethodCard(
     "tda_pa", "TDA+PA", 50, "tda", "TDA's caches + BCA's prior", "orchestrator.methods.tda:TDAWithPrior",
-    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"), source=_TDA_SOURCE + "; BCA's Eq. 9"))
+    (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*_TDA_STATE, "V", "C2"),
+    source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix"))
 register_method(MethodCard(
     "zero", "Zero", 60, "zero", "nothing: majority vote of the confident augmented views",
     "orchestrator.methods.zero:Zero",
-    (HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy)", "rate", low=0.0, high=1.0,
-            low_open=True), LOGIT_SCALE),
+    (HParam("keep", "float", 0.3, "fraction of the views kept (lowest entropy; the official gamma)", "rate",
+            low=0.0, high=1.0, low_open=True),
+     HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
+            "(official code), mean_prob = the higher mean probability of the kept views", "choice",
+            choices=("discarded", "mean_prob")), LOGIT_SCALE),
     inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)"))
 
 # Methods beyond the BCA paper (REFERENCE.md section 6): their official repositories' per-dataset configs.
@@ -109,7 +120,7 @@ register_method(MethodCard(
         LOGIT_SCALE,
         HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
     ),
-    inputs='views', views='augmix', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+    inputs='views', views='augmix', view_scope='protocol', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
     source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/'))
 
 register_method(MethodCard(
@@ -133,7 +144,7 @@ register_method(MethodCard(
         HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views that choose the pseudo-label', 'threshold', low=0.0, high=1.0, low_open=True),
         LOGIT_SCALE,
     ),
-    inputs='views', views='crops', state=('memory', 'memory_entropy', 'memory_count'),
+    inputs='views', views='crops', view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
     source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)'))
 # DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (methods-spec.md section 4).
 _DOTA = {
@@ -157,7 +168,7 @@ register_method(MethodCard(
      HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy; at least one)", "rate", low=0.0,
             high=1.0, low_open=True),
      LOGIT_SCALE),
-    inputs="views", views="augmix", state=("mu", "sigma", "counts", "precision"),
+    inputs="views", views="augmix", view_scope="protocol", state=("mu", "sigma", "counts", "precision"),
     source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); 64 AugMix views on ImageNet-A/-V2/-R/-Sketch, "
            "the original view elsewhere"))
 register_method(MethodCard(
@@ -176,3 +187,51 @@ register_method(MethodCard(
      HParam("n_total", "int", None, "stream length N of the mixing weight's schedule; null: the first run "
             "call's length", "size", low=1, nullable=True)),
     state=("W", "rho", "step"), stream_length="n_total", source="idstcv/OnZeta@befef06 (main_online.py); ImageNet only, no per-dataset configs"))
+
+register_method(MethodCard(
+    'mta', 'MTA', 130, 'episodic', 'nothing kept: the MeanShift mode of each sample\'s views, weighted by inlierness',
+    "orchestrator.methods.mta:MTA",
+    (
+        HParam('lambda_y', 'float', 0.2, 'temperature of the inlierness softmax (the entropic term)', 'scale', low=0.0,
+               low_open=True, log=True),
+        HParam('lambda_q', 'float', 4.0, 'weight of the view-affinity (quadratic) term of the inlierness', 'weight',
+               low=0.0),
+        LOGIT_SCALE,
+    ),
+    inputs='views', views='crops', state=(),
+    source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py'))
+
+# BoostAdapter's configs/*.yaml: positive cache (alpha, beta) and delta (imagenet.yaml has no delta: unused
+# there, ImageNet runs with one view); the cache query is view 0 on the cross-domain sets (`infer_ori_image`)
+# and the confident views' mean on ImageNet's variants.
+_BOOST = {
+    "imagenet": (2.0, 5.0, 0), "imagenet-a": (2.0, 5.0, 3), "imagenet-v2": (1.0, 8.0, 1),
+    "imagenet-r": (1.0, 8.0, 3), "imagenet-sketch": (2.363, 7.45, 1), "caltech101": (5.0, 5.0, 2),
+    "dtd": (2.0, 3.0, 0), "eurosat": (4.0, 8.0, 0), "aircraft": (2.0, 2.0, 2), "food101": (1.0, 1.0, 3),
+    "flowers102": (1.0, 5.0, 0), "pets": (2.0, 7.0, 0), "cars": (1.0, 7.0, 3), "sun397": (2.0, 3.0, 1),
+    "ucf101": (3.0, 8.0, 0),
+}
+register_method(MethodCard(
+    'boostadapter', 'BoostAdapter', 140, 'tda',
+    'TDA\'s positive / negative caches, the positive one boosted per sample by its own confident views',
+    "orchestrator.methods.boostadapter:BoostAdapter",
+    (
+        HParam('pos_alpha', 'float', 2.0, 'weight of the positive (boosting) cache\'s logits', 'weight', low=0.0,
+               per_dataset={k: a for k, (a, _, _) in _BOOST.items()}),
+        HParam('pos_beta', 'float', 5.0, 'sharpness of the positive cache\'s affinities', 'scale', low=0.0,
+               per_dataset={k: b for k, (_, b, _) in _BOOST.items()}),
+        HParam('neg_alpha', 'float', 0.117, 'weight of the negative cache\'s logits', 'weight', low=0.0),
+        HParam('neg_beta', 'float', 1.0, 'sharpness of the negative cache\'s affinities', 'scale', low=0.0),
+        HParam('pos_shot', 'int', 3, 'positive cache entries per class', 'size', low=1),
+        HParam('neg_shot', 'int', 2, 'negative cache entries per class (first in, first out)', 'size', low=1),
+        HParam('delta', 'int', 0, 'boosting-cache entries per class beyond pos_shot', 'size', low=0,
+               per_dataset={k: d for k, (_, _, d) in _BOOST.items()}),
+        HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views: the confident query and the boosting views',
+               'threshold', low=0.0, high=1.0, low_open=True),
+        HParam('query', 'str', 'original', 'the caches\' query: the original view or the confident views\' mean',
+               'choice', choices=('original', 'confident'),
+               per_dataset=dict.fromkeys(("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"), 'confident')),
+        LOGIT_SCALE,
+    ),
+    inputs='views', views='crops', single_view_datasets=('imagenet',), state=_TDA_STATE,
+    source='taolinzhang/BoostAdapter@9983e1a runner.py (run_test_tda, boostadapter mode), utils.py, configs/'))

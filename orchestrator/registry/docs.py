@@ -41,7 +41,8 @@ def methods_table() -> str:
     """One row per registered method: name, label, what adapts, inputs, hyperparameters with defaults."""
     rows = ["| method | label | what adapts | inputs | hyperparameters (defaults) |", "|---|---|---|---|---|"]
     for card in method_cards():
-        inputs = "one feature" if not card.takes_views else f"views ({card.views})"
+        inputs = {"single": "one feature", "views": f"views ({card.views})",
+                  "either": f"one feature or views ({card.views})"}[card.inputs]
         rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | "
                     f"{', '.join(_default(h) for h in card.hparams)} |")
     return "\n".join(rows)

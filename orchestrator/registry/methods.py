@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from orchestrator.registry.datasets import canonical_dataset, dataset_key
+from orchestrator.registry.datasets import canonical_dataset, dataset_card, dataset_key
 
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
-INPUTS = ("single", "views")
+INPUTS = ("single", "views", "either")
 VIEW_KINDS = ("augmix", "crops")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -131,9 +131,16 @@ class MethodCard:
     name: the spec's and the results' key; label: as tables write it; order: display order (tables, legends);
     family: methods that share a colour family in charts; summary: what adapts (the README's table);
     impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
-    (features [n, d]) or 'views' (features [n, V, d], view 0 the original); views: the view kind of its
-    official protocol where it takes views ('augmix' or 'crops'); prior: it learns a prior V saved with the run
-    (state.npz: V, C2, ...) and `prior_count` names the hparam its counter C2 starts from; baseline: zero-shot
+    (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
+    used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
+    its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
+    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops') and
+    view_count how many (the original included);
+    view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
+    has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
+    single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
+    ImageNet); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
+    hparam its counter C2 starts from; baseline: zero-shot
     CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
     the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
     the trial feeds it in parts); source: the official code it follows.
@@ -147,7 +154,11 @@ class MethodCard:
     impl: Any
     hparams: tuple[HParam, ...] = ()
     inputs: str = "single"
+    views_when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     views: str | None = None
+    view_count: int = 64
+    view_scope: str = "all"
+    single_view_datasets: tuple[str, ...] = ()
     prior: bool = False
     prior_count: str | None = None
     baseline: bool = False
@@ -162,6 +173,8 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.views is not None and self.views not in VIEW_KINDS:
             raise ValueError(f"method {self.name!r}: views must be one of {VIEW_KINDS} or None, got {self.views!r}")
+        if self.view_scope not in ("all", "protocol"):
+            raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
         names = [h.name for h in self.hparams]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")
@@ -169,6 +182,11 @@ class MethodCard:
             unknown = set(h.when) - set(names)
             if unknown:
                 raise ValueError(f"method {self.name!r}: hparam {h.name!r} depends on unknown {sorted(unknown)}")
+        unknown = set(self.views_when) - set(names)
+        if unknown or (self.views_when and self.inputs != "either"):
+            raise ValueError(f"method {self.name!r}: views_when needs inputs 'either' and its own hparams, got "
+                             f"inputs {self.inputs!r} and {sorted(self.views_when)}")
+        object.__setattr__(self, "views_when", MappingProxyType(dict(self.views_when)))
         for field_name in ("prior_count", "stream_length"):
             value = getattr(self, field_name)
             if value is not None and value not in names:
@@ -177,6 +195,27 @@ class MethodCard:
     @property
     def takes_views(self) -> bool:
         return self.inputs == "views"
+
+    def protocol_views(self, dataset: str) -> str:
+        """The views of the official protocol for this method on a benchmark dataset: a view kind
+        ('augmix', 'crops'; 63 views + the original) or 'single'. Methods taking one feature get the dataset's
+        own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
+        own = dataset_card(dataset).views
+        if not self.takes_views or (self.view_scope == "protocol" and own == "single"):
+            return own
+        if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
+            return "single"
+        if self.views is None:
+            return own
+        return self.views if self.view_count == 64 else f"{self.views}{self.view_count - 1}"
+
+    def wants_views(self, hparams: Mapping[str, Any]) -> bool:
+        """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views
+        [n, V, d] rather than their confident-view means [n, d]."""
+        if self.inputs != "either":
+            return self.takes_views
+        merged = {**self.defaults(), **hparams}
+        return all(merged.get(name) in allowed for name, allowed in self.views_when.items())
 
     def hparam(self, name: str) -> HParam:
         for h in self.hparams:

@@ -18,6 +18,8 @@ import typer
 
 from orchestrator.results import schema
 
+# Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
+REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
 RESULTS_HELP = f"Results directory written by `bca sweep` (default ./{schema.DEFAULT_RESULTS_DIR})."
 
 
@@ -30,6 +32,16 @@ def _err(message: str) -> None:
 def _warn_bad_files(db: Any) -> None:
     for bad in db.bad_files:
         _err(f"warning: skipped bad file {bad.path}: {bad.error}")
+
+
+def _existing_results(results: Path) -> Path:
+    """The results dir, or exit 2 naming it: a mistyped --results must not read as "no runs"."""
+    root = schema.resolve_results_dir(results)
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        _err(f"error: results dir {root} {what}; expected the results_dir of a sweep spec (what `bca sweep` wrote)")
+        raise typer.Exit(2)
+    return root
 
 
 def _jsonable(value: Any) -> Any:
@@ -85,6 +97,7 @@ def query_cmd(
         except OSError as e:
             _err(f"error: cannot read SQL file {file}: {e.strerror or e}")
             raise typer.Exit(2)
+    results = _existing_results(results)
     with ResultsDB(results) as db:
         try:
             table = db.query(sql or "")
@@ -144,6 +157,7 @@ def report_cmd(
     if metric not in METRICS:
         _err(f"--metric: unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
         raise typer.Exit(2)
+    results = _existing_results(results)
     console = wide_console()
     with ResultsDB(results) as db:
         tables = report_tables(db, sweep=sweep, paper=paper, metric=metric)
@@ -158,6 +172,27 @@ def report_cmd(
             return
     for table in tables:
         console.print(table.render())
+    for line in _dataset_versions(results, sweep):
+        _err(f"warning: {line}")
+
+
+def _dataset_versions(results: Path, sweep: str | None) -> list[str]:
+    """A line per dataset whose finished runs were made on different versions of its image list (images added or
+    removed between runs): their numbers are not comparable."""
+    from orchestrator.results.db import ResultsDB
+
+    where = " AND sweep = $sweep" if sweep is not None else ""
+    sql = ("SELECT dataset, data_fingerprint, count(*) AS n, min(run_id) AS example FROM runs WHERE status = "
+           f"'finished' AND data_fingerprint IS NOT NULL{where} GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2")
+    with ResultsDB(results) as db:
+        rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
+    by_dataset: dict[str, list[dict]] = {}
+    for row in rows:
+        by_dataset.setdefault(row["dataset"], []).append(row)
+    return [f"{dataset}: finished runs were made on {len(versions)} versions of its image list ("
+            + ", ".join(f"{v['n']} run(s) on {v['data_fingerprint']}, e.g. {v['example']}" for v in versions)
+            + "); their numbers are not comparable: run the old ones again with bca sweep SPEC --rerun-changed"
+            for dataset, versions in by_dataset.items() if len(versions) > 1]
 
 
 def verify_cmd(
@@ -168,10 +203,7 @@ def verify_cmd(
 
     from orchestrator.results.verify import verify_results
 
-    root = schema.resolve_results_dir(results)
-    if not root.is_dir():
-        _err(f"error: results dir {root} does not exist")
-        raise typer.Exit(2)
+    root = _existing_results(results)
     report = verify_results(root)
     console = Console()
     summary = f"{root}: {report.parts} part(s), {report.rows} row(s), {report.runs} run(s)"
@@ -183,10 +215,13 @@ def verify_cmd(
     console.print(f"{len(report.problems)} problem(s):", highlight=False)
     for p in report.problems:
         console.print(f"  {p.kind}: {p.where}: {p.detail}", markup=False, highlight=False, soft_wrap=True)
+    if any(p.kind in REPAIRED_BY_RESUME for p in report.problems):
+        console.print("bca sweep SPEC --resume repairs runs with missing rows, gaps or bad parts: it runs again what "
+                      "is missing, exactly as an uninterrupted run writes it", markup=False, highlight=False)
     raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("query")(query_cmd)
+    app.command("query", context_settings={"ignore_unknown_options": True})(query_cmd)
     app.command("report")(report_cmd)
     app.command("verify")(verify_cmd)

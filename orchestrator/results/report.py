@@ -7,6 +7,10 @@ it is missing. Missing cells are NaN in frames and "—" when rendered, never ze
 when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
 that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
 same backbone (and same setting label, if CLIP has several).
+
+Runs with random weights (run config `pretrained: random`) are labelled so wherever they appear: their backbone
+reads "RN50 (random weights)" in the tables, so they are never set beside the published numbers of RN50, and
+the dashboard's series say "[random weights]".
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark", _CD,
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
 
+RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
+RANDOM_WEIGHTS_NOTE = "random weights"
 
 @dataclass(frozen=True)
 class Metric:
@@ -111,8 +117,12 @@ def _fmt_value(value: Any, column: str = "") -> str:
 def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
-    dashboard's series)."""
-    return _row_labels(runs, hparams, extra)[0]
+    dashboard's series); a run with random weights says so."""
+    labels = _row_labels(runs, hparams, extra)[0]
+    if "pretrained" in runs.columns:
+        random = runs["pretrained"] == RANDOM_WEIGHTS
+        labels = labels.where(~random, labels + f" [{RANDOM_WEIGHTS_NOTE}]")
+    return labels
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
@@ -148,6 +158,9 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     runs = runs.copy()
     runs["backbone_name"] = runs["backbone"]
     runs["backbone"] = runs["backbone"].map(backbone_label)
+    if "pretrained" in runs.columns:
+        random = runs["pretrained"] == RANDOM_WEIGHTS
+        runs.loc[random, "backbone"] = runs.loc[random, "backbone"] + f" ({RANDOM_WEIGHTS_NOTE})"
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
     return runs, split
 
@@ -297,6 +310,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
+    published_only: dict[str, str] = {}  # methods not run here (e.g. TPT): their label as the paper prints it
     notes = []
     if paper and metric != "accuracy":
         notes.append(f"the paper prints top-1 accuracy only: no published rows for {metric}")
@@ -306,12 +320,14 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         if table is not None:
             for row in table["rows"]:
                 paper_rows[(row["backbone"], row["method"])] = row["values"]
+                if row.get("published_only"):
+                    published_only[row["method"]] = f"{row['label']} (published only)"
             notes.append(f"paper: {published['source']['paper']}")
 
     row_keys = list(cells)
     for backbone, method in paper_rows:
         if not any(r[0] == backbone and r[1] == method for r in row_keys):
-            row_keys.append((backbone, method, registry.method_label(method)))
+            row_keys.append((backbone, method, published_only.get(method) or registry.method_label(method)))
     row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
     index, means, stds, ns, gains = [], [], [], [], []
@@ -324,9 +340,10 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         sources = [("measured", {c: measured.get(c, (math.nan, math.nan, 0)) for c in columns})]
         published = paper_rows.get((backbone, method))
         if published is not None:
-            sources.append(("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns}))
-            sources.append(("Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published
-                                            else math.nan, math.nan, 1) for c in columns}))
+            paper_source = ("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns})
+            sources = [paper_source] if method in published_only else [*sources, paper_source, (
+                "Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published else math.nan,
+                                math.nan, 1) for c in columns})]
         for source, values in sources:
             index.append((backbone, row, source) if paper else (backbone, row))
             means.append({c: values[c][0] for c in columns})

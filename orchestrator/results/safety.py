@@ -103,8 +103,10 @@ def check_query(sql: str) -> str:
         raise QueryRefused(f"one statement at a time: got {len(statements)}; run them separately")
     stmt = statements[0]
     if stmt.type != duckdb.StatementType.SELECT:
-        kind = stmt.type.name
-        hint = " (PIVOT needs an explicit IN list here)" if kind == "MULTI" else ""
+        # the statement's own keyword (DuckDB files INSTALL under LOAD, for one)
+        words = stmt.query.split()
+        kind = words[0].upper() if words and words[0].isalpha() else stmt.type.name
+        hint = " (PIVOT needs an explicit IN list here)" if stmt.type.name == "MULTI" else ""
         raise QueryRefused(f"{kind} statements are not allowed{hint}: the results are read-only; use SELECT "
                            "(WITH, FROM, DESCRIBE, SUMMARIZE, SHOW) over the views samples, runs, accuracy, summary")
     if _TABLE_FUNCTIONS is None:

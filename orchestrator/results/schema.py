@@ -109,6 +109,8 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                   "on the CPU the growth of the process's resident size"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
+    Column("data_fingerprint", pa.string(), "VARCHAR",
+           "sha256 (16 hex) of the real dataset's image list the run streamed; null for synthetic data"),
 )
 HEAD_COLUMNS: tuple[Column, ...] = (
     Column("run_id", pa.string(), "VARCHAR", "= config_hash"),

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from orchestrator import registry
+from orchestrator.results import metrics
 from orchestrator.results.writer import RunWriter
 
 DEFAULT_METHODS: dict[str, Any] = {"clip": {}, "bca": {"tau": 0.3, "n1": 30000, "n2": 10}}
@@ -36,11 +37,11 @@ class FakeRun:
 
     @property
     def accuracy(self) -> float:
-        return 100.0 * float(self.correct.mean())
+        return 100.0 * metrics.top1(self.correct)
 
     @property
     def last50_accuracy(self) -> float:
-        return 100.0 * float(self.correct[self.n_samples // 2:].mean())
+        return 100.0 * metrics.top1(self.correct[self.n_samples // 2:])
 
 
 def _base_accuracy(method: str) -> float:

@@ -241,6 +241,22 @@ class RunWriter:
         row = self.read_row()
         return None if row is None else row.get("status")
 
+    def complete(self) -> bool:
+        """Finished with every row on disk (n_samples rows in complete parts from 0). A 'finished' run whose parts
+        were truncated or removed since is not complete: `bca sweep --resume` re-runs what is missing."""
+        row = self.read_row()
+        return (row is not None and row.get("status") == "finished"
+                and (row.get("n_samples") is None or self.rows_done() == row["n_samples"]))
+
+    def discard_rows(self) -> None:
+        """Remove every part of the run (to run it again from the start, e.g. on a changed dataset)."""
+        if not self.samples_dir.is_dir():
+            return
+        with self._lock():
+            for path in self.samples_dir.iterdir():
+                if schema.part_start(path.name) is not None:
+                    path.unlink(missing_ok=True)
+
     def _base_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {c.name: None for c in schema.run_columns()}
         row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,

@@ -5,16 +5,47 @@ Imported only when a spec names a real dataset, so synthetic sweeps never import
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
-from orchestrator.clip import resolve_templates
+from orchestrator.clip.prompts import cupl_file, resolve_templates
+from orchestrator.data.datasets import ImageList, read_dataset
 
 
 def template_counts(template_set: str, dataset: str) -> tuple[int, int]:
-    """(templates in the set for this dataset, class embeddings per class: 1 when the set is ensembled)."""
-    tset = resolve_templates(template_set, dataset=dataset)
+    """(templates in the set for this dataset, class embeddings per class: 1 when the set is ensembled). 'cupl'
+    counts the dataset's own templates (its per-class descriptions come on top, one ensembled embedding)."""
+    tset = resolve_templates("dataset" if template_set == "cupl" else template_set, dataset=dataset)
     return len(tset.templates), 1 if tset.ensemble else len(tset.templates)
+
+
+@functools.cache
+def dataset_listing(name: str, data_root: str) -> ImageList:
+    """A real dataset's image list (read once per process: validation, the dry run and the resume check share it)."""
+    return read_dataset(name, data_root)
+
+
+def dataset_listing_issue(name: str, data_root: str) -> str | None:
+    """What is wrong with a dataset's folder under an existing data root (missing, empty, bad layout), or None."""
+    try:
+        dataset_listing(name, data_root)
+    except (OSError, ValueError) as exc:  # DatasetLayoutError names the folder and the layout expected
+        return str(exc)
+    return None
+
+
+def listing_fingerprint(name: str, data_root: str) -> str:
+    """The short form of the dataset's current image-list fingerprint, as runs record it (`data_fingerprint`)."""
+    return dataset_listing(name, data_root).fingerprint()[:16]
+def effective_templates(template_set: str, dataset: str, data_root: str | None) -> tuple[str, str | None]:
+    """(the template set a dataset's runs use, a note when it is not the one asked for): 'cupl' without its
+    prompt file under the data root falls back to the dataset's own templates, and the runs record that."""
+    if template_set != "cupl" or data_root is None or cupl_file(data_root, dataset).is_file():
+        return template_set, None
+    return "dataset", (f"templates 'cupl' for {dataset}: {cupl_file(data_root, dataset)} is absent, so its runs use "
+                       f"the dataset's own templates (recorded as templates=dataset); put the file from DPE's or "
+                       f"DMN's repository there to use CuPL prompts")
 
 
 def register_model_config(path: str) -> None:
@@ -54,5 +85,5 @@ def backbone_issue(model: str, pretrained: str | None, checkpoint: str | None,
         tags = open_clip.list_pretrained_tags_by_model(model.replace("/", "-"))
         if pretrained not in tags:
             return "pretrained", (f"unknown tag {pretrained!r} for {model}; expected one of: {', '.join(tags) or 'none'}"
-                                  f" (or give a local file as checkpoint, or omit both for random weights)")
+                                  f" (or give a local file as checkpoint, or pretrained: random for random weights)")
     return None

@@ -2,8 +2,12 @@
 
 Hyperparameter values are checked against their method's registry card (type and range: the spec accepts
 exactly what `run_stream` accepts); synthetic parameters through their generator's own checks; cross-field
-rules (select_on posterior needs M == K; view methods need augmented views; real datasets need a data root, a
-cache dir and a known backbone; distinct dataset names and seeds).
+rules (select_on posterior needs M == K; view methods need augmented views; real datasets need a data root that
+holds their folders, a cache dir and a known backbone with weights said explicitly; distinct dataset names and
+seeds; results and cache dirs that are not files).
+
+`spec_warnings` says what is valid but probably not meant: grid values of an hparam that cannot affect some of
+the runs (its card's `when`), which the plan collapses into one run.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from pathlib import Path
 from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
 from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
+from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.sweep.spec import (
+    RANDOM_WEIGHTS,
     RealDataset,
     SweepSpec,
     SyntheticDataset,
@@ -36,7 +42,9 @@ def embeddings_per_class(spec: SweepSpec, dataset: RealDataset | SyntheticDatase
 
 def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
+    issues += _path_issues(spec)
     issues += _dataset_issues(spec)
+    issues += _template_issues(spec)
     issues += _method_issues(spec)
     issues += _stream_issues(spec)
     seen = set()
@@ -45,6 +53,26 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"seeds[{i}]", f"seed {seed} is listed twice; expected distinct seeds"))
         seen.add(seed)
     return issues
+
+
+def _path_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """A results or cache dir that is a file (or lies under one) cannot be created: say so by its field."""
+    issues = []
+    for field, value in (("results_dir", spec.results_dir), ("cache_dir", spec.cache_dir)):
+        if value is None:
+            continue
+        path = Path(value)
+        blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            where = "is a file" if blocker == path else f"lies under {blocker}, which is a file"
+            issues.append((field, f"{value} {where}; expected a directory (created if missing)"))
+    return issues
+
+
+def _template_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """Template set names, for every spec (a synthetic-only sweep records them too)."""
+    return [(f"templates[{i}]", f"unknown template set {t!r}; expected one of: {', '.join(TEMPLATE_SET_NAMES)}")
+            for i, t in enumerate(spec.templates) if t not in TEMPLATE_SET_NAMES]
 
 
 def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
@@ -64,9 +92,8 @@ def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 
 def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
-    """Data root, cache dir, backbones and template sets: only needed (and only imported) for real datasets."""
-    from orchestrator.clip import TEMPLATE_SET_NAMES
-    from orchestrator.sweep.catalog import backbone_issue
+    """Data root and its dataset folders, cache dir, backbones: only needed (and only imported) for real datasets."""
+    from orchestrator.sweep.catalog import backbone_issue, dataset_listing_issue
 
     issues: list[tuple[str, str]] = []
     if spec.data_root is None:
@@ -75,6 +102,11 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     elif not Path(spec.data_root).is_dir():
         issues.append(("data_root", f"directory {spec.data_root} does not exist; expected the directory "
                                     f"that holds the dataset folders"))
+    else:
+        for i, ds in enumerate(spec.datasets):
+            problem = dataset_listing_issue(ds.name, spec.data_root) if isinstance(ds, RealDataset) else None
+            if problem:
+                issues.append((f"datasets[{i}]", problem))
     if spec.cache_dir is None:
         issues.append(("cache_dir", "required when a real dataset is named; expected a directory for the "
                                     "feature cache (created if missing)"))
@@ -82,13 +114,15 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         issues.append(("backbones", "required when a real dataset is named; expected a list such as "
                                     "[{model: ViT-B-16, pretrained: openai}]"))
     for i, backbone in enumerate(spec.backbones):
-        problem = backbone_issue(backbone.model, backbone.pretrained, backbone.checkpoint, backbone.config)
+        if backbone.pretrained is None and backbone.checkpoint is None:
+            issues.append((f"backbones[{i}].pretrained", f"{backbone.model} has neither pretrained nor checkpoint, so "
+                                                         f"it would run with random weights; expected a tag (e.g. "
+                                                         f"openai), a checkpoint file, or pretrained: {RANDOM_WEIGHTS} "
+                                                         f"to mean random weights"))
+        tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
+        problem = backbone_issue(backbone.model, tag, backbone.checkpoint, backbone.config)
         if problem:
             issues.append((f"backbones[{i}].{problem[0]}", problem[1]))
-    for i, template_set in enumerate(spec.templates):
-        if template_set not in TEMPLATE_SET_NAMES:
-            issues.append((f"templates[{i}]", f"unknown template set {template_set!r}; expected one of: "
-                                              f"{', '.join(TEMPLATE_SET_NAMES)}"))
     return issues
 
 
@@ -157,7 +191,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                 issues.append((f"methods[{i}].datasets[{j}]", f"{name!r} is not among the spec's datasets; expected "
                                                               f"one of: {', '.join(sorted(known))}"))
         datasets = entry_datasets(spec, entry)
-        views = {dataset_views(spec, ds) for ds in datasets}
+        views = {dataset_views(spec, ds, entry.method) for ds in datasets}
         try:
             max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets for t in spec.templates] + [1])
         except ValueError:  # an unknown template set, already reported by _dataset_issues
@@ -173,8 +207,30 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
-        if card.takes_views and not all(v.startswith("augmix") for v in views):
-            issues.append((f"methods[{i}].method", f"{entry.method!r} votes over augmented views, so each of its "
-                                                   f"datasets needs views 'augmix' (got {', '.join(sorted(views))}); "
-                                                   f"expected views: augmix, or `datasets:` naming AugMix ones"))
+        if card.takes_views and card.view_scope == "all" and not card.single_view_datasets and "single" in views:
+            issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
+                                                   f"each of its datasets needs views (got single); expected views: "
+                                                   f"protocol ({card.views}), augmix or crops"))
     return issues
+
+
+def spec_warnings(spec: SweepSpec) -> list[str]:
+    """One line per method entry hparam whose grid values cannot affect some of its runs (the card's `when` is
+    not met there): those runs take the default instead, so the grid does not repeat them."""
+    lines = []
+    for i, entry in enumerate(spec.methods):
+        card = method_card(entry.method)
+        grid = method_grid(entry)
+        defaults = card.defaults()
+        for h in card.hparams:
+            if h.name not in grid or not h.when:
+                continue
+            unmet = {other: [v for v in grid.get(other, [defaults[other]]) if v not in allowed]
+                     for other, allowed in h.when.items()}
+            unmet = {k: v for k, v in unmet.items() if v}
+            if unmet:
+                needs = " and ".join(f"{k}: {' or '.join(map(str, allowed))}" for k, allowed in h.when.items())
+                where = ", ".join(f"{k}: {' or '.join(map(str, v))}" for k, v in unmet.items())
+                lines.append(f"methods[{i}].{h.name}: matters only with {needs}; the runs with {where} take its "
+                             f"default ({defaults[h.name]}) and are not repeated per {h.name} value")
+    return lines

@@ -1,7 +1,12 @@
-"""`bca sweep SPEC [--resume] [--address ADDR]`: load and validate the spec, run it, set the exit code.
+"""`bca sweep SPEC [--resume] [--address ADDR] [--ray-dashboard] [--progress-every S] [--dry-run] [--yes]
+[--rerun-changed]`: load and validate the spec, plan it, run it (or with --dry-run print the plan), set the exit
+code.
 
-Exit codes: 0 every run finished; 1 some runs failed or were left unfinished (the summary says which and how
-to resume), or the results dir cannot be written; 2 the spec is invalid (every problem listed); 130 Ctrl-C.
+Exit codes: 0 every run finished (or the dry run's plan printed); 1 some runs failed or were left unfinished (the
+summary says which and how to resume), or the results dir cannot be written; 2 the spec is invalid (every
+problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, joins a cluster with a
+results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
+than LARGE_SWEEP runs lacks --yes; 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,18 +15,54 @@ import sys
 from pathlib import Path
 
 from orchestrator.sweep.load import SpecError, load_spec
-from orchestrator.sweep.runner import NoGPU, run_sweep
+from orchestrator.sweep.runner import NeedsConfirmation, NoGPU, SharedStorageError, SweepLocked, run_sweep
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None) -> int:
+def _plan(spec_path: Path) -> tuple | int:
+    """(spec, runs), or the exit code: validation and expansion write nothing, so Ctrl-C here just stops."""
+    from orchestrator.sweep.checks import spec_warnings
+    from orchestrator.sweep.plan import expand
+
     try:
         spec = load_spec(spec_path)
-        outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}")
-    except (SpecError, NoGPU) as exc:
+        for line in spec_warnings(spec):
+            print(f"warning: {line}", file=sys.stderr)
+        return spec, expand(spec)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted while planning: nothing was run or written", file=sys.stderr)
+        return 130
+
+
+def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None,
+                  ray_dashboard: bool = False, progress_every_s: float = 30.0, dry_run: bool = False,
+                  yes: bool = False, rerun_changed: bool = False) -> int:
+    planned = _plan(spec_path)
+    if isinstance(planned, int):
+        return planned
+    spec, runs = planned
+    if dry_run:
+        from orchestrator.sweep.dryrun import dry_run as plan_of
+
+        try:
+            lines = plan_of(spec, runs)
+        except ValueError as exc:
+            print(f"error: {spec_path}: name: {exc}", file=sys.stderr)
+            return 2
+        for line in lines:
+            _say(line)
+        return 0
+    try:
+        outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}",
+                            ray_dashboard=ray_dashboard, progress_every_s=progress_every_s, yes=yes,
+                            rerun_changed=rerun_changed, runs=runs)
+    except (SpecError, NoGPU, SharedStorageError, SweepLocked, NeedsConfirmation) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)
@@ -32,6 +73,6 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
         print(f"interrupted: everything written so far is complete and queryable; continue with "
               f"bca sweep {spec_path} --resume", file=sys.stderr)
         return 130
-    if outcome.interrupted:
+    if outcome.interrupted or outcome.not_started:
         return 130
     return 0 if outcome.ok else 1

@@ -1,33 +1,45 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
-Expansion order is fixed (datasets x seeds x backbones x template sets x method entries x grid points, then
-runs sharing a data source brought together), so the same spec always gives the same runs with the same
-run_ids (results.schema.config_hash of the run config).
+Expansion order is fixed (datasets x seeds x view settings x backbones x template sets x streams x orders x
+method entries x grid points, then runs sharing a data source brought together), so the same spec always gives
+the same runs with the same run_ids (results.schema.config_hash of the run config).
 A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
 Synthetic datasets do not depend on a backbone or template set: each runs once per (method config, seed),
 with backbone 'synthetic'. Its seed generates the benchmark; the stream is the scenario's own order.
 Real datasets stream in a seeded permutation of the dataset (the trial stores it with the run).
+
+Hyperparameters a run cannot feel (their card's `when` is not met, e.g. `decay` with `update: count`) take
+their default in its config, so a grid over them gives one run, not several identical ones, and a run that
+already used the default keeps its run_id.
+
+Big grids: a run holds its run_id, its data source, a group shared by the runs of one (source, method entry)
+and a tuple of hparam values; its config dict is built only when asked for. The run_id is the sha256 of the
+canonical JSON, assembled from the group's fixed text and each value's precomputed JSON instead of
+normalising and serialising a dict per run (equal by construction; a test checks it against config_hash).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
                                        protocol_from_spec)
 from orchestrator.registry import method_card
-from orchestrator.results.schema import canonical_json, config_hash, normalize_config
-from orchestrator.sweep.spec import (Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name, dataset_views,
-                                     entry_datasets, method_grid)
+from orchestrator.results.schema import canonical_json, normalize_config
+from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
+                                     dataset_views, entry_datasets, method_grid)
 
 SYNTHETIC_BACKBONE = "synthetic"
+_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in a group's canonical JSON
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,7 @@ class DataSource:
     """Everything that determines a run's input stream: features, class embeddings and stream order.
 
     Hashable: trials with equal sources share the features a trial process has loaded (the per-process memo).
+    `pretrained` is None for random weights (the run config says 'random').
     """
 
     dataset: str
@@ -77,45 +90,175 @@ class DataSource:
         return derive_order_seeds(self.seed, self.order_index + 1)[self.order_index]
 
 
-@dataclass(frozen=True)
+class _Group:
+    """What the runs of one (data source, method entry) share: the config without hparams, the hparam names
+    (sorted, as stored) and the canonical JSON around the hparams object."""
+
+    __slots__ = ("base", "names", "prefix", "suffix")
+
+    def __init__(self, base: dict[str, Any], names: tuple[str, ...]) -> None:
+        self.base = base
+        self.names = names
+        text = canonical_json({**base, "hparams": _HPARAMS_SLOT})
+        self.prefix, self.suffix = text.split(json.dumps(_HPARAMS_SLOT), 1)
+
+
 class Run:
-    run_id: str
-    config: dict[str, Any]    # the normalised run config (results.schema), stored with every file of the run
-    source: DataSource
+    """One online run: run_id, data source, and (built on demand) its normalised run config (results.schema),
+    stored with every file of the run."""
+
+    __slots__ = ("run_id", "source", "_group", "_values")
+
+    def __init__(self, run_id: str, source: DataSource, group: _Group, values: tuple[Any, ...]) -> None:
+        self.run_id, self.source, self._group, self._values = run_id, source, group, values
+
+    @property
+    def method(self) -> str:
+        return self._group.base["method"]
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return dict(zip(self._group.names, self._values))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return {**self._group.base, "hparams": self.hparams}
 
     @property
     def label(self) -> str:
         """A short human description: method, dataset, seed."""
-        return f"{self.config['method']} {self.config['dataset']} seed={self.config['seed']}"
+        return f"{self.method} {self._group.base['dataset']} seed={self.source.seed}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Run) and other.run_id == self.run_id
+
+    def __hash__(self) -> int:
+        return hash(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"Run({self.run_id}, {self.label})"
+
+    def __reduce__(self) -> tuple:
+        return Run, (self.run_id, self.source, self._group, self._values)
 
 
-@dataclass(frozen=True)
-class Trial:
+class Trial(NamedTuple):
+    """One Tune trial (a tuple: a big grid has as many trials as runs, so they are kept small and quick to make)."""
+
     key: str                   # run_id of a single run; for a pack, a hash of its run_ids
     source: DataSource
     runs: tuple[Run, ...]
 
 
-def _grid_points(entry: Any) -> list[dict[str, Any]]:
-    grid = method_grid(entry)
-    keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+@dataclass(frozen=True)
+class _Axis:
+    """One hparam of a method entry: its values as stored, their JSON members, and when it is inert."""
+
+    name: str
+    values: tuple[Any, ...]
+    members: tuple[str, ...]         # '"name":value' for each value
+    default: Any
+    default_member: str
+    when: tuple[tuple[int, tuple[Any, ...]], ...]   # (index of the other axis, values it must take)
 
 
-def _hparams(method: str, dataset: str, synthetic: bool, point: dict[str, Any]) -> dict[str, Any]:
-    """Every hparam of the method: its card's defaults (per dataset for a benchmark dataset), then the point."""
-    return method_card(method).resolve(point, None if synthetic else dataset)
+def _member(name: str, value: Any) -> str:
+    return f"{json.dumps(name, ensure_ascii=False)}:{json.dumps(value, ensure_ascii=False, allow_nan=False)}"
 
 
-def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int) -> list[tuple[DataSource, dict]]:
-    """The data sources of one dataset and seed, each with the run-config fields it implies: one per backbone and
-    template set, times the `orders` of the spec's stream protocol."""
+def _axes(method: str, dataset: str | None, grid: dict[str, list[Any]]) -> list[_Axis]:
+    """The method's hparams in stored (sorted) order, each with its grid values (checked and in its kind, as
+    normalize_config stores them) or its default (per dataset for a benchmark dataset)."""
+    card = method_card(method)
+    defaults = card.defaults(dataset)
+    names = sorted(h.name for h in card.hparams)
+    index = {n: i for i, n in enumerate(names)}
+    axes = []
+    for name in names:
+        h = card.hparam(name)
+        values = tuple(dict.fromkeys(h.check(method, v) for v in grid.get(name, [defaults[name]])))
+        default = h.check(method, defaults[name])
+        axes.append(_Axis(name, values, tuple(_member(name, v) for v in values), default, _member(name, default),
+                          tuple((index[other], tuple(allowed)) for other, allowed in h.when.items())))
+    return axes
+
+
+def _subgrids(axes: list[_Axis]) -> Iterator[list[_Axis]]:
+    """The grid as sub-grids in which each conditional hparam is either live or fixed at its default: one per
+    combination of the values of the hparams the conditions name (the whole grid when none is conditional)."""
+    conditional = [a for a in axes if a.when]
+    if not conditional:
+        yield axes
+        return
+    controllers = sorted({k for a in conditional for k, _ in a.when})
+    for combo in itertools.product(*(range(len(axes[k].values)) for k in controllers)):
+        chosen = dict(zip(controllers, combo))
+        sub = []
+        for i, axis in enumerate(axes):
+            if i in chosen:
+                j = chosen[i]
+                axis = replace(axis, values=(axis.values[j],), members=(axis.members[j],))
+            elif axis.when and any(axes[k].values[chosen[k]] not in allowed for k, allowed in axis.when):
+                axis = replace(axis, values=(axis.default,), members=(axis.default_member,))
+            sub.append(axis)
+        yield sub
+
+
+def _points(axes: list[_Axis], head: Any, suffix: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(run_id, values) for every grid point, inert hparams at their default; repeats are left to the caller's
+    run_id set. `head` is the sha256 of the canonical JSON up to the hparams object; each axis's JSON text is
+    hashed once per combination of the axes before it, so a run costs one hash copy and update."""
+    for sub in _subgrids(axes):
+        n = len(sub)
+        items = [tuple(zip(a.values, (m + ("," if i < n - 1 else "}" + suffix) for m in a.members)))
+                 for i, a in enumerate(sub)]
+        if not items:
+            digest = head.copy()
+            digest.update(("{}" + suffix).encode("utf-8"))
+            yield digest.hexdigest()[:16], ()
+        else:
+            yield from _walk(items, 0, head, "{", ())
+
+
+def _walk(items: list[tuple[tuple[Any, str], ...]], i: int, digest: Any, pending: str,
+          values: tuple[Any, ...]) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """The points from axis i on: single-valued axes only extend the text still to hash (`pending`); the last
+    axis with several values is the inner loop, the ones before it recurse."""
+    n = len(items)
+    while i < n and len(items[i]) == 1:
+        value, text = items[i][0]
+        pending, values, i = pending + text, values + (value,), i + 1
+    if i == n:
+        done = digest.copy()
+        done.update(pending.encode("utf-8"))
+        yield done.hexdigest()[:16], values
+        return
+    if all(len(items[k]) == 1 for k in range(i + 1, n)):
+        rest_values = tuple(items[k][0][0] for k in range(i + 1, n))
+        rest_text = "".join(items[k][0][1] for k in range(i + 1, n))
+        start = digest.copy()
+        start.update(pending.encode("utf-8"))
+        for value, text in items[i]:
+            done = start.copy()
+            done.update((text + rest_text).encode("utf-8"))
+            yield done.hexdigest()[:16], values + (value,) + rest_values
+        return
+    for value, text in items[i]:
+        step = digest.copy()
+        step.update((pending + text).encode("utf-8"))
+        yield from _walk(items, i + 1, step, "", values + (value,))
+
+
+def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
+             ) -> list[tuple[DataSource, dict]]:
+    """The data sources of one dataset, seed and view setting, each with the run-config fields it implies: one per
+    backbone and template set, times the stream protocols and their `orders`."""
     out = []
     for value in spec.streams:
         protocol = protocol_from_spec(value) if value is not None else None
         if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
             continue  # a continual stream runs once, from its first dataset through the others
-        for source, fields in _base_sources(spec, dataset, seed):
+        for source, fields in _base_sources(spec, dataset, seed, views):
             stream: dict[str, Any] = {}
             if protocol is not None:
                 stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
@@ -137,7 +280,7 @@ def _others(protocol: Protocol) -> tuple[str, ...]:
     return ()
 
 
-def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
+def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
                   ) -> list[tuple[DataSource, dict]]:
     if isinstance(dataset, SyntheticDataset):
         params = dataset.params
@@ -147,15 +290,16 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
                   "num_templates": params.get("templates_per_class", 1), "views": "single",
                   "synthetic": {"scenario": dataset.synthetic, **params}, "stream_order": "scenario"}
         return [(source, fields)]
-    from orchestrator.sweep.catalog import template_counts
+    from orchestrator.sweep.catalog import effective_templates, template_counts
 
-    views = dataset_views(spec, dataset)
     out = []
-    for backbone, templates in itertools.product(spec.backbones, spec.templates):
+    for backbone, asked in itertools.product(spec.backbones, spec.templates):
+        templates = effective_templates(asked, dataset.name, spec.data_root)[0]
+        tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
-                            pretrained=backbone.pretrained, checkpoint=backbone.checkpoint,
+                            pretrained=tag, checkpoint=backbone.checkpoint,
                             model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
-        fields = {"backbone": backbone.model, "pretrained": source.weights, "templates": templates,
+        fields = {"backbone": backbone.model, "pretrained": source.weights or RANDOM_WEIGHTS, "templates": templates,
                   "num_templates": template_counts(templates, dataset.name)[0], "views": views,
                   "stream_order": "permutation", **_backbone_extras(backbone)}
         out.append((source, fields))
@@ -172,51 +316,107 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     return extras
 
 
+def _entries_by_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> dict[str, list[Any]]:
+    """The method entries that run on a dataset, grouped by the views each runs on (in entry order)."""
+    groups: dict[str, list[Any]] = {}
+    for entry in spec.methods:
+        if dataset in entry_datasets(spec, entry):
+            groups.setdefault(dataset_views(spec, dataset, entry.method), []).append(entry)
+    return groups
+
+
+def template_notes(spec: SweepSpec) -> list[str]:
+    """What the plan says of template sets it could not use as asked (a missing CuPL prompt file)."""
+    if not spec.has_real_datasets:
+        return []
+    from orchestrator.sweep.catalog import effective_templates
+
+    notes = [effective_templates(t, d.name, spec.data_root)[1] for d in spec.datasets if isinstance(d, RealDataset)
+             for t in spec.templates]
+    return [n for n in notes if n]
+
+
 def data_sources(spec: SweepSpec) -> list[DataSource]:
     """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
-    return list(dict.fromkeys(source for dataset in spec.datasets for seed in spec.seeds
-                              for source, _ in _sources(spec, dataset, seed)))
+    return list(dict.fromkeys(source for dataset in spec.datasets for views in _entries_by_views(spec, dataset)
+                              for seed in spec.seeds for source, _ in _sources(spec, dataset, seed, views)))
+
+
+def iter_runs(spec: SweepSpec) -> Iterator[Run]:
+    """Every run of the spec, in the fixed expansion order, one at a time. A config that two method entries
+    both give (e.g. the shared centre of one-at-a-time sensitivity grids) is one run."""
+    seen: set[str] = set()
+    for dataset in spec.datasets:
+        groups = _entries_by_views(spec, dataset)
+        for seed in spec.seeds:
+            for views, entries in groups.items():
+                for source, fields in _sources(spec, dataset, seed, views):
+                    for entry in entries:
+                        axes = _axes(entry.method, None if source.is_synthetic else source.dataset,
+                                     method_grid(entry))
+                        base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
+                                                 "method": entry.method, "seed": seed, **fields})
+                        del base["hparams"]
+                        group = _Group(base, tuple(a.name for a in axes))
+                        head = hashlib.sha256(group.prefix.encode("utf-8"))
+                        for run_id, values in _points(axes, head, group.suffix):
+                            if run_id not in seen:
+                                seen.add(run_id)
+                                yield Run(run_id, source, group, values)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is built: it would rescan the ever larger heap of new,
+    acyclic runs and trials again and again (most of the time a big grid's plan took)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def expand(spec: SweepSpec) -> list[Run]:
-    """Every run of the spec, in the fixed expansion order. A config that two method entries both give (e.g.
-    the shared centre of one-at-a-time sensitivity grids) is one run."""
-    runs: list[Run] = []
-    seen: set[str] = set()
-    for dataset in spec.datasets:
-        entries = [e for e in spec.methods if dataset in entry_datasets(spec, e)]
-        for seed in spec.seeds:
-            for source, fields in _sources(spec, dataset, seed):
-                for entry in entries:
-                    for point in _grid_points(entry):
-                        config = normalize_config({
-                            "sweep": spec.name, "dataset": source.dataset, "method": entry.method, "seed": seed,
-                            **fields,
-                            "hparams": _hparams(entry.method, source.dataset, source.is_synthetic, point),
-                        })
-                        run_id = config_hash(config)
-                        if run_id not in seen:
-                            seen.add(run_id)
-                            runs.append(Run(run_id, config, source))
-    return _order_by_source(runs)
-
-
-def _order_by_source(runs: list[Run]) -> list[Run]:
-    """Runs sharing a data source next to each other (stable), so a trial process reuses loaded features."""
-    first: dict[DataSource, int] = {}
-    for i, run in enumerate(runs):
-        first.setdefault(run.source, i)
-    return sorted(runs, key=lambda r: first[r.source])
+    """Every run of the spec (see iter_runs), runs sharing a data source brought together (stable), so a trial
+    process reuses loaded features. Runs come in groups of one source, so a source is hashed once per group."""
+    with _gc_paused():
+        by_source: dict[DataSource, list[Run]] = {}
+        last, bucket = None, []
+        for run in iter_runs(spec):
+            if run.source is not last:
+                last, bucket = run.source, by_source.setdefault(run.source, [])
+            bucket.append(run)
+        return [run for runs in by_source.values() for run in runs]
 
 
 def make_trials(runs: list[Run], pack: int) -> list[Trial]:
     """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
-    of features they take (a view-voting method such as zero is packed only with its own kind)."""
+    of features they take (runs taking views are packed only with runs taking views)."""
+    with _gc_paused():
+        return _make_trials(runs, pack)
+
+
+def _make_trials(runs: list[Run], pack: int) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
+    keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     for run in runs:
-        groups.setdefault((run.source, method_card(run.config["method"]).takes_views), []).append(run)
+        key = keys.get(id(run._group), False)
+        if key is False:
+            card = method_card(run.method)
+            # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
+            # it (inputs 'either') per run
+            key = keys[id(run._group)] = None if card.inputs == "either" else (
+                run.source, run.source.views != "single" and card.takes_views)
+        if key is None:
+            key = (run.source, run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
+        groups.setdefault(key, []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
+        if pack == 1:
+            trials += [Trial(run.run_id, source, (run,)) for run in group]
+            continue
         for start in range(0, len(group), pack):
             members = tuple(group[start:start + pack])
             trials.append(Trial(_trial_key(members), source, members))

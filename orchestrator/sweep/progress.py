@@ -1,8 +1,13 @@
-"""What a person watching a sweep sees: one line per finished trial with done/total and ETA, retries and
-errors as they happen, and at the end the results module's method x dataset table (`summary_table`).
+"""What a person watching a sweep sees: one line per finished trial with done/total and ETA, a line now and
+then for each long trial still running (encoding: images done, images/s and time left; adapting: samples
+done), retries and errors as they happen, and at the end the results module's method x dataset table
+(`summary_table`).
 
-Runs, not trials, are counted (a packed trial finishes several runs at once). The ETA is the elapsed time per
-finished run times the runs left, measured from the first trial start so Ray's start-up does not inflate it.
+Runs, not trials, are counted (a packed trial finishes several runs at once). The ETA weighs each run by what
+it is measured to cost: a method's seconds per sample (from its finished runs; the mean of the measured
+methods until it has one) times its dataset's length, since methods differ by orders of magnitude (TDA's cache
+against BCA's closed-form update). Elapsed wall time per unit of cost done so far, running trials' done share
+included, times the cost left is the ETA, measured from the first trial start so Ray's start-up does not count.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import statistics
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -79,31 +85,83 @@ def trial_error(trial: Any) -> str:
     return summarise_error(text if text else trial.get_error())
 
 
+PROGRESS_KEY = "progress"  # a result carrying it is a running trial's progress, not its final metrics
+_UNITS = {"encoding": "images", "adapting": "samples"}
+
+
+class TrialProgress:
+    """Inside a trial: turns (stage, done, total) calls into progress results for the driver, at most one per
+    `every_s` seconds of a stage (0: every call), the first once that much of the stage has passed."""
+
+    def __init__(self, report: Callable[[dict[str, Any]], None], every_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.report, self.every_s, self.clock = report, every_s, clock
+        self.stage: str | None = None
+        self.began = self.last = 0.0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = self.clock()
+        if stage != self.stage:
+            self.stage, self.began, self.last = stage, now, now
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        elapsed = now - self.began
+        self.report({PROGRESS_KEY: stage, "progress_done": done, "progress_total": total,
+                     "progress_rate": done / elapsed if elapsed > 0 else float("nan")})
+
+
 class ProgressCallback(tune.Callback):
     """Prints sweep progress from the driver; collects errors for the final summary."""
 
     def __init__(self, trials: list[Trial], all_runs: list[Run], *, already_done: int = 0,
-                 out: Callable[[str], None] = print, on_failed: Callable[[Trial, str], None] | None = None) -> None:
+                 out: Callable[[str], None] = print, on_failed: Callable[[Trial, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.trials = {t.key: t for t in trials}
         self.total = already_done + sum(len(t.runs) for t in trials)
         self.done = already_done
-        self.started_with = already_done
         self.varying = varying_hparams(all_runs)
         self.out = out
         self.on_failed = on_failed
+        self.clock = clock
         self.errors: dict[str, str] = {}
         self.retries = 0
         self.t0: float | None = None
+        self.ended: set[str] = set()                          # trials finished or failed in this invocation
+        self.running: dict[str, float] = {}                   # trial key -> share of its stream adapted
+        self.sample_cost: dict[str, list[float]] = defaultdict(list)  # method -> measured seconds per sample
+        self.length: dict[str, int] = {}                      # dataset -> stream length
 
     def _trial(self, trial: Any) -> Trial | None:
         return self.trials.get(trial.config.get("trial"))
 
+    def _cost(self, run: Run) -> float:
+        """Estimated seconds of a run: its method's measured seconds per sample times its stream's length."""
+        costs = {m: statistics.fmean(c) for m, c in self.sample_cost.items()}
+        per_sample = costs.get(run.config["method"], statistics.fmean(costs.values()) if costs else 1.0)
+        n = self.length.get(run.config["dataset"], statistics.fmean(self.length.values()) if self.length else 1.0)
+        return per_sample * n
+
     def _eta(self) -> str:
-        finished_now = self.done - self.started_with
-        if self.t0 is None or finished_now <= 0:
+        if self.t0 is None:
             return "?"
-        per_run = (time.monotonic() - self.t0) / finished_now
-        return format_seconds(per_run * (self.total - self.done))
+        done = left = 0.0
+        for key, plan in self.trials.items():
+            cost = sum(self._cost(run) for run in plan.runs)
+            share = 1.0 if key in self.ended else self.running.get(key, 0.0)
+            done += share * cost
+            left += (1.0 - share) * cost
+        if done <= 0:
+            return "?"
+        return format_seconds((self.clock() - self.t0) * left / done)
+
+    def _measure(self, plan: Trial, result: dict[str, Any]) -> None:
+        if result.get("n_runs", 0) <= 0 or not result.get("samples_per_s"):
+            return
+        if result.get("n_samples"):
+            self.length[plan.runs[0].config["dataset"]] = int(result["n_samples"])
+        for method in {run.config["method"] for run in plan.runs}:
+            self.sample_cost[method].append(1.0 / result["samples_per_s"])
 
     def _describe(self, plan: Trial) -> str:
         first = plan.runs[0]
@@ -112,14 +170,36 @@ class ProgressCallback(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self.t0 is None:
-            self.t0 = time.monotonic()
+            self.t0 = self.clock()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        """A running trial's progress: '  bca tau=0.3 | ... seed=1: adapting 20,000/50,000 samples ...'."""
+        plan = self._trial(trial)
+        stage = result.get(PROGRESS_KEY)
+        if plan is None or stage is None:
+            return
+        done, total, rate = result["progress_done"], result["progress_total"], result["progress_rate"]
+        unit = _UNITS.get(stage, "items")
+        line = f"  {self._describe(plan)}: {stage} {done:,}/{total:,} {unit}"
+        if math.isfinite(rate) and rate > 0:
+            line += f", {rate:,.0f} {unit}/s, {format_seconds((total - done) / rate)} left"
+        if stage == "adapting":
+            self.length[plan.runs[0].config["dataset"]] = total
+            self.running[plan.key] = done / total if total else 0.0
+        self.out(f"{line}  ETA {self._eta()}")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         plan = self._trial(trial)
         if plan is None:
             return
-        self.done += len(plan.runs)
         result = trial.last_result or {}
+        if result.get("error"):  # a deterministic error, reported instead of raised so Tune does not retry it
+            self._failed(plan, summarise_error(result["error"]))
+            return
+        self.done += len(plan.runs)
+        self.ended.add(plan.key)
+        self.running.pop(plan.key, None)
+        self._measure(plan, result)
         acc = result.get("accuracy")
         parts = [f"[{self.done}/{self.total}]", self._describe(plan)]
         if acc is not None and result.get("n_runs", 0) > 0:
@@ -135,16 +215,21 @@ class ProgressCallback(tune.Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         plan = self._trial(trial)
         self.retries += 1
+        if plan is not None:
+            self.running.pop(plan.key, None)  # the retry replays its stream from the start
         error = trial_error(trial)
         self.out(f"retry: {self._describe(plan) if plan else trial} failed ({error}); "
                  f"retrying from its last complete part")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         plan = self._trial(trial)
-        if plan is None:
-            return
+        if plan is not None:
+            self._failed(plan, trial_error(trial))
+
+    def _failed(self, plan: Trial, error: str) -> None:
         self.done += len(plan.runs)
-        error = trial_error(trial)
+        self.ended.add(plan.key)
+        self.running.pop(plan.key, None)
         self.errors[plan.key] = error
         if self.on_failed is not None:
             self.on_failed(plan, error)

@@ -6,32 +6,48 @@ without `--resume` a re-run does exactly that; `--resume` states the intent (and
 started, so scripts can always pass it). Unfinished
 runs continue from their last complete part (see trial.py). So `bca sweep SPEC` after a crash, a Ctrl-C, a
 killed driver or a lost node picks up exactly where the complete parts end, on this machine or another one.
+A 'finished' run whose rows went missing since (what `bca verify` reports) is not complete and runs again from
+its last complete part; a finished run made on another version of its dataset's image list is named, and run
+again from the start with `rerun_changed`.
 
-Ray: local by default (num_cpus = this machine's cores); `address` or RAY_ADDRESS joins a running cluster.
-An already initialised Ray session is used as is (the tests share one). Tune's own console reporter is off;
-`ProgressCallback` prints one line per finished trial instead. Per-sample rows never travel through Ray: the
-trial writes them itself; only summary metrics go through `ray.tune.report`.
+One driver per sweep: a lock under <results>/sweeps/ (`sweep_lock`); a second `bca sweep` of the same sweep is
+refused naming the holder, before it writes anything. Sweeps of more than LARGE_SWEEP runs to run need `yes`.
+
+Ray: local by default (num_cpus = this machine's cores, no dashboard unless asked for); `address` or
+RAY_ADDRESS joins a running cluster, whose nodes must all see the results and cache dirs at the same absolute
+path (checked at start). An already initialised Ray session is used as is (the tests share one). Tune's own
+console reporter is off; `ProgressCallback` prints one line per finished trial, and now and then one per long
+trial still running, instead. Per-sample rows never travel through Ray: the trial writes them itself; only
+summary metrics and progress go through `ray.tune.report`, the final metrics with the id of the node that ran
+the trial (in Tune's result.json under <results>/tune, beside Tune's own node_ip).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
 import logging
 import os
+import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.results.atomic import atomic_write, ensure_dir
+from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.load import SpecError
-from orchestrator.sweep.plan import Run, Trial, expand, make_trials
-from orchestrator.sweep.progress import ProgressCallback, summary_table
+from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
+from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, execute_trial, parse_failpoint
+from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
+from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, deterministic_failure, execute_trial, parse_failpoint
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
+LARGE_SWEEP = 5000  # runs to run above which a sweep starts only with `yes` (after a look at --dry-run)
 
 
 @dataclass
@@ -41,6 +57,7 @@ class SweepOutcome:
     finished: int                               # finished now (including skipped)
     failed: dict[str, str] = field(default_factory=dict)    # run_id -> error
     interrupted: list[str] = field(default_factory=list)   # run_ids stopped by Ctrl-C (recorded as failed)
+    not_started: list[str] = field(default_factory=list)   # run_ids Tune never started (Ctrl-C before them)
     table: str = ""
 
     @property
@@ -66,41 +83,133 @@ def _trial_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
-    """The Tune function trainable: one trial of the plan, metrics through tune.report only."""
+    """The Tune function trainable: one trial of the plan, progress and metrics through tune.report only."""
+    import ray
     from ray import tune
 
-    trial = plan["trials"][config["trial"]]
-    tune.report(_trial_metrics(execute_trial(trial, plan["settings"])))
+    trial, settings = plan["trials"][config["trial"]], plan["settings"]
+    node = {"node_id": ray.get_runtime_context().get_node_id()}
+    try:
+        results = execute_trial(trial, settings, TrialProgress(tune.report, settings.progress_every_s))
+    except Exception as exc:
+        error = deterministic_failure(trial, settings, exc)
+        if error is None:
+            raise  # Tune retries it (a killed worker, a full disk, ...)
+        tune.report({"n_runs": 0, "error": error, **node})  # ProgressCallback counts it failed; no retry
+        return
+    tune.report({**_trial_metrics(results), **node})
 
 
-def settings_of(spec: SweepSpec) -> Settings:
+def settings_of(spec: SweepSpec, progress_every_s: float = 30.0) -> Settings:
     return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
                     part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
-                    plugins=tuple(spec.plugins))
+                    plugins=tuple(spec.plugins), progress_every_s=progress_every_s)
 
 
-def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
-    return {run.run_id: (read_run(spec.results_dir, spec.name, run.run_id) or {}).get("status") for run in runs}
+class SweepLocked(RuntimeError):
+    """Another driver runs this sweep (the message names its pid, host and start time)."""
+
+
+class NeedsConfirmation(RuntimeError):
+    """A sweep of more than LARGE_SWEEP runs to run, started without `yes`."""
+
+
+@contextlib.contextmanager
+def sweep_lock(spec: SweepSpec):
+    """Hold <results>/sweeps/<name>.lock while this driver runs the sweep; its holder is described in
+    <name>.owner.json. A second driver gets SweepLocked at once and writes nothing."""
+    from filelock import FileLock, Timeout
+
+    folder = Path(spec.results_dir) / "sweeps"
+    lock_path, owner_path = folder / f"{spec.name}.lock", folder / f"{spec.name}.owner.json"
+    if not folder.is_dir():
+        ensure_dir(folder, "sweep record")
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            owner = json.loads(owner_path.read_text())
+            who = f"pid {owner['pid']} on {owner['host']}, since {owner['since']}"
+        except (OSError, ValueError, KeyError):
+            who = "another process (its owner file is not readable)"
+        raise SweepLocked(f"sweep {spec.name!r} in {spec.results_dir} is being run by {who}; expected one "
+                          f"`bca sweep` per sweep: wait for it, or stop it and resume") from None
+    try:
+        since = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since})
+        atomic_write(owner_path, lambda tmp: Path(tmp).write_text(body), "sweep lock owner")
+        yield
+    finally:
+        owner_path.unlink(missing_ok=True)
+        lock.release()
 
 
 class NoGPU(ValueError):
-    """The spec asks for GPU shares but the local Ray has no GPU (trials would wait forever)."""
+    """The spec asks for resources no node of the Ray cluster has (GPU shares without a GPU, more CPUs than a
+    node): trials would wait forever."""
 
 
-def _init_ray(address: str | None, gpu: float) -> None:
+class SharedStorageError(ValueError):
+    """Joining a cluster with a results or cache dir its other nodes could not use."""
+
+
+def check_shared_storage(spec: SweepSpec, address: str) -> None:
+    """Every node of a cluster writes rows, Tune state and cache entries under these dirs, at the path the
+    driver resolved: it must be absolute and writable (and, which no check here can see, the same storage on
+    every node). Checked before anything is written, so a wrong path fails at once, not in every trial."""
+    for field_name, path in (("results_dir", spec.results_dir), ("cache_dir", spec.cache_dir)):
+        if path is None:
+            continue
+        expected = (f"joining the cluster at {address} needs an absolute path on storage that every node mounts "
+                    f"at that same path (EFS, NFS), writable by this user")
+        if not Path(path).is_absolute():
+            raise SharedStorageError(f"{field_name}: {path} is not absolute; {expected}")
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".bca-write-check-"):
+                pass
+        except OSError as exc:
+            raise SharedStorageError(f"{field_name}: {path} cannot be written ({exc.strerror or exc}); "
+                                     f"{expected}") from exc
+
+
+def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[str], None]) -> None:
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        context = ray.init(address=address, logging_level=logging.WARNING)
+        if dashboard:
+            out(f"Ray dashboard: http://{context.dashboard_url} on the head (from your machine: "
+                f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265)")
         return  # a cluster's autoscaler may still add GPU nodes: no check
-    ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING)
+    context = ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING, include_dashboard=dashboard,
+                       dashboard_host="127.0.0.1")
+    if dashboard:
+        out(f"Ray dashboard: http://{context.dashboard_url} (this machine only; it closes with the sweep)")
     if gpu > 0 and ray.cluster_resources().get("GPU", 0) < gpu:
         ray.shutdown()
         raise NoGPU(f"resources.gpu: each trial asks for {gpu} GPU but this machine has none; expected "
                     f"resources.gpu: 0 to run on the CPU, or --address of a cluster with GPUs")
+
+
+def cpus_issue(cpus: float, nodes: list[dict[str, Any]]) -> str | None:
+    """resources.cpus more than any live node has: no trial could ever be placed (Tune would wait forever)."""
+    largest = max((n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive", True)), default=0)
+    if cpus > largest:
+        return (f"resources.cpus: each trial asks for {cpus:g} CPUs but the largest node of the Ray cluster has "
+                f"{largest:g}; expected resources.cpus <= {largest:g}")
+    return None
+
+
+def _check_cpus(cpus: float) -> None:
+    import ray
+
+    problem = cpus_issue(cpus, ray.nodes())
+    if problem:
+        raise NoGPU(problem)
 
 
 def _mark(writer: RunWriter, error: str, out: Callable[[str], None]) -> None:
@@ -123,28 +232,60 @@ def _mark_failed(settings: Settings, out: Callable[[str], None]) -> Callable[[Tr
 
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
-              out: Callable[[str], None] = print, command: str = "bca sweep SPEC") -> SweepOutcome:
+              out: Callable[[str], None] = print, command: str = "bca sweep SPEC", ray_dashboard: bool = False,
+              progress_every_s: float = 30.0, yes: bool = False, rerun_changed: bool = False,
+              runs: list[Run] | None = None) -> SweepOutcome:
     """Run every unfinished run of the spec on Ray Tune; returns what finished, failed or was interrupted.
-    `command` is how the user started it, for the resume hints."""
-    runs = expand(spec)
+    `command` is how the user started it, for the resume hints; `ray_dashboard` starts Ray's dashboard with a
+    local Ray (on loopback) and prints its address; `progress_every_s`: how often a running trial reports;
+    `yes` confirms a sweep of more than LARGE_SWEEP runs; `rerun_changed` runs again the finished runs made on
+    another version of their dataset; `runs`: the spec's expansion when the caller already has it."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_shared_storage(spec, address)
+    runs = expand(spec) if runs is None else runs
     problem = check_sweep_record(spec, runs)
     if problem:
         raise SpecError(f"sweep {spec.name}", [("name", problem)])
-    if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
-        # Accepted so that scripts can always pass --resume (the README's main job does).
-        out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
-    write_sweep_record(spec, runs)
-    status = run_status(spec, runs)
+    status = run_status(spec, runs)  # read-only: a refusal below leaves the results dir as it was
+    changed = changed_data(spec, runs, status) if spec.has_real_datasets else {}
     todo = [r for r in runs if status[r.run_id] != "finished"]
-    skipped = len(runs) - len(todo)
-    out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
-        f"-> {spec.results_dir}")
-    interrupted: list[str] = []
-    errors: dict[str, str] = {}
-    if todo:
-        errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out)
-        interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
-    return _outcome(spec, runs, skipped, interrupted, errors, out, command)
+    if rerun_changed:
+        todo += [r for stale in changed.values() for r in stale]
+    if len(todo) > LARGE_SWEEP and not yes:
+        raise NeedsConfirmation(f"sweep {spec.name!r} has {len(todo):,} runs to run (more than {LARGE_SWEEP:,}); "
+                                f"check the plan with {command} --dry-run, then start it with --yes")
+    with sweep_lock(spec):
+        for dataset, stale in changed.items():
+            what = "running them again" if rerun_changed else f"run them again with {command} --rerun-changed"
+            out(f"warning: {len(stale)} finished run(s) of {dataset} were made on another version of its image list "
+                f"(images added, removed or relabelled since): {', '.join(r.run_id for r in stale[:5])}"
+                f"{' ...' if len(stale) > 5 else ''}; {what}")
+        if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
+            # Accepted so that scripts can always pass --resume (the README's main job does).
+            out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
+        write_sweep_record(spec, runs)
+        for stale in changed.values() if rerun_changed else ():
+            for run in stale:
+                RunWriter(spec.results_dir, run.config).discard_rows()
+        incomplete = sum(1 for r in runs if status[r.run_id] == INCOMPLETE)
+        skipped = len(runs) - len(todo)
+        for note in template_notes(spec):
+            out(f"note: {note}")
+        out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
+            f"-> {spec.results_dir}")
+        if incomplete:
+            out(f"{incomplete} run(s) marked finished have rows missing (see bca verify): running what is missing")
+        interrupted: list[str] = []
+        not_started: list[str] = []
+        errors: dict[str, str] = {}
+        if todo:
+            errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out,
+                           dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
+            interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
+            not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
+                           and RunWriter(spec.results_dir, r.config).status() is None]
+        return _outcome(spec, runs, skipped, interrupted, not_started, errors, out, command)
 
 
 def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None]) -> list[str]:
@@ -161,14 +302,14 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
-          out: Callable[[str], None]) -> dict[str, str]:
+          out: Callable[[str], None], *, dashboard: bool, settings: Settings) -> dict[str, str]:
     """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good."""
     # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from ray import tune
 
-    _init_ray(address, spec.resources.gpu)
-    settings = settings_of(spec)
+    _init_ray(address, spec.resources.gpu, dashboard, out)
+    _check_cpus(spec.resources.cpus)
     callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),
@@ -186,7 +327,9 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     # Tune logs each trial error with a traceback, after Ctrl-C one warning per trial without results, and a
     # traceback for each failed save of its experiment state (a full disk); the callback, the final summary and
     # the warning below say the same in one line each.
-    quiet = [logging.getLogger(name) for name in ("ray.tune.execution.tune_controller",
+    # Tune's "Resume experiment with: Tuner.restore(...)" after Ctrl-C is not how this sweep resumes: the summary
+    # says how.
+    quiet = [logging.getLogger(name) for name in ("ray.tune.tune", "ray.tune.execution.tune_controller",
                                                   "ray.tune.analysis.experiment_analysis",
                                                   "ray.tune.execution.experiment_state")]
     levels = [log.level for log in quiet]
@@ -205,9 +348,10 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     return {run.run_id: callback.errors[t.key] for t in trials if t.key in callback.errors for run in t.runs}
 
 
-def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str], errors: dict[str, str],
-             out: Callable[[str], None], command: str) -> SweepOutcome:
-    rows = {r.run_id: read_run(spec.results_dir, spec.name, r.run_id) or {} for r in runs}
+def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str], not_started: list[str],
+             errors: dict[str, str], out: Callable[[str], None], command: str) -> SweepOutcome:
+    found = recorded_rows(spec, runs)
+    rows = {r.run_id: found.get(r.run_id, {}) for r in runs}
     failed = {rid: (row.get("error") or "unknown error") for rid, row in rows.items()
               if row.get("status") == "failed" and rid not in interrupted}
     # a failure the results dir could not record (disk full) is a failure all the same
@@ -216,11 +360,12 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
     finished = sum(1 for row in rows.values() if row.get("status") == "finished")
     table = summary_table(spec.results_dir, spec.name)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
-                           interrupted=interrupted, table=table)
+                           interrupted=interrupted, not_started=not_started, table=table)
     out("")
     out(table)
     out("")
-    out(f"{finished}/{len(runs)} runs finished, {len(failed)} failed, {len(interrupted)} interrupted")
+    out(f"{finished}/{len(runs)} runs finished, {len(failed)} failed, {len(interrupted)} interrupted, "
+        f"{len(not_started)} not started")
     if failed:
         out("errors:")
         for error, count in _count(failed.values()):
@@ -240,4 +385,5 @@ def _count(errors: Any) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
-__all__ = ["run_sweep", "SweepOutcome", "NoGPU"]
+__all__ = ["run_sweep", "SweepOutcome", "NoGPU", "SharedStorageError", "SweepLocked", "NeedsConfirmation",
+           "LARGE_SWEEP"]

@@ -30,10 +30,14 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
-from orchestrator.registry import canonical_dataset, dataset_card, dataset_key, method_card, method_names
+from orchestrator.registry import canonical_dataset, dataset_key, method_card, method_names
+
+# A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
+# is refused: it used to run random weights without a word). Runs store it as their `pretrained`.
+RANDOM_WEIGHTS = "random"
 
 # 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
-VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*)$"
+VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*|crops[0-9]*)$"
 
 
 # ------------------------------------------------------------------------------------------ model helpers
@@ -73,8 +77,9 @@ class Resources(_Strict):
 
 
 class Backbone(_Strict):
-    """An open_clip model with a pretrained tag (e.g. openai), a local checkpoint file, or neither (random
-    weights). `config`: a custom open_clip model config JSON named <model>.json, registered in every trial
+    """An open_clip model with a pretrained tag (e.g. openai), a local checkpoint file, or `pretrained: random`
+    (random weights, said explicitly; giving neither is refused by the checks). `config`: a custom open_clip
+    model config JSON named <model>.json, registered in every trial
     process; `quick_gelu`: override the activation (None: decided by orchestrator.clip)."""
 
     model: StrictStr
@@ -241,13 +246,14 @@ def current_spec_model() -> type[SweepSpec]:
     return spec_model(tuple(method_names()))
 
 
-def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> str:
-    """'single' or 'augmix' for a dataset: its own setting, else the spec's, where 'protocol' means the
-    public protocol (AugMix views for ImageNet-A/-V2/-R/-Sketch, a single view elsewhere)."""
+def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, method: str) -> str:
+    """The views a method runs on for a dataset: the dataset's own setting, else the spec's, where 'protocol'
+    means the method's official protocol on that dataset (its card: e.g. AugMix for BCA on ImageNet-A/-V2/-R/
+    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet)."""
     if isinstance(dataset, SyntheticDataset):
         return "single"
     choice = dataset.views or spec.views
-    return dataset_card(dataset.name).views if choice == "protocol" else choice
+    return method_card(method).protocol_views(dataset.name) if choice == "protocol" else choice
 
 
 def spec_fingerprint(spec: SweepSpec) -> str:

@@ -28,7 +28,7 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -50,6 +50,13 @@ FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
 _MEMO_SIZE = 2
 _MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
+# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images) or
+# 'adapting' (samples). The runner forwards it to the driver's progress lines.
+Progress = Callable[[str, int, int], None]
+
+
+def _silent(stage: str, done: int, total: int) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Settings:
     part_rows: int
     failpoint: str | None = None  # see the module docstring
     plugins: tuple[str, ...] = ()  # modules registering plugin methods, imported in each trial process
+    progress_every_s: float = 30.0  # how often a running trial tells the driver how far it got
 
 
 @dataclass
@@ -69,7 +77,7 @@ class Stream:
     """A data source ready to run, everything in stream order."""
 
     features: torch.Tensor               # [n, d]: the single view, or the AugMix views' selected mean
-    view_features: torch.Tensor | None   # [n, V, d] for methods voting over views (zero); None without views
+    view_features: torch.Tensor | None   # [n, V, d] for runs that take views (`wants_views`); else None
     labels: torch.Tensor                 # [n] int64, -1 for an OOD sample
     image_ids: list[str]
     order: torch.Tensor                  # [n] int64: index of each stream position in its source dataset
@@ -81,12 +89,14 @@ class Stream:
     num_classes: int
     encode_s: float                      # encoder time spent producing these features in this process
     skipped: list[dict[str, str]]        # unreadable images left out of the stream: {image_id, reason}
+    fingerprint: str | None = None       # the real dataset's image list (ImageList.fingerprint, 16 hex)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
 
-def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool) -> Benchmark:
+def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool,
+               progress: Progress) -> Benchmark:
     """One dataset of a source as a Benchmark in dataset order: generated, or read through the feature cache."""
     if source.is_synthetic:
         from orchestrator.data.synthetic import synthesize
@@ -100,19 +110,21 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         register_model_config(source.model_config)
     return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
-                          seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views)
+                          seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
+                          progress=lambda done, total: progress("encoding", done, total))
 
 
-def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> Stream:
+def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
     protocol = source.protocol()
     # views are reduced against the run's label space, which a held-out split changes: keep them until then
     reduce_views = not keep_views and not isinstance(protocol, Contaminated)
-    bench = _benchmark(source, source.dataset, settings, reduce_views)
-    others = tuple(_benchmark(source, name, settings, reduce_views) for name in source.others)
+    bench = _benchmark(source, source.dataset, settings, reduce_views, progress)
+    others = tuple(_benchmark(source, name, settings, reduce_views, progress) for name in source.others)
     benches = (bench, *others)
     encode_s = sum(getattr(b, "encode_seconds", 0.0) for b in benches)
     skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
     arranged = arrange(bench, protocol, source.order_seed, others=others, split_seed=source.seed)
+    listing = getattr(bench, "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
     device = auto_device()
     features = arranged.features.to(device)
     class_embeddings = arranged.class_embeddings.to(device)
@@ -129,17 +141,20 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool) -> S
     return Stream(features=features, view_features=view_features, labels=arranged.labels,
                   image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
                   is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=class_embeddings,
-                  class_ids=class_ids, num_classes=num_classes, encode_s=encode_s, skipped=skipped)
+                  class_ids=class_ids, num_classes=num_classes, encode_s=encode_s, skipped=skipped,
+                  fingerprint=listing[:16] or None)
 
 
-def load_stream(source: DataSource, settings: Settings, keep_views: bool = False) -> tuple[Stream, bool]:
-    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for zero);
+def load_stream(source: DataSource, settings: Settings, keep_views: bool = False,
+                progress: Progress = _silent) -> tuple[Stream, bool]:
+    """(stream, was it already in this process's memo). `keep_views`: also hold every AugMix view (for runs
+    that take views: zero, tda, tda_pa, the BCA family's view_selection='adaptive');
     otherwise only the confident-view means are built, without a float32 copy of all views."""
     key = (source, keep_views)
     if key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key], True
-    stream = _build_stream(source, settings, keep_views)
+    stream = _build_stream(source, settings, keep_views, progress)
     _MEMO[key] = stream
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
@@ -270,13 +285,39 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": None if peak is None else peak.mb(),
-               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped)}
+               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped),
+               "data_fingerprint": stream.fingerprint}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
 
 
-def _features_for(method: str, stream: Stream) -> torch.Tensor:
-    return stream.view_features if method_card(method).takes_views else stream.features
+def _wants_views(config: dict[str, Any]) -> bool:
+    return method_card(config["method"]).wants_views(config["hparams"])
+
+
+def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
+    """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
+    stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
+    means)."""
+    if stream.view_features is not None and _wants_views(config):
+        return stream.view_features
+    return stream.features[:, None] if method_card(config["method"]).takes_views else stream.features
+
+
+def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) -> str | None:
+    """For an error a retry would meet again (a dataset folder missing or empty, weights not on this machine, a
+    bad value): record it on the trial's unfinished runs and return its text, so the trial reports a failure
+    instead of raising and being retried max_failures times. None for any other error (retried)."""
+    from orchestrator.clip.backbone import WeightsNotFoundError
+    from orchestrator.data.datasets import DatasetLayoutError
+
+    if not isinstance(exc, (DatasetLayoutError, WeightsNotFoundError, ValueError, TypeError)):
+        return None
+    for run in trial.runs:
+        writer = RunWriter(settings.results_dir, run.config)
+        if not writer.complete():
+            _mark_failed(writer, exc)
+    return _error_text(exc)
 
 
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
@@ -290,7 +331,7 @@ def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                peak: PeakMemory | None = None) -> dict[str, Any]:
+                peak: PeakMemory | None = None, progress: Progress = _silent) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -299,7 +340,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         config = run.config
         method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
                              **_method_hparams(config, len(stream)))
-        features = _features_for(config["method"], stream)
+        features = _features_for(config, stream)
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
         for start in range(0, len(stream), settings.part_rows):
@@ -307,6 +348,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             trace = method.run(features[start:start + settings.part_rows])
             labels = stream.labels[start:start + settings.part_rows]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
+            progress("adapting", min(start + settings.part_rows, len(stream)), len(stream))
         return _finish(run, writer, sink, outcome, stream, encode_s, peak)
     except BaseException as exc:
         _mark_failed(writer, exc)
@@ -323,10 +365,18 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     for writer in writers:
         writer.mark("running", n_samples=len(stream))
     try:
-        features = _features_for(runs[0].config["method"], stream)
-        configs = [{"method": run.config["method"], **_method_hparams(run.config, len(stream))} for run in runs]
+        # Runs that take views and runs that take their means go in two passes, each run given its own kind.
+        traces: list[Any] = [None] * len(runs)
         began = time.perf_counter()
-        traces = run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+        for wants in (False, True):
+            picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
+            if picked:
+                configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
+                           for i in picked]
+                features = _features_for(runs[picked[0]].config, stream)
+                for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
+                                                            stream.num_classes, configs)):
+                    traces[i] = trace
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
@@ -342,16 +392,18 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         raise
 
 
-def execute_trial(trial: Trial, settings: Settings) -> list[dict[str, Any]]:
-    """Run every run of a trial that is not finished yet; returns one metrics dict per run executed."""
-    todo = [run for run in trial.runs if RunWriter(settings.results_dir, run.config).status() != "finished"]
+def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent) -> list[dict[str, Any]]:
+    """Run every run of a trial that is not complete yet (a finished run whose rows went missing is run again
+    from its last complete part); returns one metrics dict per run executed. `progress` hears how far encoding
+    and (for a single run) adapting got."""
+    todo = [run for run in trial.runs if not RunWriter(settings.results_dir, run.config).complete()]
     if not todo:
         return []
     load_plugins(settings.plugins)
-    keep_views = any(method_card(run.config["method"]).takes_views for run in todo)
+    keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
-        stream, cached = load_stream(trial.source, settings, keep_views)
+        stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         if len(todo) > 1:
             return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak)
-        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak)]
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress)]

@@ -99,8 +99,8 @@ def test_results_dir_under_a_file_for_bca_sweep(tmp_path, capsys, ledger):
     blocker.write_text("a file where a directory should be")
     code = sweep_command(write_spec(tmp_path, results=blocker / "results"))
     err = capsys.readouterr().err
-    # refused at load (the sweep record under it cannot be read) or at the first write: either way, named
-    assert code in (1, 2) and str(blocker / "results") in err and "Not a directory" in err, err
+    # refused at validation, naming the field and the file in the way
+    assert code == 2 and f"results_dir: {blocker / 'results'} lies under {blocker}, which is a file" in err, err
     assert "Traceback" not in err
     ledger.fault("bca sweep into a results dir whose parent is a file")
 
@@ -212,7 +212,7 @@ def test_unreadable_results_dir_for_readers(tmp_path, ledger):
     q = CliRunner().invoke(app, ["query", "SELECT count(*) AS n FROM samples", "--results", str(blocker), "--csv"])
     v = CliRunner().invoke(app, ["verify", str(blocker)])
     assert q.exception is None or isinstance(q.exception, SystemExit), q.exception
-    assert q.exit_code == 0 and q.stdout.split() == ["n", "0"]
-    assert v.exit_code == 2 and "does not exist" in v.stderr
+    assert q.exit_code == 2 and f"results dir {blocker} is a file, not a directory" in q.stderr
+    assert v.exit_code == 2 and f"results dir {blocker} is a file, not a directory" in v.stderr
     ledger.bad_input("results path that is a file (query, verify)", "error")
 

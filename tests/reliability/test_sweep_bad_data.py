@@ -2,7 +2,8 @@
 whose folder holds nothing, in one spec on the package's Ray session (a tiny open_clip model, random weights).
 
 The dataset with bad images finishes with its readable images (the skips recorded in the cache's manifest);
-the empty one fails with an error naming its folder while every other run finishes; the two trials on the
+the one whose folder was emptied after validation fails at once (no retries) with an error naming its folder
+while every other run finishes; the two trials on the
 same (backbone, dataset) encode the images once between them; and a finished run replays exactly from its
 recorded stream order and the cached features.
 """
@@ -10,6 +11,7 @@ recorded stream order and the cached features.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +44,7 @@ def bad_data_sweep(ray_session, tmp_path_factory):
     bad = {images.image_ids[1]: b"", images.image_ids[6]: b"<html>not an image</html>"}
     for image_id, content in bad.items():
         (data / image_id).write_bytes(content)
-    (data / "eurosat").mkdir()  # named in the spec, nothing inside
+    build_dataset("eurosat", data, num_classes=3, per_class=2)  # valid at validation, emptied before the run
     config = base / f"{TINY_VIT}.json"
     config.write_text(json.dumps(TINY_CONFIGS[TINY_VIT]))
     spec = {
@@ -50,20 +52,23 @@ def bad_data_sweep(ray_session, tmp_path_factory):
         "results_dir": "results",
         "data_root": "data",
         "cache_dir": "cache",
-        "backbones": [{"model": TINY_VIT, "config": str(config)}],
+        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
         "datasets": ["dtd", "eurosat"],
         "views": "single",
         "methods": [{"method": "clip"}, {"method": "bca", "tau": 0.3, "n1": 5, "n2": 2}],
         "seeds": [3],
         "resources": {"cpus": 1},
         "part_rows": 4,
-        "max_failures": 0,
+        "max_failures": 2,  # a missing folder is deterministic: failed at once, never retried
     }
     spec_path = base / "bad-data.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     lines: list[str] = []
-    outcome = run_sweep(load_spec(spec_path), out=lines.append)
-    return load_spec(spec_path), outcome, lines, images, bad
+    loaded = load_spec(spec_path)
+    shutil.rmtree(data / "eurosat")
+    (data / "eurosat").mkdir()
+    outcome = run_sweep(loaded, out=lines.append)
+    return loaded, outcome, lines, images, bad
 
 
 def test_the_empty_dataset_fails_alone_and_names_its_folder(bad_data_sweep, ledger):
@@ -71,6 +76,7 @@ def test_the_empty_dataset_fails_alone_and_names_its_folder(bad_data_sweep, ledg
     runs = expand(spec)
     eurosat = {r.run_id for r in runs if r.config["dataset"] == "eurosat"}
     assert set(outcome.failed) == eurosat and outcome.finished == len(runs) - len(eurosat), lines
+    assert not any(line.startswith("retry:") for line in lines), lines
     for run_id in eurosat:
         error = read_run(spec.results_dir, spec.name, run_id)["error"]
         assert "EuroSAT" in error and "split_zhou_EuroSAT.json does not exist" in error, error

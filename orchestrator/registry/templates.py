@@ -1,0 +1,5 @@
+"""The names of the prompt template sets (what each holds is `orchestrator.clip.prompts`): plain data, so a
+spec's `templates` is checked without importing the CLIP stack."""
+
+TEMPLATE_SET_NAMES = ("dataset", "ensemble7", "clip80", "handcrafted1", "handcrafted2", "handcrafted3", "handcrafted4",
+                      "cupl")

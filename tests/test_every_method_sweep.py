@@ -1,0 +1,74 @@
+"""Every registered method through a Ray sweep: on a synthetic scenario (the methods that run on a single view)
+and on a tiny real dataset with the tiny open_clip model, where `views: protocol` gives each method its
+official view kind (AugMix for TDA, DOTA, DPE, Zero and the BCA family; random resized crops for MTA,
+BoostAdapter, TPS and DMN-ZS), both kinds encoded once each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import registry
+from orchestrator.results.verify import verify_results
+from orchestrator.results.writer import read_run
+from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.plan import expand
+from orchestrator.sweep.runner import run_sweep
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def _needs_views(card: registry.MethodCard) -> bool:
+    return card.takes_views and card.view_scope == "all" and not card.single_view_datasets
+
+
+def _sweep(path: Path, spec: dict) -> tuple[object, list]:
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    outcome = run_sweep(loaded, out=lambda line: None)
+    assert outcome.ok, outcome.failed
+    runs = expand(loaded)
+    assert verify_results(loaded.results_dir).ok
+    for run in runs:
+        assert read_run(loaded.results_dir, loaded.name, run.run_id)["status"] == "finished", run.label
+    return loaded, runs
+
+
+def test_every_single_view_method_on_a_synthetic_scenario(ray_session, tmp_path):
+    methods = [c.name for c in registry.method_cards() if not _needs_views(c)]
+    assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter"} <= set(methods)
+    _, runs = _sweep(tmp_path / "synthetic.yaml", {
+        "name": "every-synthetic", "results_dir": "results",
+        "datasets": [{"synthetic": "label_shift", "n": 300, "num_classes": 5, "dim": 16}],
+        "methods": [{"method": m} for m in methods], "seeds": [1], "resources": {"cpus": 1}, "part_rows": 100})
+    assert sorted(r.config["method"] for r in runs) == sorted(methods)
+
+
+def test_every_method_on_a_tiny_real_dataset_with_its_official_views(ray_session, tmp_path):
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+
+    build_dataset("imagenet-a", tmp_path / "data", num_classes=3, per_class=3)
+    config = write_model_config(TINY_VIT, tmp_path / "models")
+    methods = registry.method_names()
+    spec, runs = _sweep(tmp_path / "real.yaml", {
+        "name": "every-real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+        "datasets": ["imagenet-a"], "views": "protocol",
+        "methods": [{"method": m} for m in methods], "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4})
+    assert sorted(r.config["method"] for r in runs) == sorted(methods)
+    views = {r.config["method"]: r.config["views"] for r in runs}
+    for name in methods:
+        assert views[name] == registry.method_card(name).protocol_views("imagenet-a")
+    assert {"augmix", "crops"} <= set(views.values())  # both view kinds were encoded and run
+    caches = {p.parent.name for p in Path(spec.cache_dir).rglob("manifest.json")}
+    assert len(caches) >= 2

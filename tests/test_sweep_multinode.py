@@ -1,0 +1,202 @@
+"""The README's cluster workflow on a real multi-node Ray cluster on this machine (tests/ray_cluster.py: a head
+with no CPUs or GPUs, two worker nodes with a fake GPU each), driven with Ray's own CLI as a user drives it:
+`ray job submit` of the README's command, `ray job logs --follow`, `ray job stop`, and faults: a worker node
+killed mid-sweep, the job stopped and resubmitted after the head restarted.
+
+The layout is the one cluster.yaml builds: a checkout at ~/bca (HOME is the test's) whose results and cache
+point into one shared directory (EFS or NFS on a real cluster). Every outcome is checked against the same spec
+run locally without Ray: the same rows, the same runs table, nothing lost or duplicated (`verify`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from orchestrator.results.verify import verify_results
+from orchestrator.results.writer import read_run
+from orchestrator.sweep.plan import expand, make_trials
+from orchestrator.sweep.runner import settings_of
+from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
+from ray_cluster import LocalCluster, cluster_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[1]
+N, PART = 400, 100
+VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb",
+            "host", "versions", "started_at", "finished_at", "updated_at"}
+
+
+def readme_submit_command() -> str:
+    """Step 4 of the README's cluster section, verbatim."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Sweeps on a Ray cluster", 1)[1].split("\n## ", 1)[0]
+    (command,) = re.findall(r"`(ray job submit [^`]+)`", section)
+    return command
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two worker nodes and a head; ~/bca is a checkout whose results/ and cache/ point into shared storage."""
+    root = Path(tempfile.mkdtemp(prefix="bca-cluster-", dir="/tmp"))  # short: Ray's socket paths live under it
+    home, shared = root / "home", root / "efs"
+    checkout = home / "bca"
+    (checkout / "experiments").mkdir(parents=True)
+    for name in ("results", "cache"):
+        (shared / name).mkdir(parents=True)
+        (checkout / name).symlink_to(shared / name)
+    (checkout / ".venv").symlink_to(sys.prefix)
+    ray_cluster = LocalCluster(root / "ray", cluster_env(home, REPO))
+    try:
+        ray_cluster.start_head()
+        ray_cluster.add_worker()
+        ray_cluster.add_worker()
+        yield ray_cluster, checkout
+    finally:
+        ray_cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def write_spec(checkout: Path, name: str) -> Path:
+    """A tiny synthetic spec in the checkout's experiments/, with the shipped specs' relative paths."""
+    path = checkout / "experiments" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": name, "results_dir": "../results", "cache_dir": "../cache",
+        "datasets": [{"synthetic": "label_shift", "n": N, "num_classes": 5, "dim": 16}],
+        "methods": [{"method": "clip"}, {"method": "bca", "n1": 50}], "seeds": [1, 2],
+        "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": PART, "max_failures": 2}))
+    return path
+
+
+def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None) -> str:
+    """The README's `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
+    A failpoint reaches the job through Ray's runtime env, the one addition to the README's command."""
+    command = readme_submit_command().replace("http://127.0.0.1:8265", cluster.dashboard)
+    command = command.replace("experiments/paper_ood.yaml", f"experiments/{spec.name}")
+    if failpoint:
+        env = json.dumps({"env_vars": {FAILPOINT_ENV: failpoint}})
+        command = command.replace(" --no-wait ", f" --no-wait --runtime-env-json '{env}' ")
+    done = subprocess.run(command, shell=True, env=cluster.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"raysubmit_\w+", done.stdout + done.stderr).group(0)
+
+
+def follow(cluster: LocalCluster, job: str) -> tuple[str, str]:
+    """README step 5: `ray job logs --follow` until the job ends; returns (its logs, its final status)."""
+    from ray.job_submission import JobSubmissionClient
+
+    logs = cluster.ray("job", "logs", "--address", cluster.dashboard, "--follow", job)
+    return logs.stdout, str(JobSubmissionClient(cluster.dashboard).get_job_status(job).value)
+
+
+def wait_for(path: Path, timeout: float = 180) -> str:
+    """The text of a failpoint's flag file (the pid of the trial process that fired it), once written."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+    return path.read_text()
+
+
+def local_reference(spec_path: Path, directory: Path) -> tuple[dict, dict]:
+    """The same spec run locally in this process without Ray: (rows by run, runs-table rows by run)."""
+    spec = load_spec(spec_path)
+    spec = spec.model_copy(update={"results_dir": str(directory)})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a Ray trial of 1 CPU (OMP_NUM_THREADS=1)
+    try:
+        for trial in make_trials(expand(spec), 1):
+            execute_trial(trial, settings_of(spec))
+    finally:
+        torch.set_num_threads(threads)
+    return outcome(spec_path, directory)
+
+
+def outcome(spec_path: Path, results_dir: Path) -> tuple[dict, dict]:
+    """(run_id -> its sample rows in stream order, run_id -> its runs-table row without timings and hosts)."""
+    spec = load_spec(spec_path)
+    rows, runs = {}, {}
+    for run in expand(spec):  # the shared results dir holds other sweeps too
+        parts = sorted(Path(results_dir).glob(f"samples/*/*/*/*/run_id={run.run_id}/part-*.parquet"))
+        rows[run.run_id] = [row for part in parts for row in pq.read_table(part).to_pylist()]
+        assert [r["sample_idx"] for r in rows[run.run_id]] == list(range(N)), run.label
+        row = read_run(results_dir, spec.name, run.run_id)
+        runs[run.run_id] = {k: v for k, v in row.items() if k not in VOLATILE}
+    return rows, runs
+
+
+def final_results(results_dir: Path, sweep: str) -> dict[str, dict]:
+    """run_id -> the final result its trial reported (with the id of the node it ran on), from Tune's
+    result.json files in shared storage."""
+    finals = {}
+    for result in (results_dir / "tune").glob(f"{sweep}_*/*/result.json"):
+        for line in result.read_text().splitlines():
+            record = json.loads(line)
+            if "node_id" in record and "run_id" in record:
+                finals[record["run_id"]] = record
+    return finals
+
+
+def assert_same_as_local(spec_path: Path, shared_results: Path, tmp_path: Path) -> None:
+    spec = load_spec(spec_path)
+    assert outcome(spec_path, shared_results) == local_reference(spec_path, tmp_path / "local")
+    report = verify_results(shared_results)
+    assert report.ok, report.problems
+    assert {r.run_id for r in expand(spec)} <= set(final_results(shared_results, spec.name))
+
+
+def test_readme_job_submit_runs_the_sweep_on_the_worker_nodes(cluster, tmp_path):
+    ray_cluster, checkout = cluster
+    spec = write_spec(checkout, "flow")
+    logs, status = follow(ray_cluster, submit(ray_cluster, spec))
+    assert status == "SUCCEEDED", logs
+    assert "4/4 runs finished, 0 failed" in logs and "[4/4]" in logs
+    results = (checkout / "results").resolve()
+    assert_same_as_local(spec, results, tmp_path)
+    ran_on = {r["node_id"] for r in final_results(results, "flow").values()}
+    assert ran_on <= {w.node_id for w in ray_cluster.workers} and ray_cluster.head.node_id not in ran_on
+
+
+def test_a_worker_node_killed_mid_sweep_loses_and_duplicates_nothing(cluster, tmp_path):
+    ray_cluster, checkout = cluster
+    spec = write_spec(checkout, "nodekill")
+    flag = tmp_path / "stalled"
+    job = submit(ray_cluster, spec, failpoint=f"stall:1:{flag}")
+    victim = ray_cluster.node_of(int(wait_for(flag)))  # the node of the trial stalled after its first part
+    victim.kill()  # its raylet, workers and agents, by pid
+    logs, status = follow(ray_cluster, job)
+    assert status == "SUCCEEDED", logs
+    assert "retry:" in logs and f"resumed at row {PART}" in logs and "4/4 runs finished" in logs
+    results = (checkout / "results").resolve()
+    assert_same_as_local(spec, results, tmp_path)
+    (resumed,) = [r for r in final_results(results, "nodekill").values() if r["resumed_from"] == PART]
+    assert resumed["node_id"] != victim.node_id and resumed["node_id"] in {w.node_id for w in ray_cluster.workers}
+
+
+def test_job_stopped_then_resubmitted_after_a_head_restart_resumes(cluster, tmp_path):
+    ray_cluster, checkout = cluster
+    spec = write_spec(checkout, "stopped")
+    flag = tmp_path / "stalled"
+    job = submit(ray_cluster, spec, failpoint=f"stall:1:{flag}")
+    wait_for(flag)
+    stopped = ray_cluster.ray("job", "stop", "--address", ray_cluster.dashboard, job)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert follow(ray_cluster, job)[1] == "STOPPED"
+    ray_cluster.restart(workers=1)
+    logs, status = follow(ray_cluster, submit(ray_cluster, spec))  # the same command again
+    assert status == "SUCCEEDED", logs
+    assert f"resumed at row {PART}" in logs and "4/4 runs finished" in logs
+    assert_same_as_local(spec, (checkout / "results").resolve(), tmp_path)
