@@ -116,11 +116,12 @@ class _Caches:
         return enter
 
     def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """exp(-beta (1 - f . key)) per stream over the filled pool prefix [G, used], zero for empty rows."""
+        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used]. A cache with
+        fewer rows leaves the rest as they started, class K (a dropped column) and zero values, so their
+        weights add nothing."""
         used = int(self.used.max())
         affinity = self.keys[:, :used] @ f
-        weights = torch.exp(-1.0 * (beta - beta * affinity[group]))
-        return torch.where(self.cls[group, :used] < self.K, weights, torch.zeros_like(weights)), used
+        return torch.exp(-1.0 * (beta - beta * affinity[group])), used
 
     def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
         """Cache h in TDA's layout ([K, shot, ...], zeros and inf where empty), as `ClassCache.state` gives it."""
@@ -245,10 +246,11 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
             if prior.count == prior.block or i == n - 1:
                 prior.flush(posteriors, i + 1 - prior.count)
     timings = _split_timings(timer, G)
+    # The streams of one cache share its final state (one copy per cache).
+    caches = [{**pos.state(h, t[1], "pos"), **neg.state(h, t[2], "neg")} for h, t in enumerate(distinct)]
     traces = []
-    for g, method in enumerate(methods):
-        h = int(group[g])
-        state = {**pos.state(h, method.hp["pos_shot"], "pos"), **neg.state(h, method.hp["neg_shot"], "neg")}
+    for g in range(G):
+        state = dict(caches[int(group[g])])
         if with_prior:
             state.update(V=prior.V[g].clone(), C2=prior.C2[g].clone())
         traces.append(Trace(posteriors[g], selected[g], gated[g], gated_prior[g], state=state,
