@@ -19,6 +19,10 @@ follows an untimed warm-up of the same call (a sweep worker is long-lived: the w
 output memory mapped once; on a VM the first touch of fresh memory alone costs ~15 us per 4 KB posterior
 row). Timings are wall-clock; on a shared machine they are noisy, so compare the ratios within a row. The load average at
 start and end is printed with the table.
+
+`--repeat R` adds the spread: the single-config engine run R times at each product thread count (1, 2),
+with `--load` while a competing process keeps one core busy, reported as median, min and max samples/s
+(the engine's default is one product thread: intra-op threads wait at barriers when a core is taken).
 """
 
 from __future__ import annotations
@@ -121,6 +125,46 @@ def measure(K: int, d: int, n: int, naive_n: int, multi_n: int, groups: tuple[in
                multi, peak)
 
 
+def _busy() -> None:
+    """A competing load: one core kept busy with float work until terminated."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((256, 256))
+    while True:
+        a = np.tanh(a @ a.T / 256)
+
+
+def spread(K: int, d: int, n: int, repeat: int, device: str) -> dict[int, list[float]]:
+    """samples/s of R single-config engine runs per product thread count (each after one warm-up)."""
+    import torch
+
+    from orchestrator.data.synthetic import make_synthetic
+    from orchestrator.methods import make_method
+    from orchestrator.methods.engine import run_bca_blocked
+
+    bench = make_synthetic("iid", num_classes=K, dim=d, n=n, seed=0)
+    feats, emb, ids = (t.to(device) for t in (bench.features, bench.class_embeddings, bench.class_ids))
+    method = make_method("bca", emb, ids, K, **BCA_OOD)
+    out = {}
+    for threads in (1, 2):
+        run_bca_blocked(feats, method.state, ids, K, method.config, product_threads=threads)
+        rates = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            run_bca_blocked(feats, method.state, ids, K, method.config, product_threads=threads)
+            rates.append(n / (time.perf_counter() - start))
+        out[threads] = rates
+    return out
+
+
+def format_spread(rates: dict[int, list[float]]) -> str:
+    lines = ["| product threads | median /s | min /s | max /s | max / min |", "|---:|---:|---:|---:|---:|"]
+    for threads, r in rates.items():
+        r = sorted(r)
+        lines.append(f"| {threads} | {r[len(r) // 2]:,.0f} | {r[0]:,.0f} | {r[-1]:,.0f} | {r[-1] / r[0]:.1f} |")
+    return "\n".join(lines)
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -153,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d", type=int, nargs="+", default=[512, 768])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--repeat", type=int, default=0,
+                        help="also run the single-config engine this many times per product thread count "
+                             "(K and d: the first of --K / --d) and print the spread")
+    parser.add_argument("--load", action="store_true", help="keep one core busy during the --repeat runs")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else FULL
     n = args.n or preset["n"]
@@ -173,6 +221,20 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(pool.apply(measure, (K, d, n, naive_n, multi_n, groups, args.device, args.threads)))
             print(f"  done K={K} d={d}", flush=True)
     print(format_table(rows, groups))
+    if args.repeat:
+        ctx_load = ctx.Process(target=_busy, daemon=True) if args.load else None
+        if ctx_load is not None:
+            ctx_load.start()
+        try:
+            with ctx.Pool(1) as pool:
+                rates = pool.apply(spread, (args.K[0], args.d[0], n, args.repeat, args.device))
+        finally:
+            if ctx_load is not None:
+                ctx_load.terminate()
+                ctx_load.join()
+        print(f"spread of {args.repeat} single-config engine runs, K={args.K[0]} d={args.d[0]} n={n}"
+              f"{', one core kept busy by a competing process' if args.load else ''}:")
+        print(format_spread(rates))
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
 

@@ -1,8 +1,15 @@
-"""The engine benchmark script runs end to end and reports agreement (a smoke run, not a timing test)."""
+"""The benchmark scripts run end to end and report agreement (smoke runs, not timing tests)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from benchmarks import engine as engine_benchmark
+from benchmarks import methods as methods_benchmark
+from orchestrator.registry import method_cards
 
 
 def test_engine_benchmark_quick_run_prints_an_agreeing_table(capsys):
@@ -14,3 +21,30 @@ def test_engine_benchmark_quick_run_prints_an_agreeing_table(capsys):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[1] == "16" and cells[6].startswith("yes"), cells
     assert all(float(c.rstrip("x").replace(",", "")) > 0 for c in cells[2:6] + cells[7:]), cells
+
+
+def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
+    methods_benchmark.main(["--quick", "--n", "20"])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in out.splitlines() if line.startswith("| ") and "method" not in line}
+    assert set(rows) == {card.label for card in method_cards()}, out
+    lockstep = [cells for cells in rows.values() if cells[3] != "-"]
+    assert len(lockstep) >= 3 and all(cells[-1].startswith("yes") for cells in lockstep), out
+
+
+def test_gpu_check_quick_runs_without_ray_duckdb_open_clip_pydantic():
+    """`python -m benchmarks.gpu --quick` on the CPU with those modules made unimportable: exit 0, every exactness
+    line ok, and the parts that need them say what to carry."""
+    code = ("import sys\n"
+            "for m in ('ray', 'duckdb', 'open_clip', 'pydantic'):\n"
+            "    sys.modules[m] = None\n"
+            "from benchmarks import gpu\n"
+            "sys.exit(gpu.main(['--quick']))\n")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    exact = [line for line in done.stdout.splitlines() if line.startswith("  engine") or line.startswith("  lockstep")]
+    assert len(exact) >= 6 and all(" ok " in line for line in exact), done.stdout
+    assert "skipped: the sweep needs 'pydantic'" in done.stdout and "exact: all checks passed" in done.stdout

@@ -318,3 +318,22 @@ def test_cuda_matches_cpu():
     on_cpu = Trace(gpu.posteriors.cpu(), gpu.selected.cpu(), gpu.gated.cpu(), gpu.gated_prior.cpu(),
                    state={k: v.cpu() for k, v in gpu.state.items()})
     assert_exact(cpu, on_cpu)
+
+
+@pytest.mark.parametrize("product_threads", [1, 2])
+def test_product_threads_change_only_the_thread_count(product_threads, torch_threads):
+    """A single group's products run on `product_threads` threads (default one: no barrier to wait at when
+    the other core is busy); the results equal the reference either way and torch's setting is restored."""
+    torch_threads(2)
+    hparams = {"tau": 0.4, "n1": 2, "n2": 1}
+    state, cfg = setup(SHORT, "bca", hparams)
+    got = run_bca_blocked(SHORT.features, state, SHORT.class_ids, SHORT.num_classes, cfg, block=16,
+                          product_threads=product_threads)
+    assert torch.get_num_threads() == 2
+    assert_exact(reference(SHORT, "bca", hparams), got)
+
+
+def test_product_threads_must_be_positive():
+    state, cfg = setup(SHORT, "bca", {})
+    with pytest.raises(ValueError, match="product_threads must be a positive integer, got 0"):
+        run_bca_blocked(SHORT.features, state, SHORT.class_ids, SHORT.num_classes, cfg, product_threads=0)

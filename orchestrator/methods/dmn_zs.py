@@ -85,10 +85,9 @@ class DMNZeroShot(Method):
         self.entropy[k, slot] = h
         return True
 
-    def _step(self, views: torch.Tensor, timer: StageTimer) -> tuple[torch.Tensor, int, bool]:
-        """One sample: (posterior [K], pseudo-label, whether the memory changed)."""
+    def observe(self, views: torch.Tensor, timer: StageTimer) -> tuple[torch.Tensor, int, bool]:
+        """Steps 1-3 for one sample: (the original view's text posterior p_0 [K], pseudo-label, memory changed)."""
         hp = self.hp
-        x0 = views[0]
         with timer("logits"):
             probs = torch.softmax(hp["logit_scale"] * views @ self.text.T, dim=-1)
             entropy = -(probs * torch.log(probs + 1e-6)).sum(-1)
@@ -97,7 +96,14 @@ class DMNZeroShot(Method):
             label = int(mean_prob.argmax())
             h = -(mean_prob * torch.log(mean_prob + 1e-8)).sum()
         with timer("update"):
-            written = self._write(label, F.normalize(x0, dim=0), h)
+            written = self._write(label, F.normalize(views[0], dim=0), h)
+        return probs[0], label, written
+
+    def _step(self, views: torch.Tensor, timer: StageTimer) -> tuple[torch.Tensor, int, bool]:
+        """One sample: (posterior [K], pseudo-label, whether the memory changed)."""
+        hp = self.hp
+        x0 = views[0]
+        text_posterior, label, written = self.observe(views, timer)
         with timer("posterior"):
             query = F.normalize(x0, dim=0)
             memory = self.memory[:, :self.depth]
@@ -105,7 +111,7 @@ class DMNZeroShot(Method):
             memory_weight = torch.exp(-hp["beta"] * (1.0 - memory @ query))
             read = text_weight[:, None] * self.text + torch.einsum("kj,kjd->kd", memory_weight, memory)
             p_memory = torch.softmax(hp["logit_scale"] * F.normalize(read, dim=1) @ x0, dim=0)
-            post = (probs[0] + hp["memory_weight"] * p_memory) / (1.0 + hp["memory_weight"])
+            post = (text_posterior + hp["memory_weight"] * p_memory) / (1.0 + hp["memory_weight"])
         return post, label, written
 
     def _run(self, features: torch.Tensor) -> Trace:

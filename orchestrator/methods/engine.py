@@ -35,9 +35,12 @@ whose U never adapts and starts equal, and those whose U adapts by the same rule
 update, select_on='likelihood'), since then each sample's row, confidence and likelihood gate come from
 the logits alone. A tau / n1 / n2 sweep thus computes F U^T once per (tau, n1), not once per n2.
 
-Threads. One configuration group (or one torch thread): blocks run one after another, the products using
-torch's threads, the walk on the calling thread. Several groups: they run side by side, one thread each,
-with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
+Threads. One configuration group (or one torch thread): blocks run one after another, the products on
+`product_threads` threads (default 1), the walk on the calling thread. One thread is the default because
+intra-op threads wait for each other at every product's barrier: with the other core busy, two product
+threads ran a single BCA config about ten times slower than one and twice as unevenly (README, Performance:
+`benchmarks.engine --repeat 7 --load`); they gain ~20% only on an idle machine. Several groups: they run side by side, one thread
+each, with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
 on a second thread while block b is walked was tried and measured slower: the walk then also corrects for
 block b's rows; see the README's Performance section and `python -m benchmarks.engine`.)
 Thread count and block length change only float rounding (products of other shapes); the tests hold
@@ -527,7 +530,7 @@ def _torch_threads(n: int) -> Iterator[None]:
 
 
 def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
-               num_classes: int, cfgs: list[BCAConfig], block: int) -> list[Trace]:
+               num_classes: int, cfgs: list[BCAConfig], block: int, product_threads: int) -> list[Trace]:
     if not cfgs:
         return []
     device = features.device
@@ -552,8 +555,9 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
     # Threads (module docstring): one group uses them inside its products; several run side by side.
     workers = torch.get_num_threads()
     if workers == 1 or len(groups) == 1:
-        for group in groups:
-            group.run(stream)
+        with _torch_threads(product_threads):
+            for group in groups:
+                group.run(stream)
     else:
         with _torch_threads(1), ThreadPoolExecutor(min(workers, len(groups))) as pool:
             for _ in pool.map(lambda group: group.run(stream), groups):
@@ -562,7 +566,8 @@ def _run_lanes(features: torch.Tensor, states: list[dict[str, torch.Tensor]], cl
 
 
 def run_bca_blocked_many(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
-                         num_classes: int, cfgs: list[BCAConfig], *, block: int = DEFAULT_BLOCK) -> list[Trace]:
+                         num_classes: int, cfgs: list[BCAConfig], *, block: int = DEFAULT_BLOCK,
+                         product_threads: int = 1) -> list[Trace]:
     """G BCA-family configurations over one stream `features` [n, d]; each result equals
     `bca_family_reference(features, states[g], class_ids, num_classes, cfgs[g])`.
 
@@ -570,15 +575,17 @@ def run_bca_blocked_many(features: torch.Tensor, states: list[dict[str, torch.Te
     Configurations whose U evolves identically share one logits product per block (see "Sharing" above:
     U never adapts and starts equal, or adapts by the same tau_likelihood, n1 and update rule selecting on
     the likelihood); each still walks the stream with its own prior. Independent groups run side by side on
-    the threads torch may use (torch.get_num_threads()).
+    the threads torch may use (torch.get_num_threads()); a single group's products use `product_threads`.
     """
     if len(states) != len(cfgs):
         raise ValueError(f"got {len(states)} states for {len(cfgs)} configs; expected one state per config")
     if not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be a positive integer, got {block!r}")
+    if not isinstance(product_threads, int) or product_threads < 1:
+        raise ValueError(f"product_threads must be a positive integer, got {product_threads!r}")
     blocked = [g for g, cfg in enumerate(cfgs) if not needs_reference(cfg)]
     traces = dict(zip(blocked, _run_lanes(features, [states[g] for g in blocked], class_ids, num_classes,
-                                           [cfgs[g] for g in blocked], block)))
+                                           [cfgs[g] for g in blocked], block, product_threads)))
     for g, cfg in enumerate(cfgs):
         if g not in traces:
             traces[g] = bca_family_reference(features, states[g], class_ids, num_classes, cfg)
@@ -598,6 +605,7 @@ def needs_reference(cfg: BCAConfig) -> bool:
 
 
 def run_bca_blocked(features: torch.Tensor, state: dict[str, torch.Tensor], class_ids: torch.Tensor,
-                    num_classes: int, cfg: BCAConfig, *, block: int = DEFAULT_BLOCK) -> Trace:
+                    num_classes: int, cfg: BCAConfig, *, block: int = DEFAULT_BLOCK, product_threads: int = 1) -> Trace:
     """Drop-in for `reference.bca_family_reference` (same arguments, same Trace), computed in blocks."""
-    return run_bca_blocked_many(features, [state], class_ids, num_classes, [cfg], block=block)[0]
+    return run_bca_blocked_many(features, [state], class_ids, num_classes, [cfg], block=block,
+                                product_threads=product_threads)[0]

@@ -6,8 +6,10 @@
 
 Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
 [n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
-per group of configurations whose U evolves identically); any other method, and every method on augmented
-views [n, V, d], runs on its own. Every result equals the separate run.
+per group of configurations whose U evolves identically); the configs of a method with a lockstep runner for
+the features' kind (`lockstep.LOCKSTEP`, keyed by Method class: TDA, TDA+PA and OnZeta on [n, d], DMN-ZS on
+views [n, V, d]) run as lockstep streams; any other method runs on its own. Every result equals the
+separate run (lockstep: within float32 rounding, `lockstep.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from orchestrator.methods.base import Method, Trace, make_method, validate_features
 from orchestrator.methods.bca import BCAFamily
 from orchestrator.methods.engine import DEFAULT_BLOCK, run_bca_blocked_many
+from orchestrator.methods.lockstep import LOCKSTEP
 
 
 def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
@@ -45,6 +48,10 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
         runs = run_bca_blocked_many(features, [methods[i].state for i in family], class_ids, num_classes,
                                     [methods[i].config for i in family], block=block)
         traces.update(zip(family, runs))
+    for kind, lockstep in LOCKSTEP.items():
+        members = [i for i, m in enumerate(methods) if type(m) is kind]
+        if members and lockstep.views == (features.ndim == 3):
+            traces.update(zip(members, lockstep.run([methods[i] for i in members], features)))
     for i, method in enumerate(methods):
         if i not in traces:
             traces[i] = method.run(features)

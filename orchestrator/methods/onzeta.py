@@ -57,15 +57,19 @@ class OnZeta(Method):
         self.step = 0
         self.n_total = hparams["n_total"]
 
-    def _run(self, features: torch.Tensor) -> Trace:
-        hp, K = self.hp, self.num_classes
-        n = features.shape[0]
+    def claim(self, n: int) -> None:
+        """Check that n more samples fit the stream length N (the first call sets N when n_total is None)."""
         if self.n_total is None and n > 0:
             self.n_total = n                   # no sample seen yet: this call is taken as the whole stream
         if n > 0 and self.step + n > self.n_total:
             raise ValueError(f"{self.name}: the stream runs past n_total = {self.n_total} samples (this call would "
                              f"reach {self.step + n}); hparam 'n_total' must be the whole stream's length, "
                              f"which OnZeta's mixing weight needs in advance")
+
+    def _run(self, features: torch.Tensor) -> Trace:
+        hp, K = self.hp, self.num_classes
+        n = features.shape[0]
+        self.claim(n)
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
         target = hp["alpha"] / K

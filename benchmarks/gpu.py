@@ -1,0 +1,184 @@
+"""One-command GPU check: `python -m benchmarks.gpu` (`--quick` on a CPU for CI).
+
+Needs only torch, numpy, numba and pyarrow (the GPU machine has no Ray, DuckDB, open_clip or pydantic);
+the parts that need more say what is missing and which wheels to carry. In order:
+
+1. exact: the blocked BCA engine and every lockstep runner on the device against the CPU reference (the
+   per-sample BCA loop; each method's single-stream run): predictions, selections and gates identical,
+   the largest posterior difference (< 1e-4 passes; the device sums products in another order);
+2. samples/s of every method at K = M = 1000, d = 512, single-stream and lockstep (`benchmarks.methods`);
+3. image encoders: images/s of open_clip's RN50, ViT-B-16 and ViT-L-14 at fp16 with random weights (no
+   download), batch 64; open_clip comes as carried wheels (README, Performance);
+4. peak GPU memory of a pack trial's method pass (32 TDA configs and 32 BCA configs over 2000 samples);
+5. one `execute_trial` end to end (a synthetic pack of BCA and TDA runs), where pydantic and PyYAML import
+   (the sweep spec needs them), else a line saying so.
+
+The exit status is 1 when an exactness check fails, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+
+import torch
+
+from benchmarks import methods as methods_benchmark
+
+# K >= 100 in the exactness check: below it OnZeta's proxy steps amplify rounding (onzeta.py).
+QUICK = {"K": 120, "d": 16, "n": 200, "encoder_batch": 2, "encoders": (), "peak_n": 200, "peak_g": 4}
+FULL = {"K": 1000, "d": 512, "n": 2000, "encoder_batch": 64, "encoders": ("RN50", "ViT-B-16", "ViT-L-14"),
+        "peak_n": 2000, "peak_g": 32}
+TOLERANCE = 1e-4
+# What open_clip needs beyond torch and numpy (pip download these for the GPU machine's Python and torch).
+OPEN_CLIP_WHEELS = ("open_clip_torch", "torchvision (the build matching torch)", "timm", "safetensors", "ftfy",
+                    "wcwidth", "regex", "tqdm", "huggingface_hub with click, filelock, fsspec, hf-xet, httpx, "
+                    "packaging, pyyaml, typing-extensions")
+TRIAL_WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "pyyaml")
+
+
+def _compare(name: str, reference, got) -> tuple[str, bool]:
+    same = all(torch.equal(getattr(reference, a).cpu(), getattr(got, a).cpu())
+               for a in ("selected", "gated", "gated_prior")) and \
+        torch.equal(reference.predictions.cpu(), got.predictions.cpu())
+    diff = float((reference.posteriors.cpu() - got.posteriors.cpu()).abs().max())
+    ok = same and diff < TOLERANCE
+    return f"  {name:<28} {'ok' if ok else 'FAILED'}  identical {same}, max dpost {diff:.1e}", ok
+
+
+def check_exact(device: str, K: int, d: int, n: int) -> bool:
+    """The engine and the lockstep runners on `device` against the CPU references."""
+    from orchestrator.methods import make_method
+    from orchestrator.methods.engine import run_bca_blocked_many
+    from orchestrator.methods.lockstep import LOCKSTEP, run_lockstep
+    from orchestrator.methods.reference import bca_family_reference
+    from orchestrator.registry import method_cards
+
+    feats, view_feats, emb, ids = methods_benchmark.make_stream(K, d, n, 4, "cpu", seed=5)
+    dev = [t.to(device) for t in (feats, emb, ids)]
+    results = []
+    bca = [{"tau": 0.3, "n1": 30000, "n2": 10}, {"tau": 0.4, "n1": 50, "n2": 5}]
+    cpu_methods = [make_method("bca", emb, ids, K, **hp) for hp in bca]
+    dev_methods = [make_method("bca", dev[1], dev[2], K, **hp) for hp in bca]
+    got = run_bca_blocked_many(dev[0], [m.state for m in dev_methods], dev[2], K, [m.config for m in dev_methods])
+    for i, (m, trace) in enumerate(zip(cpu_methods, got)):
+        results.append(_compare(f"engine bca config {i}", bca_family_reference(feats, m.state, ids, K, m.config),
+                                trace))
+    for card in method_cards():
+        if card.implementation() not in LOCKSTEP:
+            continue
+        configs = methods_benchmark.differing_configs(card, 4, n)
+        x = view_feats if card.takes_views else feats
+        traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], x.to(device))
+        for i, (config, trace) in enumerate(zip(configs, traces)):
+            single = make_method(card.name, emb, ids, K, **config).run(x)
+            results.append(_compare(f"lockstep {card.name} config {i}", single, trace))
+    for line, _ in results:
+        print(line)
+    return all(ok for _, ok in results)
+
+
+def encoder_rates(device: str, names: tuple[str, ...], batch: int) -> None:
+    """images/s of open_clip image towers at fp16 (fp32 on a CPU) with random weights."""
+    try:
+        import open_clip
+    except ImportError:
+        print(f"  skipped: open_clip is not importable here; carry the wheels {', '.join(OPEN_CLIP_WHEELS)}")
+        return
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    for name in names:
+        model = open_clip.create_model(name, pretrained=None).visual.to(device, dtype).eval()
+        size = model.image_size if isinstance(model.image_size, int) else model.image_size[0]
+        images = torch.randn(batch, 3, size, size, device=device, dtype=dtype)
+        with torch.inference_mode():
+            model(images)
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(3):
+                model(images)
+            _sync(device)
+        print(f"  {name:<10} {3 * batch / (time.perf_counter() - start):,.0f} images/s ({dtype}, batch {batch})")
+        del model
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_memory(device: str, K: int, d: int, n: int, g: int) -> None:
+    """Peak memory of a pack's method pass: g TDA configs in lockstep, then g BCA configs on the engine."""
+    from orchestrator.methods import run_traces_many
+    from orchestrator.registry import method_card
+
+    feats, _, emb, ids = methods_benchmark.make_stream(K, d, n, 1, device, seed=6)
+    for name in ("tda", "bca"):
+        configs = [{"method": name, **c} for c in methods_benchmark.differing_configs(method_card(name), g, n)]
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        run_traces_many(feats, emb, ids, K, configs)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        if device.startswith("cuda"):
+            peak = f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**20:,.0f} MB"
+        else:
+            peak = f"process peak resident {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB"
+        print(f"  {g} {name} configs x {n} samples (K={K}, d={d}): {peak}, {g * n / seconds:,.0f} cfg-samples/s")
+
+
+def trial_end_to_end(K: int, d: int, n: int) -> None:
+    """One execute_trial of a synthetic pack (BCA and TDA runs), results in a temporary directory."""
+    try:
+        from orchestrator.sweep.load import validate_spec
+        from orchestrator.sweep.plan import expand, make_trials
+        from orchestrator.sweep.runner import settings_of
+        from orchestrator.sweep.trial import execute_trial
+    except ImportError as exc:
+        print(f"  skipped: the sweep needs {exc.name!r}, not importable here; carry the wheels "
+              f"{', '.join(TRIAL_WHEELS)}")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = validate_spec({"name": "gpu-check", "results_dir": "results", "seeds": [0], "pack": 4,
+                              "datasets": [{"synthetic": "iid", "n": n, "num_classes": K, "dim": d}],
+                              "methods": [{"method": "bca", "tau": [0.3, 0.5]}, {"method": "tda", "pos_alpha": [1.0, 2.0]}]},
+                             base_dir=tmp)
+        trials = make_trials(expand(spec), 4)
+        start = time.perf_counter()
+        rows = [row for trial in trials for row in execute_trial(trial, settings_of(spec))]
+        seconds = time.perf_counter() - start
+    print(f"  {len(trials)} trial(s), {len(rows)} runs finished in {seconds:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes, no encoders (CI, on a CPU)")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    args = parser.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    preset = QUICK if args.quick else FULL
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{os.cpu_count()} cpus"
+    print(f"device {device} ({name}), torch {torch.__version__}, python {sys.version.split()[0]}")
+    print(f"1. exact against the CPU references (K={preset['K']}, d={preset['d']}, n={preset['n']}):")
+    exact = check_exact(device, preset["K"], preset["d"], preset["n"])
+    print("2. methods' samples/s, single-stream and lockstep:")
+    methods_benchmark.main((["--quick"] if args.quick else []) + ["--device", device])
+    print("3. image encoders, random weights:")
+    if preset["encoders"]:
+        encoder_rates(device, preset["encoders"], preset["encoder_batch"])
+    else:
+        print("  skipped in --quick")
+    print("4. peak memory of a pack's method pass:")
+    peak_memory(device, preset["K"], preset["d"], preset["peak_n"], preset["peak_g"])
+    print("5. execute_trial end to end:")
+    trial_end_to_end(preset["K"], preset["d"], preset["n"])
+    print("exact: " + ("all checks passed" if exact else "FAILED (see 1.)"))
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

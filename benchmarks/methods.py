@@ -1,0 +1,217 @@
+"""Every method's throughput, single-stream and as lockstep streams: `python -m benchmarks.methods`.
+
+On one synthetic stream (K classes, M = K class embeddings, dimension d; view methods get V views per sample,
+view 0 the feature, the others the feature plus noise), in one process and the same run:
+
+- single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults (the BCA family runs
+  on the blocked engine here: its multi-config path is `benchmarks.engine`);
+- official /s: TDA only, the public code's per-sample algorithm (kdiAAA/TDA: caches as Python lists, the
+  cache keys concatenated and multiplied per sample), re-expressed in float32 on this device;
+- G=1 / 8 / 32: config-samples/s of the lockstep runner (`orchestrator.methods.lockstep`) over G configs
+  that differ in every float hparam but logit_scale (config 0 the defaults), each with its ratio to the
+  single-stream loop;
+- agree: the lockstep trace of config 0 against the single-stream run: predictions identical, and the
+  largest posterior difference.
+
+Every timed call runs once on a few samples first (allocation, first-call work), and the method objects are
+built before the clock starts, for the single-stream and the lockstep runs alike (a pack builds its G objects
+too: TDA's caches cost ~20 ms each at K = 1000, DMN-ZS's memory ~50 ms). Timings are wall-clock on a
+shared machine: compare ratios within one run, which sees one load; the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+QUICK = {"K": 20, "d": 16, "n": 40, "view_n": 10, "views": 4, "groups": (1, 4)}
+FULL = {"K": 1000, "d": 512, "n": 300, "view_n": 50, "views": 8, "groups": (1, 8, 32)}
+
+
+@dataclass
+class Row:
+    method: str
+    single: float
+    official: float | None
+    lockstep: dict[int, float]
+    agree: str
+
+
+def make_stream(K: int, d: int, n: int, views: int, device: str, seed: int = 0):
+    """(features [n, d], view features [n, V, d], class embeddings [K, d], class ids [K])."""
+    from orchestrator.data.synthetic import make_synthetic
+
+    bench = make_synthetic("iid", num_classes=K, dim=d, n=n, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    noisy = bench.features[:, None] + 0.3 / math.sqrt(d) * torch.randn(n, views, d, generator=gen)
+    noisy[:, 0] = bench.features
+    view_feats = torch.nn.functional.normalize(noisy, dim=-1)
+    return (bench.features.to(device), view_feats.to(device), bench.class_embeddings.to(device),
+            bench.class_ids.to(device))
+
+
+def differing_configs(card, g: int, n: int) -> list[dict]:
+    """G configs: config 0 the card's defaults, config i scales every float hparam but logit_scale by
+    1 + 0.07 i (within the hparam's bounds), so every stream's adaptive state evolves differently."""
+    configs = []
+    for i in range(g):
+        hp = card.defaults()
+        for p in card.hparams:
+            if p.kind == "float" and p.name != "logit_scale" and isinstance(hp[p.name], float) and hp[p.name] > 0:
+                value = hp[p.name] * (1.0 + 0.07 * i)
+                hp[p.name] = min(value, p.high) if p.high is not None else value
+        if card.stream_length is not None:
+            hp[card.stream_length] = n
+        configs.append(hp)
+    return configs
+
+
+def official_tda(features, class_embeddings, hp: dict) -> torch.Tensor:
+    """kdiAAA/TDA's per-sample loop (tda_runner.py run_test_tda / update_cache / compute_cache_logits) in
+    float32: caches as dicts of sorted lists, every sample's cache logits from freshly concatenated keys."""
+    K = class_embeddings.shape[0]
+    pos, neg = {}, {}
+
+    def update(cache, pred, item, shot):
+        if pred in cache:
+            if len(cache[pred]) < shot:
+                cache[pred].append(item)
+            elif item[1] < cache[pred][-1][1]:
+                cache[pred][-1] = item
+            cache[pred] = sorted(cache[pred], key=lambda entry: entry[1])
+        else:
+            cache[pred] = [item]
+
+    def cache_logits(f, cache, alpha, beta, negative):
+        keys, values = [], []
+        for k in sorted(cache):
+            for item in cache[k]:
+                keys.append(item[0])
+                values.append(item[2] if negative else k)
+        keys = torch.cat(keys, dim=0).T
+        if negative:
+            values = torch.cat(values, dim=0)
+            values = ((values > 0.03) & (values < 1.0)).float()
+        else:
+            values = torch.nn.functional.one_hot(torch.tensor(values, device=f.device), K).float()
+        return alpha * (torch.exp(-1.0 * (beta - beta * (f @ keys))) @ values)
+
+    out = torch.empty(features.shape[0], K, device=features.device)
+    for i in range(features.shape[0]):
+        f = features[i:i + 1]
+        clip_logits = hp["logit_scale"] * f @ class_embeddings.T
+        prob_map = clip_logits.softmax(1)
+        loss = -(prob_map * clip_logits.log_softmax(1)).sum(1)
+        pred = int(clip_logits.topk(1, 1)[1])
+        entropy = float(loss / math.log2(K))
+        update(pos, pred, [f, float(loss)], hp["pos_shot"])
+        if 0.2 < entropy < 0.5:
+            update(neg, pred, [f, float(loss), prob_map], hp["neg_shot"])
+        final = clip_logits.clone()
+        if pos:
+            final += cache_logits(f, pos, hp["pos_alpha"], hp["pos_beta"], False)
+        if neg:
+            final -= cache_logits(f, neg, hp["neg_alpha"], hp["neg_beta"], True)
+        out[i] = final.softmax(1)[0]
+    return out
+
+
+def _timed(fn, *args):
+    start = time.perf_counter()
+    out = fn(*args)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - start
+
+
+def measure(card, stream, preset: dict) -> Row:
+    from orchestrator.methods import make_method
+    from orchestrator.methods.lockstep import LOCKSTEP, run_lockstep
+
+    feats, view_feats, emb, ids = stream
+    K = emb.shape[0]
+    n = preset["view_n"] if card.takes_views else preset["n"]
+    x = (view_feats if card.takes_views else feats)[:n]
+    configs = differing_configs(card, max(preset["groups"]), n)
+    warm = x[:3]
+
+    def build(config, data):
+        length = {card.stream_length: data.shape[0]} if card.stream_length else {}
+        return make_method(card.name, emb, ids, K, **dict(config, **length))
+
+    def single(config, data):
+        method = build(config, data)         # built outside the timed call, as the lockstep's methods are
+        return _timed(method.run, data)
+
+    single(configs[0], warm)
+    reference, seconds = single(configs[0], x)
+    official = None
+    if card.name == "tda":
+        official_tda(warm, emb, configs[0])
+        _, t = _timed(official_tda, x, emb, configs[0])
+        official = n / t
+    lockstep, agree = {}, "-"
+    if card.implementation() in LOCKSTEP:
+        def lock(g, data):
+            return _timed(run_lockstep, [build(c, data) for c in configs[:g]], data)
+
+        for g in preset["groups"]:
+            lock(g, warm)
+            traces, t = lock(g, x)
+            lockstep[g] = g * n / t
+        same = torch.equal(traces[0].predictions, reference.predictions)
+        diff = float((traces[0].posteriors - reference.posteriors).abs().max())
+        agree = f"{'yes' if same else 'NO'} {diff:.0e}"
+    return Row(card.label, n / seconds, official, lockstep, agree)
+
+
+def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
+    head = ["method", "single /s", "official /s"] + [f"G={g} cfg-samples/s (/ single)" for g in groups] + \
+        ["agree, max dpost"]
+    lines = [head]
+    for r in rows:
+        lines.append([r.method, f"{r.single:,.0f}", "-" if r.official is None else f"{r.official:,.0f}"]
+                     + [f"{r.lockstep[g]:,.0f} ({r.lockstep[g] / r.single:.1f}x)" if g in r.lockstep else "-"
+                        for g in groups] + [r.agree])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["| " + " | ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in enumerate(zip(line, widths)))
+           + " |" for line in lines]
+    out.insert(1, "|" + "|".join("-" * (w + 1) + (":" if j else "-") for j, w in enumerate(widths)) + "|")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from orchestrator.registry import method_cards
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.methods", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: K 20, d 16, a few samples, G in {1, 4}")
+    parser.add_argument("--n", type=int, help="samples per single-feature method (default 300; quick 40)")
+    parser.add_argument("--methods", nargs="+", help="method names (default: every registered method)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    preset = dict(QUICK if args.quick else FULL)
+    if args.n:
+        preset["n"] = args.n
+    torch.set_num_threads(args.threads)
+    cards = [c for c in method_cards() if args.methods is None or c.name in args.methods]
+    print(f"machine: {os.cpu_count()} cpus, device {args.device}, torch threads {args.threads}; "
+          f"load average at start {os.getloadavg()[0]:.1f}")
+    print(f"stream: K = M = {preset['K']}, d = {preset['d']}, n = {preset['n']} (view methods: "
+          f"{preset['view_n']} samples of {preset['views']} views)")
+    stream = make_stream(preset["K"], preset["d"], preset["n"], preset["views"], args.device)
+    rows = []
+    for card in cards:
+        rows.append(measure(card, stream, preset))
+        print(f"  done {card.name}", flush=True)
+    print(format_table(rows, preset["groups"]))
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

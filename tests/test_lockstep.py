@@ -1,0 +1,108 @@
+"""Lockstep streams equal the single-stream methods, stream by stream, and the pack path uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.data.synthetic import make_synthetic
+from orchestrator.methods import make_method, run_traces_many
+from orchestrator.methods.lockstep import run_lockstep
+
+TDA_CONFIGS = [
+    {},
+    {"pos_alpha": 1.0, "pos_beta": 8.0, "neg_alpha": 0.3, "neg_beta": 2.0},
+    {"pos_shot": 1, "neg_shot": 3, "logit_scale": 50.0},
+    {"pos_shot": 0, "neg_shot": 1, "pos_alpha": 4.0},
+]
+PRIORS = [{"tau": 0.3, "n2": 10}, {"tau": 0.5, "n2": 5}, {"tau": 0.2, "n2": 50}, {"tau": 0.95, "n2": 10}]
+ONZETA_CONFIGS = [{}, {"tau_i": 0.05, "cw": 0.3}, {"cr": 5.0, "alpha": 0.5, "beta": 0.5}, {"tau_t": 0.02, "n_total": 3000}]
+
+
+def _stream(k: int, d: int, n: int):
+    bench = make_synthetic("iid", num_classes=k, dim=d, n=n, seed=3)
+    return bench.features, bench.class_embeddings, bench.class_ids
+
+
+def _assert_same(single, lock, name: str) -> None:
+    assert torch.equal(single.predictions, lock.predictions), name
+    assert float((single.posteriors - lock.posteriors).abs().max()) < 1e-5, name
+    for field in ("selected", "gated", "gated_prior"):
+        assert torch.equal(getattr(single, field), getattr(lock, field)), (name, field)
+    assert single.state.keys() == lock.state.keys()
+    for key, value in single.state.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(lock.state[key], value, atol=1e-5, rtol=0, msg=f"{name} state {key}")
+        else:
+            assert torch.equal(lock.state[key], value), (name, key)
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_tda_lockstep_equals_each_stream_run_alone(method):
+    feats, emb, ids = _stream(30, 16, 1500)
+    configs = [dict(c, **p) if method == "tda_pa" else c for c, p in zip(TDA_CONFIGS, PRIORS)]
+    traces = run_lockstep([make_method(method, emb, ids, 30, **c) for c in configs], feats)
+    for config, lock in zip(configs, traces):
+        single = make_method(method, emb, ids, 30, **config).run(feats)
+        _assert_same(single, lock, str(config))
+    # The adaptive parts act: both caches take entries and replace them, the prior gate fires and misses.
+    assert 0 < int(traces[0].gated.sum()) < 1500
+    assert torch.isfinite(traces[3].state["neg_entropy"]).sum() > 10
+    assert bool(torch.isfinite(traces[0].state["pos_entropy"]).all())
+    if method == "tda_pa":
+        fired = [int(t.gated_prior.sum()) for t in traces]
+        assert min(fired) > 0 and min(fired) < 1500, fired
+        assert not torch.equal(traces[0].state["V"], traces[1].state["V"])
+
+
+def test_onzeta_lockstep_equals_each_stream_run_alone():
+    feats, emb, ids = _stream(200, 32, 1500)
+    traces = run_lockstep([make_method("onzeta", emb, ids, 200, **c) for c in ONZETA_CONFIGS], feats)
+    zero_shot = (feats @ emb.T).argmax(dim=1)
+    for config, lock in zip(ONZETA_CONFIGS, traces):
+        single = make_method("onzeta", emb, ids, 200, **config).run(feats)
+        _assert_same(single, lock, str(config))
+        assert not torch.equal(lock.predictions, zero_shot)  # the proxies and rho moved the predictions
+        assert int(lock.state["step"]) == 1500
+
+
+def test_onzeta_lockstep_refuses_a_stream_past_n_total():
+    feats, emb, ids = _stream(10, 8, 50)
+    with pytest.raises(ValueError, match="n_total = 40"):
+        run_lockstep([make_method("onzeta", emb, ids, 10, n_total=40)], feats)
+
+
+def test_lockstep_takes_one_method_class():
+    feats, emb, ids = _stream(10, 8, 20)
+    methods = [make_method("tda", emb, ids, 10), make_method("onzeta", emb, ids, 10)]
+    with pytest.raises(ValueError, match="one class with a lockstep runner"):
+        run_lockstep(methods, feats)
+    with pytest.raises(ValueError, match="one class with a lockstep runner"):
+        run_lockstep([make_method("bca", emb, ids, 10)], feats)
+
+
+def test_a_pack_of_mixed_methods_equals_the_separate_runs():
+    feats, emb, ids = _stream(120, 16, 300)  # OnZeta's proxies are stable from K ~ 100 (onzeta.py)
+    configs = [{"method": "tda", "pos_alpha": 3.0}, {"method": "bca", "tau": 0.4},
+               {"method": "onzeta", "cw": 0.2}, {"method": "tda_pa", "tau": 0.4},
+               {"method": "tda", "neg_shot": 4}, {"method": "onzeta"}]
+    traces = run_traces_many(feats, emb, ids, 120, configs)
+    for config, trace in zip(configs, traces):
+        hparams = {k: v for k, v in config.items() if k != "method"}
+        single = make_method(config["method"], emb, ids, 120, **hparams).run(feats)
+        _assert_same(single, trace, str(config))
+
+
+def test_dmn_zs_lockstep_equals_each_stream_run_alone():
+    """Two memories (memory_size / keep), each read by two streams with their own beta and memory_weight."""
+    gen = torch.Generator().manual_seed(4)
+    feats, emb, ids = _stream(20, 16, 400)
+    views = torch.nn.functional.normalize(feats[:, None] + 0.1 * torch.randn(400, 4, 16, generator=gen), dim=-1)
+    views[:, 0] = feats
+    configs = [{}, {"beta": 3.0, "memory_weight": 0.3}, {"memory_size": 2, "keep": 0.5},
+               {"memory_size": 2, "keep": 0.5, "beta": 8.0, "memory_weight": 10.0}]
+    traces = run_lockstep([make_method("dmn_zs", emb, ids, 20, **c) for c in configs], views)
+    for config, lock in zip(configs, traces):
+        _assert_same(make_method("dmn_zs", emb, ids, 20, **config).run(views), lock, str(config))
+    assert 0 < int(traces[2].gated.sum()) < 400          # a full memory replaces entries only sometimes
+    assert not torch.equal(traces[2].posteriors, traces[3].posteriors)
