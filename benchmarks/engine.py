@@ -136,7 +136,6 @@ def _busy() -> None:
 
 def spread(K: int, d: int, n: int, repeat: int, device: str) -> dict[int, list[float]]:
     """samples/s of R single-config engine runs per product thread count (each after one warm-up)."""
-    import torch
 
     from orchestrator.data.synthetic import make_synthetic
     from orchestrator.methods import make_method
