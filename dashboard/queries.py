@@ -37,7 +37,7 @@ SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
 # Runs-view columns left out of the per-run frame: long JSON read only on a run's own page.
 _HEAVY = ("config_json", "versions")
 LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "status",
-                   "n_samples", "samples_per_s", "error", "updated_at")
+                   "n_samples", "progress", "samples_per_s", "error", "updated_at")
 
 
 class Filters:
@@ -123,9 +123,10 @@ def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     progress = runs[["run_id", "n_rows", "accuracy", "last50_accuracy"]].rename(columns={"n_rows": "rows_written"})
     listing = table.merge(progress.round({"accuracy": 2, "last50_accuracy": 2}), on="run_id", how="left")
     head = list(LISTING_COLUMNS[:LISTING_COLUMNS.index("status")])
-    tail = list(LISTING_COLUMNS[LISTING_COLUMNS.index("n_samples") + 1:])
+    tail = [c for c in LISTING_COLUMNS[LISTING_COLUMNS.index("n_samples") + 1:] if c != "progress"]
     hparams = [c for c in table.columns if c not in LISTING_COLUMNS and table[c].nunique(dropna=True) > 1]
-    return listing[[*head, *hparams, "status", "rows_written", "n_samples", "accuracy", "last50_accuracy", *tail]]
+    return listing[[*head, *hparams, "status", "progress", "rows_written", "n_samples", "accuracy", "last50_accuracy",
+                    *tail]]
 
 
 def hparam_columns(db: ResultsDB) -> list[str]:

@@ -251,3 +251,22 @@ def test_views_go_to_the_runs_that_take_them(tmp_path):
             assert predictions(means) != expected          # the views make a difference here
             took_views.add(config["method"])
     assert took_views == {"tda", "bca"} and len(runs) == 4
+
+
+def test_a_running_trial_records_how_far_it_got_in_its_runs_rows(tmp_path):
+    """The dashboard's running runs read the runs table: the trial writes its stage there as it goes and clears
+    it when the run finishes."""
+    spec = spec_in(tmp_path, methods=[{"method": "clip"}])
+    run = expand(spec)[0]
+    seen: list[tuple] = []
+
+    def progress(stage: str, done: int, total: int) -> None:
+        seen.append((stage, done, total, read_run(spec.results_dir, spec.name, run.run_id)))
+
+    execute_trial(make_trials([run], 1)[0], settings_of(spec), progress)
+    adapting = [(done, row) for stage, done, total, row in seen if stage == "adapting"]
+    assert [done for done, _ in adapting] == [100, 200, 300, 400, 450]
+    # each call is recorded after it reaches the driver: the row holds the previous stage's report
+    assert adapting[1][1]["progress"] == "adapting 100/450 samples" and adapting[1][1]["status"] == "running"
+    final = read_run(spec.results_dir, spec.name, run.run_id)
+    assert final["status"] == "finished" and final["progress"] is None

@@ -105,6 +105,8 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                 "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
+    Column("progress", pa.string(), "VARCHAR", "how far a running run got, e.g. 'encoding 120/500 images' or "
+                                               "'adapting 3000/10000 samples' (null once it ends)"),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
                                                   "on the CPU the growth of the process's resident size"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),

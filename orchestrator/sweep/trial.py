@@ -285,7 +285,7 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": None if peak is None else peak.mb(),
-               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped),
+               "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped), "progress": None,
                "data_fingerprint": stream.fingerprint}
     writer.mark("finished", **metrics)
     return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
@@ -392,13 +392,37 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         raise
 
 
+class _RecordProgress:
+    """Also writes how far the trial got into its runs' runs-table rows (the dashboard's running runs), at most
+    once per `every_s` seconds of a stage, after the driver's own progress call."""
+
+    _UNITS = {"encoding": "images", "adapting": "samples"}
+
+    def __init__(self, runs: list[Run], settings: Settings, forward: Progress,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.writers = [RunWriter(settings.results_dir, run.config) for run in runs]
+        self.forward, self.every_s, self.clock = forward, settings.progress_every_s, clock
+        self.stage: str | None = None
+        self.last = 0.0
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        self.forward(stage, done, total)
+        now = self.clock()
+        if stage == self.stage and now - self.last < self.every_s and done < total:
+            return
+        self.stage, self.last = stage, now
+        for writer in self.writers:
+            writer.mark("running", progress=f"{stage} {done}/{total} {self._UNITS.get(stage, '')}".rstrip())
+
+
 def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent) -> list[dict[str, Any]]:
     """Run every run of a trial that is not complete yet (a finished run whose rows went missing is run again
     from its last complete part); returns one metrics dict per run executed. `progress` hears how far encoding
-    and (for a single run) adapting got."""
+    and (for a single run) adapting got; the runs' rows record it too."""
     todo = [run for run in trial.runs if not RunWriter(settings.results_dir, run.config).complete()]
     if not todo:
         return []
+    progress = _RecordProgress(todo, settings, progress)
     load_plugins(settings.plugins)
     keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
