@@ -105,6 +105,20 @@ class Method(ABC):
     def _run(self, features: torch.Tensor) -> Trace:
         """Process validated features in stream order, continuing from the current state."""
 
+    def run_steps(self, features: torch.Tensor) -> Trace:
+        """For a per-sample method: its `_step(sample, timer) -> (posterior, selected, gated)` over the stream in
+        order, gathered into a Trace with `state_tensors()` taken after the loop."""
+        n = features.shape[0]
+        posteriors, selected, gated, gated_prior = empty_trace(n, self.num_classes, features.device)
+        timer = StageTimer()
+        for i in range(n):
+            posteriors[i], selected[i], gated[i] = self._step(features[i], timer)
+        return Trace(posteriors, selected, gated, gated_prior, state=self.state_tensors(), timings=timer.seconds)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Copies of the state tensors the trace exposes (its card's `state`)."""
+        return {}
+
     def run(self, features: torch.Tensor) -> Trace:
         """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
         inputs = self.card().inputs

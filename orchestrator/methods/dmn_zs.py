@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prototypes import class_prototypes
 
 _SEARCHED_WEIGHTS = {  # camera_ready_dmn_tf_searched_vit_0.txt / camera_ready_dmn_tf_shift_0.txt, n_shot 0
@@ -114,12 +114,9 @@ class DMNZeroShot(Method):
             post = (text_posterior + hp["memory_weight"] * p_memory) / (1.0 + hp["memory_weight"])
         return post, label, written
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"memory": self.memory.clone(), "memory_entropy": self.entropy.clone(),
+                "memory_count": self.count.clone()}
+
     def _run(self, features: torch.Tensor) -> Trace:
-        n = features.shape[0]
-        posteriors, selected, gated, gated_prior = empty_trace(n, self.num_classes, features.device)
-        timer = StageTimer()
-        for i in range(n):
-            posteriors[i], selected[i], gated[i] = self._step(features[i], timer)
-        state = {"memory": self.memory.clone(), "memory_entropy": self.entropy.clone(),
-                 "memory_count": self.count.clone()}
-        return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
+        return self.run_steps(features)

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prototypes import class_prototypes, confident_views, mean_prob_entropy
 from orchestrator.methods.tda import ClassCache
 
@@ -137,13 +137,9 @@ class DPE(Method):
                 self.text = self.text * (n / (n + 1)) + text / (n + 1)
         return post, pred, admitted
 
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {"text": self.text.clone(), "text_updates": torch.tensor(self.text_updates, dtype=torch.int64),
+                "cache_keys": self.cache.keys.clone(), "cache_entropy": self.cache.entropy.clone()}
+
     def _run(self, features: torch.Tensor) -> Trace:
-        n = features.shape[0]
-        posteriors, selected, gated, gated_prior = empty_trace(n, self.num_classes, features.device)
-        timer = StageTimer()
-        for i in range(n):
-            posteriors[i], selected[i], gated[i] = self._step(features[i], timer)
-        state = {"text": self.text.clone(),
-                 "text_updates": torch.tensor(self.text_updates, dtype=torch.int64),
-                 "cache_keys": self.cache.keys.clone(), "cache_entropy": self.cache.entropy.clone()}
-        return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
+        return self.run_steps(features)
