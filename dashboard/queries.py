@@ -29,6 +29,7 @@ IDENTITY_FILTERS = {
     "dataset": "dataset",
     "method": "method",
     "num_templates": "templates per class",
+    "stream": "stream protocol",
 }
 # Identity columns: every run has one, so a filter on them never lets NULL through.
 _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")

@@ -248,7 +248,8 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
     st.sidebar.header("Compare")
     metric_options = metrics.metric_columns(runs, hparams)
     metric = st.sidebar.selectbox("metric", metric_options, format_func=metrics.label, key="metric", bind=URL)
-    group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views",
+    group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views", "stream",
+                     "order_index",
                      *queries.varying_numeric(all_runs, hparams),
                      *[h for h in hparams if h in all_runs and all_runs[h].nunique() > 1
                        and not pd.api.types.is_numeric_dtype(all_runs[h])]]
