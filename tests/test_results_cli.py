@@ -230,3 +230,31 @@ def test_report_names_datasets_whose_runs_saw_different_image_lists(tmp_path):
     assert r.exit_code == 0
     assert ("warning: caltech101: finished runs were made on 2 versions of its image list (2 run(s) on "
             "aaaaaaaaaaaaaaaa") in r.stderr and "bbbbbbbbbbbbbbbb" in r.stderr and "--rerun-changed" in r.stderr
+
+
+def test_report_metric_flag_prints_that_metric_and_refuses_unknown_ones(results):
+    out = bca("report", "--metric", "ece", "--results", str(results))
+    assert out.exit_code == 0, out.output
+    assert "expected calibration error (%, 15 bins)" in out.output and "Table 1: OOD benchmark" in out.output
+    bad = bca("report", "--metric", "acc", "--results", str(results))
+    assert bad.exit_code == 2 and "--metric: unknown metric 'acc'; expected one of: accuracy" in bad.output
+
+
+def test_query_the_paired_view_as_the_readme_does(results):
+    out = bca("query", "SELECT * FROM paired", "--json", "--results", str(results))
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)
+    assert len(rows) == 3 * 2  # one bca run per dataset and seed, each against its CLIP run
+    assert all(r["misaligned"] == 0 and r["helped"] + r["hurt"] + r["both_right"] + r["both_wrong"] == 30
+               for r in rows)
+
+
+def test_the_readme_methods_table_command_rewrites_a_stale_table(tmp_path):
+    from orchestrator.registry.docs import BEGIN, END, readme_section
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{BEGIN}\n| stale |\n{END}\noutro\n")
+    done = subprocess.run([sys.executable, "-m", "orchestrator.registry.docs", str(readme)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "updated" in done.stdout
+    assert readme.read_text() == f"intro\n{readme_section()}\noutro\n"
