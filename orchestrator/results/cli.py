@@ -77,7 +77,7 @@ def query_cmd(
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the result to this Parquet file."),
     max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table view."),
 ) -> None:
-    """Run read-only SQL over the results (views: samples, runs, accuracy, summary)."""
+    """Run read-only SQL over the results (views: samples, runs, accuracy, summary, paired)."""
     import duckdb
     import pyarrow.parquet as pq
 
