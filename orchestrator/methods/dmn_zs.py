@@ -40,19 +40,6 @@ import torch.nn.functional as F
 from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prototypes import class_prototypes
 
-_SEARCHED_WEIGHTS = {  # camera_ready_dmn_tf_searched_vit_0.txt / camera_ready_dmn_tf_shift_0.txt, n_shot 0
-    "imagenet": 1.0, "flowers102": 10.0, "dtd": 10.0, "pets": 1.0, "cars": 0.3, "ucf101": 0.3, "caltech101": 0.3,
-    "food101": 0.3, "sun397": 3.0, "aircraft": 1.0, "eurosat": 0.3, "imagenet_a": 3.0, "imagenet_v2": 1.0,
-    "imagenet_r": 0.3, "imagenet_sketch": 1.0,
-}
-
-
-def _hp(kind: str, default: Any, doc: str, role: str, *, low: float = 0.0, high: float | None = None,
-        low_open: bool = False, per_dataset: dict | None = None) -> dict[str, Any]:
-    return {"type": kind, "default": default, "low": low, "high": high, "low_open": low_open, "high_open": False,
-            "log": False, "role": role, "doc": doc, "per_dataset": per_dataset or {}}
-
-
 class DMNZeroShot(Method):
     """A dynamic per-class memory of confident test features, read by attention and mixed with zero-shot CLIP."""
 

@@ -52,7 +52,6 @@ from orchestrator.methods.tda import ClassCache
 ADAM_EPS = 1e-3
 WEIGHT_DECAY = 0.1
 ALIGN_TEMPERATURE = 0.01
-PREDICT_VIEWS = ("original", "confident")
 
 
 class DPE(Method):

@@ -38,10 +38,6 @@ import torch.nn.functional as F
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes, confident_views, mean_prob_entropy
 
-_CROSS_DOMAIN = ("aircraft", "caltech101", "cars", "dtd", "eurosat", "flowers102", "food101", "pets", "sun397",
-                 "ucf101")
-
-
 class TPS(Method):
     """Test-time prototype shifting: one AdamW step on per-class shifts, reset every sample."""
 
