@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
-from tests.view_streams import view_stream
+from tests.view_streams import accuracy, softmax, unit, view_stream
 
 
 @pytest.fixture(autouse=True)
@@ -99,16 +99,6 @@ def test_matches_the_reference_at_k_1000():
 
 # ------------------------------------------------------------------------------------------- by hand (K = d = 2)
 
-def unit(xs):
-    n = math.sqrt(sum(x * x for x in xs))
-    return [x / n for x in xs]
-
-
-def softmax(xs):
-    e = [math.exp(x - max(xs)) for x in xs]
-    return [v / sum(e) for v in e]
-
-
 def dot(a, b):
     return sum(x * y for x, y in zip(a, b))
 
@@ -195,6 +185,6 @@ def test_sanity_beats_zero_shot_clip_on_a_shifted_synthetic_stream():
                                              noise=0.8)
     clip = run_stream("clip", feats[:, 0], emb, ids, k)
     dmn = run_stream("dmn_zs", feats, emb, ids, k, keep=0.25)
-    acc_clip = float((clip.argmax(1) == labels).float().mean())
-    acc_dmn = float((dmn.argmax(1) == labels).float().mean())
+    acc_clip = accuracy(clip, labels)
+    acc_dmn = accuracy(dmn, labels)
     assert acc_dmn > acc_clip + 0.03, (acc_dmn, acc_clip)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
-from tests.view_streams import view_stream
+from tests.view_streams import accuracy, softmax, unit, view_stream
 
 DEFAULTS = {"alpha": 6.0, "beta": 5.0, "lr_text": 6e-4, "lr_image": 6e-4, "align": 0.5, "shot": 3, "keep": 0.1,
             "tau_global": 0.1, "logit_scale": 100.0, "predict_views": "original"}
@@ -162,16 +162,6 @@ def test_matches_the_reference_at_the_official_scale_within_float32_amplificatio
 
 # ------------------------------------------------------------------------------------------- by hand (K = d = 2)
 
-def unit(xs):
-    n = math.sqrt(sum(x * x for x in xs))
-    return [x / n for x in xs]
-
-
-def softmax(xs):
-    e = [math.exp(x - max(xs)) for x in xs]
-    return [v / sum(e) for v in e]
-
-
 def entropy(ps):
     return -sum(p * math.log(p) for p in ps if p > 0)
 
@@ -289,6 +279,6 @@ def test_sanity_beats_zero_shot_clip_on_a_shifted_synthetic_stream():
                                              noise=0.8)
     clip = run_stream("clip", feats[:, 0], emb, ids, k)
     dpe = run_stream("dpe", feats, emb, ids, k, keep=0.25)
-    acc_clip = float((clip.argmax(1) == labels).float().mean())
-    acc_dpe = float((dpe.argmax(1) == labels).float().mean())
+    acc_clip = accuracy(clip, labels)
+    acc_dpe = accuracy(dpe, labels)
     assert acc_dpe > acc_clip + 0.02, (acc_dpe, acc_clip)

@@ -5,6 +5,8 @@ class (independent observations of it, as informative crops would be)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from orchestrator.data.synthetic import make_synthetic
@@ -24,3 +26,19 @@ def view_stream(scenario: str = "iid", *, num_classes: int = 10, dim: int = 32, 
         augmented = torch.nn.functional.normalize(bench.features[:, None] + noise, dim=-1)
     feats = torch.cat([bench.features[:, None], augmented], dim=1)
     return feats, bench.class_embeddings, bench.class_ids, bench.num_classes, bench.labels
+
+
+def accuracy(posteriors: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy (fraction) of posteriors [n, K] against labels [n]: the sanity checks' measure."""
+    return float((posteriors.argmax(1) == labels).float().mean())
+
+
+# Plain-Python helpers for the hand-worked one- and two-step cases (K = d = 2).
+def unit(xs: list[float]) -> list[float]:
+    n = math.sqrt(sum(x * x for x in xs))
+    return [x / n for x in xs]
+
+
+def softmax(xs: list[float]) -> list[float]:
+    e = [math.exp(x - max(xs)) for x in xs]
+    return [v / sum(e) for v in e]
