@@ -136,8 +136,8 @@ def trial_end_to_end(K: int, d: int, n: int) -> None:
     try:
         from orchestrator.sweep.load import validate_spec
         from orchestrator.sweep.plan import expand, make_trials
-        from orchestrator.sweep.runner import settings_of
-        from orchestrator.sweep.trial import execute_trial
+        from orchestrator.device import auto_device
+        from orchestrator.sweep.trial import execute_trial, settings_of
     except ImportError as exc:
         print(f"  skipped: the sweep needs {exc.name!r}, not importable here; carry the wheels "
               f"{', '.join(TRIAL_WHEELS)}")
@@ -151,7 +151,9 @@ def trial_end_to_end(K: int, d: int, n: int) -> None:
         start = time.perf_counter()
         rows = [row for trial in trials for row in execute_trial(trial, settings_of(spec))]
         seconds = time.perf_counter() - start
-    print(f"  {len(trials)} trial(s), {len(rows)} runs finished in {seconds:.1f} s")
+    peak = max((row["peak_mem_mb"] or 0.0) for row in rows)
+    print(f"  {len(trials)} trial(s), {len(rows)} runs finished in {seconds:.1f} s on {auto_device()}, "
+          f"accuracies {', '.join(format(row['accuracy'], '.3f') for row in rows)}, peak memory {peak:,.0f} MB")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,7 +27,7 @@ import yaml
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.runner import settings_of
+from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 from ray_cluster import LocalCluster, cluster_env

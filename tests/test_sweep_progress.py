@@ -14,7 +14,7 @@ import yaml
 
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress
-from orchestrator.sweep.runner import settings_of
+from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.trial import execute_trial
 

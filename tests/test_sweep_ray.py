@@ -26,7 +26,8 @@ from orchestrator.methods import run_stream
 from orchestrator.results.writer import load_state, read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.runner import run_sweep, settings_of
+from orchestrator.sweep.runner import run_sweep
+from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 
 ray = pytest.importorskip("ray")

@@ -19,7 +19,7 @@ from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
-from orchestrator.sweep.runner import settings_of
+from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.trial import _MEMO, execute_pack, execute_run, execute_trial, load_stream, parse_failpoint
 
 N, PART = 450, 100

@@ -44,7 +44,7 @@ from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
-from orchestrator.sweep.trial import FAILPOINT_ENV, Settings, deterministic_failure, execute_trial, parse_failpoint
+from orchestrator.sweep.trial import Settings, deterministic_failure, execute_trial, settings_of
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
 LARGE_SWEEP = 5000  # runs to run above which a sweep starts only with `yes` (after a look at --dry-run)
@@ -98,12 +98,6 @@ def _trainable(config: dict[str, Any], plan: dict[str, Any]) -> None:
         tune.report({"n_runs": 0, "error": error, **node})  # ProgressCallback counts it failed; no retry
         return
     tune.report({**_trial_metrics(results), **node})
-
-
-def settings_of(spec: SweepSpec, progress_every_s: float = 30.0) -> Settings:
-    return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
-                    part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
-                    plugins=tuple(spec.plugins), progress_every_s=progress_every_s)
 
 
 class SweepLocked(RuntimeError):

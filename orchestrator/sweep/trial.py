@@ -44,6 +44,7 @@ from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
+from orchestrator.sweep.spec import SweepSpec
 
 FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # Streams kept per process: one source is all a trial needs; a second spares reloading when trials of two
@@ -70,6 +71,14 @@ class Settings:
     failpoint: str | None = None  # see the module docstring
     plugins: tuple[str, ...] = ()  # modules registering plugin methods, imported in each trial process
     progress_every_s: float = 30.0  # how often a running trial tells the driver how far it got
+
+
+def settings_of(spec: SweepSpec, progress_every_s: float = 30.0) -> Settings:
+    """A sweep's trial settings (here, not in the runner, so that a trial runs where Ray is not installed:
+    `benchmarks.gpu`)."""
+    return Settings(results_dir=spec.results_dir, cache_dir=spec.cache_dir, data_root=spec.data_root,
+                    part_rows=spec.part_rows, failpoint=parse_failpoint(os.environ.get(FAILPOINT_ENV)),
+                    plugins=tuple(spec.plugins), progress_every_s=progress_every_s)
 
 
 @dataclass
