@@ -4,7 +4,7 @@
     make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features) -> Trace
     run_stream_many(features, class_embeddings, class_ids, num_classes, configs) -> (predictions [G, n],
     confidences [G, n]); run_traces_many(...) -> one Trace per config (`many.py`: the BCA family on the
-    blocked engine, TDA, TDA+PA and OnZeta as lockstep streams, `lockstep.py`)
+    blocked engine, TDA, TDA+PA and OnZeta as lockstep streams, `lockstep`)
 
 What each method is (label, hparams with types, ranges, defaults and per-dataset defaults, inputs, state) is
 its registry card: `orchestrator.registry.method_card(name)`. Implementations: the BCA family clip, la, pa,

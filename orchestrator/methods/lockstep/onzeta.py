@@ -1,0 +1,89 @@
+"""OnZeta in lockstep. The dual variables rho [G, K] per stream, the text logits once per call, and the proxies W [G, K, d]
+in blocks of B samples so that W is read twice per block, not three times per sample: a step's update is
+W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X the block's
+samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per block, per step
+a [G, K, <B] product and the row norms from |W_t + u x^T|^2 = |W_t|^2 + 2 u (W_t x) + u^2 |x|^2; at the
+block's end W is formed and renormalised. The posteriors then differ from the loop's by the loop's own
+float32 rounding, which OnZeta's large early steps amplify: at K = 100, d = 32, 400 samples, the float32
+loop sits 2e-5 from a float64 run of the same loop and this path 1e-5; at K = 200 (`test_lockstep.py`)
+both are within 1e-5 of each other. Below K ~ 100 the loop amplifies rounding further (onzeta.py).
+
+"""
+
+from __future__ import annotations
+
+import torch
+
+from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.lockstep.common import column, split_timings
+
+ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
+
+
+def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block: int = ONZETA_BLOCK) -> list[Trace]:
+    """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=False)
+    n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
+    for method in methods:
+        method.claim(n)
+    # Per-step scalars in float64, rounded to float32 where they meet a tensor, as the loop's Python floats.
+    col = {k: column(methods, k, torch.float64, device) for k in ("tau_t", "tau_i", "cw", "cr", "alpha", "beta")}
+    n_total = torch.tensor([[float(m.n_total)] for m in methods], dtype=torch.float64, device=device)
+    i = torch.arange(1, n + 1, dtype=torch.float64, device=device)[None, :]
+    step = (-col["cw"] / i.sqrt() / col["tau_i"]).float()             # [G, n]: -lr / tau_i
+    rlr = (col["cr"] / i.sqrt()).float()
+    mix = (col["beta"] * torch.sqrt(i / n_total)).float()
+    tau_t, tau_i = col["tau_t"].float(), col["tau_i"].float()
+    target = (col["alpha"] / K).float()
+    W = first.text.expand(G, -1, -1).clone()
+    rho = torch.zeros(G, K, dtype=torch.float32, device=device)
+    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    timer = StageTimer()
+    with timer("logits"):
+        text_products = features @ first.text.T
+    rows = W.view(G * K, -1)
+    # Buffers written in place: fresh memory costs a page fault per first touch, a sizeable share here.
+    products_buf = torch.empty(G * K, block, dtype=torch.float32, device=device)
+    coef_buf = torch.empty(G * K, block, dtype=torch.float64, device=device)
+    for a in range(0, n, block):
+        X = features[a:a + block]
+        B = X.shape[0]
+        with timer("logits"):
+            products = torch.mm(rows, X.T, out=products_buf[:, :B]).view(G, K, B)   # W_a x for the block
+            gram = (X @ X.T).double()
+            sq_x = gram.diagonal()
+            coef = coef_buf[:, :B].zero_()
+            # The row scale, squared norm and coefficients recur over the block, and early steps are large
+            # (a row's coefficients sum to many times its norm): float64 keeps their rounding from adding up.
+            scale = torch.ones(G, K, dtype=torch.float64, device=device)
+            sq_norm = torch.linalg.vector_norm(W, dim=2).double().square_()
+        for j in range(B):
+            t = a + j
+            with timer("logits"):
+                z64 = scale * (products[:, :, j] + (coef[:, :j] @ gram[:j, j]).view(G, K))   # W_t x_t
+                z = z64.float()
+                q = torch.softmax(text_products[t] / tau_t + rho, dim=1)
+                p = torch.softmax(z / tau_i, dim=1)
+            with timer("posterior"):
+                posteriors[:, t] = q + mix[:, t:t + 1] * (p - q)
+            with timer("update"):
+                rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
+                u = step[:, t:t + 1] * (p - q)
+                coef[:, j] = (u / scale).flatten()
+                grown = sq_norm + 2.0 * u * z64 + u.double().square() * sq_x[j]   # |W_t + u x^T|^2
+                norm = grown.sqrt().clamp_(min=1e-12)
+                scale = scale / norm
+                sq_norm = grown / (norm * norm)
+        with timer("update"):
+            # W_end = diag(scale) (W_a + C X), renormalised: the positive row scale drops out.
+            rows.addmm_(coef.float(), X)
+            W.div_(torch.linalg.vector_norm(W, dim=2, keepdim=True).clamp_(min=1e-12))
+    for method in methods:
+        method.step = n
+    timings = split_timings(timer, G)
+    none = torch.full((n,), -1, dtype=torch.int64, device=device)
+    off = torch.zeros(n, dtype=torch.bool, device=device)
+    return [Trace(posteriors[g], none.clone(), off.clone(), off.clone(),
+                  state={"W": W[g].clone(), "rho": rho[g].clone(), "step": torch.tensor(n)}, timings=dict(timings))
+            for g in range(G)]

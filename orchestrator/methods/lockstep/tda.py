@@ -1,0 +1,213 @@
+"""TDA / TDA+PA in lockstep. A TDA cache is a function of (logit_scale, pos_shot, neg_shot) alone: the zero-shot
+prediction, entropy and negative gate that fill it do not depend on the cache weights (alpha, beta) nor on
+TDA+PA's prior. So the H distinct cache triples hold one cache each, and the G streams read theirs with
+their own alpha / beta (and, for TDA+PA, keep their own prior V and counters C2, applied a block at a
+time: `_Prior`). A cache holds its entries
+in a pool in arrival order (a replacement reuses the replaced entry's pool row), so the filled entries are a
+prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
+per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits
+
+TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
+
+
+class _Caches:
+    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together."""
+
+    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool):
+        H, K = len(shots), num_classes
+        S = max(max(shots), 1)
+        P = K * S  # pool rows; row P is a dump that non-entering writes go to
+        self.K, self.S, self.P = K, S, P
+        self.rows = torch.arange(H, device=device)
+        self.shot = torch.tensor(shots, dtype=torch.int64, device=device)
+        self.slot_loss = torch.full((H, K, S), math.inf, dtype=torch.float32, device=device)
+        self.slot_time = torch.zeros(H, K, S, dtype=torch.int64, device=device)
+        self.slot_pool = torch.zeros(H, K, S, dtype=torch.int64, device=device)
+        self.count = torch.zeros(H, K, dtype=torch.int64, device=device)
+        self.used = torch.zeros(H, dtype=torch.int64, device=device)
+        self.keys = torch.zeros(H, P + 1, dim, dtype=torch.float32, device=device)
+        self.cls = torch.full((H, P + 1), K, dtype=torch.int64, device=device)  # K: empty (a dropped column)
+        self.values = (torch.zeros(H, P + 1, K, dtype=torch.float32, device=device) if with_values else None)
+        self.slots = torch.arange(S, device=device)
+
+    def offer(self, step: int, gate: torch.Tensor, pred: torch.Tensor, loss: torch.Tensor, f: torch.Tensor,
+              value: torch.Tensor | None = None) -> torch.Tensor:
+        """TDA's update_cache in every cache at once: append while class `pred` has room, else replace its worst
+        entry (highest loss; among equal losses the newest) when `loss` is strictly lower. [H] bool: entered."""
+        rows = self.rows
+        count = self.count[rows, pred]
+        row_loss = self.slot_loss[rows, pred]
+        row_time = self.slot_time[rows, pred]
+        filled = self.slots[None, :] < count[:, None]
+        ranked = torch.where(filled, row_loss, -math.inf)
+        worst = ranked.max(dim=1).values
+        worst_slot = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
+        room = count < self.shot
+        enter = gate & (room | (loss < worst))
+        slot = torch.where(room, count, worst_slot)
+        old_pool = self.slot_pool[rows, pred, slot]
+        pool = torch.where(enter, torch.where(room, self.used, old_pool), self.P)
+        self.keys[rows, pool] = f
+        self.cls[rows, pool] = torch.where(enter, pred, self.K)
+        if value is not None:
+            self.values[rows, pool] = value
+        self.slot_loss[rows, pred, slot] = torch.where(enter, loss, row_loss[rows, slot])
+        self.slot_time[rows, pred, slot] = torch.where(enter, step, row_time[rows, slot])
+        self.slot_pool[rows, pred, slot] = torch.where(enter, pool, old_pool)
+        grew = (enter & room).long()
+        self.count[rows, pred] += grew
+        self.used += grew
+        return enter
+
+    def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used]. A cache with
+        fewer rows leaves the rest as they started, class K (a dropped column) and zero values, so their
+        weights add nothing."""
+        used = int(self.used.max())
+        affinity = self.keys[:, :used] @ f
+        return torch.exp(-1.0 * (beta - beta * affinity[group])), used
+
+    def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
+        """Cache h in TDA's layout ([K, shot, ...], zeros and inf where empty), as `ClassCache.state` gives it."""
+        filled = (self.slots[None, :shot] < self.count[h, :, None])
+        pool = torch.where(filled, self.slot_pool[h, :, :shot], self.P)
+        out = {f"{prefix}_keys": torch.where(filled[..., None], self.keys[h, pool], 0.0),
+               f"{prefix}_entropy": self.slot_loss[h, :, :shot].clone()}
+        if self.values is not None:
+            out[f"{prefix}_values"] = torch.where(filled[..., None], self.values[h, pool], 0.0)
+        return out
+
+
+class _Prior:
+    """TDA+PA's prior per stream (V [G, M, K], counters C2 [G, M]), applied to a block of likelihoods at once.
+
+    Nothing TDA+PA's likelihood p, its row s or its gate uses depends on V, so a block's p are known before
+    its posteriors: p V_a for the whole block is one product with the block's first V_a, and sample j adds
+    what the rows updated earlier in the block changed, sum over i < j of p_j[s_i] (V_{i+1} - V_i)[s_i]."""
+
+    def __init__(self, methods: list[Method], block: int) -> None:
+        first = methods[0]
+        G, M, K = len(methods), first.class_embeddings.shape[0], first.num_classes
+        device = first.class_embeddings.device
+        self.block, self.count = block, 0
+        self.V = torch.nn.functional.one_hot(first.class_ids, K).float().expand(G, -1, -1).clone()
+        self.C2 = column(methods, "n2", torch.float32, device).expand(-1, M).clone()
+        self.p = torch.empty(G, block, M, dtype=torch.float32, device=device)
+        self.rows = torch.empty(G, block, dtype=torch.int64, device=device)
+        self.fire = torch.empty(G, block, dtype=torch.bool, device=device)
+        self.steps = torch.empty(G, block, K, dtype=torch.float32, device=device)
+        self.streams = torch.arange(G, device=device)
+
+    def add(self, p: torch.Tensor, s: torch.Tensor, fire: torch.Tensor) -> None:
+        self.p[:, self.count], self.rows[:, self.count], self.fire[:, self.count] = p, s, fire
+        self.count += 1
+
+    def flush(self, posteriors: torch.Tensor, start: int) -> None:
+        """The block's posteriors into posteriors[:, start:], and its prior updates (Eq. 9, count rule)."""
+        B, streams, V, C2 = self.count, self.streams, self.V, self.C2
+        base = torch.bmm(self.p[:, :B], V)                                   # p_j V_a
+        for j in range(B):
+            post = base[:, j]
+            if j:
+                weights = self.p[:, j].gather(1, self.rows[:, :j])
+                post = post + torch.bmm(weights[:, None, :], self.steps[:, :j])[:, 0]
+            post = post / post.sum(dim=1, keepdim=True)
+            posteriors[:, start + j] = post
+            s, fire = self.rows[:, j], self.fire[:, j]
+            a = C2[streams, s]
+            row = V[streams, s]
+            new = torch.where(fire[:, None], (a[:, None] * row + 1.0 * post) / (a[:, None] + 1.0), row)
+            self.steps[:, j] = new - row
+            V[streams, s] = new
+            C2[streams, s] = torch.where(fire, a + 1.0, a)
+        self.count = 0
+
+
+def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """G TDA (or G TDA+PA) streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=False)
+    E, class_ids, K = first.class_embeddings, first.class_ids, first.num_classes
+    device, (n, d), G = features.device, features.shape, len(methods)
+    with_prior = first.with_prior
+    triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
+    distinct = list(dict.fromkeys(triples))
+    group = torch.tensor([distinct.index(t) for t in triples], dtype=torch.int64, device=device)
+    members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
+    scale = torch.tensor([[t[0]] for t in distinct], dtype=torch.float32, device=device)
+    pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
+    neg = _Caches([t[2] for t in distinct], K, d, device, with_values=True)
+    pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)
+                                                for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
+    streams = torch.arange(G, device=device)
+    if with_prior:
+        prior = _Prior(methods, TDA_PRIOR_BLOCK)
+        tau = column(methods, "tau", torch.float64, device).flatten()
+    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
+    gated = torch.zeros(G, n, dtype=torch.bool, device=device)
+    gated_prior = torch.zeros(G, n, dtype=torch.bool, device=device)
+    lo_entropy, hi_entropy = NEG_ENTROPY_BOUNDS
+    lo_mask, hi_mask = NEG_MASK_BOUNDS
+    log2_k = math.log2(K)
+    always = torch.ones(len(distinct), dtype=torch.bool, device=device)
+    timer = StageTimer()
+    for i in range(n):
+        f = features[i]
+        with timer("logits"):
+            logits = scale * (E @ f)[None, :]
+            clip_logits = class_logits(logits, class_ids, K)
+            prob_map = torch.softmax(clip_logits, dim=1)
+            loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
+            entropy = loss / log2_k
+            pred = torch.argmax(clip_logits, dim=1)
+        with timer("update"):
+            entered = pos.offer(i, always, pred, loss, f)
+            band = (entropy.double() > lo_entropy) & (entropy.double() < hi_entropy)  # as tda's Python floats
+            mask = ((prob_map > lo_mask) & (prob_map < hi_mask)).float()
+            entered = neg.offer(i, band, pred, loss, f, mask) | entered
+            gated[:, i] = entered[group]
+        with timer("logits"):
+            w_pos, _ = pos.weights(f, pos_beta, group)
+            positive = torch.zeros(G, K + 1, dtype=torch.float32, device=device)
+            positive = positive.scatter_add_(1, pos.cls[group, :w_pos.shape[1]], w_pos)[:, :K]
+            w_neg, used = neg.weights(f, neg_beta, group)
+            negative = torch.empty(G, K, dtype=torch.float32, device=device)
+            for h, rows in enumerate(members):
+                negative[rows] = w_neg[rows] @ neg.values[h, :used]
+            adjustment = pos_alpha * positive - neg_alpha * negative
+        if not with_prior:
+            with timer("posterior"):
+                posteriors[:, i] = torch.softmax(clip_logits[group] + adjustment, dim=1)
+            continue
+        with timer("posterior"):
+            p = torch.softmax(logits[group] + adjustment[:, class_ids], dim=1)
+            s = torch.argmax(p, dim=1)
+            selected[:, i] = s
+            fire = p[streams, s].double() > tau
+            gated_prior[:, i] = fire
+            prior.add(p, s, fire)
+            if prior.count == prior.block or i == n - 1:
+                prior.flush(posteriors, i + 1 - prior.count)
+    timings = split_timings(timer, G)
+    # The streams of one cache share its final state (one copy per cache).
+    caches = [{**pos.state(h, t[1], "pos"), **neg.state(h, t[2], "neg")} for h, t in enumerate(distinct)]
+    traces = []
+    for g in range(G):
+        state = dict(caches[int(group[g])])
+        if with_prior:
+            state.update(V=prior.V[g].clone(), C2=prior.C2[g].clone())
+        traces.append(Trace(posteriors[g], selected[g], gated[g], gated_prior[g], state=state,
+                            timings=dict(timings)))
+    return traces
