@@ -8,6 +8,7 @@ import torch
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
+from tests.lockstep_checks import assert_same_trace
 
 TDA_CONFIGS = [
     {},
@@ -24,19 +25,6 @@ def _stream(k: int, d: int, n: int):
     return bench.features, bench.class_embeddings, bench.class_ids
 
 
-def _assert_same(single, lock, name: str) -> None:
-    assert torch.equal(single.predictions, lock.predictions), name
-    assert float((single.posteriors - lock.posteriors).abs().max()) < 1e-5, name
-    for field in ("selected", "gated", "gated_prior"):
-        assert torch.equal(getattr(single, field), getattr(lock, field)), (name, field)
-    assert single.state.keys() == lock.state.keys()
-    for key, value in single.state.items():
-        if value.is_floating_point():
-            torch.testing.assert_close(lock.state[key], value, atol=1e-5, rtol=0, msg=f"{name} state {key}")
-        else:
-            assert torch.equal(lock.state[key], value), (name, key)
-
-
 @pytest.mark.parametrize("method", ["tda", "tda_pa"])
 def test_tda_lockstep_equals_each_stream_run_alone(method):
     feats, emb, ids = _stream(30, 16, 1500)
@@ -44,7 +32,7 @@ def test_tda_lockstep_equals_each_stream_run_alone(method):
     traces = run_lockstep([make_method(method, emb, ids, 30, **c) for c in configs], feats)
     for config, lock in zip(configs, traces):
         single = make_method(method, emb, ids, 30, **config).run(feats)
-        _assert_same(single, lock, str(config))
+        assert_same_trace(single, lock, str(config))
     # The adaptive parts act: both caches take entries and replace them, the prior gate fires and misses.
     assert 0 < int(traces[0].gated.sum()) < 1500
     assert torch.isfinite(traces[3].state["neg_entropy"]).sum() > 10
@@ -61,7 +49,7 @@ def test_onzeta_lockstep_equals_each_stream_run_alone():
     zero_shot = (feats @ emb.T).argmax(dim=1)
     for config, lock in zip(ONZETA_CONFIGS, traces):
         single = make_method("onzeta", emb, ids, 200, **config).run(feats)
-        _assert_same(single, lock, str(config))
+        assert_same_trace(single, lock, str(config))
         assert not torch.equal(lock.predictions, zero_shot)  # the proxies and rho moved the predictions
         assert int(lock.state["step"]) == 1500
 
@@ -90,7 +78,7 @@ def test_a_pack_of_mixed_methods_equals_the_separate_runs():
     for config, trace in zip(configs, traces):
         hparams = {k: v for k, v in config.items() if k != "method"}
         single = make_method(config["method"], emb, ids, 120, **hparams).run(feats)
-        _assert_same(single, trace, str(config))
+        assert_same_trace(single, trace, str(config))
 
 
 def test_dmn_zs_lockstep_equals_each_stream_run_alone():
@@ -103,6 +91,6 @@ def test_dmn_zs_lockstep_equals_each_stream_run_alone():
                {"memory_size": 2, "keep": 0.5, "beta": 8.0, "memory_weight": 10.0}]
     traces = run_lockstep([make_method("dmn_zs", emb, ids, 20, **c) for c in configs], views)
     for config, lock in zip(configs, traces):
-        _assert_same(make_method("dmn_zs", emb, ids, 20, **config).run(views), lock, str(config))
+        assert_same_trace(make_method("dmn_zs", emb, ids, 20, **config).run(views), lock, str(config))
     assert 0 < int(traces[2].gated.sum()) < 400          # a full memory replaces entries only sometimes
     assert not torch.equal(traces[2].posteriors, traces[3].posteriors)
