@@ -1,13 +1,17 @@
-"""OnZeta in lockstep. The dual variables rho [G, K] per stream, the text logits once per call, and the proxies W [G, K, d]
-in blocks of B samples so that W is read twice per block, not three times per sample: a step's update is
-W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X the block's
-samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per block, per step
-a [G, K, <B] product and the row norms from |W_t + u x^T|^2 = |W_t|^2 + 2 u (W_t x) + u^2 |x|^2; at the
-block's end W is formed and renormalised. The posteriors then differ from the loop's by the loop's own
-float32 rounding, which OnZeta's large early steps amplify: at K = 100, d = 32, 400 samples, the float32
-loop sits 2e-5 from a float64 run of the same loop and this path 1e-5; at K = 200 (`test_lockstep.py`)
-both are within 1e-5 of each other. Below K ~ 100 the loop amplifies rounding further (onzeta.py).
+"""OnZeta in lockstep. The dual variables rho [G, K] per stream, the text logits once per call, and the
+proxies W [G, K, d] in blocks of B samples so that W is read twice per block, not three times per sample: a
+step's update is W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X
+the block's samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per
+block, per step a [G K, <B] product and the row norms from |W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the
+rows are unit at every step); at the block's end W is formed and renormalised. The per-block buffers are
+sample-major, so a step reads and writes whole [G K] rows.
 
+Precision: the row scale s_t is kept in float64 (it is a running product of B factors, and early steps are
+large); the coefficients C and the products are float32, as the loop's own W and x are. The posteriors then
+differ from the loop's by the loop's own float32 rounding, which OnZeta's large early steps amplify: at
+K = 100, d = 32, 400 samples, the float32 loop sits 1.2e-5 from a float64 run of the same loop and this path
+1e-5 or less; at K = 200 (`test_lockstep.py`) and at K = 1000, d = 512 both are within 1e-5 and 1e-6 of each
+other and of the float64 loop. Below K ~ 100 the loop amplifies rounding further (onzeta.py).
 """
 
 from __future__ import annotations
@@ -43,41 +47,40 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
     with timer("logits"):
         text_products = features @ first.text.T
     rows = W.view(G * K, -1)
-    # Buffers written in place: fresh memory costs a page fault per first touch, a sizeable share here.
-    products_buf = torch.empty(G * K, block, dtype=torch.float32, device=device)
-    coef_buf = torch.empty(G * K, block, dtype=torch.float64, device=device)
+    # Per-block buffers, written in place (fresh memory costs a page fault per first touch, a sizeable share).
+    products = torch.empty(block, G * K, dtype=torch.float32, device=device)
+    coef = torch.empty(block, G * K, dtype=torch.float32, device=device)
     for a in range(0, n, block):
         X = features[a:a + block]
         B = X.shape[0]
         with timer("logits"):
-            products = torch.mm(rows, X.T, out=products_buf[:, :B]).view(G, K, B)   # W_a x for the block
-            gram = (X @ X.T).double()
-            sq_x = gram.diagonal()
-            coef = coef_buf[:, :B].zero_()
-            # The row scale, squared norm and coefficients recur over the block, and early steps are large
-            # (a row's coefficients sum to many times its norm): float64 keeps their rounding from adding up.
+            torch.mm(X, rows.T, out=products[:B])                          # W_a x for the block's samples
+            gram = X @ X.T
+            sq_x = gram.diagonal().double().tolist()
+            text_block = text_products[a:a + B, None, :] / tau_t             # [B, G, K], as the loop's T x / tau_t
             scale = torch.ones(G, K, dtype=torch.float64, device=device)
-            sq_norm = torch.linalg.vector_norm(W, dim=2).double().square_()
         for j in range(B):
             t = a + j
             with timer("logits"):
-                z64 = scale * (products[:, :, j] + (coef[:, :j] @ gram[:j, j]).view(G, K))   # W_t x_t
-                z = z64.float()
-                q = torch.softmax(text_products[t] / tau_t + rho, dim=1)
-                p = torch.softmax(z / tau_i, dim=1)
+                # W_t x_t = s_t * (W_a x_t + C_t (X x_t))
+                z64 = (torch.mv(coef[:j].T, gram[:j, j]).add_(products[j]) if j else products[0]).double()
+                z64 = z64.view(G, K).mul_(scale)
+                q = torch.softmax(text_block[j] + rho, dim=1)
+                p = torch.softmax(z64.float() / tau_i, dim=1)
             with timer("posterior"):
-                posteriors[:, t] = q + mix[:, t:t + 1] * (p - q)
+                diff = p - q
+                torch.addcmul(q, mix[:, t:t + 1], diff, out=posteriors[:, t])
             with timer("update"):
                 rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
-                u = step[:, t:t + 1] * (p - q)
-                coef[:, j] = (u / scale).flatten()
-                grown = sq_norm + 2.0 * u * z64 + u.double().square() * sq_x[j]   # |W_t + u x^T|^2
-                norm = grown.sqrt().clamp_(min=1e-12)
-                scale = scale / norm
-                sq_norm = grown / (norm * norm)
+                u = (step[:, t:t + 1] * diff).double()
+                torch.div(u, scale, out=coef[j].view(G, K))
+                # |W_t + u x^T|^2 = |W_t|^2 + u (2 W_t x + u |x|^2), with |W_t| = 1: the rows are unit at
+                # every step (the text prototypes, then each step's and each block's renormalisation).
+                grown = torch.add(u * sq_x[j], z64, alpha=2.0).mul_(u).add_(1.0)
+                scale.div_(grown.sqrt_().clamp_(min=1e-12))
         with timer("update"):
             # W_end = diag(scale) (W_a + C X), renormalised: the positive row scale drops out.
-            rows.addmm_(coef.float(), X)
+            rows.addmm_(coef[:B].T, X)
             W.div_(torch.linalg.vector_norm(W, dim=2, keepdim=True).clamp_(min=1e-12))
     for method in methods:
         method.step = n
