@@ -9,6 +9,7 @@ from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
 from tests.lockstep_checks import assert_same_trace
+from tests.view_streams import view_stream
 
 TDA_CONFIGS = [
     {},
@@ -41,6 +42,26 @@ def test_tda_lockstep_equals_each_stream_run_alone(method):
         fired = [int(t.gated_prior.sum()) for t in traces]
         assert min(fired) > 0 and min(fired) < 1500, fired
         assert not torch.equal(traces[0].state["V"], traces[1].state["V"])
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_tda_lockstep_on_views_equals_each_stream_run_alone(method):
+    """On augmented views each cache's query is its kept views' mean, which depends on logit_scale: three
+    scales here, over more than one of TDA's view chunks."""
+    feats, emb, ids, k, _ = view_stream(num_classes=30, dim=16, n=600, views=12, seed=4)
+    # Config 3 at logit scale 20: the kept views are confident, and only a cooler scale reaches the negative
+    # cache's entropy band.
+    scaled = TDA_CONFIGS[:3] + [dict(TDA_CONFIGS[3], logit_scale=20.0)]
+    configs = [dict(c, **p) if method == "tda_pa" else c for c, p in zip(scaled, PRIORS)]
+    traces = run_lockstep([make_method(method, emb, ids, k, **c) for c in configs], feats)
+    for config, lock in zip(configs, traces):
+        assert_same_trace(make_method(method, emb, ids, k, **config).run(feats), lock, str(config))
+    assert 0 < int(traces[0].gated.sum()) < 600
+    assert torch.isfinite(traces[3].state["neg_entropy"]).sum() > 10
+    # The queries differ by logit_scale: config 2's cache (scale 50) holds other keys than config 0's.
+    assert not torch.equal(traces[0].state["pos_keys"][:, :1], traces[2].state["pos_keys"])
+    single_view = run_lockstep([make_method(method, emb, ids, k, **configs[1])], feats[:, :1])[0]
+    assert_same_trace(make_method(method, emb, ids, k, **configs[1]).run(feats[:, 0]), single_view, "one view")
 
 
 def test_onzeta_lockstep_equals_each_stream_run_alone():

@@ -7,9 +7,9 @@
 Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
 [n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
 per group of configurations whose U evolves identically); the configs of a method with a lockstep runner for
-the features' kind (`lockstep.LOCKSTEP`, keyed by Method class: TDA, TDA+PA and OnZeta on [n, d], DMN-ZS on
-views [n, V, d]) run as lockstep streams; any other method runs on its own. Every result equals the
-separate run (lockstep: within float32 rounding, `lockstep`).
+the features' kind (`lockstep.LOCKSTEP`, keyed by Method class, says which methods and which kinds) run as
+lockstep streams; any other method runs on its own. Every result equals the separate run (lockstep: within
+float32 rounding, `lockstep`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
         traces.update(zip(family, runs))
     for kind, lockstep in LOCKSTEP.items():
         members = [i for i, m in enumerate(methods) if type(m) is kind]
-        if members and lockstep.views == (features.ndim == 3):
+        if members and lockstep.takes(features):
             traces.update(zip(members, lockstep.run([methods[i] for i in members], features)))
     for i, method in enumerate(methods):
         if i not in traces:

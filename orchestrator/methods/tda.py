@@ -160,7 +160,7 @@ class ClassCache:
         return out
 
 
-_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
+VIEW_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
 
 
 class TDA(Method):
@@ -190,21 +190,25 @@ class TDA(Method):
                 loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
             yield f, logits, clip_logits, prob_map, loss_t
 
+    def view_queries(self, chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A chunk of samples' views [c, V, d] -> per sample (f, per-embedding logits, clip_logits, prob_map,
+        loss) from its kept views (module docstring), each with a leading [c] axis."""
+        logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
+        view_logits = class_logits(logits, self.class_ids, self.num_classes)          # [c, V, K]
+        kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
+        kept_logits = gather_views(view_logits, kept)
+        f = gather_views(chunk, kept).mean(dim=1)
+        mean_logits = gather_views(logits, kept).mean(dim=1)
+        clip_logits = class_logits(mean_logits, self.class_ids, self.num_classes)
+        prob_map = torch.softmax(kept_logits, dim=-1).mean(dim=1)
+        return f, mean_logits, clip_logits, prob_map, avg_entropy(kept_logits)
+
     def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
-        """The same per sample from its kept views (module docstring); stateless, so computed in chunks."""
-        for start in range(0, features.shape[0], _CHUNK):
+        """The same per sample from its kept views; stateless, so computed in chunks of VIEW_CHUNK."""
+        for start in range(0, features.shape[0], VIEW_CHUNK):
             with timer("logits"):
-                chunk = features[start:start + _CHUNK]
-                logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
-                view_logits = class_logits(logits, self.class_ids, self.num_classes)          # [c, V, K]
-                kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
-                kept_logits = gather_views(view_logits, kept)
-                f = gather_views(chunk, kept).mean(dim=1)
-                mean_logits = gather_views(logits, kept).mean(dim=1)
-                clip_logits = class_logits(mean_logits, self.class_ids, self.num_classes)
-                prob_map = torch.softmax(kept_logits, dim=-1).mean(dim=1)
-                loss = avg_entropy(kept_logits)
-            yield from zip(f, mean_logits, clip_logits, prob_map, loss)
+                queries = self.view_queries(features[start:start + VIEW_CHUNK])
+            yield from zip(*queries)
 
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes

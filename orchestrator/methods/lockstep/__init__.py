@@ -30,14 +30,18 @@ from orchestrator.methods.tda import TDA, TDAWithPrior
 
 
 class Lockstep(NamedTuple):
-    """A lockstep runner and the features it takes: views [n, V, d] (True) or one feature [n, d] (False)."""
+    """A lockstep runner and the features it takes: views [n, V, d] (True), one feature [n, d] (False) or
+    either (None), as `validate_features` counts them."""
 
     run: Callable[[list[Method], torch.Tensor], list[Trace]]
-    views: bool
+    views: bool | None
+
+    def takes(self, features: torch.Tensor) -> bool:
+        return self.views is None or self.views == (features.ndim == 3)
 
 
 LOCKSTEP: dict[type, Lockstep] = {
-    TDA: Lockstep(run_tda_lockstep, False), TDAWithPrior: Lockstep(run_tda_lockstep, False),
+    TDA: Lockstep(run_tda_lockstep, None), TDAWithPrior: Lockstep(run_tda_lockstep, None),
     OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
 }
 

@@ -6,17 +6,21 @@ time: `_Prior`). A cache holds its entries
 in a pool in arrival order (a replacement reuses the replaced entry's pool row), so the filled entries are a
 prefix of the pool and a step multiplies only those, from the first sample on; `slot_*` keep TDA's physical
 per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
+On augmented views [n, V, d] each cache's query (the mean of its kept views, their logits, entropy and
+probability map) depends on logit_scale alone, so it is computed once per distinct logit_scale, by TDA's
+own chunked view path (`_queries`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.lockstep.common import column, split_timings
-from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits
+from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, VIEW_CHUNK, class_logits
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
@@ -71,11 +75,12 @@ class _Caches:
         return enter
 
     def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used]. A cache with
-        fewer rows leaves the rest as they started, class K (a dropped column) and zero values, so their
-        weights add nothing."""
+        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used], for one query
+        f [d] or one per cache [H, d]. A cache with fewer rows leaves the rest as they started, class K (a
+        dropped column) and zero values, so their weights add nothing."""
         used = int(self.used.max())
-        affinity = self.keys[:, :used] @ f
+        keys = self.keys[:, :used]
+        affinity = keys @ f if f.ndim == 1 else torch.bmm(keys, f[:, :, None])[..., 0]
         return torch.exp(-1.0 * (beta - beta * affinity[group])), used
 
     def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
@@ -134,18 +139,48 @@ class _Prior:
         self.count = 0
 
 
-def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
-    """G TDA (or G TDA+PA) streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
-    first = methods[0]
-    validate_features(first.name, features, first.class_embeddings, views=False)
+def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Per sample, each cache's query: (f, per-embedding logits [H, M], clip_logits [H, K], prob_map [H, K],
+    loss [H]), computed as its TDA computes them (`caches[h]` is one of cache h's streams). f is the one
+    feature [d] on [n, d]; on views [n, V, d] it is [H, d], each cache's mean of its kept views (the views
+    kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one."""
+    first = caches[0]
     E, class_ids, K = first.class_embeddings, first.class_ids, first.num_classes
-    device, (n, d), G = features.device, features.shape, len(methods)
+    if features.ndim == 2:
+        scale = torch.tensor([[m.hp["logit_scale"]] for m in caches], dtype=torch.float32, device=features.device)
+        for f in features:
+            with timer("logits"):
+                logits = scale * (E @ f)[None, :]
+                clip_logits = class_logits(logits, class_ids, K)
+                prob_map = torch.softmax(clip_logits, dim=1)
+                loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
+            yield f, logits, clip_logits, prob_map, loss
+        return
+    scales = [m.hp["logit_scale"] for m in caches]
+    distinct = list(dict.fromkeys(scales))
+    of_cache = torch.tensor([distinct.index(s) for s in scales], device=features.device)
+    for start in range(0, features.shape[0], VIEW_CHUNK):
+        with timer("logits"):
+            chunk = features[start:start + VIEW_CHUNK]
+            per_scale = [caches[scales.index(s)].view_queries(chunk) for s in distinct]
+            queries = [torch.stack(parts, dim=1)[:, of_cache] for parts in zip(*per_scale)]   # each [c, H, ...]
+        yield from zip(*queries)
+
+
+def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+    """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d]; trace g equals
+    `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=None)
+    if features.ndim == 3 and features.shape[1] == 1:
+        features = features[:, 0]
+    class_ids, K = first.class_ids, first.num_classes
+    device, n, d, G = features.device, features.shape[0], features.shape[-1], len(methods)
     with_prior = first.with_prior
     triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
     distinct = list(dict.fromkeys(triples))
     group = torch.tensor([distinct.index(t) for t in triples], dtype=torch.int64, device=device)
     members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
-    scale = torch.tensor([[t[0]] for t in distinct], dtype=torch.float32, device=device)
     pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
     neg = _Caches([t[2] for t in distinct], K, d, device, with_values=True)
     pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)
@@ -163,13 +198,9 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
     log2_k = math.log2(K)
     always = torch.ones(len(distinct), dtype=torch.bool, device=device)
     timer = StageTimer()
-    for i in range(n):
-        f = features[i]
+    queries = _queries([methods[triples.index(t)] for t in distinct], features, timer)
+    for i, (f, logits, clip_logits, prob_map, loss) in enumerate(queries):
         with timer("logits"):
-            logits = scale * (E @ f)[None, :]
-            clip_logits = class_logits(logits, class_ids, K)
-            prob_map = torch.softmax(clip_logits, dim=1)
-            loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
             entropy = loss / log2_k
             pred = torch.argmax(clip_logits, dim=1)
         with timer("update"):
