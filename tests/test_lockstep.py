@@ -115,3 +115,20 @@ def test_dmn_zs_lockstep_equals_each_stream_run_alone():
         assert_same_trace(make_method("dmn_zs", emb, ids, 20, **config).run(views), lock, str(config))
     assert 0 < int(traces[2].gated.sum()) < 400          # a full memory replaces entries only sometimes
     assert not torch.equal(traces[2].posteriors, traces[3].posteriors)
+
+
+@pytest.mark.parametrize("method, configs", [
+    ("zero", [{}, {"keep": 0.5}, {"keep": 0.1, "tie_break": "mean_prob"}, {"logit_scale": 30.0, "keep": 0.5}]),
+    ("mta", [{}, {"lambda_y": 0.5}, {"lambda_q": 1.0}, {"logit_scale": 30.0, "lambda_y": 0.1}]),
+])
+def test_episodic_lockstep_equals_each_stream_run_alone(method, configs):
+    """Configs of one logit_scale share the chunk's view posteriors (Zero) or bandwidths and affinities (MTA),
+    over more than one chunk: every trace is the single-stream one, bit for bit."""
+    feats, emb, ids, k, _ = view_stream(num_classes=20, dim=16, n=300, views=10, seed=5)
+    traces = run_lockstep([make_method(method, emb, ids, k, **c) for c in configs], feats)
+    singles = [make_method(method, emb, ids, k, **c).run(feats) for c in configs]
+    for config, single, lock in zip(configs, singles, traces):
+        assert torch.equal(single.posteriors, lock.posteriors), config
+        assert_same_trace(single, lock, str(config))
+    # The configs' own hparams act: every config's predictions differ from config 0's somewhere.
+    assert all(not torch.equal(singles[0].predictions, s.predictions) for s in singles[1:])

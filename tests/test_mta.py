@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.methods import make_method, run_stream
-from orchestrator.methods.mta import bandwidths, solve
+from orchestrator.methods.mta import affinities, bandwidths, solve
 from view_streams import view_stream
 
 
@@ -69,7 +69,7 @@ def test_matches_the_official_loop_over_a_stream():
     ref = mta_reference(views, emb)
     # The same solver in float64 is the reference up to float64 rounding: the algorithm is exact.
     feats, text = views.double(), emb.double()
-    mode = solve(feats, 100.0 * feats @ text.T, bandwidths(feats), 0.2, 4.0)
+    mode = solve(feats, affinities(100.0 * feats @ text.T), bandwidths(feats), 0.2, 4.0)
     torch.testing.assert_close(100.0 * mode @ text.T, ref, atol=1e-9, rtol=0)
     # In float32: identical predictions, posteriors within 1e-5 except on rare samples whose MeanShift is
     # still moving after its 25 mode steps, where the iteration amplifies float32 rounding (about 2 in

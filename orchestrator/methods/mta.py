@@ -30,7 +30,8 @@ nearest views all coincide with it has bandwidth 0: a ValueError naming the samp
 
 Samples are solved in vectorised chunks: per sample the inner loops stop exactly where the official loop
 stops (a converged sample's y or m is frozen while others iterate), so batching changes nothing but
-rounding. The Trace has no state (episodic), `selected` -1 and `gated` False.
+rounding. Episodic (`episodic.py`): a pack's configs with one logit_scale share the bandwidths and the
+views' affinities. The Trace has no state, `selected` -1 and `gated` False.
 """
 
 from __future__ import annotations
@@ -39,13 +40,12 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.episodic import Episodic
 from orchestrator.methods.prototypes import class_prototypes
 
 MAX_ITER = 5        # outer iterations, and the cap of each inner loop (hard-coded in the official code)
 TOL = 1e-6          # inner-loop stop threshold on the L2 change of y and of m
 KNN_FRACTION = 0.3  # the bandwidth uses the int(0.3 (V - 1)) nearest other views (at least one)
-_CHUNK = 128        # samples per vectorised chunk: bounds the [chunk, V, K] view logits in memory
 
 
 def bandwidths(features: torch.Tensor) -> torch.Tensor:
@@ -58,19 +58,23 @@ def bandwidths(features: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(0.5 * torch.mean(nearest ** 2, dim=2))
 
 
+def affinities(view_logits: torch.Tensor) -> torch.Tensor:
+    """[B, V, K] view logits -> [B, V, V]: A = P P^T with P the views' softmax (temperature 1)."""
+    probs = torch.softmax(view_logits, dim=-1)
+    return probs @ probs.transpose(1, 2)
+
+
 def kernel(features: torch.Tensor, mode: torch.Tensor, bandwidth: torch.Tensor) -> torch.Tensor:
     """Gaussian kernel of every view [B, V, d] around the mode [B, d] with per-view bandwidths [B, V]."""
     dist = torch.linalg.vector_norm(features - mode[:, None], dim=-1)
     return torch.exp(-dist ** 2 / (2 * bandwidth ** 2))
 
 
-def solve(features: torch.Tensor, view_logits: torch.Tensor, h: torch.Tensor, lambda_y: float,
+def solve(features: torch.Tensor, affinity: torch.Tensor, h: torch.Tensor, lambda_y: float,
           lambda_q: float) -> torch.Tensor:
-    """The MeanShift mode [B, d] of each sample's views [B, V, d], given their logits [B, V, K] and their
+    """The MeanShift mode [B, d] of each sample's views [B, V, d], given their affinities [B, V, V] and their
     bandwidths [B, V]."""
     B, V, _ = features.shape
-    probs = torch.softmax(view_logits, dim=-1)
-    affinity = probs @ probs.transpose(1, 2)
     y = torch.full((B, V), 1.0 / V, dtype=features.dtype, device=features.device)
     mode = features[:, 0]
     for _ in range(MAX_ITER):
@@ -96,38 +100,35 @@ def solve(features: torch.Tensor, view_logits: torch.Tensor, h: torch.Tensor, la
     return mode
 
 
-class MTA(Method):
+class MTA(Episodic):
     """MeanShift for test-time augmentation: the inlierness-weighted mode of the views, classified zero-shot
     (hparams lambda_y, lambda_q, logit_scale: its registry card)."""
 
     name = "mta"
+    chunk = 128
+    shared_hparams = ("logit_scale",)
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         self.text = class_prototypes(class_embeddings, class_ids, num_classes)
 
-    def _run(self, features: torch.Tensor) -> Trace:
-        n, K = features.shape[0], self.num_classes
-        posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
-        timer = StageTimer()
-        for start in range(0, n, _CHUNK):
-            with timer("posterior"):
-                mode = self.modes(features[start:start + _CHUNK], start)
-            with timer("logits"):
-                logits = self.hp["logit_scale"] * mode @ self.text.T
-            posteriors[start:start + _CHUNK] = torch.softmax(logits, dim=-1)
-        return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
+    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The views' bandwidths [c, V] and affinities P P^T [c, V, V] (None for a single view)."""
+        if chunk.shape[1] == 1:
+            return None
+        return bandwidths(chunk), affinities(self.hp["logit_scale"] * chunk @ self.text.T)
 
-    def modes(self, chunk: torch.Tensor, start: int) -> torch.Tensor:
-        """The MeanShift modes [B, d] of a chunk of samples' views [B, V, d] (`start`: the first one's index)."""
-        if chunk.shape[1] == 1:  # a single view is its own mode
-            return chunk[:, 0]
-        h = bandwidths(chunk)
-        collapsed = (h == 0).any(dim=1)
-        if bool(collapsed.any()):
-            bad = start + int(torch.nonzero(collapsed)[0])
-            raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
-                             f"(kernel bandwidth 0; the official code returns NaN there)")
-        return solve(chunk, self.hp["logit_scale"] * chunk @ self.text.T, h, self.hp["lambda_y"],
-                     self.hp["lambda_q"])
+    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None,
+              start: int) -> torch.Tensor:
+        if shared is None:  # a single view is its own mode
+            mode = chunk[:, 0]
+        else:
+            h, affinity = shared
+            collapsed = (h == 0).any(dim=1)
+            if bool(collapsed.any()):
+                bad = start + int(torch.nonzero(collapsed)[0])
+                raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
+                                 f"(kernel bandwidth 0; the official code returns NaN there)")
+            mode = solve(chunk, affinity, h, self.hp["lambda_y"], self.hp["lambda_q"])
+        return torch.softmax(self.hp["logit_scale"] * mode @ self.text.T, dim=-1)

@@ -23,17 +23,16 @@ it sums to 1 and its argmax is exactly the tie-broken majority vote:
 - 'discarded': extra = (onehot(winner) + mean_q) / 2. Over any class b the winner gains at least
   1/2 - (mean_q[b] - mean_q[winner]) / 2 > 0 on top of its votes (the same bound), so it wins ties and
   keeps every lead.
-Stateless: samples are processed in vectorised chunks.
+Episodic (`episodic.py`): samples are processed in vectorised chunks, and a pack's configs with one
+logit_scale share the views' posteriors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.episodic import Episodic
 from orchestrator.methods.views import confidence_order, kept_count, view_posteriors
-
-_CHUNK = 256  # samples per vectorised chunk: bounds the [chunk, V, M] logits in memory
 
 
 def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
@@ -52,30 +51,28 @@ def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Ten
     return torch.where(tied.sum(dim=1) > 1, broken, winner)
 
 
-class Zero(Method):
+class Zero(Episodic):
     """Majority vote of the confident augmented views' argmax predictions (hparams: its registry card)."""
 
     name = "zero"
+    chunk = 256
+    shared_hparams = ("logit_scale",)
 
-    def _run(self, features: torch.Tensor) -> Trace:
-        n = features.shape[0]
+    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The views' class posteriors [c, V, K] and their confidence order [c, V]."""
+        q = view_posteriors(chunk, self.class_embeddings, self.class_ids, self.num_classes, self.hp["logit_scale"])
+        return q, confidence_order(q)
+
+    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor], start: int) -> torch.Tensor:
+        q, order = shared
         K = self.num_classes
-        k = kept_count(features.shape[1], self.hp["keep"])
-        posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
-        timer = StageTimer()
-        for start in range(0, n, _CHUNK):
-            chunk = features[start:start + _CHUNK]
-            with timer("logits"):
-                q = view_posteriors(chunk, self.class_embeddings, self.class_ids, K, self.hp["logit_scale"])
-            with timer("posterior"):
-                order = confidence_order(q)
-                q_kept = torch.gather(q, 1, order[:, :k, None].expand(-1, -1, K))
-                votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
-                mean_q = q_kept.mean(dim=1)
-                if self.hp["tie_break"] == "mean_prob":
-                    extra = mean_q
-                else:
-                    winner = discarded_view_winner(votes, q, order, k)
-                    extra = (torch.nn.functional.one_hot(winner, K) + mean_q) / 2
-                posteriors[start:start + _CHUNK] = (votes + extra) / (k + 1)
-        return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
+        k = kept_count(chunk.shape[1], self.hp["keep"])
+        q_kept = torch.gather(q, 1, order[:, :k, None].expand(-1, -1, K))
+        votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
+        mean_q = q_kept.mean(dim=1)
+        if self.hp["tie_break"] == "mean_prob":
+            extra = mean_q
+        else:
+            winner = discarded_view_winner(votes, q, order, k)
+            extra = (torch.nn.functional.one_hot(winner, K) + mean_q) / 2
+        return (votes + extra) / (k + 1)

@@ -1,0 +1,52 @@
+"""Episodic methods: each sample is solved from its own views alone, nothing carries between samples.
+
+Such a method runs in chunks of samples, and splits a chunk's work in two:
+
+    shared(chunk)          what depends only on the hparams named in `shared_hparams` (e.g. the views'
+                           class posteriors, which depend on logit_scale alone): the costly part;
+    solve(chunk, shared)   the chunk's posteriors [c, K] under this method's other hparams.
+
+`run` is the two in turn. A pack of configs of one episodic method over one stream computes `shared` once per
+chunk for every group of configs that agree on `shared_hparams` (`lockstep.episodic`), which is exact: each
+config's `solve` sees the very tensors its own run would compute.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+
+
+class Episodic(Method):
+    """Base of the episodic methods (Zero, MTA): subclasses set `chunk`, `shared_hparams` and implement
+    `shared` and `solve`."""
+
+    chunk: ClassVar[int]                     # samples per chunk: bounds the [chunk, V, M] view logits in memory
+    shared_hparams: ClassVar[tuple[str, ...]]
+
+    def shared_key(self) -> tuple:
+        return tuple(self.hp[name] for name in self.shared_hparams)
+
+    @abstractmethod
+    def shared(self, chunk: torch.Tensor) -> Any:
+        """The part of a chunk [c, V, d] that depends on `shared_hparams` alone (module docstring)."""
+
+    @abstractmethod
+    def solve(self, chunk: torch.Tensor, shared: Any, start: int) -> torch.Tensor:
+        """The chunk's posteriors [c, K] from `shared(chunk)`; `start` is its first sample's stream index."""
+
+    def _run(self, features: torch.Tensor) -> Trace:
+        n = features.shape[0]
+        posteriors, selected, gated, gated_prior = empty_trace(n, self.num_classes, features.device)
+        timer = StageTimer()
+        for start in range(0, n, self.chunk):
+            chunk = features[start:start + self.chunk]
+            with timer("logits"):
+                shared = self.shared(chunk)
+            with timer("posterior"):
+                posteriors[start:start + self.chunk] = self.solve(chunk, shared, start)
+        return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)

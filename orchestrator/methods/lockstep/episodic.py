@@ -1,0 +1,36 @@
+"""Episodic methods (Zero, MTA) in lockstep: per chunk of samples, the shared part (`Episodic.shared`: the
+views' posteriors, bandwidths, affinities) once per distinct tuple of the method's `shared_hparams`, then each
+stream's own `solve` on it. Every stream sees the tensors its own run computes, so its trace is identical."""
+
+from __future__ import annotations
+
+import torch
+
+from orchestrator.methods.base import StageTimer, Trace, empty_trace, validate_features
+from orchestrator.methods.episodic import Episodic
+from orchestrator.methods.lockstep.common import split_timings
+
+
+def run_episodic_lockstep(methods: list[Episodic], features: torch.Tensor) -> list[Trace]:
+    """G streams of one episodic method over one stream of views [n, V, d]; trace g equals
+    `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=True)
+    n, G = features.shape[0], len(methods)
+    keys = [m.shared_key() for m in methods]
+    writers = {key: methods[keys.index(key)] for key in dict.fromkeys(keys)}
+    posteriors = torch.zeros(G, n, first.num_classes, dtype=torch.float32, device=features.device)
+    timer = StageTimer()
+    for start in range(0, n, first.chunk):
+        chunk = features[start:start + first.chunk]
+        with timer("logits"):
+            shared = {key: writer.shared(chunk) for key, writer in writers.items()}
+        with timer("posterior"):
+            for g, method in enumerate(methods):
+                posteriors[g, start:start + first.chunk] = method.solve(chunk, shared[keys[g]], start)
+    timings = split_timings(timer, G)
+    traces = []
+    for g in range(G):
+        _, selected, gated, gated_prior = empty_trace(n, first.num_classes, features.device)
+        traces.append(Trace(posteriors[g], selected, gated, gated_prior, state={}, timings=dict(timings)))
+    return traces
