@@ -8,7 +8,7 @@ the parts that need more say what is missing and which wheels to carry. In order
    the largest posterior difference (< 1e-4 passes; the device sums products in another order);
 2. samples/s of every method at K = M = 1000, d = 512, single-stream and lockstep (`benchmarks.methods`);
 3. image encoders: images/s of open_clip's RN50, ViT-B-16 and ViT-L-14 at fp16 with random weights (no
-   download), batch 64; open_clip comes as carried wheels (README, Performance);
+   download), batch 64; open_clip comes as carried wheels (`--wheels` prints how);
 4. peak GPU memory of a pack trial's method pass (32 TDA configs and 32 BCA configs over 2000 samples);
 5. one `execute_trial` end to end (a synthetic pack of BCA and TDA runs), where pydantic and PyYAML import
    (the sweep spec needs them), else a line saying so.
@@ -34,11 +34,31 @@ QUICK = {"K": 120, "d": 16, "n": 200, "encoder_batch": 2, "encoders": (), "peak_
 FULL = {"K": 1000, "d": 512, "n": 2000, "encoder_batch": 64, "encoders": ("RN50", "ViT-B-16", "ViT-L-14"),
         "peak_n": 2000, "peak_g": 32}
 TOLERANCE = 1e-4
-# What open_clip needs beyond torch and numpy (pip download these for the GPU machine's Python and torch).
-OPEN_CLIP_WHEELS = ("open_clip_torch", "torchvision (the build matching torch)", "timm", "safetensors", "ftfy",
-                    "wcwidth", "regex", "tqdm", "huggingface_hub with click, filelock, fsspec, hf-xet, httpx, "
-                    "packaging, pyyaml, typing-extensions")
-TRIAL_WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "pyyaml")
+# What a GPU image with torch, torchvision, timm, huggingface_hub, safetensors, regex, tqdm and PyYAML (this
+# workplace's, as its package list says) lacks: open_clip for the encoders, pydantic for the sweep spec.
+# `--wheels` prints the pip commands, pinned to this environment's versions.
+OPEN_CLIP_WHEELS = ("open_clip_torch", "ftfy", "wcwidth")
+TRIAL_WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+def wheel_commands(python: str) -> str:
+    """The pip download command (run here, where pip reaches the index) and the install line for the GPU
+    machine, for the wheels of OPEN_CLIP_WHEELS and TRIAL_WHEELS at this environment's versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pinned = []
+    for name in OPEN_CLIP_WHEELS + TRIAL_WHEELS:
+        try:
+            pinned.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            pinned.append(name)
+    platforms = " ".join(f"--platform {p}" for p in PLATFORMS)
+    return (f"python -m pip download --no-deps --only-binary=:all: --python-version {python} --implementation cp "
+            f"{platforms} -d wheels {' '.join(pinned)}\n"
+            "# then copy wheels/ into the repository root on the GPU machine, and there:\n"
+            "python -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl && "
+            "PYTHONPATH=/tmp/site python -m benchmarks.gpu")
 
 
 def _compare(name: str, reference, got) -> tuple[str, bool]:
@@ -87,7 +107,8 @@ def encoder_rates(device: str, names: tuple[str, ...], batch: int) -> None:
     try:
         import open_clip
     except ImportError:
-        print(f"  skipped: open_clip is not importable here; carry the wheels {', '.join(OPEN_CLIP_WHEELS)}")
+        print(f"  skipped: open_clip is not importable here; carry the wheels {', '.join(OPEN_CLIP_WHEELS)} "
+              f"(`python -m benchmarks.gpu --wheels`)")
         return
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     for name in names:
@@ -140,7 +161,7 @@ def trial_end_to_end(K: int, d: int, n: int) -> None:
         from orchestrator.sweep.trial import execute_trial, settings_of
     except ImportError as exc:
         print(f"  skipped: the sweep needs {exc.name!r}, not importable here; carry the wheels "
-              f"{', '.join(TRIAL_WHEELS)}")
+              f"{', '.join(TRIAL_WHEELS)} (`python -m benchmarks.gpu --wheels`)")
         return
     with tempfile.TemporaryDirectory() as tmp:
         spec = validate_spec({"name": "gpu-check", "results_dir": "results", "seeds": [0], "pack": 4,
@@ -160,7 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, no encoders (CI, on a CPU)")
     parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--wheels", metavar="PYTHON", nargs="?", const="3.12",
+                        help="print the commands that fetch and install the wheels to carry for the GPU machine's "
+                             "Python (default 3.12), then exit")
     args = parser.parse_args(argv)
+    if args.wheels:
+        print(wheel_commands(args.wheels))
+        return 0
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     preset = QUICK if args.quick else FULL
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{os.cpu_count()} cpus"

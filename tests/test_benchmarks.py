@@ -48,3 +48,18 @@ def test_gpu_check_quick_runs_without_ray_duckdb_open_clip_pydantic():
     exact = [line for line in done.stdout.splitlines() if line.startswith("  engine") or line.startswith("  lockstep")]
     assert len(exact) >= 6 and all(" ok " in line for line in exact), done.stdout
     assert "skipped: the sweep needs 'pydantic'" in done.stdout and "exact: all checks passed" in done.stdout
+
+
+def test_gpu_check_prints_the_wheels_to_carry():
+    """`python -m benchmarks.gpu --wheels`: a pip download of every missing package, pinned to this environment's
+    versions, and the install line for the GPU machine."""
+    from importlib.metadata import version
+
+    from benchmarks import gpu
+
+    out = gpu.wheel_commands("3.12")
+    download, _, install = out.splitlines()
+    assert download.startswith("python -m pip download --no-deps --only-binary=:all: --python-version 3.12")
+    for name in gpu.OPEN_CLIP_WHEELS + gpu.TRIAL_WHEELS:
+        assert f" {name}=={version(name)}" in download, name
+    assert install.endswith("PYTHONPATH=/tmp/site python -m benchmarks.gpu")
