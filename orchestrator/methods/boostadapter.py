@@ -48,7 +48,7 @@ from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, ClassCache
 
-_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
+QUERY_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
 
 
 class FifoClassCache(ClassCache):
@@ -127,15 +127,12 @@ class BoostAdapter(Method):
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n, V, _ = features.shape
-        if V > 1 and hp["query"] == "confident" and int(V * hp["keep"]) == 0:
-            raise ValueError(f"boostadapter: query='confident' averages the int(keep * V) most confident views, "
-                             f"which is none for keep = {hp['keep']} and V = {V}; use more views, a larger "
-                             f"keep or query='original'")
+        self.check_views(V)
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
-        for start in range(0, n, _CHUNK):
+        for start in range(0, n, QUERY_CHUNK):
             with timer("logits"):
-                q = queries(features[start:start + _CHUNK], self.text, hp)
+                q = queries(features[start:start + QUERY_CHUNK], self.text, hp)
             for j in range(q.logits.shape[0]):
                 with timer("update"):
                     gated[start + j] = self.update(q, j)
@@ -145,6 +142,14 @@ class BoostAdapter(Method):
                     posteriors[start + j] = torch.softmax(logits, dim=0)
         state = {**self.pos.state("pos"), **self.neg.state("neg")}
         return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
+
+    def check_views(self, views: int) -> None:
+        """The confident query needs a view to average (checked per run: V comes with the features)."""
+        hp = self.hp
+        if views > 1 and hp["query"] == "confident" and int(views * hp["keep"]) == 0:
+            raise ValueError(f"boostadapter: query='confident' averages the int(keep * V) most confident views, "
+                             f"which is none for keep = {hp['keep']} and V = {views}; use more views, a larger "
+                             f"keep or query='original'")
 
     def update(self, q: Queries, i: int) -> bool:
         """Steps 2 and 4: offer sample i's query to the kept caches; True if it entered either."""

@@ -15,16 +15,18 @@ import math
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep.common import column, group_by, split_timings
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
 
 class _Caches:
-    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together."""
+    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together. A `fifo` cache
+    (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst."""
 
-    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool):
+    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool,
+                 fifo: bool = False):
         H, K = len(shots), num_classes
         S = max(max(shots), 1)
         P = K * S  # pool rows; row P is a dump that non-entering writes go to
@@ -40,22 +42,28 @@ class _Caches:
         self.cls = torch.full((H, P + 1), K, dtype=torch.int64, device=device)  # K: empty (a dropped column)
         self.values = (torch.zeros(H, P + 1, K, dtype=torch.float32, device=device) if with_values else None)
         self.slots = torch.arange(S, device=device)
+        self.fifo = fifo
 
     def offer(self, step: int, gate: torch.Tensor, pred: torch.Tensor, loss: torch.Tensor, f: torch.Tensor,
               value: torch.Tensor | None = None) -> torch.Tensor:
         """TDA's update_cache in every cache at once: append while class `pred` has room, else replace its worst
-        entry (highest loss; among equal losses the newest) when `loss` is strictly lower. [H] bool: entered."""
+        entry (highest loss; among equal losses the newest) when `loss` is strictly lower, or in a fifo cache
+        its oldest entry, always. f (and value) are one row for all caches or one per cache. [H] bool: entered."""
         rows = self.rows
         count = self.count[rows, pred]
         row_loss = self.slot_loss[rows, pred]
         row_time = self.slot_time[rows, pred]
         filled = self.slots[None, :] < count[:, None]
-        ranked = torch.where(filled, row_loss, -math.inf)
-        worst = ranked.max(dim=1).values
-        worst_slot = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
         room = count < self.shot
-        enter = gate & (room | (loss < worst))
-        slot = torch.where(room, count, worst_slot)
+        if self.fifo:
+            enter = gate & (self.shot > 0)
+            victim = torch.where(filled, row_time, torch.iinfo(torch.int64).max).argmin(dim=1)
+        else:
+            ranked = torch.where(filled, row_loss, -math.inf)
+            worst = ranked.max(dim=1).values
+            victim = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
+            enter = gate & (room | (loss < worst))
+        slot = torch.where(room, count, victim)
         old_pool = self.slot_pool[rows, pred, slot]
         pool = torch.where(enter, torch.where(room, self.used, old_pool), self.P)
         self.keys[rows, pool] = f
@@ -71,11 +79,11 @@ class _Caches:
         return enter
 
     def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used]. A cache with
-        fewer rows leaves the rest as they started, class K (a dropped column) and zero values, so their
-        weights add nothing."""
+        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used], f one query [d]
+        for every cache or one per cache [H, d]. A cache with fewer rows leaves the rest as they started,
+        class K (a dropped column) and zero values, so their weights add nothing."""
         used = int(self.used.max())
-        affinity = self.keys[:, :used] @ f
+        affinity = (self.keys[:, :used] @ f[..., None])[..., 0]
         return torch.exp(-1.0 * (beta - beta * affinity[group])), used
 
     def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
@@ -142,8 +150,8 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
     device, (n, d), G = features.device, features.shape, len(methods)
     with_prior = first.with_prior
     triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
-    distinct = list(dict.fromkeys(triples))
-    group = torch.tensor([distinct.index(t) for t in triples], dtype=torch.int64, device=device)
+    distinct, index = group_by(triples)
+    group = torch.tensor(index, dtype=torch.int64, device=device)
     members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
     scale = torch.tensor([[t[0]] for t in distinct], dtype=torch.float32, device=device)
     pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
