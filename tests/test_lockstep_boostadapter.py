@@ -8,7 +8,7 @@ import math
 import torch
 
 from orchestrator.methods import make_method, run_traces_many
-from orchestrator.methods.boostadapter import QUERY_CHUNK, queries
+from orchestrator.methods.boostadapter import QUERY_CHUNK, queries, score_views
 from orchestrator.methods.lockstep import run_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
@@ -40,7 +40,7 @@ def _offers(views, emb, ids, k, config):
     (the stream fits in one query chunk, so these are the method's own numbers)."""
     assert views.shape[0] <= QUERY_CHUNK
     method = make_method("boostadapter", emb, ids, k, **config)
-    q = queries(views, method.text, method.hp)
+    q = queries(score_views(views, method.text, method.hp["logit_scale"]), method.hp)
     band = torch.tensor([0.2 < float(h) / math.log2(k) < 0.5 for h in q.entropy])
     return q.logits.argmax(dim=1), q.entropy, q.feature, band
 

@@ -22,7 +22,7 @@ import math
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.boostadapter import QUERY_CHUNK, queries
+from orchestrator.methods.boostadapter import QUERY_CHUNK, queries, score_views
 from orchestrator.methods.lockstep.common import column, group_by, split_timings
 from orchestrator.methods.lockstep.tda import _Caches
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS
@@ -73,6 +73,7 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
     pos_keys, pos_of = group_by([(q, m.hp["pos_shot"]) for q, m in zip(query_of, methods)])
     neg_keys, neg_of = group_by([(q, m.hp["neg_shot"]) for q, m in zip(query_of, methods)])
     reps = [methods[view_of.index(v)].hp for v in range(len(view_keys))]     # one stream's hparams per view group
+    scales, scale_of = group_by([scale for scale, _, _ in view_keys])       # the views are scored once per scale
     query_view = [view_of[query_of.index(q)] for q in range(len(query_keys))]  # a view group computing each query
     view_group, query_group, pos_group, neg_group = (torch.tensor(index, device=device)
                                                      for index in (view_of, query_of, pos_of, neg_of))
@@ -94,16 +95,21 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
     timer = StageTimer()
     for start in range(0, n, QUERY_CHUNK):
         with timer("logits"):
-            chunk = [queries(features[start:start + QUERY_CHUNK], text, hp) for hp in reps]
-            q = [chunk[v] for v in query_view]
-            f, logits = torch.stack([x.feature for x in q]), torch.stack([x.logits for x in q])   # [Q, c, ...]
-            entropy, mask = torch.stack([x.entropy for x in q]), torch.stack([x.mask for x in q])
+            block = features[start:start + QUERY_CHUNK]
+            scored = [score_views(block, text, scale) for scale in scales]
+            chunk = [queries(scored[scale_of[v]], hp) for v, hp in enumerate(reps)]
+            f, logits, entropy, mask = (torch.stack([getattr(chunk[v], name) for v in query_view])
+                                        for name in ("feature", "logits", "entropy", "mask"))      # [Q, c, ...]
             pred = logits.argmax(dim=-1)
             band = entropy.double() / log2_k                                 # as the method's Python floats
             band = (band > lo_entropy) & (band < hi_entropy)
+            # What each cache is offered and each stream reads, [H or G, c, ...]: a step takes column j.
+            pos_offers = (pred[pos_query], entropy[pos_query], f[pos_query])
+            neg_offers = (band[neg_query], pred[neg_query], entropy[neg_query], f[neg_query], mask[neg_query])
+            pos_f, neg_f, stream_logits = f[pos_query], f[neg_query], logits[query_group]
             if B:
                 # Each view group's boosting views, padded to B (class K: none), and their affinities to the query.
-                c = f.shape[1]
+                c = block.shape[0]
                 boost_class = torch.full((len(reps), c, B), K, dtype=torch.int64, device=device)
                 boost_entropy = torch.full((len(reps), c, B), math.inf, dtype=torch.float32, device=device)
                 boost_affinity = torch.zeros(len(reps), c, B, dtype=torch.float32, device=device)
@@ -111,29 +117,30 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
                     b = x.boost_class.shape[1]
                     boost_class[v, :, :b], boost_entropy[v, :, :b] = x.boost_class, x.boost_entropy
                     boost_affinity[v, :, :b] = (x.boost_feature @ x.feature[..., None])[..., 0]
-        for j in range(f.shape[1]):
+                boost_class, boost_entropy, boost_affinity = (x[view_group] for x in
+                                                              (boost_class, boost_entropy, boost_affinity))
+        for j in range(block.shape[0]):
             i = start + j
             with timer("update"):
-                entered = pos.offer(i, always, pred[pos_query, j], entropy[pos_query, j], f[pos_query, j])[pos_group]
-                entered |= neg.offer(i, band[neg_query, j], pred[neg_query, j], entropy[neg_query, j],
-                                     f[neg_query, j], mask[neg_query, j])[neg_group]
+                entered = pos.offer(i, always, *(x[:, j] for x in pos_offers))[pos_group]
+                entered |= neg.offer(i, *(x[:, j] for x in neg_offers))[neg_group]
                 gated[:, i] = entered
             with timer("logits"):
-                w_pos, _ = pos.weights(f[pos_query, j], pos_beta, pos_group)
+                w_pos, _ = pos.weights(pos_f[:, j], pos_beta, pos_group)
                 positive = torch.zeros(G, K + 1, dtype=torch.float32, device=device)
                 positive.scatter_add_(1, pos.cls[pos_group, :w_pos.shape[1]], w_pos)
                 if B:
-                    w_boost = torch.exp(-1.0 * (pos_beta - pos_beta * boost_affinity[view_group, j]))
-                    sums, where = _boosted(pos, pos_group, w_pos, boost_class[view_group, j],
-                                           boost_entropy[view_group, j], w_boost, capacity, K)
+                    w_boost = torch.exp(-1.0 * (pos_beta - pos_beta * boost_affinity[:, j]))
+                    sums, where = _boosted(pos, pos_group, w_pos, boost_class[:, j], boost_entropy[:, j], w_boost,
+                                           capacity, K)
                     positive.scatter_(1, where, sums)
-                w_neg, used = neg.weights(f[neg_query, j], neg_beta, neg_group)
+                w_neg, used = neg.weights(neg_f[:, j], neg_beta, neg_group)
                 negative = torch.empty(G, K, dtype=torch.float32, device=device)
                 for h, rows in enumerate(members):
                     negative[rows] = w_neg[rows] @ neg.values[h, :used]
                 adjustment = pos_alpha * positive[:, :K] - neg_alpha * negative
             with timer("posterior"):
-                posteriors[:, i] = torch.softmax(logits[query_group, j] + adjustment, dim=1)
+                posteriors[:, i] = torch.softmax(stream_logits[:, j] + adjustment, dim=1)
     timings = split_timings(timer, G)
     # The streams of one cache share its final state (one copy per cache).
     pos_states = [pos.state(h, shot, "pos") for h, (_, shot) in enumerate(pos_keys)]
