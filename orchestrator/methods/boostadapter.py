@@ -104,6 +104,7 @@ class ScoredViews:
 
 
 def score_views(features: torch.Tensor, text: torch.Tensor, logit_scale: float) -> ScoredViews:
+    """Step 1's per-view numbers for a chunk [n, V, d], shared by every query mode and keep."""
     logits = logit_scale * features @ text.T
     probs = torch.softmax(logits, dim=-1)
     entropy = entropy_nats(probs)
