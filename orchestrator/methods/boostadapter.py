@@ -48,7 +48,7 @@ from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, ClassCache
 
-_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
+QUERY_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
 
 
 class FifoClassCache(ClassCache):
@@ -91,13 +91,31 @@ def entropy_nats(probs: torch.Tensor) -> torch.Tensor:
     return -torch.special.xlogy(rest, rest).sum(dim=-1) - (1 - delta) * torch.log1p(-delta)
 
 
-def queries(features: torch.Tensor, text: torch.Tensor, hp: dict[str, Any]) -> Queries:
-    """Steps 1 and the boosting-view choice of step 3 for a chunk [n, V, d]."""
+@dataclass
+class ScoredViews:
+    """A chunk of views [n, V, d] scored against the classes at one logit scale: what the queries and the
+    boosting views of every query mode and keep are chosen from."""
+
+    features: torch.Tensor  # [n, V, d] F
+    logits: torch.Tensor    # [n, V, K] L_v
+    probs: torch.Tensor     # [n, V, K] softmax(L_v)
+    entropy: torch.Tensor   # [n, V] e_v
+    order: torch.Tensor     # [n, V] the views by increasing entropy (ties: the lower view index)
+
+
+def score_views(features: torch.Tensor, text: torch.Tensor, logit_scale: float) -> ScoredViews:
+    """Step 1's per-view numbers for a chunk [n, V, d], shared by every query mode and keep."""
+    logits = logit_scale * features @ text.T
+    probs = torch.softmax(logits, dim=-1)
+    entropy = entropy_nats(probs)
+    return ScoredViews(features, logits, probs, entropy, torch.argsort(entropy, dim=1, stable=True))
+
+
+def queries(views: ScoredViews, hp: dict[str, Any]) -> Queries:
+    """Steps 1 and the boosting-view choice of step 3 for a chunk of views scored at hp's logit_scale."""
+    features, logits, view_probs, view_entropy = views.features, views.logits, views.probs, views.entropy
     n, V, _ = features.shape
-    logits = hp["logit_scale"] * features @ text.T
-    view_probs = torch.softmax(logits, dim=-1)
-    view_entropy = entropy_nats(view_probs)
-    order = torch.argsort(view_entropy, dim=1, stable=True)[:, :int(V * hp["keep"])]
+    order = views.order[:, :int(V * hp["keep"])]
     rows = torch.arange(n, device=features.device)[:, None]
     if V == 1 or hp["query"] == "original":
         feature, query_logits, pm, entropy = features[:, 0], logits[:, 0], view_probs[:, 0], view_entropy[:, 0]
@@ -127,15 +145,12 @@ class BoostAdapter(Method):
     def _run(self, features: torch.Tensor) -> Trace:
         hp, K = self.hp, self.num_classes
         n, V, _ = features.shape
-        if V > 1 and hp["query"] == "confident" and int(V * hp["keep"]) == 0:
-            raise ValueError(f"boostadapter: query='confident' averages the int(keep * V) most confident views, "
-                             f"which is none for keep = {hp['keep']} and V = {V}; use more views, a larger "
-                             f"keep or query='original'")
+        self.check_views(V)
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
         timer = StageTimer()
-        for start in range(0, n, _CHUNK):
+        for start in range(0, n, QUERY_CHUNK):
             with timer("logits"):
-                q = queries(features[start:start + _CHUNK], self.text, hp)
+                q = queries(score_views(features[start:start + QUERY_CHUNK], self.text, hp["logit_scale"]), hp)
             for j in range(q.logits.shape[0]):
                 with timer("update"):
                     gated[start + j] = self.update(q, j)
@@ -145,6 +160,14 @@ class BoostAdapter(Method):
                     posteriors[start + j] = torch.softmax(logits, dim=0)
         state = {**self.pos.state("pos"), **self.neg.state("neg")}
         return Trace(posteriors, selected, gated, gated_prior, state=state, timings=timer.seconds)
+
+    def check_views(self, views: int) -> None:
+        """The confident query needs a view to average (checked per run: V comes with the features)."""
+        hp = self.hp
+        if views > 1 and hp["query"] == "confident" and int(views * hp["keep"]) == 0:
+            raise ValueError(f"boostadapter: query='confident' averages the int(keep * V) most confident views, "
+                             f"which is none for keep = {hp['keep']} and V = {views}; use more views, a larger "
+                             f"keep or query='original'")
 
     def update(self, q: Queries, i: int) -> bool:
         """Steps 2 and 4: offer sample i's query to the kept caches; True if it entered either."""

@@ -11,7 +11,7 @@ predictions, selections and gates identical, posteriors within float32 rounding 
 in another order than the single-stream ones).
 
 One module per method holds its runner and says how it shares work between streams (`tda`, `onzeta`,
-`dmn_zs`; `episodic` for the methods that solve each sample alone); a new runner is one entry in LOCKSTEP.
+`dmn_zs`, `boostadapter`; `episodic` for the methods that solve each sample alone); a new runner is one entry in LOCKSTEP.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Callable, NamedTuple
 import torch
 
 from orchestrator.methods.base import Method, Trace
+from orchestrator.methods.boostadapter import BoostAdapter
 from orchestrator.methods.dmn_zs import DMNZeroShot
+from orchestrator.methods.lockstep.boostadapter import run_boostadapter_lockstep
 from orchestrator.methods.lockstep.dmn_zs import run_dmn_lockstep
 from orchestrator.methods.lockstep.episodic import run_episodic_lockstep
 from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
@@ -47,6 +49,7 @@ LOCKSTEP: dict[type, Lockstep] = {
     TDA: Lockstep(run_tda_lockstep, None), TDAWithPrior: Lockstep(run_tda_lockstep, None),
     OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
     Zero: Lockstep(run_episodic_lockstep, True), MTA: Lockstep(run_episodic_lockstep, True),
+    BoostAdapter: Lockstep(run_boostadapter_lockstep, True),
 }
 
 

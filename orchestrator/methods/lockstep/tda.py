@@ -19,16 +19,18 @@ from typing import Iterator
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep.common import column, group_by, split_timings
 from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, VIEW_CHUNK, class_logits
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
 
 class _Caches:
-    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together."""
+    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together. A `fifo` cache
+    (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst."""
 
-    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool):
+    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool,
+                 fifo: bool = False):
         H, K = len(shots), num_classes
         S = max(max(shots), 1)
         P = K * S  # pool rows; row P is a dump that non-entering writes go to
@@ -44,22 +46,28 @@ class _Caches:
         self.cls = torch.full((H, P + 1), K, dtype=torch.int64, device=device)  # K: empty (a dropped column)
         self.values = (torch.zeros(H, P + 1, K, dtype=torch.float32, device=device) if with_values else None)
         self.slots = torch.arange(S, device=device)
+        self.fifo = fifo
 
     def offer(self, step: int, gate: torch.Tensor, pred: torch.Tensor, loss: torch.Tensor, f: torch.Tensor,
               value: torch.Tensor | None = None) -> torch.Tensor:
         """TDA's update_cache in every cache at once: append while class `pred` has room, else replace its worst
-        entry (highest loss; among equal losses the newest) when `loss` is strictly lower. [H] bool: entered."""
+        entry (highest loss; among equal losses the newest) when `loss` is strictly lower, or in a fifo cache
+        its oldest entry, always. f (and value) are one row for all caches or one per cache. [H] bool: entered."""
         rows = self.rows
         count = self.count[rows, pred]
         row_loss = self.slot_loss[rows, pred]
         row_time = self.slot_time[rows, pred]
         filled = self.slots[None, :] < count[:, None]
-        ranked = torch.where(filled, row_loss, -math.inf)
-        worst = ranked.max(dim=1).values
-        worst_slot = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
         room = count < self.shot
-        enter = gate & (room | (loss < worst))
-        slot = torch.where(room, count, worst_slot)
+        if self.fifo:
+            enter = gate & (self.shot > 0)
+            victim = torch.where(filled, row_time, torch.iinfo(torch.int64).max).argmin(dim=1)
+        else:
+            ranked = torch.where(filled, row_loss, -math.inf)
+            worst = ranked.max(dim=1).values
+            victim = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
+            enter = gate & (room | (loss < worst))
+        slot = torch.where(room, count, victim)
         old_pool = self.slot_pool[rows, pred, slot]
         pool = torch.where(enter, torch.where(room, self.used, old_pool), self.P)
         self.keys[rows, pool] = f
@@ -157,8 +165,8 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
             yield f, logits, clip_logits, prob_map, loss
         return
     scales = [m.hp["logit_scale"] for m in caches]
-    distinct = list(dict.fromkeys(scales))
-    of_cache = torch.tensor([distinct.index(s) for s in scales], device=features.device)
+    distinct, index = group_by(scales)
+    of_cache = torch.tensor(index, device=features.device)
     for start in range(0, features.shape[0], VIEW_CHUNK):
         with timer("logits"):
             chunk = features[start:start + VIEW_CHUNK]
@@ -178,8 +186,8 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
     device, n, d, G = features.device, features.shape[0], features.shape[-1], len(methods)
     with_prior = first.with_prior
     triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
-    distinct = list(dict.fromkeys(triples))
-    group = torch.tensor([distinct.index(t) for t in triples], dtype=torch.int64, device=device)
+    distinct, index = group_by(triples)
+    group = torch.tensor(index, dtype=torch.int64, device=device)
     members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
     pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
     neg = _Caches([t[2] for t in distinct], K, d, device, with_values=True)
