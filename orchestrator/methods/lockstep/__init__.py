@@ -11,7 +11,7 @@ predictions, selections and gates identical, posteriors within float32 rounding 
 in another order than the single-stream ones).
 
 One module per method holds its runner and says how it shares work between streams (`tda`, `onzeta`,
-`dmn_zs`); a new runner is one entry in LOCKSTEP.
+`dmn_zs`, `tps`); a new runner is one entry in LOCKSTEP.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from orchestrator.methods.dmn_zs import DMNZeroShot
 from orchestrator.methods.lockstep.dmn_zs import run_dmn_lockstep
 from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
 from orchestrator.methods.lockstep.tda import run_tda_lockstep
+from orchestrator.methods.lockstep.tps import run_tps_lockstep
 from orchestrator.methods.onzeta import OnZeta
 from orchestrator.methods.tda import TDA, TDAWithPrior
+from orchestrator.methods.tps import TPS
 
 
 class Lockstep(NamedTuple):
@@ -39,6 +41,7 @@ class Lockstep(NamedTuple):
 LOCKSTEP: dict[type, Lockstep] = {
     TDA: Lockstep(run_tda_lockstep, False), TDAWithPrior: Lockstep(run_tda_lockstep, False),
     OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
+    TPS: Lockstep(run_tps_lockstep, True),
 }
 
 
