@@ -68,14 +68,15 @@ def test_matches_the_reference_at_k_1000():
     torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
 
 
-# AdamW's first step is -lr g / (|g| + eps) per entry, which turns the rounding of an entry near eps into a
-# visible change of the step; so the float32 reference (the official float32 computation, autograd and
-# torch.optim.AdamW) also sits off the float64 one. Measured on this stream, the two configs: batched 1.7e-6
-# and 5.3e-6, float32 reference 5.6e-6 and 2.5e-6 (on another random stream at K = 1000, d = 512, V = 64:
-# batched up to 2.5e-5, float32 reference up to 3.8e-5). The check: no farther from float64 than twice the
-# float32 reference (or 1e-5), and the predictions of both.
+# AdamW's first step is -lr g / (|g| + eps) per entry: an entry of g near eps whose row is large is only known
+# to float32 up to about eps, and its step entry then moves by a visible fraction of lr. Sample 26 here has one
+# (|g| = 7e-10 in a row up to 4.5e-3; float32 rounding moves its step entry by 0.17 lr): its posterior sits
+# 1.7e-4 from float64 in the float32 reference (autograd and torch.optim.AdamW in float32, the official
+# computation), 8e-5 in the former per-sample float32 loop, 1.8e-4 here, 1.3e-4 for that loop on a GPU. Every
+# other sample is within 1e-5 of float64 for both float32 runs. Hence: the predictions of both references, a
+# median within 1e-6, and the bound float32 itself needs at most.
 def test_matches_the_reference_at_k_1000_d_512_with_64_views():
-    feats, emb, ids, k, _ = view_stream("iid", num_classes=1000, dim=512, n=24, views=64, seed=16, noise=8.0,
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=1000, dim=512, n=48, views=64, seed=16, noise=8.0,
                                         view_noise=3.0)
     for hp in ({}, {"lr": 1e-3, "keep": 0.2, "logit_scale": 50.0}):
         trace = make_method("tps", emb, ids, k, **hp).run(feats)
@@ -83,8 +84,9 @@ def test_matches_the_reference_at_k_1000_d_512_with_64_views():
         post, changed = tps_reference(feats, emb, **args)
         post32, _ = tps_reference(feats, emb, **args, dtype=torch.float32)
         assert torch.equal(trace.predictions, post.argmax(1)) and torch.equal(trace.predictions, post32.argmax(1))
-        error, error32 = [float((p.double() - post).abs().max()) for p in (trace.posteriors, post32)]
-        assert error < max(1e-5, 2 * error32), (error, error32)
+        error, error32 = [(p.double() - post).abs().max(dim=1).values for p in (trace.posteriors, post32)]
+        assert float(error.median()) < 1e-6
+        assert float(error.max()) < 5e-4 and float(error32.max()) < 5e-4
         assert int(changed.sum()) > 0
 
 
