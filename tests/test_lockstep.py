@@ -132,3 +132,21 @@ def test_episodic_lockstep_equals_each_stream_run_alone(method, configs):
         assert_same_trace(single, lock, str(config))
     # The configs' own hparams act: every config's predictions differ from config 0's somewhere.
     assert all(not torch.equal(singles[0].predictions, s.predictions) for s in singles[1:])
+
+
+def test_tps_lockstep_equals_each_stream_run_alone():
+    """Three shared step directions: (logit_scale 100, one kept view) for the first two streams (keep 0.1 and
+    0.15 keep one of 10 views), (100, three) and (50, three) for the last two; every stream its own lr."""
+    from tests.view_streams import view_stream
+
+    views, emb, ids, k, _ = view_stream("iid", num_classes=30, dim=32, n=150, views=10, seed=5, noise=3.0)
+    configs = [{}, {"lr": 1e-3, "keep": 0.15}, {"lr": 2e-2, "keep": 0.3},
+               {"lr": 5e-3, "keep": 0.3, "logit_scale": 50.0}, {"lr": 1e-2, "keep": 0.35, "logit_scale": 50.0}]
+    traces = run_lockstep([make_method("tps", emb, ids, k, **c) for c in configs], views)
+    zero_shot = (views[:, 0] @ emb.T).argmax(dim=1)
+    for config, lock in zip(configs, traces):
+        assert_same_trace(make_method("tps", emb, ids, k, **config).run(views), lock, str(config))
+        assert 0 < int((lock.predictions != zero_shot).sum()) < 150      # the step moves some predictions
+    for a in range(len(configs)):
+        for b in range(a):
+            assert not torch.equal(traces[a].posteriors, traces[b].posteriors), (a, b)

@@ -3,12 +3,13 @@
 Such a method runs in chunks of samples, and splits a chunk's work in two:
 
     shared(chunk)          what depends only on the hparams named in `shared_hparams` (e.g. the views'
-                           class posteriors, which depend on logit_scale alone): the costly part;
+                           class posteriors, which depend on logit_scale alone; `shared_key` may refine
+                           this, e.g. to the number of views a keep fraction keeps): the costly part;
     solve(chunk, shared)   the chunk's posteriors [c, K] under this method's other hparams.
 
 `run` is the two in turn. A pack of configs of one episodic method over one stream computes `shared` once per
-chunk for every group of configs that agree on `shared_hparams` (`lockstep.episodic`), which is exact: each
-config's `solve` sees the very tensors its own run would compute.
+chunk for every group of configs with one `shared_key` (`lockstep.episodic`), which is exact: each config's
+`solve` sees the very tensors its own run would compute.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 
 
 class Episodic(Method):
-    """Base of the episodic methods (Zero, MTA): subclasses set `chunk`, `shared_hparams` and implement
+    """Base of the episodic methods (Zero, MTA, TPS): subclasses set `chunk`, `shared_hparams` and implement
     `shared` and `solve`."""
 
     chunk: ClassVar[int]                     # samples per chunk: bounds the [chunk, V, M] view logits in memory
-    shared_hparams: ClassVar[tuple[str, ...]]
+    shared_hparams: ClassVar[tuple[str, ...]] = ("logit_scale",)
 
-    def shared_key(self) -> tuple:
+    def shared_key(self, views: int) -> tuple:
+        """Configs with equal keys compute equal `shared` parts on chunks of `views` views."""
         return tuple(self.hp[name] for name in self.shared_hparams)
 
     @abstractmethod

@@ -106,7 +106,6 @@ class MTA(Episodic):
 
     name = "mta"
     chunk = 128
-    shared_hparams = ("logit_scale",)
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:

@@ -24,14 +24,15 @@ def class_prototypes(class_embeddings: torch.Tensor, class_ids: torch.Tensor, nu
 
 
 def confident_views(logits: torch.Tensor, keep: float) -> torch.Tensor:
-    """[V, K] view logits -> indices of the max(1, int(V * keep)) views with the lowest softmax entropy.
+    """[..., V, K] view logits -> [..., k] indices of the k = max(1, int(V * keep)) views with the lowest
+    softmax entropy (of each sample, given a leading sample axis).
 
     TPT's select_confident_samples, used by DPE and TPS; the official code keeps int(V * keep), which is
     empty below 1 / keep views (a nan loss there), hence the floor of one. Ties go to the earlier view.
     """
     entropy = -(torch.softmax(logits, dim=-1) * torch.log_softmax(logits, dim=-1)).sum(-1)
-    k = max(1, int(logits.shape[0] * keep))
-    return torch.argsort(entropy, stable=True)[:k]
+    k = max(1, int(logits.shape[-2] * keep))
+    return torch.argsort(entropy, dim=-1, stable=True)[..., :k]
 
 
 def mean_prob_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -40,3 +41,17 @@ def mean_prob_entropy(logits: torch.Tensor) -> torch.Tensor:
     log_mean = torch.logsumexp(log_probs, dim=0) - math.log(logits.shape[0])
     log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
     return -(log_mean * log_mean.exp()).sum(-1)
+
+
+def mean_prob_entropy_grad(logits: torch.Tensor) -> torch.Tensor:
+    """[..., k, K] -> [..., k, K]: the gradient of `mean_prob_entropy` over each [k, K] block of logits.
+
+    With p_i = softmax(z_i) and log m the log of their mean (clamped as there),
+    dH/dz_ij = p_ij (sum_l p_il log m_l - log m_j) / k: autograd's value, without its graph.
+    """
+    log_probs = torch.log_softmax(logits, dim=-1)
+    probs = log_probs.exp()
+    k = logits.shape[-2]
+    log_mean = torch.logsumexp(log_probs, dim=-2, keepdim=True) - math.log(k)
+    log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
+    return probs * ((probs * log_mean).sum(-1, keepdim=True) - log_mean) / k

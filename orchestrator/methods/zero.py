@@ -56,7 +56,6 @@ class Zero(Episodic):
 
     name = "zero"
     chunk = 256
-    shared_hparams = ("logit_scale",)
 
     def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The views' class posteriors [c, V, K] and their confidence order [c, V]."""

@@ -31,6 +31,7 @@ from orchestrator.methods.lockstep.tda import run_tda_lockstep
 from orchestrator.methods.mta import MTA
 from orchestrator.methods.onzeta import OnZeta
 from orchestrator.methods.tda import TDA, TDAWithPrior
+from orchestrator.methods.tps import TPS
 from orchestrator.methods.zero import Zero
 
 
@@ -50,6 +51,7 @@ LOCKSTEP: dict[type, Lockstep] = {
     OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
     Zero: Lockstep(run_episodic_lockstep, True), MTA: Lockstep(run_episodic_lockstep, True),
     BoostAdapter: Lockstep(run_boostadapter_lockstep, True),
+    TPS: Lockstep(run_episodic_lockstep, True),
 }
 
 

@@ -1,5 +1,5 @@
-"""Episodic methods (Zero, MTA) in lockstep: per chunk of samples, the shared part (`Episodic.shared`: the
-views' posteriors, bandwidths, affinities) once per distinct tuple of the method's `shared_hparams`, then each
+"""Episodic methods (Zero, MTA, TPS) in lockstep: per chunk of samples, the shared part (`Episodic.shared`: the
+views' posteriors, bandwidths and affinities, TPS's step directions) once per distinct `shared_key`, then each
 stream's own `solve` on it. Every stream sees the tensors its own run computes, so its trace is identical."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def run_episodic_lockstep(methods: list[Episodic], features: torch.Tensor) -> li
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=True)
     n, G = features.shape[0], len(methods)
-    keys = [m.shared_key() for m in methods]
+    keys = [m.shared_key(features.shape[1]) for m in methods]
     writers = {key: methods[keys.index(key)] for key in dict.fromkeys(keys)}
     posteriors = torch.zeros(G, n, first.num_classes, dtype=torch.float32, device=features.device)
     timer = StageTimer()
