@@ -7,7 +7,7 @@
 Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
 [n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
 per group of configurations whose U evolves identically); the configs of a method with a lockstep runner for
-the features' kind (`lockstep.LOCKSTEP`, keyed by Method class: TDA, TDA+PA and OnZeta on [n, d], DMN-ZS on
+the features' kind (`lockstep.LOCKSTEP`, keyed by Method class: TDA, TDA+PA and OnZeta on [n, d], DMN-ZS and DOTA on
 views [n, V, d]) run as lockstep streams; any other method runs on its own. Every result equals the
 separate run (lockstep: within float32 rounding, `lockstep`).
 """

@@ -11,7 +11,7 @@ predictions, selections and gates identical, posteriors within float32 rounding 
 in another order than the single-stream ones).
 
 One module per method holds its runner and says how it shares work between streams (`tda`, `onzeta`,
-`dmn_zs`); a new runner is one entry in LOCKSTEP.
+`dmn_zs`, `dota`); a new runner is one entry in LOCKSTEP.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import torch
 
 from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.dmn_zs import DMNZeroShot
+from orchestrator.methods.dota import DOTA
 from orchestrator.methods.lockstep.dmn_zs import run_dmn_lockstep
+from orchestrator.methods.lockstep.dota import run_dota_lockstep
 from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
 from orchestrator.methods.lockstep.tda import run_tda_lockstep
 from orchestrator.methods.onzeta import OnZeta
@@ -39,6 +41,7 @@ class Lockstep(NamedTuple):
 LOCKSTEP: dict[type, Lockstep] = {
     TDA: Lockstep(run_tda_lockstep, False), TDAWithPrior: Lockstep(run_tda_lockstep, False),
     OnZeta: Lockstep(run_onzeta_lockstep, False), DMNZeroShot: Lockstep(run_dmn_lockstep, True),
+    DOTA: Lockstep(run_dota_lockstep, True),
 }
 
 
