@@ -13,7 +13,7 @@ A group runs over the whole stream before the next starts (groups share nothing 
 work per sample is one scatter pass per group plus d^3 / 3 + d^2 K per (sigma, epsilon) pair.
 
 The trace's 'sigma' [K, d, d] = (D_k + sigma I) / c_k differs per sigma: G copies would be G K d^2 floats
-(32 GB for G = 32 at K = 1000, d = 512). So each stream's state is a `_State` that forms 'sigma' from its
+(34 GB for G = 32 at K = 1000, d = 512). So each stream's state is a `_State` that forms 'sigma' from its
 group's D on every access (a fresh tensor, nothing cached), while its other entries are its own tensors: the
 traces hold one D per group, and a pack's trial reads and saves one run's state at a time
 (`sweep.trial.execute_pack`).
@@ -31,7 +31,7 @@ from orchestrator.methods.lockstep.common import column, split_timings
 from orchestrator.methods.views import kept_count
 
 
-class _State(Mapping):
+class _State(Mapping[str, torch.Tensor]):
     """One stream's final state, its card's keys in order: 'sigma' formed on each access from the group's
     data scatter, the others held."""
 
