@@ -10,6 +10,7 @@ import torch
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
+from orchestrator.methods.dota import gaussian_scores
 from orchestrator.registry import DATASETS, method_card
 
 IMAGENET = {"epsilon": 1e-4, "eta": 0.2, "rho": 0.005, "sigma": 0.002}
@@ -145,7 +146,8 @@ def test_precision_without_an_inverse_equals_the_plain_inverse():
     torch.testing.assert_close(trace.state["precision"].double(), plain, atol=1e-3, rtol=1e-4)
     mu, xbar = trace.state["mu"].double(), bench.features[0].double()
     scores = xbar @ plain @ mu.T - 0.5 * ((mu @ plain) * mu).sum(dim=1)
-    torch.testing.assert_close(method.gaussian_scores(bench.features[0]).double(), scores, atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(gaussian_scores(method.factor, bench.features[0], method.mu).double(), scores,
+                               atol=1e-3, rtol=1e-5)
 
 
 def test_chunks_continue_the_state():

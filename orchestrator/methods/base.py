@@ -13,7 +13,7 @@ import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 
@@ -29,7 +29,9 @@ class Trace:
     selected: [n] int64, the class-embedding row chosen for adaptation (-1 where the method selects none).
     gated: [n] bool, the likelihood / cache update fired for this sample.
     gated_prior: [n] bool, the prior update fired for this sample.
-    state: the method's state after the run ('U' [M, d], 'V' [M, K], 'C1' [M], 'C2' [M] where they apply).
+    state: the method's state after the run ('U' [M, d], 'V' [M, K], 'C1' [M], 'C2' [M] where they apply), name
+        -> tensor; read-only (a lockstep runner may share a tensor between streams, or form an entry on each
+        access: lockstep/dota.py).
     timings: seconds spent per stage ('logits', 'posterior', 'update'); a best-effort split (no device sync).
     """
 
@@ -37,7 +39,7 @@ class Trace:
     selected: torch.Tensor
     gated: torch.Tensor
     gated_prior: torch.Tensor
-    state: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: Mapping[str, torch.Tensor] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METHOD_STAGES, 0.0))
 
     @property
