@@ -11,7 +11,8 @@ predictions, selections and gates identical, posteriors within float32 rounding 
 in another order than the single-stream ones).
 
 One module per method holds its runner and says how it shares work between streams (`tda`, `onzeta`,
-`dmn_zs`, `boostadapter`, `dota`; `episodic` for the methods that solve each sample alone); a new runner is one entry in LOCKSTEP.
+`dmn_zs`, `boostadapter`, `dota`, `dpe`; `episodic` for the methods that solve each sample alone); a new runner is
+one entry in LOCKSTEP.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.boostadapter import BoostAdapter
 from orchestrator.methods.dmn_zs import DMNZeroShot
 from orchestrator.methods.dota import DOTA
+from orchestrator.methods.dpe import DPE
 from orchestrator.methods.lockstep.boostadapter import run_boostadapter_lockstep
 from orchestrator.methods.lockstep.dmn_zs import run_dmn_lockstep
 from orchestrator.methods.lockstep.dota import run_dota_lockstep
+from orchestrator.methods.lockstep.dpe import run_dpe_lockstep
 from orchestrator.methods.lockstep.episodic import run_episodic_lockstep
 from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
 from orchestrator.methods.lockstep.tda import run_tda_lockstep
@@ -55,6 +58,7 @@ LOCKSTEP: dict[type, Lockstep] = {
     BoostAdapter: Lockstep(run_boostadapter_lockstep, True),
     TPS: Lockstep(run_episodic_lockstep, True),
     DOTA: Lockstep(run_dota_lockstep, True),
+    DPE: Lockstep(run_dpe_lockstep, True),
 }
 
 

@@ -27,17 +27,19 @@ TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
 class _Caches:
     """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together. A `fifo` cache
-    (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst."""
+    (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst. Losses are kept in
+    `loss_dtype`: float64 where the single-stream cache ranks Python floats that are not float32 values (DPE's
+    entropy / log2 K); the state reports them in float32, as `ClassCache.entropy` stores them."""
 
     def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool,
-                 fifo: bool = False):
+                 fifo: bool = False, loss_dtype: torch.dtype = torch.float32):
         H, K = len(shots), num_classes
         S = max(max(shots), 1)
         P = K * S  # pool rows; row P is a dump that non-entering writes go to
         self.K, self.S, self.P = K, S, P
         self.rows = torch.arange(H, device=device)
         self.shot = torch.tensor(shots, dtype=torch.int64, device=device)
-        self.slot_loss = torch.full((H, K, S), math.inf, dtype=torch.float32, device=device)
+        self.slot_loss = torch.full((H, K, S), math.inf, dtype=loss_dtype, device=device)
         self.slot_time = torch.zeros(H, K, S, dtype=torch.int64, device=device)
         self.slot_pool = torch.zeros(H, K, S, dtype=torch.int64, device=device)
         self.count = torch.zeros(H, K, dtype=torch.int64, device=device)
@@ -96,7 +98,7 @@ class _Caches:
         filled = (self.slots[None, :shot] < self.count[h, :, None])
         pool = torch.where(filled, self.slot_pool[h, :, :shot], self.P)
         out = {f"{prefix}_keys": torch.where(filled[..., None], self.keys[h, pool], 0.0),
-               f"{prefix}_entropy": self.slot_loss[h, :, :shot].clone()}
+               f"{prefix}_entropy": self.slot_loss[h, :, :shot].to(torch.float32, copy=True)}
         if self.values is not None:
             out[f"{prefix}_values"] = torch.where(filled[..., None], self.values[h, pool], 0.0)
         return out

@@ -1,0 +1,249 @@
+"""DPE in lockstep. A DPE stream shares no state with a stream of another config: every hparam moves its text
+prototypes W (through the residual step, the predictions and the gate of the global update), W decides the
+cache classes, and the cache feeds back into the step. So G streams keep G states: W [G, K, d], a TDA cache
+each (`_Caches`, float64 losses as the loop's Python floats) and each cached class's mean entry [G, K, d].
+
+What the lockstep saves is passes over [K, d] tensors. Per sample the loop builds an autograd graph over
+normalize(W + R_t) and runs torch.optim.AdamW on R_t: some thirty elementwise passes over [K, d], each
+leaving the core's cache. Here a step reads the G states in two sweeps over blocks of rows (BLOCK_ROWS of
+one stream on a CPU, whose operands stay in the core's cache across the block's operations; one block of
+all G x K rows on a GPU):
+
+- select: the previous sample's global update W <- a W + c Y (a = n / (n + 1), c = 1 / ((n + 1) |Y|) per row
+  for the streams it fired on, a = 1 and c = 0 for the others), the norms |W| and the view products X W^T
+  (the confident views, their mean f, the cache class);
+- residual: Y = W + R_t, |Y| and the products X Y^T.
+
+The text residual's step, written out. With U = W / |W|, t = U f and q = dH/dz = -p (log p + H), the
+gradient of the entropy loss in R_t (at R_t = 0) on the row of an uncached class k is a_k (f - t_k U_k),
+a_k = s q_k / |W_k|. AdamW's first step from zero with fresh moments is -lr g / (|g| + eps) (weight decay
+scales the zero parameter, the bias corrections cancel the moments' factors), so with
+h = f - (t_k / |W_k|) W_k the stepped row is Y_k = W_k + h / D, D = -(sign(a_k) |h| + eps / a_k) / lr:
+four elementwise operations per block. The rows of cached classes (whose text gradient gains the InfoNCE
+term) and the cache residual R_v are computed whole, as [G, C, d] with C the most classes any stream has
+cached (the other streams' absent classes masked out of the InfoNCE logits and rows), by the same gradient
+through F.normalize and `adamw_first_step` (torch's step, operation for operation); their rows replace the
+sweep's.
+
+Exactness: the analytic gradient and the closed-form step differ from autograd and AdamW by float32
+rounding (at K = 1000, d = 512 either residual lies within 5e-10 of a float64 step, R_t being at most lr in
+size), and the products and norms sum in another order than the loop's. tests/test_lockstep_dpe.py holds
+every stream to its own loop; at the card's logit_scale 100 the loop itself amplifies float32 rounding
+(tests/test_dpe.py), which that test measures against a float64 run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.dpe import ADAM_EPS, ALIGN_TEMPERATURE
+from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep.tda import _Caches
+
+BLOCK_ROWS = 256  # rows per block of the sweeps on a CPU (`python -m benchmarks.methods --methods dpe`)
+BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which DPE's optimizer keeps
+NORM_EPS = 1e-12  # F.normalize's floor on the norm
+
+
+def adamw_first_step(grad: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """torch.optim.AdamW's first step from a zero parameter with fresh moments, in _single_tensor_adam's
+    operations and roundings (decay leaves zero at zero; lerp and addcmul from zero moments): bitwise the
+    optimizer's step for the same gradient. lr: float64, broadcasting against grad (one per stream)."""
+    b1, b2 = BETAS
+    exp_avg = grad * (1 - b1)
+    exp_avg_sq = grad * (1 - b2) * grad
+    denom = exp_avg_sq.sqrt() / (1 - b2) ** 0.5 + ADAM_EPS
+    return (-lr / (1 - b1)).float() * exp_avg / denom
+
+
+def _normalize_backward(grad: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """The gradient in x of a loss with gradient `grad` in unit = x / norm (F.normalize's chain rule)."""
+    return (grad - unit * (unit * grad).sum(-1, keepdim=True)) / norm
+
+
+def _confident(logits: torch.Tensor, views: torch.Tensor, kept: torch.Tensor,
+               log_kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DPE._confident per stream: logits [G, V, K] of the views [V, d]; the kept[g] views of lowest softmax
+    entropy (confident_views' stable ranks), their mean feature [G, d], mean logits [G, K] and the entropy of
+    their mean probability [G], each summed in rank order as the loop's views[idx].mean(0)."""
+    V = logits.shape[1]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    order = torch.argsort(-(torch.softmax(logits, dim=-1) * log_probs).sum(-1), dim=1, stable=True)
+    keep = (torch.arange(V, device=logits.device)[None, :] < kept[:, None])[..., None]   # [G, V, 1] by rank
+
+    def ranked(x: torch.Tensor) -> torch.Tensor:
+        return x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
+
+    f = torch.where(keep, views[order], 0.0).sum(1) / kept[:, None]
+    mean_logits = torch.where(keep, ranked(logits), 0.0).sum(1) / kept[:, None]
+    log_mean = torch.logsumexp(torch.where(keep, ranked(log_probs), -math.inf), dim=1) - log_kept
+    log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
+    return f, mean_logits, -(log_mean * log_mean.exp()).sum(-1)
+
+
+class _Text:
+    """The G text states W [G, K, d] with their row norms, the stepped prototypes Y, and the two sweeps."""
+
+    def __init__(self, text: torch.Tensor, G: int, views: int, block_rows: int) -> None:
+        K, d = text.shape
+        device = text.device
+        self.W = text.expand(G, -1, -1).clone()
+        self.norm = torch.linalg.vector_norm(self.W, dim=-1).clamp_min_(NORM_EPS)
+        self.Y = torch.empty_like(self.W)
+        self.norm_y = torch.empty(G, K, dtype=torch.float32, device=device)
+        self.products = torch.empty(G, views, K, dtype=torch.float32, device=device)   # X W^T
+        rows = K if device.type != "cpu" else min(K, block_rows)
+        per = G if device.type != "cpu" else max(1, block_rows // rows)
+        self.blocks = [(slice(g, g + per), slice(k, k + rows)) for g in range(0, G, per) for k in range(0, K, rows)]
+        self.h = torch.empty(min(per, G), rows, d, dtype=torch.float32, device=device)
+        self.denom = torch.empty_like(self.h)
+
+    def select(self, views: torch.Tensor | None, fire: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """The pending global update (a [G, 1, 1], c [G, K, 1]), then the products of `views` with W."""
+        for gs, ks in self.blocks:
+            w = self.W[gs, ks]
+            if fire is not None:
+                w.mul_(fire[0][gs]).addcmul_(self.Y[gs, ks], fire[1][gs, ks])
+                torch.linalg.vector_norm(w, dim=-1, out=self.norm[gs, ks])
+            if views is not None:
+                torch.matmul(views, w.transpose(1, 2), out=self.products[gs, :, ks])
+        if fire is not None:
+            self.norm.clamp_min_(NORM_EPS)
+
+    def residual(self, f: torch.Tensor, along: torch.Tensor, inv: torch.Tensor, offset: torch.Tensor,
+                 views: torch.Tensor, products: torch.Tensor) -> None:
+        """Y = W + h / D (module docstring; along = t / |W|, D = inv |h| + offset, all [G, K]), |Y| and the
+        products of `views` with Y into `products` [G, V', K]."""
+        for gs, ks in self.blocks:
+            w, y = self.W[gs, ks], self.Y[gs, ks]
+            h = self.h[:w.shape[0], :w.shape[1]]
+            denom = self.denom[:w.shape[0], :w.shape[1]]
+            torch.addcmul(f[gs, None, :], w, along[gs, ks, None], value=-1.0, out=h)
+            torch.abs(h, out=denom).mul_(inv[gs, ks, None]).add_(offset[gs, ks, None])
+            torch.div(h, denom, out=y).add_(w)         # (addcdiv runs slower on a CPU)
+            torch.linalg.vector_norm(y, dim=-1, out=self.norm_y[gs, ks])
+            torch.matmul(views, y.transpose(1, 2), out=products[gs, :, ks])
+
+
+def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
+                     block_rows: int = BLOCK_ROWS) -> list[Trace]:
+    """G DPE streams over one stream of views [n, V, d]; trace g equals `methods[g].run(features)`."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=True)
+    (n, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device
+    f32, f64 = torch.float32, torch.float64
+    scale, alpha, beta, align = (column(methods, k, f32, device) for k in ("logit_scale", "alpha", "beta", "align"))
+    lr_text, lr_image = (column(methods, k, f64, device) for k in ("lr_text", "lr_image"))
+    inv_lr = (1.0 / lr_text).float()
+    tau = column(methods, "tau_global", f64, device).flatten()
+    kept_counts = [max(1, int(V * m.hp["keep"])) for m in methods]
+    kept = torch.tensor(kept_counts, device=device)
+    log_kept = torch.tensor([[math.log(k)] for k in kept_counts], dtype=f32, device=device)
+    confident = torch.tensor([m.hp["predict_views"] == "confident" for m in methods], device=device)
+    # The posterior needs every view's product with Y only where some stream predicts on confident views.
+    predict_views = V if any(m.hp["predict_views"] == "confident" for m in methods) else 1
+    cache = _Caches([m.hp["shot"] for m in methods], K, d, device, with_values=False, loss_dtype=f64)
+    text = _Text(first.text, G, V, block_rows)
+    cache_mean = torch.zeros(G, K, d, dtype=f32, device=device)
+    cached = torch.zeros(G, K, dtype=torch.bool, device=device)
+    updates = torch.zeros(G, dtype=torch.int64, device=device)
+    products_y = torch.empty(G, predict_views, K, dtype=f32, device=device)
+    streams = torch.arange(G, device=device)
+    always = torch.ones(G, dtype=torch.bool, device=device)
+    posteriors = torch.zeros(G, n, K, dtype=f32, device=device)
+    selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
+    gated = torch.zeros(G, n, dtype=torch.bool, device=device)
+    log2_k = math.log2(K)
+    tiny = torch.finfo(f32).min
+    fire = None
+    timer = StageTimer()
+    for i in range(n):
+        views = features[i]
+        with timer("logits"):
+            text.select(views, fire)
+            logits = scale[:, :, None] * (text.products / text.norm[:, None, :])
+            f, mean_logits, entropy = _confident(logits, views, kept, log_kept)
+            pred = mean_logits.argmax(dim=1)
+        with timer("update"):
+            entered = cache.offer(i, always, pred, entropy.double() / log2_k, f)
+            selected[:, i], gated[:, i] = pred, entered
+            # The admitting class's prototype: the mean of its filled entries in slot order (the loop's).
+            count = cache.count[streams, pred]
+            entries = cache.keys[streams[:, None], cache.slot_pool[streams, pred]]
+            filled = (cache.slots[None, :] < count[:, None])[..., None]
+            mean = torch.where(filled, entries, 0.0).sum(1) / count.clamp(min=1)[:, None]
+            cache_mean[streams, pred] = torch.where(entered[:, None], mean, cache_mean[streams, pred])
+            cached[streams, pred] |= entered
+            # The cached classes in ascending order, then (padding) uncached ones: rows of the general formula.
+            n_cached = cached.sum(1)
+            C = int(n_cached.max())
+            cidx = torch.argsort((~cached).to(torch.uint8), dim=1, stable=True)[:, :C]
+            valid = torch.arange(C, device=device)[None, :] < n_cached[:, None]
+            rows = cidx[..., None].expand(-1, -1, d)
+            keys = cache_mean.gather(1, rows)
+            key_norm = torch.linalg.vector_norm(keys, dim=-1, keepdim=True).clamp_min(NORM_EPS)
+            unit_keys = keys / key_norm
+            text_c = text.W.gather(1, rows)
+            norm_c = text.norm.gather(1, cidx)[..., None]
+            unit_text_c = text_c / norm_c
+            # The loss at zero residuals and its gradients.
+            affinity = torch.exp(-beta * (1.0 - torch.bmm(unit_keys, f[:, :, None])[..., 0]))
+            affinity = torch.where(valid, affinity, 0.0)
+            z = mean_logits + torch.zeros_like(mean_logits).scatter_(1, cidx, alpha * affinity)
+            log_p = torch.log_softmax(z, dim=1)
+            p = log_p.exp()
+            q = -p * (log_p + (-(p * log_p).sum(1, keepdim=True)))
+            pairs = torch.bmm(unit_keys, unit_text_c.transpose(1, 2)) / ALIGN_TEMPERATURE
+            pairs = pairs.masked_fill(~valid[:, None, :], -math.inf)
+            row_weight = torch.where(valid, align / n_cached[:, None], 0.0)[..., None]
+            d_pairs = (torch.softmax(pairs, dim=2) - torch.eye(C, device=device)) * row_weight
+            q_c = q.gather(1, cidx)
+            grad_text_c = (scale * q_c)[..., None] * f[:, None, :] \
+                + torch.bmm(d_pairs.transpose(1, 2), unit_keys) / ALIGN_TEMPERATURE
+            grad_keys = (alpha * beta * affinity * q_c)[..., None] * f[:, None, :] \
+                + torch.bmm(d_pairs, unit_text_c) / ALIGN_TEMPERATURE
+            r_image = adamw_first_step(_normalize_backward(grad_keys, unit_keys, key_norm), lr_image[:, :, None])
+            y_c = text_c + adamw_first_step(_normalize_backward(grad_text_c, unit_text_c, norm_c), lr_text[:, :, None])
+            a = scale * q / text.norm
+            inv = torch.copysign(inv_lr.expand(-1, K), -a)
+            offset = -ADAM_EPS / (lr_text.float() * a)
+            x_pred = views[:predict_views]
+            text.residual(f, mean_logits / scale / text.norm, inv, offset, x_pred, products_y)
+            text.Y.scatter_(1, rows, y_c)
+            text.norm_y.scatter_(1, cidx, torch.linalg.vector_norm(y_c, dim=-1))
+            products_y.scatter_(2, cidx[:, None, :].expand(-1, predict_views, -1), x_pred @ y_c.transpose(1, 2))
+        with timer("posterior"):
+            text.norm_y.clamp_min_(NORM_EPS)
+            logits_y = scale[:, :, None] * (products_y / text.norm_y[:, None, :])
+            clip, f_pred = logits_y[:, 0], views[0].expand(G, -1)
+            if predict_views > 1:
+                f_conf, clip_conf, _ = _confident(logits_y, views, kept, log_kept)
+                clip = torch.where(confident[:, None], clip_conf, clip)
+                f_pred = torch.where(confident[:, None], f_conf, f_pred)
+            keys_y = F.normalize(keys + r_image, dim=2)
+            affinity_y = torch.exp(-beta * (1.0 - torch.bmm(keys_y, f_pred[:, :, None])[..., 0]))
+            cache_logits = torch.zeros_like(clip).scatter_(1, cidx, torch.where(valid, alpha * affinity_y, 0.0))
+            final = clip + cache_logits
+            posteriors[:, i] = torch.softmax(final, dim=1)
+        with timer("update"):
+            log_p = torch.log_softmax(final, dim=1).clamp_min(tiny)
+            fires = -(log_p * log_p.exp()).sum(1).double() / log2_k < tau
+            updates += fires
+            fire = None
+            if bool(fires.any()):
+                count = updates.double()[:, None]
+                a_fire = torch.where(fires[:, None], count / (count + 1), 1.0).float()[:, :, None]
+                c_fire = torch.where(fires[:, None], 1.0 / ((count + 1) * text.norm_y), 0.0).float()[:, :, None]
+                fire = (a_fire, c_fire)
+    with timer("update"):
+        text.select(None, fire)
+    timings = split_timings(timer, G)
+    none = torch.zeros(n, dtype=torch.bool, device=device)
+    return [Trace(posteriors[g], selected[g], gated[g], none.clone(),
+                  state={"text": text.W[g].clone(), "text_updates": updates[g].clone(),
+                         **cache.state(g, m.hp["shot"], "cache")}, timings=dict(timings))
+            for g, m in enumerate(methods)]
