@@ -46,6 +46,8 @@ from orchestrator.methods.base import Method, StageTimer, Trace, validate_featur
 from orchestrator.methods.dpe import ADAM_EPS, ALIGN_TEMPERATURE
 from orchestrator.methods.lockstep.common import column, split_timings
 from orchestrator.methods.lockstep.tda import _Caches
+from orchestrator.methods.prototypes import mean_prob_entropy_grad
+from orchestrator.methods.views import gather_views, kept_count
 
 BLOCK_ROWS = 256  # rows per block of the sweeps on a CPU (`python -m benchmarks.methods --methods dpe`)
 BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which DPE's optimizer keeps
@@ -77,13 +79,9 @@ def _confident(logits: torch.Tensor, views: torch.Tensor, kept: torch.Tensor,
     log_probs = torch.log_softmax(logits, dim=-1)
     order = torch.argsort(-(torch.softmax(logits, dim=-1) * log_probs).sum(-1), dim=1, stable=True)
     keep = (torch.arange(V, device=logits.device)[None, :] < kept[:, None])[..., None]   # [G, V, 1] by rank
-
-    def ranked(x: torch.Tensor) -> torch.Tensor:
-        return x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
-
     f = torch.where(keep, views[order], 0.0).sum(1) / kept[:, None]
-    mean_logits = torch.where(keep, ranked(logits), 0.0).sum(1) / kept[:, None]
-    log_mean = torch.logsumexp(torch.where(keep, ranked(log_probs), -math.inf), dim=1) - log_kept
+    mean_logits = torch.where(keep, gather_views(logits, order), 0.0).sum(1) / kept[:, None]
+    log_mean = torch.logsumexp(torch.where(keep, gather_views(log_probs, order), -math.inf), dim=1) - log_kept
     log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
     return f, mean_logits, -(log_mean * log_mean.exp()).sum(-1)
 
@@ -144,7 +142,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
     scale, alpha, beta, align = (column(methods, k, f32, device) for k in ("logit_scale", "alpha", "beta", "align"))
     lr_text, lr_image = (column(methods, k, f64, device) for k in ("lr_text", "lr_image"))
     tau = column(methods, "tau_global", f64, device).flatten()
-    kept_counts = [max(1, int(V * m.hp["keep"])) for m in methods]
+    kept_counts = [kept_count(V, m.hp["keep"]) for m in methods]
     kept = torch.tensor(kept_counts, device=device)
     log_kept = torch.tensor([[math.log(k)] for k in kept_counts], dtype=f32, device=device)
     confident = torch.tensor([m.hp["predict_views"] == "confident" for m in methods], device=device)
@@ -199,9 +197,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
             affinity = torch.exp(-beta * (1.0 - torch.bmm(unit_keys, f[:, :, None])[..., 0]))
             affinity = torch.where(valid, affinity, 0.0)
             z = mean_logits + torch.zeros_like(mean_logits).scatter_(1, cidx, alpha * affinity)
-            log_p = torch.log_softmax(z, dim=1)
-            p = log_p.exp()
-            q = -p * (log_p + (-(p * log_p).sum(1, keepdim=True)))
+            q = mean_prob_entropy_grad(z[:, None, :])[:, 0]                # dH/dz
             pairs = torch.bmm(unit_keys, unit_text_c.transpose(1, 2)) / ALIGN_TEMPERATURE
             pairs = pairs.masked_fill(~valid[:, None, :], -math.inf)
             row_weight = torch.where(valid, align / n_cached[:, None], 0.0)[..., None]
