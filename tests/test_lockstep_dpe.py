@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_traces_many
-from orchestrator.methods.lockstep import run_lockstep
 from orchestrator.methods.lockstep.dpe import adamw_first_step, run_dpe_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.test_dpe import dpe_reference
