@@ -3,15 +3,16 @@ proxies W [G, K, d] in blocks of B samples so that W is read twice per block, no
 step's update is W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X
 the block's samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per
 block, per step a [G K, <B] product and the row norms from |W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the
-rows are unit at every step); at the block's end W is formed and renormalised. The per-block buffers are
-sample-major, so a step reads and writes whole [G K] rows.
+rows are unit at every step); at the block's end W = diag(s) (W_a + C X) is formed, unit rows again. The
+per-block buffers are sample-major, so a step reads and writes whole [G K] rows. The two block products are
+2 G K d multiply-adds per sample, about half a step's time at G = 32 on a CPU (`benchmarks.methods`).
 
 Precision: the row scale s_t is kept in float64 (it is a running product of B factors, and early steps are
 large); the coefficients C and the products are float32, as the loop's own W and x are. The posteriors then
 differ from the loop's by the loop's own float32 rounding, which OnZeta's large early steps amplify: at
 K = 100, d = 32, 400 samples, the float32 loop sits 1.2e-5 from a float64 run of the same loop and this path
-1e-5 or less; at K = 200 (`test_lockstep.py`) and at K = 1000, d = 512 both are within 1e-5 and 1e-6 of each
-other and of the float64 loop. Below K ~ 100 the loop amplifies rounding further (onzeta.py).
+1.3e-5 or less; at K = 200 (`test_lockstep.py`) and at K = 1000, d = 512 both are within 1e-5 and 1.5e-6 of
+each other and of the float64 loop. Below K ~ 100 the loop amplifies rounding further (onzeta.py).
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
     n_total = torch.tensor([[float(m.n_total)] for m in methods], dtype=torch.float64, device=device)
     i = torch.arange(1, n + 1, dtype=torch.float64, device=device)[None, :]
     step = (-col["cw"] / i.sqrt() / col["tau_i"]).float()             # [G, n]: -lr / tau_i
-    rlr = (col["cr"] / i.sqrt()).float()
+    neg_rlr = (-col["cr"] / i.sqrt()).float()
     mix = (col["beta"] * torch.sqrt(i / n_total)).float()
     tau_t, tau_i = col["tau_t"].float(), col["tau_i"].float()
     target = (col["alpha"] / K).float()
     W = first.text.expand(G, -1, -1).clone()
     rho = torch.zeros(G, K, dtype=torch.float32, device=device)
-    posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
+    posteriors = torch.empty(G, n, K, dtype=torch.float32, device=device)         # every row is written
     timer = StageTimer()
     with timer("logits"):
         text_products = features @ first.text.T
@@ -50,6 +51,7 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
     # Per-block buffers, written in place (fresh memory costs a page fault per first touch, a sizeable share).
     products = torch.empty(block, G * K, dtype=torch.float32, device=device)
     coef = torch.empty(block, G * K, dtype=torch.float32, device=device)
+    one = torch.ones(1, 1, dtype=torch.float64, device=device)
     for a in range(0, n, block):
         X = features[a:a + block]
         B = X.shape[0]
@@ -57,31 +59,30 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
             torch.mm(X, rows.T, out=products[:B])                          # W_a x for the block's samples
             gram = X @ X.T
             sq_x = gram.diagonal().double().tolist()
-            text_block = text_products[a:a + B, None, :] / tau_t             # [B, G, K], as the loop's T x / tau_t
             scale = torch.ones(G, K, dtype=torch.float64, device=device)
         for j in range(B):
             t = a + j
             with timer("logits"):
                 # W_t x_t = s_t * (W_a x_t + C_t (X x_t))
-                z64 = (torch.mv(coef[:j].T, gram[:j, j]).add_(products[j]) if j else products[0]).double()
-                z64 = z64.view(G, K).mul_(scale)
-                q = torch.softmax(text_block[j] + rho, dim=1)
+                z = torch.addmv(products[j], coef[:j].T, gram[:j, j]) if j else products[0]
+                z64 = torch.mul(scale, z.view(G, K))
+                q = torch.softmax(torch.div(text_products[t], tau_t).add_(rho), dim=1)   # T x / tau_t + rho
                 p = torch.softmax(z64.float() / tau_i, dim=1)
             with timer("posterior"):
                 diff = p - q
                 torch.addcmul(q, mix[:, t:t + 1], diff, out=posteriors[:, t])
             with timer("update"):
-                rho.sub_(rlr[:, t:t + 1] * (q - target)).clamp_(min=0.0)
+                rho.addcmul_(q - target, neg_rlr[:, t:t + 1]).clamp_(min=0.0)
                 u = (step[:, t:t + 1] * diff).double()
                 torch.div(u, scale, out=coef[j].view(G, K))
                 # |W_t + u x^T|^2 = |W_t|^2 + u (2 W_t x + u |x|^2), with |W_t| = 1: the rows are unit at
                 # every step (the text prototypes, then each step's and each block's renormalisation).
-                grown = torch.add(u * sq_x[j], z64, alpha=2.0).mul_(u).add_(1.0)
+                grown = torch.addcmul(one, u, torch.add(z64, u, alpha=0.5 * sq_x[j]), value=2.0)
                 scale.div_(grown.sqrt_().clamp_(min=1e-12))
         with timer("update"):
-            # W_end = diag(scale) (W_a + C X), renormalised: the positive row scale drops out.
+            # W_end = diag(scale) (W_a + C X): unit rows, as the loop's after its step.
             rows.addmm_(coef[:B].T, X)
-            W.div_(torch.linalg.vector_norm(W, dim=2, keepdim=True).clamp_(min=1e-12))
+            W.mul_(scale.float()[..., None])
     for method in methods:
         method.step = n
     timings = split_timings(timer, G)
