@@ -4,12 +4,12 @@
     make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features) -> Trace
     run_stream_many(features, class_embeddings, class_ids, num_classes, configs) -> (predictions [G, n],
     confidences [G, n]); run_traces_many(...) -> one Trace per config (`many.py`: the BCA family on the
-    blocked engine, TDA, TDA+PA and OnZeta as lockstep streams, `lockstep`)
+    blocked engine, every other method as lockstep streams, `lockstep`)
 
 What each method is (label, hparams with types, ranges, defaults and per-dataset defaults, inputs, state) is
 its registry card: `orchestrator.registry.method_card(name)`. Implementations: the BCA family clip, la, pa,
-bca (`bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`), zero (`zero.py`, features [n, V, d]),
-dota (`dota.py`, features [n, V, d]), onzeta (`onzeta.py`);
+bca (`bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`), onzeta (`onzeta.py`), and on features
+[n, V, d] dota, dpe, boostadapter, dmn_zs and the episodic zero, mta and tps (`episodic.py`);
 la, pa, bca, tda and tda_pa also take augmented views [n, V, d] (their card's inputs 'either').
 Inputs are float32, expected L2-normalised, on any one torch device.
 """
