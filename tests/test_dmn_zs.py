@@ -12,13 +12,7 @@ from orchestrator.methods import make_method, run_stream
 from tests.view_streams import accuracy, softmax, unit, view_stream
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Per-sample loops of small tensor ops: intra-op threads only add overhead on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def dmn_reference(views, class_embeddings, memory_size=50, beta=5.5, memory_weight=1.0, keep=0.1, scale=100.0):

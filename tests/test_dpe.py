@@ -15,13 +15,7 @@ DEFAULTS = {"alpha": 6.0, "beta": 5.0, "lr_text": 6e-4, "lr_image": 6e-4, "align
             "tau_global": 0.1, "logit_scale": 100.0, "predict_views": "original"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Per-sample loops of small tensor ops: intra-op threads only add overhead on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def adamw_first_step(grad: torch.Tensor, lr: float, eps: float, weight_decay: float) -> torch.Tensor:

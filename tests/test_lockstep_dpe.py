@@ -34,12 +34,7 @@ AMPLIFYING = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _check(feats, emb, ids, k, configs, atol=1e-5, **kwargs):

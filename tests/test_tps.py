@@ -14,13 +14,7 @@ from orchestrator.methods.prototypes import mean_prob_entropy, mean_prob_entropy
 from tests.view_streams import accuracy, softmax, unit, view_stream
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The references loop over samples with small tensor ops: intra-op threads only add overhead here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tps_reference(views: torch.Tensor, class_embeddings: torch.Tensor, lr: float = 5e-3, keep: float = 0.1,
