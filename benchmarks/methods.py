@@ -9,7 +9,7 @@ view 0 the feature, the others the feature plus noise), in one process and the s
   cache keys concatenated and multiplied per sample), re-expressed in float32 on this device;
 - G=1 / 8 / 32: config-samples/s of the lockstep runner (`orchestrator.methods.lockstep`) over G configs
   that differ in every float hparam but logit_scale (config 0 the defaults), each with its ratio to the
-  single-stream loop;
+  single-stream loop, and G=32's ratio to the public loop where there is one;
 - agree: the lockstep trace of config 0 against the single-stream run: predictions identical, and the
   largest posterior difference.
 
@@ -171,13 +171,15 @@ def measure(card, stream, preset: dict) -> Row:
 
 
 def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
+    top = max(groups)
     head = ["method", "single /s", "official /s"] + [f"G={g} cfg-samples/s (/ single)" for g in groups] + \
-        ["agree, max dpost"]
+        [f"G={top} / official", "agree, max dpost"]
     lines = [head]
     for r in rows:
+        versus = f"{r.lockstep[top] / r.official:.1f}x" if r.official and top in r.lockstep else "-"
         lines.append([r.method, f"{r.single:,.0f}", "-" if r.official is None else f"{r.official:,.0f}"]
                      + [f"{r.lockstep[g]:,.0f} ({r.lockstep[g] / r.single:.1f}x)" if g in r.lockstep else "-"
-                        for g in groups] + [r.agree])
+                        for g in groups] + [versus, r.agree])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = ["| " + " | ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in enumerate(zip(line, widths)))
            + " |" for line in lines]
