@@ -248,7 +248,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
     for g in range(G):
         state = dict(caches[int(group[g])])
         if with_prior:
-            state.update(V=prior.V[g].clone(), C2=prior.C2[g].clone())
+            state.update(V=prior.V[g], C2=prior.C2[g])       # views: nothing changes them after the run
         traces.append(Trace(posteriors[g], selected[g], gated[g], gated_prior[g], state=state,
                             timings=dict(timings)))
     return traces
