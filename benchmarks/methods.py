@@ -5,8 +5,8 @@ view 0 the feature, the others the feature plus noise), in one process and the s
 
 - single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults (the BCA family runs
   on the blocked engine here: its multi-config path is `benchmarks.engine`);
-- official /s: TDA only, the public code's per-sample algorithm (kdiAAA/TDA: caches as Python lists, the
-  cache keys concatenated and multiplied per sample), re-expressed in float32 on this device;
+- official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda_reference`:
+  caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
 - G=1 / 8 / 32: config-samples/s of the lockstep runner (`orchestrator.methods.lockstep`) over G configs
   that differ in every float hparam but logit_scale (config 0 the defaults), each with its ratio to the
   single-stream loop, and G=32's ratio to the public loop where there is one;
@@ -71,56 +71,6 @@ def differing_configs(card, g: int, n: int) -> list[dict]:
     return configs
 
 
-def official_tda(features, class_embeddings, hp: dict) -> torch.Tensor:
-    """kdiAAA/TDA's per-sample loop (tda_runner.py run_test_tda / update_cache / compute_cache_logits) in
-    float32: caches as dicts of sorted lists, every sample's cache logits from freshly concatenated keys."""
-    K = class_embeddings.shape[0]
-    pos, neg = {}, {}
-
-    def update(cache, pred, item, shot):
-        if pred in cache:
-            if len(cache[pred]) < shot:
-                cache[pred].append(item)
-            elif item[1] < cache[pred][-1][1]:
-                cache[pred][-1] = item
-            cache[pred] = sorted(cache[pred], key=lambda entry: entry[1])
-        else:
-            cache[pred] = [item]
-
-    def cache_logits(f, cache, alpha, beta, negative):
-        keys, values = [], []
-        for k in sorted(cache):
-            for item in cache[k]:
-                keys.append(item[0])
-                values.append(item[2] if negative else k)
-        keys = torch.cat(keys, dim=0).T
-        if negative:
-            values = torch.cat(values, dim=0)
-            values = ((values > 0.03) & (values < 1.0)).float()
-        else:
-            values = torch.nn.functional.one_hot(torch.tensor(values, device=f.device), K).float()
-        return alpha * (torch.exp(-1.0 * (beta - beta * (f @ keys))) @ values)
-
-    out = torch.empty(features.shape[0], K, device=features.device)
-    for i in range(features.shape[0]):
-        f = features[i:i + 1]
-        clip_logits = hp["logit_scale"] * f @ class_embeddings.T
-        prob_map = clip_logits.softmax(1)
-        loss = -(prob_map * clip_logits.log_softmax(1)).sum(1)
-        pred = int(clip_logits.topk(1, 1)[1])
-        entropy = float(loss / math.log2(K))
-        update(pos, pred, [f, float(loss)], hp["pos_shot"])
-        if 0.2 < entropy < 0.5:
-            update(neg, pred, [f, float(loss), prob_map], hp["neg_shot"])
-        final = clip_logits.clone()
-        if pos:
-            final += cache_logits(f, pos, hp["pos_alpha"], hp["pos_beta"], False)
-        if neg:
-            final -= cache_logits(f, neg, hp["neg_alpha"], hp["neg_beta"], True)
-        out[i] = final.softmax(1)[0]
-    return out
-
-
 def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
@@ -152,8 +102,10 @@ def measure(card, stream, preset: dict) -> Row:
     reference, seconds = single(configs[0], x)
     official = None
     if card.name == "tda":
-        official_tda(warm, emb, configs[0])
-        _, t = _timed(official_tda, x, emb, configs[0])
+        from orchestrator.methods.tda_reference import official_tda
+
+        official_tda(warm[:, None], emb, configs[0])
+        _, t = _timed(official_tda, x[:, None], emb, configs[0])
         official = n / t
     lockstep, agree = {}, "-"
     if card.implementation() in LOCKSTEP:

@@ -9,6 +9,7 @@ import torch
 
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.tda import class_logits
+from orchestrator.methods.tda_reference import official_tda
 from orchestrator.methods.views import gather_views, lowest_entropy_views
 from orchestrator.registry import method_card
 
@@ -205,61 +206,6 @@ def test_tda_defaults_outside_the_benchmarks_are_imagenets():
 
 
 # ---------------------------------------------------------------------------- augmented views [n, V, d]
-
-def official_tda(views: torch.Tensor, weights: torch.Tensor, hp: dict) -> tuple[torch.Tensor, dict, dict]:
-    """The public code (kdiAAA/TDA: utils.get_clip_logits, tda_runner.run_test_tda / update_cache /
-    compute_cache_logits) in float32 over per-sample views [n, V, d], one embedding per class ([K, d]):
-    (final posteriors [n, K], positive cache, negative cache) with caches {class: [[f, loss(, prob_map)]]}."""
-    num_classes = weights.shape[0]
-    pos, neg, out = {}, {}, []
-
-    def update(cache, pred, item, shot):
-        if pred in cache:
-            if len(cache[pred]) < shot:
-                cache[pred].append(item)
-            elif item[1] < cache[pred][-1][1]:
-                cache[pred][-1] = item
-            cache[pred] = sorted(cache[pred], key=lambda entry: entry[1])
-        else:
-            cache[pred] = [item]
-
-    def cache_logits(f, cache, alpha, beta, negative):
-        keys = torch.stack([e[0] for c in sorted(cache) for e in cache[c]]).T
-        if negative:
-            values = torch.stack([e[2] for c in sorted(cache) for e in cache[c]])
-            values = ((values > 0.03) & (values < 1.0)).float()
-        else:
-            values = torch.nn.functional.one_hot(torch.tensor([c for c in sorted(cache) for _ in cache[c]]),
-                                                 num_classes).float()
-        return alpha * ((-1) * (beta - beta * (f @ keys))).exp() @ values
-
-    for sample in views:
-        logits = hp["logit_scale"] * sample @ weights.T
-        if sample.shape[0] > 1:
-            entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-            output = logits[torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]]
-            f = sample[torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]].mean(0)
-            clip_logits = output.mean(0)
-            log_p = output - output.logsumexp(dim=-1, keepdim=True)
-            avg = torch.clamp(log_p.logsumexp(dim=0) - math.log(log_p.shape[0]), min=torch.finfo(torch.float32).min)
-            loss = -(avg * avg.exp()).sum()
-            prob_map = output.softmax(1).mean(0)
-        else:
-            f, clip_logits = sample[0], logits[0]
-            loss = -(clip_logits.softmax(0) * clip_logits.log_softmax(0)).sum()
-            prob_map = clip_logits.softmax(0)
-        pred = int(clip_logits.argmax())
-        update(pos, pred, [f, float(loss)], hp["pos_shot"])
-        if 0.2 < float(loss) / math.log2(num_classes) < 0.5:
-            update(neg, pred, [f, float(loss), prob_map], hp["neg_shot"])
-        final = clip_logits.clone()
-        if pos:
-            final += cache_logits(f, pos, hp["pos_alpha"], hp["pos_beta"], False)
-        if neg:
-            final -= cache_logits(f, neg, hp["neg_alpha"], hp["neg_beta"], True)
-        out.append(final.softmax(0))
-    return torch.stack(out), pos, neg
-
 
 def _view_stream(n: int = 300, k: int = 6, d: int = 12, views: int = 20, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
