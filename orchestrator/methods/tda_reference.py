@@ -34,7 +34,7 @@ def official_tda(views: torch.Tensor, weights: torch.Tensor, hp: dict) -> tuple[
             values = torch.stack([e[2] for c in sorted(cache) for e in cache[c]])
             values = ((values > 0.03) & (values < 1.0)).float()
         else:
-            values = torch.nn.functional.one_hot(torch.tensor([c for c in sorted(cache) for _ in cache[c]]),
+            values = torch.nn.functional.one_hot(torch.tensor([c for c in sorted(cache) for _ in cache[c]], device=f.device),
                                                  num_classes).float()
         return alpha * ((-1) * (beta - beta * (f @ keys))).exp() @ values
 
