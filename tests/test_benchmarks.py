@@ -50,15 +50,15 @@ def test_gpu_check_quick_runs_without_ray_duckdb_open_clip_pydantic():
     assert "skipped: the sweep needs 'pydantic'" in done.stdout and "exact: all checks passed" in done.stdout
 
 
-def test_gpu_check_prints_the_wheels_to_carry():
+def test_gpu_check_prints_the_wheels_to_carry(capsys):
     """`python -m benchmarks.gpu --wheels`: a pip download of every missing package, pinned to this environment's
     versions, and the install line for the GPU machine."""
     from importlib.metadata import version
 
     from benchmarks import gpu
 
-    out = gpu.wheel_commands("3.12")
-    download, _, install = out.splitlines()
+    assert gpu.main(["--wheels"]) == 0
+    download, _, install = capsys.readouterr().out.splitlines()
     assert download.startswith("python -m pip download --no-deps --only-binary=:all: --python-version 3.12")
     for name in gpu.OPEN_CLIP_WHEELS + gpu.TRIAL_WHEELS:
         assert f" {name}=={version(name)}" in download, name
