@@ -35,6 +35,8 @@ import resource
 import time
 from dataclasses import dataclass
 
+from benchmarks.tables import markdown_table
+
 QUICK = {"n": 3000, "naive_n": 300, "multi_n": 1000, "groups": (1, 4)}
 FULL = {"n": 50_000, "naive_n": 5000, "multi_n": 10_000, "groups": (1, 4, 16)}
 BCA_OOD = {"tau": 0.3, "n1": 30000, "n2": 10}
@@ -180,10 +182,7 @@ def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
     for r in rows:
         lines.append([str(r.K), str(r.d), f"{r.naive:,.0f}", f"{r.engine:,.0f}", f"{r.engine / r.naive:.1f}x",
                       f"{r.products:,.0f}", r.agree] + [f"{r.multi[g]:,.0f}" for g in groups] + [f"{r.peak_mb:,.0f}"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    fmt = ["| " + " | ".join(cell.rjust(w) for cell, w in zip(line, widths)) + " |" for line in lines]
-    fmt.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(fmt)
+    return markdown_table(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

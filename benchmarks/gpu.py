@@ -163,9 +163,9 @@ def peak_memory(device: str, K: int, d: int, n: int, g: int) -> None:
 def trial_end_to_end(K: int, d: int, n: int) -> None:
     """One execute_trial of a synthetic pack (BCA and TDA runs), results in a temporary directory."""
     try:
+        from orchestrator.device import auto_device
         from orchestrator.sweep.load import validate_spec
         from orchestrator.sweep.plan import expand, make_trials
-        from orchestrator.device import auto_device
         from orchestrator.sweep.trial import execute_trial, settings_of
     except ImportError as exc:
         print(f"  skipped: the sweep needs {exc.name!r}, not importable here; carry the wheels "

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.tables import markdown_table
+
 QUICK = {"K": 20, "d": 16, "n": 40, "view_n": 10, "views": 4, "groups": (1, 4)}
 FULL = {"K": 1000, "d": 512, "n": 300, "view_n": 50, "views": 8, "groups": (1, 8, 32)}
 
@@ -132,11 +134,7 @@ def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
         lines.append([r.method, f"{r.single:,.0f}", "-" if r.official is None else f"{r.official:,.0f}"]
                      + [f"{r.lockstep[g]:,.0f} ({r.lockstep[g] / r.single:.1f}x)" if g in r.lockstep else "-"
                         for g in groups] + [versus, r.agree])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["| " + " | ".join(cell.rjust(w) if j else cell.ljust(w) for j, (cell, w) in enumerate(zip(line, widths)))
-           + " |" for line in lines]
-    out.insert(1, "|" + "|".join("-" * (w + 1) + (":" if j else "-") for j, w in enumerate(widths)) + "|")
-    return "\n".join(out)
+    return markdown_table(lines, left_columns=1)
 
 
 def main(argv: list[str] | None = None) -> None:
