@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.base import StageTimer, Trace, empty_trace, validate_features
+from orchestrator.methods.base import StageTimer, Trace, validate_features
 from orchestrator.methods.episodic import Episodic
 from orchestrator.methods.lockstep.common import split_timings
 
@@ -29,8 +29,8 @@ def run_episodic_lockstep(methods: list[Episodic], features: torch.Tensor) -> li
             for g, method in enumerate(methods):
                 posteriors[g, start:start + first.chunk] = method.solve(chunk, shared[keys[g]], start)
     timings = split_timings(timer, G)
-    traces = []
-    for g in range(G):
-        _, selected, gated, gated_prior = empty_trace(n, first.num_classes, features.device)
-        traces.append(Trace(posteriors[g], selected, gated, gated_prior, state={}, timings=dict(timings)))
-    return traces
+    # Episodic methods select nothing and gate nothing (as Episodic._run's trace).
+    none = torch.full((n,), -1, dtype=torch.int64, device=features.device)
+    off = torch.zeros(n, dtype=torch.bool, device=features.device)
+    return [Trace(posteriors[g], none.clone(), off.clone(), off.clone(), state={}, timings=dict(timings))
+            for g in range(G)]
