@@ -8,8 +8,8 @@ Such a method runs in chunks of samples, and splits a chunk's work in two:
     solve(chunk, shared)   the chunk's posteriors [c, K] under this method's other hparams.
 
 `run` is the two in turn. A pack of configs of one episodic method over one stream computes `shared` once per
-chunk for every group of configs with one `shared_key` (`lockstep.episodic`), which is exact: each config's
-`solve` sees the very tensors its own run would compute.
+chunk for every group of configs with one `shared_key` (`lockstep.episodic`), and `solve_many` solves the
+group on it, which is exact: each config's solve sees the very tensors its own run would compute.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ class Episodic(Method):
     @abstractmethod
     def solve(self, chunk: torch.Tensor, shared: Any, start: int) -> torch.Tensor:
         """The chunk's posteriors [c, K] from `shared(chunk)`; `start` is its first sample's stream index."""
+
+    def solve_many(self, methods: list[Episodic], chunk: torch.Tensor, shared: Any, start: int) -> torch.Tensor:
+        """The chunk's posteriors [g, c, K] under each of `methods` (this one among them, all with its
+        `shared_key`) from one `shared` part: each config's own `solve`, unless a subclass solves them
+        together (MTA: one row per config), exactly as each would alone."""
+        return torch.stack([method.solve(chunk, shared, start) for method in methods])
 
     def _run(self, features: torch.Tensor) -> Trace:
         n = features.shape[0]

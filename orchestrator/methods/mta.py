@@ -17,9 +17,11 @@ F [V, d] (view 0 the original image) and class embeddings T [K, d]:
 
 The code is followed where the paper leaves details open: exactly 5 outer iterations without a convergence
 test, both inner loops capped at 5 steps, y warm-started. The official runs CLIP under fp16 autocast; ours
-is float32, with distances from pairwise differences (see `bandwidths`). On rare samples whose mode is
-still moving after the last step, the iteration amplifies float32 rounding: their posteriors differ from a
-float64 run by up to about 1e-4 (predictions agree; tests/test_mta.py).
+is float32, with the bandwidths' distances from pairwise differences (see `bandwidths`). The iteration
+itself runs on the mode's coefficients over the views (`solve`): the same sequence of modes, in float64 on
+[V, V] arrays. This is cheaper than float32 over [V, d] and closer to exact: the iteration amplifies
+rounding on samples whose mode still moves after the last step, and a float32 iteration ended up to
+1e-4 from a float64 run there (posteriors now stay within 1e-5 of it; tests/test_mta.py).
 
 Official code takes one text embedding per class: the class prototypes (`class_prototypes`: each class's
 rows averaged and renormalised, the official prompt ensemble).
@@ -30,8 +32,8 @@ nearest views all coincide with it has bandwidth 0: a ValueError naming the samp
 
 Samples are solved in vectorised chunks: per sample the inner loops stop exactly where the official loop
 stops (a converged sample's y or m is frozen while others iterate), so batching changes nothing but
-rounding. Episodic (`episodic.py`): a pack's configs with one logit_scale share the bandwidths and the
-views' affinities. The Trace has no state, `selected` -1 and `gated` False.
+rounding. Episodic (`episodic.py`): a pack's configs with one logit_scale share the bandwidths, the views'
+affinities, Gram matrices and logits, and are solved together, a row of coefficients each. The Trace has no state, `selected` -1 and `gated` False.
 """
 
 from __future__ import annotations
@@ -64,36 +66,70 @@ def affinities(view_logits: torch.Tensor) -> torch.Tensor:
     return probs @ probs.transpose(1, 2)
 
 
-def kernel(features: torch.Tensor, mode: torch.Tensor, bandwidth: torch.Tensor) -> torch.Tensor:
-    """Gaussian kernel of every view [B, V, d] around the mode [B, d] with per-view bandwidths [B, V]."""
-    dist = torch.linalg.vector_norm(features - mode[:, None], dim=-1)
-    return torch.exp(-dist ** 2 / (2 * bandwidth ** 2))
+def gram(features: torch.Tensor) -> torch.Tensor:
+    """[B, V, d] -> [B, V, V] float64: the views' inner products, exact to float64 rounding (the products of
+    float32 numbers are exact in float64), so that distances recovered from them keep float32's digits."""
+    wide = features.double()
+    return wide @ wide.transpose(1, 2)
 
 
-def solve(features: torch.Tensor, affinity: torch.Tensor, h: torch.Tensor, lambda_y: float,
-          lambda_q: float) -> torch.Tensor:
-    """The MeanShift mode [B, d] of each sample's views [B, V, d], given their affinities [B, V, V] and their
-    bandwidths [B, V]."""
-    B, V, _ = features.shape
-    y = torch.full((B, V), 1.0 / V, dtype=features.dtype, device=features.device)
-    mode = features[:, 0]
+def _kernel(gram: torch.Tensor, diag: torch.Tensor, mode: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
+    """Gaussian kernel of every view around each mode m = F^T a (coefficients `mode` [B, G, V]):
+    |F_j - m|^2 = G_jj - 2 (G a)_j + a^T G a, over 2 h_j^2 ([B, 1, V])."""
+    ga = mode @ gram  # the Gram matrices are symmetric: a^T G = (G a)^T
+    dist2 = (diag - 2 * ga + (mode * ga).sum(2, keepdim=True)).clamp_min(0.0)
+    return torch.exp(-dist2 / h2)
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    """L2 norm over the last dim (a sum of squares: torch's vector_norm is slow on these small rows)."""
+    return (x * x).sum(-1, keepdim=True).sqrt()
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim, written out: torch's kernel is slow on many rows of a few views."""
+    e = (x - x.amax(-1, keepdim=True)).exp_()
+    return e / e.sum(-1, keepdim=True)
+
+
+def solve(gram: torch.Tensor, affinity: torch.Tensor, h: torch.Tensor, lambda_y: torch.Tensor,
+          lambda_q: torch.Tensor) -> torch.Tensor:
+    """The MeanShift modes of each sample's views for G (lambda_y, lambda_q) pairs ([G] each), as coefficients
+    a [B, G, V] over the views (mode = F^T a), given the views' Gram matrices [B, V, V] (`gram`), affinities
+    [B, V, V] and bandwidths [B, V].
+
+    Every mode the official iteration visits is a normalised non-negative combination of the views (view 0,
+    then sum_j g_j y_j F_j normalised), so it runs on the coefficients: each kernel distance, mode norm and
+    convergence test is a quadratic form in the Gram matrix, O(V^2) per step rather than O(V d), in float64
+    on these small arrays. A config's row never depends on another's: a stream's modes are those of its own
+    run (a row is frozen once its inner loop stops, as the official loop stops)."""
+    B, V, _ = gram.shape
+    G = lambda_y.shape[0]
+    f64 = torch.float64
+    lambda_y, lambda_q = lambda_y.to(gram)[None, :, None], lambda_q.to(gram)[None, :, None]
+    diag = torch.diagonal(gram, dim1=1, dim2=2)[:, None, :]
+    h2 = 2 * h.to(f64)[:, None, :] ** 2
+    affinity = affinity.to(f64)  # symmetric too: y^T A = (A y)^T
+    y = torch.full((B, G, V), 1.0 / V, dtype=f64, device=gram.device)
+    mode = torch.zeros(B, G, V, dtype=f64, device=gram.device)
+    mode[..., 0] = 1.0
     for _ in range(MAX_ITER):
-        density = kernel(features, mode, h)
-        active = torch.ones(B, dtype=torch.bool, device=features.device)
+        density = _kernel(gram, diag, mode, h2)
+        active = torch.ones(B, G, 1, dtype=torch.bool, device=gram.device)
         for _ in range(MAX_ITER):
-            new = torch.softmax(1 / lambda_y * (density + lambda_q * (affinity @ y[..., None])[..., 0]), dim=-1)
-            done = torch.linalg.vector_norm(y - new, dim=-1) < TOL
-            y = torch.where(active[:, None], new, y)
+            new = _softmax((density + lambda_q * (y @ affinity)) / lambda_y)
+            done = _norm(y - new) < TOL
+            y = torch.where(active, new, y)
             active = active & ~done
             if not bool(active.any()):
                 break
-        active = torch.ones(B, dtype=torch.bool, device=features.device)
+        active = torch.ones(B, G, 1, dtype=torch.bool, device=gram.device)
         for _ in range(MAX_ITER):
-            weights = kernel(features, mode, h) * y
-            new = (weights[..., None] * features).sum(dim=1) / weights.sum(dim=1, keepdim=True)
-            new = new / torch.linalg.vector_norm(new, dim=-1, keepdim=True)
-            done = torch.linalg.vector_norm(mode - new, dim=-1) < TOL
-            mode = torch.where(active[:, None], new, mode)
+            weights = _kernel(gram, diag, mode, h2) * y
+            new = weights / (weights * (weights @ gram)).sum(-1, keepdim=True).sqrt()
+            step = mode - new
+            done = (step * (step @ gram)).sum(-1, keepdim=True).clamp_min(0.0).sqrt() < TOL
+            mode = torch.where(active, new, mode)
             active = active & ~done
             if not bool(active.any()):
                 break
@@ -112,22 +148,31 @@ class MTA(Episodic):
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         self.text = class_prototypes(class_embeddings, class_ids, num_classes)
 
-    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The views' bandwidths [c, V] and affinities P P^T [c, V, V] (None for a single view)."""
+    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The views' bandwidths [c, V], affinities P P^T [c, V, V], Gram matrices [c, V, V] and logits
+        [c, V, K] (None for a single view)."""
         if chunk.shape[1] == 1:
             return None
-        return bandwidths(chunk), affinities(self.hp["logit_scale"] * chunk @ self.text.T)
+        logits = self.hp["logit_scale"] * chunk @ self.text.T
+        return bandwidths(chunk), affinities(logits), gram(chunk), logits
 
-    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor] | None,
-              start: int) -> torch.Tensor:
+    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, ...] | None, start: int) -> torch.Tensor:
+        return self.solve_many([self], chunk, shared, start)[0]
+
+    def solve_many(self, methods: list[Episodic], chunk: torch.Tensor, shared: tuple[torch.Tensor, ...] | None,
+                   start: int) -> torch.Tensor:
+        """All configs' modes in one solve, a row each (`solve`); their logits are the mode's coefficients
+        times the views' logits, logit_scale T m = sum_j a_j (logit_scale T F_j)."""
         if shared is None:  # a single view is its own mode
-            mode = chunk[:, 0]
-        else:
-            h, affinity = shared
-            collapsed = (h == 0).any(dim=1)
-            if bool(collapsed.any()):
-                bad = start + int(torch.nonzero(collapsed)[0])
-                raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
-                                 f"(kernel bandwidth 0; the official code returns NaN there)")
-            mode = solve(chunk, affinity, h, self.hp["lambda_y"], self.hp["lambda_q"])
-        return torch.softmax(self.hp["logit_scale"] * mode @ self.text.T, dim=-1)
+            post = torch.softmax(self.hp["logit_scale"] * chunk[:, 0] @ self.text.T, dim=-1)
+            return post.expand(len(methods), -1, -1)
+        h, affinity, views_gram, logits = shared
+        collapsed = (h == 0).any(dim=1)
+        if bool(collapsed.any()):
+            bad = start + int(torch.nonzero(collapsed)[0])
+            raise ValueError(f"mta: sample {bad} has a view whose nearest views all coincide with it "
+                             f"(kernel bandwidth 0; the official code returns NaN there)")
+        lambda_y, lambda_q = (torch.tensor([m.hp[k] for m in methods], dtype=torch.float64)
+                              for k in ("lambda_y", "lambda_q"))
+        mode = solve(views_gram, affinity, h, lambda_y, lambda_q)
+        return torch.softmax(mode.float() @ logits, dim=-1).transpose(0, 1)
