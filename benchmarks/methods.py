@@ -16,7 +16,8 @@ view 0 the feature, the others the feature plus noise), in one process and the s
 Every timed call runs once on a few samples first (allocation, first-call work), and the method objects are
 built before the clock starts, for the single-stream and the lockstep runs alike (a pack builds its G objects
 too: TDA's caches cost ~20 ms each at K = 1000, DMN-ZS's memory ~50 ms). Timings are wall-clock on a
-shared machine: compare ratios within one run, which sees one load; the load average is printed.
+shared machine: compare ratios within one run, which sees one load; the load average is printed. `--repeat R`
+times every column R times, interleaved (single, official, G = 1, 8, 32, then again), and prints the medians.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -81,7 +83,7 @@ def _timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-def measure(card, stream, preset: dict) -> Row:
+def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
     from orchestrator.methods import make_method
     from orchestrator.methods.lockstep import LOCKSTEP, run_lockstep
 
@@ -100,28 +102,38 @@ def measure(card, stream, preset: dict) -> Row:
         method = build(config, data)         # built outside the timed call, as the lockstep's methods are
         return _timed(method.run, data)
 
-    single(configs[0], warm)
-    reference, seconds = single(configs[0], x)
-    official = None
+    official_tda = None
     if card.name == "tda":
         from orchestrator.methods.tda_reference import official_tda
+    lockstep_groups = preset["groups"] if card.implementation() in LOCKSTEP else ()
 
+    def lock(g, data):
+        return _timed(run_lockstep, [build(c, data) for c in configs[:g]], data)
+
+    single(configs[0], warm)
+    if official_tda:
         official_tda(warm[:, None], emb, configs[0])
-        _, t = _timed(official_tda, x[:, None], emb, configs[0])
-        official = n / t
-    lockstep, agree = {}, "-"
-    if card.implementation() in LOCKSTEP:
-        def lock(g, data):
-            return _timed(run_lockstep, [build(c, data) for c in configs[:g]], data)
-
-        for g in preset["groups"]:
-            lock(g, warm)
+    for g in lockstep_groups:
+        lock(g, warm)
+    # Interleaved repeats, so that a change in the machine's load falls on every column alike; medians.
+    seconds = {"single": [], "official": [], **{g: [] for g in lockstep_groups}}
+    for _ in range(repeat):
+        reference, t = single(configs[0], x)
+        seconds["single"].append(t)
+        if official_tda:
+            seconds["official"].append(_timed(official_tda, x[:, None], emb, configs[0])[1])
+        for g in lockstep_groups:
             traces, t = lock(g, x)
-            lockstep[g] = g * n / t
+            seconds[g].append(t)
+    official = n / statistics.median(seconds["official"]) if official_tda else None
+    lockstep = {g: g * n / statistics.median(seconds[g]) for g in lockstep_groups}
+    agree = "-"
+    if lockstep_groups:
         same = torch.equal(traces[0].predictions, reference.predictions)
         diff = float((traces[0].posteriors - reference.posteriors).abs().max())
         agree = f"{'yes' if same else 'NO'} {diff:.0e}"
-    return Row(card.label, n / seconds, official, lockstep, agree)
+    n_single = n / statistics.median(seconds["single"])
+    return Row(card.label, n_single, official, lockstep, agree)
 
 
 def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
@@ -147,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", help="method names (default: every registered method)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="timed runs per column, interleaved across the columns; medians (default 1)")
     args = parser.parse_args(argv)
     preset = dict(QUICK if args.quick else FULL)
     if args.n:
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     stream = make_stream(preset["K"], preset["d"], max(preset["n"], preset["view_n"]), preset["views"], args.device)
     rows = []
     for card in cards:
-        rows.append(measure(card, stream, preset))
+        rows.append(measure(card, stream, preset, args.repeat))
         print(f"  done {card.name}", flush=True)
     print(format_table(rows, preset["groups"]))
     print(f"load average at end {os.getloadavg()[0]:.1f}")

@@ -8,6 +8,8 @@ import torch
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
+from orchestrator.methods.lockstep import onzeta as onzeta_lockstep
+from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
 
@@ -64,9 +66,14 @@ def test_tda_lockstep_on_views_equals_each_stream_run_alone(method):
     assert_same_trace(make_method(method, emb, ids, k, **configs[1]).run(feats[:, 0]), single_view, "one view")
 
 
-def test_onzeta_lockstep_equals_each_stream_run_alone():
+@pytest.mark.parametrize("fused", [True, False])
+def test_onzeta_lockstep_equals_each_stream_run_alone(fused, monkeypatch):
+    """Both step paths (numba on a CPU, torch operations elsewhere), the streams in passes of three; the
+    stream is long enough for the rows' scales to leave [1/64, 64], where the proxies are made unit again."""
+    monkeypatch.setattr(onzeta_lockstep, "CPU_TILE", 3)
     feats, emb, ids = _stream(200, 32, 1500)
-    traces = run_lockstep([make_method("onzeta", emb, ids, 200, **c) for c in ONZETA_CONFIGS], feats)
+    traces = run_onzeta_lockstep([make_method("onzeta", emb, ids, 200, **c) for c in ONZETA_CONFIGS], feats,
+                                 fused=fused)
     zero_shot = (feats @ emb.T).argmax(dim=1)
     for config, lock in zip(ONZETA_CONFIGS, traces):
         single = make_method("onzeta", emb, ids, 200, **config).run(feats)

@@ -33,7 +33,8 @@ nearest views all coincide with it has bandwidth 0: a ValueError naming the samp
 Samples are solved in vectorised chunks: per sample the inner loops stop exactly where the official loop
 stops (a converged sample's y or m is frozen while others iterate), so batching changes nothing but
 rounding. Episodic (`episodic.py`): a pack's configs with one logit_scale share the bandwidths, the views'
-affinities, Gram matrices and logits, and are solved together, a row of coefficients each. The Trace has no state, `selected` -1 and `gated` False.
+affinities, Gram matrices and logits, and are solved together, a row of coefficients each. The Trace has no
+state, `selected` -1 and `gated` False.
 """
 
 from __future__ import annotations

@@ -2,48 +2,100 @@
 proxies W [G, K, d] in blocks of B samples so that W is read twice per block, not three times per sample: a
 step's update is W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X
 the block's samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per
-block, per step a [G K, <B] product and the row norms from |W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the
-rows are unit at every step); at the block's end W = diag(s) (W_a + C X) is formed, unit rows again. The
-per-block buffers are sample-major, so a step reads and writes whole [G K] rows. The two block products are
-2 G K d multiply-adds per sample, about half a step's time at G = 32 on a CPU (`benchmarks.methods`).
+block (the first block's W_a X^T are the text logits), per step a [G K, <B] product and the row norms from
+|W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the rows are unit at every step); at the block's end
+W_a + C X is formed. The scale s runs on across blocks (W is kept as diag(s) W', the rows made unit only when
+a scale leaves [1/64, 64], and at the end), which spares a pass over W per block. The per-block buffers are
+sample-major, so a step reads and writes whole [G K] rows; on a CPU the streams run in passes of CPU_TILE. On
+a CPU a step's elementwise work runs in two compiled passes (numba) around torch's two softmaxes, rather than
+some twenty torch operations over [G, K]; elsewhere as those torch operations (`fused=False`, tested against
+the loop on the CPU as well). The two block products are 2 G K d multiply-adds per sample, most of a step's
+time at G = 32 on a CPU (`benchmarks.methods`).
 
-Precision: the row scale s_t is a running product of B factors, kept in float64 (in float32 its rounding
-adds up to 25 times the loop's own error at K = 1000, measured); everything else is float32, as the loop's
-own W and x are, the squared norm's change u (2 W_t x + u |x|^2) included (its rounding is relative to the
-change, not to 1). The posteriors then differ from the loop's by the loop's own float32 rounding, which
-OnZeta's large early steps amplify: at K = 100, d = 32, 400 samples, the float32 loop sits 1.2e-5 from a
-float64 run of the same loop and this path 1.1e-5 or less; at K = 200 (`test_lockstep.py`) and at K = 1000,
-d = 512 both are within 1e-5 and 1.5e-6 of each other and of the float64 loop. Below K ~ 100 the loop
-amplifies rounding further (onzeta.py).
+Precision: the row scale s_t is a running product, kept in float64 (in float32 its rounding adds up to 25
+times the loop's own error at K = 1000, measured); everything else is float32, as the loop's own W and x
+are, the squared norm's change u (2 W_t x + u |x|^2) included (its rounding is relative to the change, not
+to 1). The posteriors then differ from the loop's by the loop's own float32 rounding, which OnZeta's large
+early steps amplify: at K = 100, d = 32, 400 samples, the float32 loop sits 1.2e-5 from a float64 run of the
+same loop and this path 1.1e-5 or less; at K = 200 (`test_lockstep.py`) and at K = 1000, d = 512 both are
+within 1e-5 and 1.5e-6 of each other and of the float64 loop. Below K ~ 100 the loop amplifies rounding
+further (onzeta.py).
 """
 
 from __future__ import annotations
 
+import math
+
+import numba
+import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.lockstep.common import column, split_timings
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
+# Streams per pass on a CPU: a pass over 8 streams keeps each step's [8, K] rows and the block's coefficients
+# in the core's caches, and 32 streams run faster as four such passes (`benchmarks.methods`).
+CPU_TILE = 8
 
 
-def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block: int = ONZETA_BLOCK) -> list[Trace]:
-    """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`."""
+@numba.njit(cache=True, nogil=True)
+def _fused_logits(z, scale, text, rho, tau_t, tau_i, a, b):
+    """z *= float32(scale); a = text / tau_t + rho; b = z / tau_i ([G, K] rows; the torch path's operations
+    one element at a time, in float32)."""
+    G, K = z.shape
+    for g in range(G):
+        for k in range(K):
+            zk = z[g, k] * np.float32(scale[g, k])
+            z[g, k] = zk
+            a[g, k] = text[k] / tau_t[g] + rho[g, k]
+            b[g, k] = zk / tau_i[g]
+
+
+@numba.njit(cache=True, nogil=True)
+def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, post, coef):
+    """The step after the two softmaxes (the torch path's operations one element at a time): the posterior
+    q + mix (p - q), rho's update, the block coefficient u / s and the running row scale (float64)."""
+    G, K = z.shape
+    two = np.float32(2.0)
+    for g in range(G):
+        for k in range(K):
+            diff = p[g, k] - q[g, k]
+            post[g, k] = q[g, k] + mix[g] * diff
+            r = rho[g, k] + (q[g, k] - target[g]) * neg_rlr[g]
+            rho[g, k] = r if r > 0 else np.float32(0.0)
+            u = step[g] * diff
+            coef[g, k] = u / np.float32(scale[g, k])
+            change = (z[g, k] + half_sq_x * u) * u * two
+            scale[g, k] /= max(math.sqrt(np.float64(change) + 1.0), 1e-12)
+
+
+def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block: int = ONZETA_BLOCK,
+                        fused: bool | None = None) -> list[Trace]:
+    """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`. fused:
+    each step's elementwise work in two compiled passes over [G, K] around torch's softmax (default: on a
+    CPU, where the ~20 separate torch operations per step cost more than the arithmetic), or as torch
+    operations (any device)."""
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=False)
+    if features.device.type == "cpu" and len(methods) > CPU_TILE:
+        return [trace for i in range(0, len(methods), CPU_TILE)
+                for trace in run_onzeta_lockstep(methods[i:i + CPU_TILE], features, block=block, fused=fused)]
     n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
+    fused = device.type == "cpu" if fused is None else fused
     for method in methods:
         method.claim(n)
     # Per-step scalars in float64, rounded to float32 where they meet a tensor, as the loop's Python floats.
     col = {k: column(methods, k, torch.float64, device) for k in ("tau_t", "tau_i", "cw", "cr", "alpha", "beta")}
     n_total = torch.tensor([[float(m.n_total)] for m in methods], dtype=torch.float64, device=device)
     i = torch.arange(1, n + 1, dtype=torch.float64, device=device)[None, :]
-    step = (-col["cw"] / i.sqrt() / col["tau_i"]).float()             # [G, n]: -lr / tau_i
-    neg_rlr = (-col["cr"] / i.sqrt()).float()
-    mix = (col["beta"] * torch.sqrt(i / n_total)).float()
-    tau_t, tau_i = col["tau_t"].float(), col["tau_i"].float()
-    target = (col["alpha"] / K).float()
-    W = first.text.expand(G, -1, -1).clone()
+    # [n, G]: a sample's G per-stream scalars contiguous
+    step = (-col["cw"] / i.sqrt() / col["tau_i"]).float().T.contiguous()      # -lr / tau_i
+    neg_rlr = (-col["cr"] / i.sqrt()).float().T.contiguous()
+    mix = (col["beta"] * torch.sqrt(i / n_total)).float().T.contiguous()
+    tau_t, tau_i = col["tau_t"].float().flatten(), col["tau_i"].float().flatten()
+    target = (col["alpha"] / K).float().flatten()
+    W = torch.empty(G, K, first.text.shape[1], dtype=torch.float32, device=device)   # W_0 = T, formed below
     rho = torch.zeros(G, K, dtype=torch.float32, device=device)
     posteriors = torch.empty(G, n, K, dtype=torch.float32, device=device)         # every row is written
     timer = StageTimer()
@@ -53,40 +105,71 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
     # Per-block buffers, written in place (fresh memory costs a page fault per first touch, a sizeable share).
     products = torch.empty(block, G * K, dtype=torch.float32, device=device)
     coef = torch.empty(block, G * K, dtype=torch.float32, device=device)
+    z = torch.empty(G, K, dtype=torch.float32, device=device)
+    # The proxies are kept as diag(scale) W: the rows' renormalisations only update `scale` (float64), and W
+    # is rescaled to unit rows only when a scale leaves [1/64, 64] (bounding its float32 magnitudes) and at
+    # the end, rather than a pass over W per block.
+    scale = torch.ones(G, K, dtype=torch.float64, device=device)
+    if fused:
+        a_buf, b_buf = torch.empty_like(z), torch.empty_like(z)
+        np_ = {name: x.numpy() for name, x in dict(z=z, rho=rho, text=text_products, tau_t=tau_t, tau_i=tau_i,
+                                                   step=step, neg_rlr=neg_rlr, mix=mix, target=target,
+                                                   a=a_buf, b=b_buf, coef=coef, scale=scale).items()}
     for a in range(0, n, block):
         X = features[a:a + block]
         B = X.shape[0]
         with timer("logits"):
-            torch.mm(X, rows.T, out=products[:B])                          # W_a x for the block's samples
+            if a:
+                torch.mm(X, rows.T, out=products[:B])                      # W_a x for the block's samples
+            else:                                                          # W_0 = T in every stream
+                products[:B].view(B, G, K).copy_(text_products[:B, None, :])
             gram = X @ X.T
             sq_x = gram.diagonal().tolist()
-            scale = torch.ones(G, K, dtype=torch.float64, device=device)
         for j in range(B):
             t = a + j
             with timer("logits"):
                 # W_t x_t = s_t * (W_a x_t + C_t (X x_t))
-                z = torch.addmv(products[j], coef[:j].T, gram[:j, j]) if j else products[0]
+                if j:
+                    torch.addmv(products[j], coef[:j].T, gram[:j, j], out=z.view(-1))
+                else:
+                    z.view(-1).copy_(products[0])
+                if fused:
+                    _fused_logits(np_["z"], np_["scale"], np_["text"][t], np_["rho"], np_["tau_t"], np_["tau_i"],
+                                  np_["a"], np_["b"])
+                    q, p = torch.softmax(a_buf, dim=1), torch.softmax(b_buf, dim=1)
+            if fused:
+                with timer("update"):
+                    _fused_update(np_["z"], q.numpy(), p.numpy(), np_["rho"], np_["scale"], np_["mix"][t],
+                                  np_["neg_rlr"][t], np_["step"][t], np_["target"], np.float32(0.5 * sq_x[j]),
+                                  posteriors[:, t].numpy(), np_["coef"][j].reshape(G, K))
+                continue
+            with timer("logits"):
                 scale32 = scale.float()
-                z = torch.mul(z.view(G, K), scale32)
-                q = torch.softmax(torch.div(text_products[t], tau_t).add_(rho), dim=1)   # T x / tau_t + rho
-                p = torch.softmax(z / tau_i, dim=1)
+                zs = torch.mul(z, scale32)
+                q = torch.softmax(torch.div(text_products[t], tau_t[:, None]).add_(rho), dim=1)   # T x / tau_t + rho
+                p = torch.softmax(zs / tau_i[:, None], dim=1)
             with timer("posterior"):
                 diff = p - q
-                torch.addcmul(q, mix[:, t:t + 1], diff, out=posteriors[:, t])
+                torch.addcmul(q, mix[t, :, None], diff, out=posteriors[:, t])
             with timer("update"):
-                rho.addcmul_(q - target, neg_rlr[:, t:t + 1]).clamp_(min=0.0)
-                u = step[:, t:t + 1] * diff
+                rho.addcmul_(q - target[:, None], neg_rlr[t, :, None]).clamp_(min=0.0)
+                u = step[t, :, None] * diff
                 torch.div(u, scale32, out=coef[j].view(G, K))
                 # |W_t + u x^T|^2 = |W_t|^2 + u (2 W_t x + u |x|^2), with |W_t| = 1: the rows are unit at
                 # every step (the text prototypes, then each step's and each block's renormalisation). The
                 # change u (2 W_t x + u |x|^2) in float32 (its rounding is relative to it, not to 1), the
                 # norm and the running scale in float64.
-                change = torch.add(z, u, alpha=0.5 * sq_x[j]).mul_(u).mul_(2.0)
+                change = torch.add(zs, u, alpha=0.5 * sq_x[j]).mul_(u).mul_(2.0)
                 scale.div_(change.double().add_(1.0).sqrt_().clamp_(min=1e-12))
         with timer("update"):
             # W_end = diag(scale) (W_a + C X): unit rows, as the loop's after its step.
-            rows.addmm_(coef[:B].T, X)
-            W.mul_(scale.float()[..., None])
+            if a:
+                rows.addmm_(coef[:B].T, X)
+            else:
+                torch.baddbmm(first.text, coef[:B].view(B, G, K).permute(1, 2, 0), X.expand(G, -1, -1), out=W)
+            if a + B >= n or not bool(((scale > 1 / 64) & (scale < 64)).all()):
+                W.mul_(scale.float()[..., None])
+                scale.fill_(1.0)
     for method in methods:
         method.step = n
     timings = split_timings(timer, G)
