@@ -10,6 +10,7 @@ from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
 from orchestrator.methods.lockstep import onzeta as onzeta_lockstep
 from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
+from orchestrator.methods.lockstep.tda import run_tda_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
 
@@ -28,11 +29,12 @@ def _stream(k: int, d: int, n: int):
     return bench.features, bench.class_embeddings, bench.class_ids
 
 
-@pytest.mark.parametrize("method", ["tda", "tda_pa"])
-def test_tda_lockstep_equals_each_stream_run_alone(method):
+@pytest.mark.parametrize("method, fused", [("tda", None), ("tda_pa", True), ("tda_pa", False)])
+def test_tda_lockstep_equals_each_stream_run_alone(method, fused):
+    """TDA+PA's prior walk both ways: compiled (a CPU's default) and as torch operations (elsewhere)."""
     feats, emb, ids = _stream(30, 16, 1500)
     configs = [dict(c, **p) if method == "tda_pa" else c for c, p in zip(TDA_CONFIGS, PRIORS)]
-    traces = run_lockstep([make_method(method, emb, ids, 30, **c) for c in configs], feats)
+    traces = run_tda_lockstep([make_method(method, emb, ids, 30, **c) for c in configs], feats, fused=fused)
     for config, lock in zip(configs, traces):
         single = make_method(method, emb, ids, 30, **config).run(feats)
         assert_same_trace(single, lock, str(config))

@@ -2,15 +2,16 @@
 proxies W [G, K, d] in blocks of B samples so that W is read twice per block, not three times per sample: a
 step's update is W <- diag(1 / |row|) (W + u x^T), so within a block W_t = diag(s_t) (W_a + C_t X^T) with X
 the block's samples, and W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the products W_a X^T and X X^T once per
-block (the first block's W_a X^T are the text logits), per step a [G K, <B] product and the row norms from
-|W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the rows are unit at every step); at the block's end
-W_a + C X is formed. The scale s runs on across blocks (W is kept as diag(s) W', the rows made unit only when
-a scale leaves [1/64, 64], and at the end), which spares a pass over W per block. The per-block buffers are
-sample-major, so a step reads and writes whole [G K] rows; on a CPU the streams run in passes of CPU_TILE. On
-a CPU a step's elementwise work runs in two compiled passes (numba) around torch's two softmaxes, rather than
-some twenty torch operations over [G, K]; elsewhere as those torch operations (`fused=False`, tested against
-the loop on the CPU as well). The two block products are 2 G K d multiply-adds per sample, most of a step's
-time at G = 32 on a CPU (`benchmarks.methods`).
+block (the first block's W_a X^T are the text logits), C_t (X x_t) a sub-block of 16 samples at a time (the
+earlier sub-blocks' part added to a sub-block's rows at its start in one product, then per step a [G K, <16]
+product), and the row norms from |W_t + u x^T|^2 = 1 + u (2 W_t x + u |x|^2) (the rows are unit at every
+step); at the block's end W_a + C X is formed. The scale s runs on across blocks (W is kept as diag(s) W', the
+rows made unit only when a scale leaves [1/64, 64], and at the end), which spares a pass over W per block. The
+per-block buffers are sample-major, so a step reads and writes whole [G K] rows; on a CPU the streams run in
+passes of CPU_TILE. On a CPU a step's elementwise work runs in two compiled passes (numba) around torch's two
+softmaxes, rather than some twenty torch operations over [G, K]; elsewhere as those torch operations
+(`fused=False`, tested against the loop on the CPU as well). The two block products are 2 G K d multiply-adds
+per sample, most of a step's time at G = 32 on a CPU (`benchmarks.methods`).
 
 Precision: the row scale s_t is a running product, kept in float64 (in float32 its rounding adds up to 25
 times the loop's own error at K = 1000, measured); everything else is float32, as the loop's own W and x
@@ -34,6 +35,7 @@ from orchestrator.methods.base import Method, StageTimer, Trace, validate_featur
 from orchestrator.methods.lockstep.common import column, split_timings
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
+SUB_BLOCK = 16  # a block's coefficients are added to the products a sub-block at a time
 # Streams per pass on a CPU: a pass over 8 streams keeps each step's [8, K] rows and the block's coefficients
 # in the core's caches, and 32 streams run faster as four such passes (`benchmarks.methods`).
 CPU_TILE = 8
@@ -53,7 +55,7 @@ def _fused_logits(z, scale, text, rho, tau_t, tau_i, a, b):
 
 
 @numba.njit(cache=True, nogil=True)
-def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, post, coef):
+def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, posteriors, t, coef):
     """The step after the two softmaxes (the torch path's operations one element at a time): the posterior
     q + mix (p - q), rho's update, the block coefficient u / s and the running row scale (float64)."""
     G, K = z.shape
@@ -61,7 +63,7 @@ def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, po
     for g in range(G):
         for k in range(K):
             diff = p[g, k] - q[g, k]
-            post[g, k] = q[g, k] + mix[g] * diff
+            posteriors[g, t, k] = q[g, k] + mix[g] * diff
             r = rho[g, k] + (q[g, k] - target[g]) * neg_rlr[g]
             rho[g, k] = r if r > 0 else np.float32(0.0)
             u = step[g] * diff
@@ -114,7 +116,8 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
         a_buf, b_buf = torch.empty_like(z), torch.empty_like(z)
         np_ = {name: x.numpy() for name, x in dict(z=z, rho=rho, text=text_products, tau_t=tau_t, tau_i=tau_i,
                                                    step=step, neg_rlr=neg_rlr, mix=mix, target=target,
-                                                   a=a_buf, b=b_buf, coef=coef, scale=scale).items()}
+                                                   a=a_buf, b=b_buf, coef=coef, scale=scale,
+                                                   posteriors=posteriors).items()}
     for a in range(0, n, block):
         X = features[a:a + block]
         B = X.shape[0]
@@ -128,11 +131,16 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
         for j in range(B):
             t = a + j
             with timer("logits"):
-                # W_t x_t = s_t * (W_a x_t + C_t (X x_t))
-                if j:
-                    torch.addmv(products[j], coef[:j].T, gram[:j, j], out=z.view(-1))
+                # W_t x_t = s_t * (W_a x_t + C_t (X x_t)): the coefficients of the sub-blocks before this
+                # one added to its rows at its start, one product, then per step those since its start.
+                j0 = j - j % SUB_BLOCK
+                if j0 and j == j0:
+                    end = min(j + SUB_BLOCK, B)
+                    products[j:end].addmm_(gram[:j, j:end].T, coef[:j])
+                if j > j0:
+                    torch.addmv(products[j], coef[j0:j].T, gram[j0:j, j], out=z.view(-1))
                 else:
-                    z.view(-1).copy_(products[0])
+                    z.view(-1).copy_(products[j])
                 if fused:
                     _fused_logits(np_["z"], np_["scale"], np_["text"][t], np_["rho"], np_["tau_t"], np_["tau_i"],
                                   np_["a"], np_["b"])
@@ -141,7 +149,7 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
                 with timer("update"):
                     _fused_update(np_["z"], q.numpy(), p.numpy(), np_["rho"], np_["scale"], np_["mix"][t],
                                   np_["neg_rlr"][t], np_["step"][t], np_["target"], np.float32(0.5 * sq_x[j]),
-                                  posteriors[:, t].numpy(), np_["coef"][j].reshape(G, K))
+                                  np_["posteriors"], t, np_["coef"][j].reshape(G, K))
                 continue
             with timer("logits"):
                 scale32 = scale.float()

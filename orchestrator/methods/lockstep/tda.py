@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
+import numba
+import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
@@ -104,14 +106,46 @@ class _Caches:
         return out
 
 
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _fused_flush(base, p, rows, fire, steps, V, C2, posteriors, start):
+    """_Prior.flush's walk a stream at a time (its block of steps stays in the core's cache): each sample's
+    posterior from its p V_a row and the earlier samples' row changes, then its prior update."""
+    G, B, K = base.shape
+    post = np.empty(K, dtype=np.float32)
+    one = np.float32(1.0)
+    for g in range(G):
+        for j in range(B):
+            post[:] = base[g, j]
+            for i in range(j):
+                weight = p[g, j, rows[g, i]]
+                for k in range(K):
+                    post[k] += weight * steps[g, i, k]
+            total = np.float32(0.0)
+            for k in range(K):
+                total += post[k]
+            s = rows[g, j]
+            a = C2[g, s]
+            for k in range(K):
+                value = post[k] / total
+                posteriors[g, start + j, k] = value
+                row = V[g, s, k]
+                new = (a * row + value) / (a + one) if fire[g, j] else row
+                steps[g, j, k] = new - row
+                V[g, s, k] = new
+            if fire[g, j]:
+                C2[g, s] = a + one
+
+
 class _Prior:
     """TDA+PA's prior per stream (V [G, M, K], counters C2 [G, M]), applied to a block of likelihoods at once.
 
     Nothing TDA+PA's likelihood p, its row s or its gate uses depends on V, so a block's p are known before
     its posteriors: p V_a for the whole block is one product with the block's first V_a, and sample j adds
-    what the rows updated earlier in the block changed, sum over i < j of p_j[s_i] (V_{i+1} - V_i)[s_i]."""
+    what the rows updated earlier in the block changed, sum over i < j of p_j[s_i] (V_{i+1} - V_i)[s_i]. On a
+    CPU that walk is compiled (`_fused_flush`, a stream at a time); elsewhere (`fused=False`) it runs as torch
+    operations over the G streams, a sample at a time."""
 
-    def __init__(self, methods: list[Method], block: int) -> None:
+    def __init__(self, methods: list[Method], block: int, fused: bool) -> None:
         first = methods[0]
         G, M, K = len(methods), first.class_embeddings.shape[0], first.num_classes
         device = first.class_embeddings.device
@@ -123,6 +157,7 @@ class _Prior:
         self.fire = torch.empty(G, block, dtype=torch.bool, device=device)
         self.steps = torch.empty(G, block, K, dtype=torch.float32, device=device)
         self.streams = torch.arange(G, device=device)
+        self.fused = fused
 
     def add(self, p: torch.Tensor, s: torch.Tensor, fire: torch.Tensor) -> None:
         self.p[:, self.count], self.rows[:, self.count], self.fire[:, self.count] = p, s, fire
@@ -132,6 +167,11 @@ class _Prior:
         """The block's posteriors into posteriors[:, start:], and its prior updates (Eq. 9, count rule)."""
         B, streams, V, C2 = self.count, self.streams, self.V, self.C2
         base = torch.bmm(self.p[:, :B], V)                                   # p_j V_a
+        if self.fused:
+            _fused_flush(base.numpy(), self.p.numpy(), self.rows.numpy(), self.fire.numpy(), self.steps.numpy(),
+                         V.numpy(), C2.numpy(), posteriors.numpy(), start)
+            self.count = 0
+            return
         for j in range(B):
             post = base[:, j]
             if j:
@@ -177,9 +217,9 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
         yield from zip(*queries)
 
 
-def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
+def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None) -> list[Trace]:
     """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d]; trace g equals
-    `methods[g].run(features)`."""
+    `methods[g].run(features)`. fused: TDA+PA's prior walk compiled (`_Prior`; the default on a CPU)."""
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=None)
     if features.ndim == 3 and features.shape[1] == 1:
@@ -197,7 +237,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
                                                 for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
     streams = torch.arange(G, device=device)
     if with_prior:
-        prior = _Prior(methods, TDA_PRIOR_BLOCK)
+        prior = _Prior(methods, TDA_PRIOR_BLOCK, device.type == "cpu" if fused is None else fused)
         tau = column(methods, "tau", torch.float64, device).flatten()
     posteriors = torch.zeros(G, n, K, dtype=torch.float32, device=device)
     selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
