@@ -24,7 +24,7 @@ def test_engine_benchmark_quick_run_prints_an_agreeing_table(capsys):
 
 
 def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
-    methods_benchmark.main(["--quick", "--n", "20"])
+    methods_benchmark.main(["--quick", "--n", "20", "--repeat", "2"])
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in out.splitlines() if line.startswith("| ") and "method" not in line}
