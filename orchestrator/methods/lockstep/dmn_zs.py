@@ -1,10 +1,10 @@
-"""DMN-ZS in lockstep. A memory is a function of (logit_scale, the number of views keep keeps, memory_size) alone (its writes follow the text
-posteriors of the views), so each distinct triple keeps one (`DMNZeroShot.observe` on its first stream)
-and its streams read it with their own beta, then mix with their own memory_weight. The read-out
-normalize(read_k) . x0, read_k = tw_k t_k + sum_j mw_kj m_kj, needs no G x K x d read vectors: read_k . x0
-comes from the entries' products with x0, and |read_k|^2 from each class's Gram matrix of its entries and
-their products with t_k (kept in float64, recomputed for the written class each sample), so a step costs
-K depth d once per memory plus G K depth^2, not G K depth d.
+"""DMN-ZS in lockstep. A memory is a function of (logit_scale, the number of views keep keeps, memory_size) alone
+(its writes follow the text posteriors of the views), so each distinct triple keeps one (`DMNZeroShot.observe`
+on its first stream) and its streams read it with their own beta, then mix with their own memory_weight. The
+read-out normalize(read_k) . x0, read_k = tw_k t_k + sum_j mw_kj m_kj, needs no G x K x d read vectors:
+read_k . x0 comes from the entries' products with x0, and |read_k|^2 from each class's Gram matrix of its
+entries and their products with t_k (kept in float64, recomputed for the written class each sample), so a step
+costs K depth d once per memory plus G K depth^2, not G K depth d.
 """
 
 from __future__ import annotations
