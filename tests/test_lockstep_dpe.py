@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_traces_many
-from orchestrator.methods.lockstep.dpe import adamw_first_step, run_dpe_lockstep
+from orchestrator.methods.adamw import first_step
+from orchestrator.methods.lockstep.dpe import run_dpe_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.test_dpe import dpe_reference
 from tests.view_streams import view_stream
@@ -50,7 +51,7 @@ def test_adamw_first_step_is_torchs_step_bitwise():
     grad = torch.randn(3, 50, 16, generator=gen) * torch.logspace(-8, 2, 16)   # below, near and above eps
     grad[0, 0] = 0.0
     lrs = [6e-4, 1e-2, 5e-5]
-    ours = adamw_first_step(grad, torch.tensor(lrs, dtype=torch.float64)[:, None, None])
+    ours = first_step(grad, torch.tensor(lrs, dtype=torch.float64)[:, None, None], 1e-3)
     for g, lr in enumerate(lrs):
         param = torch.zeros(50, 16, requires_grad=True)
         optimizer = torch.optim.AdamW([param], lr=lr, eps=1e-3, weight_decay=0.1)

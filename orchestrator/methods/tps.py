@@ -18,9 +18,10 @@ Samples are solved in vectorised chunks, each exactly as alone, without autograd
 - the gradient is written out: dH/dz from `mean_prob_entropy_grad`, through z = s x . W_k to
   dH/dW_k = s sum_i (dH/dz_ik) x_i, and through W = normalize(P + S) at S = 0 to
   dH/dS_k = G_k - W_k (W_k . G_k) with G_k = dH/dW_k / |P_k|;
-- AdamW's first step from zero state is closed-form, in the order of torch's _single_tensor_adamw: the decay
-  of S = 0 is nothing, m = (1 - b1) g, v = (1 - b2) g g, denom = sqrt(v) / sqrt(1 - b2) + eps, and
-  S = -(lr / (1 - b1)) q with q = m / denom (torch divides (lr / (1 - b1)) m by denom: one rounding apart);
+- AdamW's first step from zero state is closed-form (`adamw.py`), in the order of torch's
+  _single_tensor_adamw: the decay of S = 0 is nothing, m = (1 - b1) g, v = (1 - b2) g g, denom =
+  sqrt(v) / sqrt(1 - b2) + eps, and S = -(lr / (1 - b1)) q with q = m / denom (torch divides
+  (lr / (1 - b1)) m by denom: one rounding apart);
 - the shifted prototypes are never formed: with a = lr / (1 - b1), (P_k + S_k) . x0 = P_k . x0 - a q_k . x0
   and |P_k + S_k|^2 = |P_k|^2 - 2 a q_k . P_k + a^2 |q_k|^2, so q is reduced to three numbers per class
   as it is computed, one block of classes at a time (memory stays bounded at any K), and each learning rate
@@ -47,17 +48,17 @@ class (M > K), which are averaged and renormalised here.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from orchestrator.methods import adamw
 from orchestrator.methods.episodic import Episodic
 from orchestrator.methods.prototypes import class_prototypes, confident_views, mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
 
-BETA1, BETA2, EPS = 0.9, 0.999, 1e-8  # torch.optim.AdamW's defaults (the official optimizer's)
+EPS = 1e-8  # torch.optim.AdamW's default (the official optimizer's)
 _BLOCK = 1 << 20     # elements of one [chunk, classes, d] block of the step (4 MB float32), its largest tensor
 
 
@@ -87,7 +88,7 @@ class TPS(Episodic):
 
     def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor], start: int) -> torch.Tensor:
         (along_x0, along_p, size), base = shared
-        step = float(torch.tensor(self.hp["lr"] / (1 - BETA1), dtype=torch.float32))   # AdamW's lr / bias_correction1
+        step = float(torch.tensor(self.hp["lr"] / (1 - adamw.BETA1), dtype=torch.float32))   # AdamW's lr / bias_correction1
         dot = base - step * along_x0                                       # (P_k + S_k) . x0
         sq = self.sq_norms - 2 * step * along_p + (step * size) ** 2       # |P_k + S_k|^2
         # F.normalize divides by max(|P_k + S_k|, 1e-12).
@@ -115,10 +116,8 @@ class TPS(Episodic):
             # The projection as autograd takes it, from the gradient itself: components it cancels stay 0.
             radial = torch.einsum("bkd,kd->bk", grad, self.unit[rows])
             grad.addcmul_(self.unit[rows], radial[..., None], value=-1)                # dH/dS_k
-            # v = 0 + (1 - b2) g g (addcmul_ on the zero state), then sqrt(v) / sqrt(bias_correction2) + eps.
-            denom = torch.addcmul(zero, grad, grad, value=1 - BETA2, out=space[1, :numel].view(B, -1, d))
-            denom.sqrt_().div_(math.sqrt(1 - BETA2)).add_(EPS)
-            q = torch.addcdiv(zero, grad, denom, value=1 - BETA1, out=grad)           # m / denom
+            denom = adamw.denominator(grad, EPS, out=space[1, :numel].view(B, -1, d))
+            q = torch.addcdiv(zero, grad, denom, value=1 - adamw.BETA1, out=grad)     # m / denom
             out[0, :, rows] = torch.bmm(q, x0)[..., 0]
             out[1, :, rows] = torch.einsum("bkd,kd->bk", q, self.prototypes[rows])
             out[2, :, rows] = torch.linalg.vector_norm(q, dim=-1)

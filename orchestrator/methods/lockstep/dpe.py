@@ -25,7 +25,7 @@ h = f - (t_k / |W_k|) W_k the stepped row is Y_k = W_k - lr sign(a_k) h / (|h| +
 elementwise passes. The rows of cached classes (whose text gradient gains the InfoNCE term) and the cache
 residual R_v are computed whole, as [G, C, d] with C the most classes any stream has cached (the other
 streams' absent classes masked out of the InfoNCE logits and rows), by the same gradient through
-F.normalize and `adamw_first_step` (torch's step, operation for operation); their rows replace the sweep's.
+F.normalize and `adamw.first_step` (torch's step, operation for operation); their rows replace the sweep's.
 
 Exactness: the analytic gradient and the closed-form step differ from autograd and AdamW by float32
 rounding (at K = 1000, d = 512 either text residual lies within 5e-10 of a float64 step, R_t being at most lr
@@ -42,6 +42,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from orchestrator.methods import adamw
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dpe import ADAM_EPS, ALIGN_TEMPERATURE
 from orchestrator.methods.lockstep.common import column, split_timings
@@ -50,19 +51,7 @@ from orchestrator.methods.prototypes import mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
 
 BLOCK_ROWS = 256  # rows per block of the sweeps on a CPU (`python -m benchmarks.methods --methods dpe`)
-BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which DPE's optimizer keeps
 NORM_EPS = 1e-12  # F.normalize's floor on the norm
-
-
-def adamw_first_step(grad: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-    """torch.optim.AdamW's first step from a zero parameter with fresh moments, in _single_tensor_adam's
-    operations and roundings (decay leaves zero at zero; lerp and addcmul from zero moments): bitwise the
-    optimizer's step for the same gradient. lr: float64, broadcasting against grad (one per stream)."""
-    b1, b2 = BETAS
-    exp_avg = grad * (1 - b1)
-    exp_avg_sq = grad * (1 - b2) * grad
-    denom = exp_avg_sq.sqrt() / (1 - b2) ** 0.5 + ADAM_EPS
-    return (-lr / (1 - b1)).float() * exp_avg / denom
 
 
 def _normalize_backward(grad: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
@@ -207,9 +196,10 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
                 + torch.bmm(d_pairs.transpose(1, 2), unit_keys) / ALIGN_TEMPERATURE
             grad_keys = (alpha * beta * affinity * q_c)[..., None] * f[:, None, :] \
                 + torch.bmm(d_pairs, unit_text_c) / ALIGN_TEMPERATURE
-            r_image = adamw_first_step(_normalize_backward(grad_keys, unit_keys, key_norm), lr_image[:, :, None])
-            r_text_c = adamw_first_step(_normalize_backward(grad_text_c, unit_text_c, norm_c / terms[..., None]),
-                                        lr_text[:, :, None])
+            r_image = adamw.first_step(_normalize_backward(grad_keys, unit_keys, key_norm), lr_image[:, :, None],
+                                         ADAM_EPS)
+            r_text_c = adamw.first_step(_normalize_backward(grad_text_c, unit_text_c, norm_c / terms[..., None]),
+                                        lr_text[:, :, None], ADAM_EPS)
             y_c = text_c + r_text_c * terms[..., None]
             a = scale * q * terms / text.norm
             step = torch.copysign(lr_text.float() * terms, -a)
