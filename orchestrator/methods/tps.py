@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods import adamw
+from orchestrator.methods.adamw import BETA1, denominator
 from orchestrator.methods.episodic import Episodic
 from orchestrator.methods.prototypes import class_prototypes, confident_views, mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
@@ -88,7 +88,7 @@ class TPS(Episodic):
 
     def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor], start: int) -> torch.Tensor:
         (along_x0, along_p, size), base = shared
-        step = float(torch.tensor(self.hp["lr"] / (1 - adamw.BETA1), dtype=torch.float32))   # AdamW's lr / bias_correction1
+        step = float(torch.tensor(self.hp["lr"] / (1 - BETA1), dtype=torch.float32))   # AdamW's lr / bias_correction1
         dot = base - step * along_x0                                       # (P_k + S_k) . x0
         sq = self.sq_norms - 2 * step * along_p + (step * size) ** 2       # |P_k + S_k|^2
         # F.normalize divides by max(|P_k + S_k|, 1e-12).
@@ -116,8 +116,8 @@ class TPS(Episodic):
             # The projection as autograd takes it, from the gradient itself: components it cancels stay 0.
             radial = torch.einsum("bkd,kd->bk", grad, self.unit[rows])
             grad.addcmul_(self.unit[rows], radial[..., None], value=-1)                # dH/dS_k
-            denom = adamw.denominator(grad, EPS, out=space[1, :numel].view(B, -1, d))
-            q = torch.addcdiv(zero, grad, denom, value=1 - adamw.BETA1, out=grad)     # m / denom
+            denom = denominator(grad, EPS, out=space[1, :numel].view(B, -1, d))
+            q = torch.addcdiv(zero, grad, denom, value=1 - BETA1, out=grad)     # m / denom
             out[0, :, rows] = torch.bmm(q, x0)[..., 0]
             out[1, :, rows] = torch.einsum("bkd,kd->bk", q, self.prototypes[rows])
             out[2, :, rows] = torch.linalg.vector_norm(q, dim=-1)

@@ -42,7 +42,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods import adamw
+from orchestrator.methods.adamw import first_step
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dpe import ADAM_EPS, ALIGN_TEMPERATURE
 from orchestrator.methods.lockstep.common import column, split_timings
@@ -196,10 +196,9 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
                 + torch.bmm(d_pairs.transpose(1, 2), unit_keys) / ALIGN_TEMPERATURE
             grad_keys = (alpha * beta * affinity * q_c)[..., None] * f[:, None, :] \
                 + torch.bmm(d_pairs, unit_text_c) / ALIGN_TEMPERATURE
-            r_image = adamw.first_step(_normalize_backward(grad_keys, unit_keys, key_norm), lr_image[:, :, None],
-                                         ADAM_EPS)
-            r_text_c = adamw.first_step(_normalize_backward(grad_text_c, unit_text_c, norm_c / terms[..., None]),
-                                        lr_text[:, :, None], ADAM_EPS)
+            r_image = first_step(_normalize_backward(grad_keys, unit_keys, key_norm), lr_image[:, :, None], ADAM_EPS)
+            r_text_c = first_step(_normalize_backward(grad_text_c, unit_text_c, norm_c / terms[..., None]),
+                                  lr_text[:, :, None], ADAM_EPS)
             y_c = text_c + r_text_c * terms[..., None]
             a = scale * q * terms / text.norm
             step = torch.copysign(lr_text.float() * terms, -a)
