@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prototypes import class_prototypes
+from orchestrator.methods.views import kept_count
 
 class DMNZeroShot(Method):
     """A dynamic per-class memory of confident test features, read by attention and mixed with zero-shot CLIP."""
@@ -78,7 +79,7 @@ class DMNZeroShot(Method):
         with timer("logits"):
             probs = torch.softmax(hp["logit_scale"] * views @ self.text.T, dim=-1)
             entropy = -(probs * torch.log(probs + 1e-6)).sum(-1)
-            idx = torch.argsort(entropy, stable=True)[:max(1, int(views.shape[0] * hp["keep"]))]
+            idx = torch.argsort(entropy, stable=True)[:kept_count(views.shape[0], hp["keep"])]
             mean_prob = probs[idx].mean(0)
             label = int(mean_prob.argmax())
             h = -(mean_prob * torch.log(mean_prob + 1e-8)).sum()

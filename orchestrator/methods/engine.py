@@ -39,8 +39,8 @@ Threads. One configuration group (or one torch thread): blocks run one after ano
 `product_threads` threads (default 1), the walk on the calling thread. One thread is the default because
 intra-op threads wait for each other at every product's barrier: with the other core busy, two product
 threads ran a single BCA config about ten times slower than one and twice as unevenly (README, Performance:
-`benchmarks.engine --repeat 7 --load`); they gain ~20% only on an idle machine. Several groups: they run side by side, one thread
-each, with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
+`benchmarks.engine --repeat 7 --load`); they gain ~20% only on an idle machine. Several groups: they run side
+by side, one thread each, with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
 on a second thread while block b is walked was tried and measured slower: the walk then also corrects for
 block b's rows; see the README's Performance section and `python -m benchmarks.engine`.)
 Thread count and block length change only float rounding (products of other shapes); the tests hold

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from orchestrator.methods.views import kept_count
+
 
 def class_prototypes(class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
     """[M, d] rows -> [K, d]: each class's rows averaged and L2-renormalised.
@@ -31,7 +33,7 @@ def confident_views(logits: torch.Tensor, keep: float) -> torch.Tensor:
     empty below 1 / keep views (a nan loss there), hence the floor of one. Ties go to the earlier view.
     """
     entropy = -(torch.softmax(logits, dim=-1) * torch.log_softmax(logits, dim=-1)).sum(-1)
-    k = max(1, int(logits.shape[-2] * keep))
+    k = kept_count(logits.shape[-2], keep)
     return torch.argsort(entropy, dim=-1, stable=True)[..., :k]
 
 

@@ -126,18 +126,14 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
                 entered |= neg.offer(i, *(x[:, j] for x in neg_offers))[neg_group]
                 gated[:, i] = entered
             with timer("logits"):
-                w_pos, _ = pos.weights(pos_f[:, j], pos_beta, pos_group)
-                positive = torch.zeros(G, K + 1, dtype=torch.float32, device=device)
-                positive.scatter_add_(1, pos.cls[pos_group, :w_pos.shape[1]], w_pos)
+                w_pos = pos.weights(pos_f[:, j], pos_beta, pos_group)
+                positive = pos.class_sums(w_pos, pos_group)
                 if B:
                     w_boost = torch.exp(-1.0 * (pos_beta - pos_beta * boost_affinity[:, j]))
                     sums, where = _boosted(pos, pos_group, w_pos, boost_class[:, j], boost_entropy[:, j], w_boost,
                                            capacity, K)
                     positive.scatter_(1, where, sums)
-                w_neg, used = neg.weights(neg_f[:, j], neg_beta, neg_group)
-                negative = torch.empty(G, K, dtype=torch.float32, device=device)
-                for h, rows in enumerate(members):
-                    negative[rows] = w_neg[rows] @ neg.values[h, :used]
+                negative = neg.value_sums(neg.weights(neg_f[:, j], neg_beta, neg_group), members)
                 adjustment = pos_alpha * positive[:, :K] - neg_alpha * negative
             with timer("posterior"):
                 posteriors[:, i] = torch.softmax(stream_logits[:, j] + adjustment, dim=1)

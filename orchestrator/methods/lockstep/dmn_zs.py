@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep.common import column, group_by, split_timings
+from orchestrator.methods.views import kept_count
 
 
 def run_dmn_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
@@ -22,10 +23,11 @@ def run_dmn_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trac
     n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
     views = features.shape[1]
     # keep matters through the number of views it keeps (DMNZeroShot.observe), so streams group by that count.
-    keys = [(m.hp["logit_scale"], max(1, int(views * m.hp["keep"])), m.hp["memory_size"]) for m in methods]
-    distinct = list(dict.fromkeys(keys))
-    writers = [methods[keys.index(key)] for key in distinct]      # each memory's first stream keeps it
-    members = [torch.tensor([g for g, k in enumerate(keys) if k == key], device=device) for key in distinct]
+    keys = [(m.hp["logit_scale"], kept_count(views, m.hp["keep"]), m.hp["memory_size"]) for m in methods]
+    distinct, index = group_by(keys)
+    writers = [methods[index.index(h)] for h in range(len(distinct))]     # each memory's first stream keeps it
+    members = [torch.tensor([g for g, h in enumerate(index) if h == memory], device=device)
+               for memory in range(len(distinct))]
     betas = [column([methods[int(g)] for g in rows], "beta", torch.float32, device)[:, :, None]
              for rows in members]
     weight64 = column(methods, "memory_weight", torch.float64, device)

@@ -27,7 +27,7 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dota import covariances, fit, gaussian_scores, kept_views, precision_factor
-from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep.common import column, group_by, split_timings
 from orchestrator.methods.views import kept_count
 
 
@@ -59,8 +59,8 @@ def _run_group(methods: list[Method], features: torch.Tensor, posteriors: torch.
     n, K, device = features.shape[0], first.num_classes, features.device
     scale, keep = first.hp["logit_scale"], first.hp["keep"]
     pairs = [(m.hp["sigma"], m.hp["epsilon"]) for m in methods]
-    distinct = list(dict.fromkeys(pairs))
-    which = torch.tensor([distinct.index(p) for p in pairs], device=device)
+    distinct, index = group_by(pairs)
+    which = torch.tensor(index, device=device)
     sigma, epsilon = (torch.tensor(values, dtype=torch.float64, device=device).view(-1, 1, 1)
                       for values in zip(*distinct))
     rho, eta = (column(methods, key, torch.float64, device) for key in ("rho", "eta"))

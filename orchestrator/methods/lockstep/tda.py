@@ -86,14 +86,29 @@ class _Caches:
         self.used += grew
         return enter
 
-    def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
         """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used], for one query
         f [d] or one per cache [H, d]. A cache with fewer rows leaves the rest as they started, class K (a
         dropped column) and zero values, so their weights add nothing."""
         used = int(self.used.max())
         keys = self.keys[:, :used]
         affinity = keys @ f if f.ndim == 1 else torch.bmm(keys, f[:, :, None])[..., 0]
-        return torch.exp(-1.0 * (beta - beta * affinity[group])), used
+        return torch.exp(-1.0 * (beta - beta * affinity[group]))
+
+    def class_sums(self, weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        """[G, K + 1] each stream's weights [G, used] summed per class (column K: the unfilled rows'), as a
+        positive cache's product with its one-hot values."""
+        sums = torch.zeros(weights.shape[0], self.K + 1, dtype=torch.float32, device=weights.device)
+        return sums.scatter_add_(1, self.cls[group, :weights.shape[1]], weights)
+
+    def value_sums(self, weights: torch.Tensor, members: list[torch.Tensor]) -> torch.Tensor:
+        """[G, K] each stream's weights [G, used] times its cache's values (members[h]: the streams of cache h),
+        as a negative cache's product with its masks."""
+        used = weights.shape[1]
+        out = torch.empty(weights.shape[0], self.K, dtype=torch.float32, device=weights.device)
+        for h, rows in enumerate(members):
+            out[rows] = weights[rows] @ self.values[h, :used]
+        return out
 
     def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
         """Cache h in TDA's layout ([K, shot, ...], zeros and inf where empty), as `ClassCache.state` gives it."""
@@ -260,13 +275,9 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bo
             entered = neg.offer(i, band, pred, loss, f, mask) | entered
             gated[:, i] = entered[group]
         with timer("logits"):
-            w_pos, _ = pos.weights(f, pos_beta, group)
-            positive = torch.zeros(G, K + 1, dtype=torch.float32, device=device)
-            positive = positive.scatter_add_(1, pos.cls[group, :w_pos.shape[1]], w_pos)[:, :K]
-            w_neg, used = neg.weights(f, neg_beta, group)
-            negative = torch.empty(G, K, dtype=torch.float32, device=device)
-            for h, rows in enumerate(members):
-                negative[rows] = w_neg[rows] @ neg.values[h, :used]
+            w_pos = pos.weights(f, pos_beta, group)
+            positive = pos.class_sums(w_pos, group)[:, :K]
+            negative = neg.value_sums(neg.weights(f, neg_beta, group), members)
             adjustment = pos_alpha * positive - neg_alpha * negative
         if not with_prior:
             with timer("posterior"):
