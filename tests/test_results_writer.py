@@ -151,6 +151,18 @@ def test_real_full_disk_when_a_tmpfs_can_be_mounted(tmp_path):
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+def test_a_row_write_killed_midway_leaves_no_temp_file_after_the_next(tmp_path):
+    """A writer killed while rewriting the row (a trial's progress update when its sweep is SIGKILLed) leaves its
+    temp file; the next mark of the run, holding the row's lock, removes it, and the row is the new one."""
+    w = RunWriter(tmp_path, CONFIG)
+    w.mark("running", n_samples=5)
+    stale = w.run_path.parent / schema.temp_name(w.run_path.name, "4242.deadbeef")
+    stale.write_bytes(b"half a parquet file")
+    w.mark("running", n_samples=5)
+    assert sorted(p.name for p in w.run_path.parent.iterdir()) == [w.run_path.name]
+    assert w.read_row()["status"] == "running"
+
+
 def test_unwritable_results_dir_names_the_path(tmp_path):
     blocker = tmp_path / "results"
     blocker.write_text("a file where the results dir should be")

@@ -107,19 +107,24 @@ class RunWriter:
         }
 
     # ------------------------------------------------------------------------------------------ parts
+    @staticmethod
     @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        ensure_dir(self.samples_dir, f"run {self.run_id}")
-        path = self.samples_dir / ".lock"
+    def _file_lock(directory: Path, name: str, what: str) -> Iterator[None]:
+        ensure_dir(directory, what)
+        path = directory / name
         lock = FileLock(str(path))
         try:
             lock.acquire()
         except OSError as e:  # e.g. a read-only or permission-denied results dir: the lock file cannot be opened
-            raise ResultsWriteError(path, f"lock file of run {self.run_id}", e) from e
+            raise ResultsWriteError(path, f"lock file of {what}", e) from e
         try:
             yield
         finally:
             lock.release()
+
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        """The run's parts: held while they are written, scanned or removed."""
+        return self._file_lock(self.samples_dir, ".lock", f"run {self.run_id}")
 
     def _scan(self) -> tuple[int, list[Path]]:
         """(end of the complete contiguous parts from 0, part files outside that prefix). Removes temp files
@@ -303,7 +308,13 @@ class RunWriter:
         row.update(status=status, updated_at=now, host=socket.gethostname(), versions=package_versions())
         table = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
         table = table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"runs"})
-        atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row")
+        # Every write of the row holds its lock, so a temp file of the row found here was left by a killed writer
+        # (e.g. a trial's progress update when its sweep was killed): removed as the row is rewritten.
+        with self._file_lock(self.samples_dir, ".row.lock", "runs-table row"):
+            for stale in self.run_path.parent.glob(f".{self.run_path.name}.*{schema.TEMP_SUFFIX}"):
+                log.warning("removing unfinished temp file %s left by an interrupted writer", stale)
+                stale.unlink(missing_ok=True)
+            atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row")
 
     @staticmethod
     def _coerce_metric(name: str, value: Any) -> Any:
