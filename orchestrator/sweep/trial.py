@@ -27,7 +27,6 @@ import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -187,9 +186,14 @@ def _failpoint(spec: str | None, parts_written: int) -> None:
     if not spec:
         return
     action, parts, flag = spec.split(":", 2)
-    if parts_written != int(parts) or os.path.exists(flag):
+    if parts_written != int(parts):
         return
-    Path(flag).write_text(str(os.getpid()))
+    try:  # created atomically: of trials reaching the point together, exactly one fires
+        fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as file:
+        file.write(str(os.getpid()))
     if action == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stall":
