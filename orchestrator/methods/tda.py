@@ -54,7 +54,7 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.reference import blend, update_weights
-from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_views
+from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_logit_views
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)
 NEG_MASK_BOUNDS = (0.03, 1.0)
@@ -164,7 +164,17 @@ class ClassCache:
         return out
 
 
-VIEW_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
+# The view path's [chunk, V, M] logits are streamed through half a dozen elementwise passes: on a CPU a
+# chunk that stays in cache (1M floats: 16 samples of 64 views at M = 1000) beats one large product
+# (benchmarks.methods, TDA's official column); a GPU wants large chunks.
+VIEW_CHUNK_FLOATS = {"cpu": 1 << 20}
+VIEW_CHUNK_FLOATS_OTHER = 1 << 26
+
+
+def view_chunk(features: torch.Tensor, num_embeddings: int) -> int:
+    """Samples per chunk of the view path for views [n, V, d] against M class embeddings."""
+    budget = VIEW_CHUNK_FLOATS.get(features.device.type, VIEW_CHUNK_FLOATS_OTHER)
+    return max(1, budget // (features.shape[1] * num_embeddings))
 
 
 class TDA(Method):
@@ -200,9 +210,9 @@ class TDA(Method):
     def view_queries(self, chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A chunk of samples' views [c, V, d] -> per sample (f, per-embedding logits, clip_logits, prob_map,
         loss) from its kept views (module docstring), each with a leading [c] axis."""
-        logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
+        logits = (self.hp["logit_scale"] * chunk) @ self.class_embeddings.T         # [c, V, M], as the code orders it
         view_logits = class_logits(logits, self.logit_classes, self.num_classes)          # [c, V, K]
-        kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
+        kept = lowest_entropy_logit_views(view_logits, PROTOCOL_KEEP)
         kept_logits = gather_views(view_logits, kept)
         f = gather_views(chunk, kept).mean(dim=1)
         mean_logits = gather_views(logits, kept).mean(dim=1)
@@ -211,10 +221,11 @@ class TDA(Method):
         return f, mean_logits, clip_logits, prob_map, avg_entropy(kept_logits)
 
     def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
-        """The same per sample from its kept views; stateless, so computed in chunks of VIEW_CHUNK."""
-        for start in range(0, features.shape[0], VIEW_CHUNK):
+        """The same per sample from its kept views; stateless, so computed in chunks (`view_chunk`)."""
+        chunk = view_chunk(features, self.class_embeddings.shape[0])
+        for start in range(0, features.shape[0], chunk):
             with timer("logits"):
-                queries = self.view_queries(features[start:start + VIEW_CHUNK])
+                queries = self.view_queries(features[start:start + chunk])
             yield from zip(*queries)
 
     def _run(self, features: torch.Tensor) -> Trace:
