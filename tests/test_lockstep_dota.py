@@ -7,7 +7,7 @@ import torch
 
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
-from orchestrator.methods.lockstep.dota import _State
+from orchestrator.methods.dota.lockstep import _State
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
 

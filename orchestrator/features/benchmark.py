@@ -21,7 +21,7 @@ from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
 from orchestrator.methods.views import PROTOCOL_KEEP
 from orchestrator.registry import dataset_card
-from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 
 
 @dataclass(frozen=True)
