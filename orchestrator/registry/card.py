@@ -12,11 +12,12 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from orchestrator.registry.datasets import canonical_dataset, dataset_card, dataset_key
+from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
+from orchestrator.registry.views import ViewConfig, parse_views
 
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
 INPUTS = ("single", "views", "either")
-VIEW_KINDS = ("augmix", "crops")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -201,18 +202,19 @@ class MethodCard:
     def takes_views(self) -> bool:
         return self.inputs == "views"
 
-    def protocol_views(self, dataset: str) -> str:
-        """The views of the official protocol for this method on a benchmark dataset: a view kind
-        ('augmix', 'crops'; 63 views + the original) or 'single'. Methods taking one feature get the dataset's
-        own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
-        own = dataset_card(dataset).views
-        if not self.takes_views or (self.view_scope == "protocol" and own == "single"):
+    def protocol_views(self, dataset: str) -> ViewConfig:
+        """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
+        `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
+        otherwise) or the single view. Methods taking one feature get the dataset's own protocol (AugMix on
+        ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
+        own = parse_views(dataset_card(dataset).views)
+        if not self.takes_views or (self.view_scope == "protocol" and own.kind == "single"):
             return own
         if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
-            return "single"
+            return parse_views("single")
         if self.views is None:
             return own
-        return self.views if self.view_count == 64 else f"{self.views}{self.view_count - 1}"
+        return ViewConfig(self.views, n_aug=self.view_count - 1, seed=1)
 
     def wants_views(self, hparams: Mapping[str, Any]) -> bool:
         """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views
