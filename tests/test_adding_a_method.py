@@ -50,7 +50,8 @@ def plugin_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The doc's files in a fresh folder and its commands run there, as one shell session."""
     root = tmp_path_factory.mktemp("newcomer")
     write_plugin(root)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PYTHONPATH": str(REPO),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("BCA_PLUGINS", None)
     script = "set -e\n" + "\n".join(doc_commands())
     done = subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=500)

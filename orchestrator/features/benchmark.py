@@ -67,9 +67,9 @@ def load_benchmark(
 
     backbone / pretrained: open_clip model name and tag or checkpoint file (None: random weights).
     views: 'single', 'augmix' ([n, 1+63, d] features, view 0 the original), 'augmixN', or 'dataset'
-    (DATASET_PROTOCOL: the dataset's own protocol views, `orchestrator.registry.views`). reduce_views=True returns [n, d] instead: the confident-
-    view mean (select_views) against this benchmark's class embeddings, computed without a float32 copy of
-    every view. templates: a named set or a list (see orchestrator.clip.prompts).
+    (DATASET_PROTOCOL: the dataset's own protocol views, `orchestrator.registry.views`). reduce_views=True
+    returns [n, d] instead: the confident-view mean (select_views) against this benchmark's class embeddings,
+    computed without a float32 copy of every view. templates: a named set or a list (see orchestrator.clip.prompts).
     """
     name = dataset_card(dataset).name
     if views == DATASET_PROTOCOL:

@@ -28,9 +28,10 @@ class HParam:
     kind: float | int | str | bool; default: its value (None only with `nullable`); low / high: inclusive
     bounds unless low_open / high_open; choices: the allowed strings of a str; nullable: None is a valid value;
     null_means: the hparam whose value a None takes (tau_likelihood null = tau), resolved at the edge
-    (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans decades (charts use a log axis); per_dataset: defaults
-    that differ by benchmark dataset (any spelling, stored canonical); when: the hparam matters only when other
-    hparams take these values ({"update": ("decay",)}), else it is dropped from a run's config.
+    (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans
+    decades (charts use a log axis); per_dataset: defaults that differ by benchmark dataset (any spelling, stored
+    canonical); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
+    else it is dropped from a run's config.
     """
 
     name: str

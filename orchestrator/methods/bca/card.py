@@ -53,7 +53,8 @@ CARDS = (
         "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"),
         source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], lockstep_inputs="single"),
     MethodCard(
-        "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)", "orchestrator.methods.bca.method:LikelihoodAdaptation",
+        "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)",
+        "orchestrator.methods.bca.method:LikelihoodAdaptation",
         (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
         **_BCA_VIEWS),
     MethodCard(
