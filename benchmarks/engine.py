@@ -84,7 +84,7 @@ def measure(K: int, d: int, n: int, naive_n: int, multi_n: int, groups: tuple[in
     from orchestrator.data.synthetic import make_synthetic
     from orchestrator.methods import make_method
     from orchestrator.methods.engine import run_bca_blocked, run_bca_blocked_many
-    from orchestrator.methods.reference import bca_family_reference
+    from orchestrator.methods.bca.reference import bca_family_reference
 
     if threads:
         torch.set_num_threads(threads)

@@ -82,8 +82,8 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int) -> bool:
     first view_n samples: their CPU loops are the slow part)."""
     from orchestrator.methods import make_method
     from orchestrator.methods.engine import run_bca_blocked_many
-    from orchestrator.methods.lockstep import LOCKSTEP, run_lockstep
-    from orchestrator.methods.reference import bca_family_reference
+    from orchestrator.methods.lockstep import run_lockstep
+    from orchestrator.methods.bca.reference import bca_family_reference
     from orchestrator.registry import method_cards
 
     feats, view_feats, emb, ids = methods_benchmark.make_stream(K, d, n, 4, "cpu", seed=5)
@@ -97,9 +97,9 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int) -> bool:
         results.append(_compare(f"engine bca config {i}", bca_family_reference(feats, m.state, ids, K, m.config),
                                 trace))
     for card in method_cards():
-        if card.implementation() not in LOCKSTEP:
-            continue
         x = view_feats[:view_n] if card.takes_views else feats
+        if card.lockstep_runner(x.ndim == 3) is None:
+            continue
         configs = methods_benchmark.differing_configs(card, 4, x.shape[0])
         traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], x.to(device))
         for i, (config, trace) in enumerate(zip(configs, traces)):

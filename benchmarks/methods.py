@@ -5,9 +5,9 @@ view 0 the feature, the others the feature plus noise), in one process and the s
 
 - single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults (the BCA family runs
   on the blocked engine here: its multi-config path is `benchmarks.engine`);
-- official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda_reference`:
+- official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda.reference`:
   caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
-- G=1 / 8 / 32: config-samples/s of the lockstep runner (`orchestrator.methods.lockstep`) over G configs
+- G=1 / 8 / 32: config-samples/s of the lockstep runner its card names (`orchestrator.methods.lockstep`) over G configs
   that differ in every float hparam but logit_scale (config 0 the defaults), each with its ratio to the
   single-stream loop, and G=32's ratio to the public loop where there is one;
 - agree: the lockstep trace of config 0 against the single-stream run: predictions identical, and the
@@ -85,7 +85,7 @@ def _timed(fn, *args):
 
 def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
     from orchestrator.methods import make_method
-    from orchestrator.methods.lockstep import LOCKSTEP, run_lockstep
+    from orchestrator.methods.lockstep import run_lockstep
 
     feats, view_feats, emb, ids = stream
     K = emb.shape[0]
@@ -104,8 +104,8 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
 
     official_tda = None
     if card.name == "tda":
-        from orchestrator.methods.tda_reference import official_tda
-    lockstep_groups = preset["groups"] if card.implementation() in LOCKSTEP else ()
+        from orchestrator.methods.tda.reference import official_tda
+    lockstep_groups = preset["groups"] if card.lockstep_runner(x.ndim == 3) is not None else ()
 
     def lock(g, data):
         return _timed(run_lockstep, [build(c, data) for c in configs[:g]], data)

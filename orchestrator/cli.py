@@ -10,6 +10,8 @@ from pathlib import Path
 import typer
 from typer.core import TyperOption
 
+from orchestrator.registry.views import DATASET_PROTOCOL
+
 _value_type = TyperOption.display_type_rich
 
 
@@ -112,8 +114,9 @@ def cache_cmd(
     dataset: list[str] = typer.Option(None, "--dataset", help="Dataset name (repeatable), e.g. imagenet-a."),
     data_root: Path = typer.Option(None, "--data-root", help="Folder holding the datasets (REFERENCE layouts)."),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Feature cache folder."),
-    views: str = typer.Option("protocol", "--views", help="single | augmix | augmixN | protocol (augmix for "
-                              "ImageNet-A/-V2/-R/-Sketch, single otherwise)."),
+    views: str = typer.Option(DATASET_PROTOCOL, "--views", help="dataset (each dataset's own protocol: augmix "
+                              "for ImageNet-A/-V2/-R/-Sketch, single otherwise) | single | augmix | augmixN | crops "
+                              "| cropsN. For what a sweep's methods need, give the spec instead."),
     seed: list[int] = typer.Option([1], "--seed", help="AugMix seed (repeatable); ignored for single views."),
     templates: list[str] = typer.Option(["dataset"], "--templates", help="Template set whose text embeddings "
                                         "to cache too (repeatable)."),
@@ -148,7 +151,11 @@ def cache_cmd(
                                             ("--cache-dir", cache_dir)) if not value]
         if missing:
             raise typer.BadParameter(f"without a spec, give {', '.join(missing)}")
-        jobs = jobs_from_args(model, pretrained, dataset, data_root, cache_dir, views, seed, templates, quick_gelu)
+        try:
+            jobs = jobs_from_args(model, pretrained, dataset, data_root, cache_dir, views, seed, templates, quick_gelu)
+        except ValueError as exc:  # an unknown dataset or views value, named in the message
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
     raise typer.Exit(run_jobs(jobs, device=device, batch_size=batch_size, num_workers=workers, corrupt=corrupt,
                               force=force, weights_dir=weights_dir, allow_download=allow_download,
                               echo=typer.echo))

@@ -10,7 +10,7 @@ import torch
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
-from orchestrator.methods.dota import gaussian_scores
+from orchestrator.methods.dota.method import gaussian_scores
 from orchestrator.registry import DATASETS, method_card
 
 IMAGENET = {"epsilon": 1e-4, "eta": 0.2, "rho": 0.005, "sigma": 0.002}

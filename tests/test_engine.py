@@ -12,7 +12,7 @@ from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import Trace, engine, make_method, run_stream
 from orchestrator.methods.engine import _to_half, run_bca_blocked, run_bca_blocked_many
 from orchestrator.methods.many import run_stream_many, run_traces_many
-from orchestrator.methods.reference import bca_family_reference
+from orchestrator.methods.bca.reference import bca_family_reference
 from orchestrator.registry import method_card
 
 K, DIM, N_LONG = 12, 48, 20_000

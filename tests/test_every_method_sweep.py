@@ -68,7 +68,7 @@ def test_every_method_on_a_tiny_real_dataset_with_its_official_views(ray_session
     assert sorted(r.config["method"] for r in runs) == sorted(methods)
     views = {r.config["method"]: r.config["views"] for r in runs}
     for name in methods:
-        assert views[name] == registry.method_card(name).protocol_views("imagenet-a")
+        assert views[name] == registry.method_card(name).protocol_views("imagenet-a").name
     assert {"augmix", "crops"} <= set(views.values())  # both view kinds were encoded and run
     caches = {p.parent.name for p in Path(spec.cache_dir).rglob("manifest.json")}
     assert len(caches) >= 2

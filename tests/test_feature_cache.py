@@ -152,7 +152,7 @@ def test_augmix_entry_keeps_every_view(tmp_path, data_root):
 
 
 def test_protocol_views(tmp_path, data_root):
-    bench = load_benchmark("dtd", data_root, tmp_path, TINY_VIT, views="protocol", num_workers=0, device="cpu")
+    bench = load_benchmark("dtd", data_root, tmp_path, TINY_VIT, views="dataset", num_workers=0, device="cpu")
     assert bench.features.ndim == 2
 
 
@@ -274,7 +274,7 @@ def test_bca_cache_explicit_args_then_no_op(tmp_path, data_root):
     from orchestrator.cli import app
 
     args = ["cache", "--model", TINY_VIT, "--dataset", "dtd", "--dataset", "A", "--data-root", str(data_root),
-            "--cache-dir", str(tmp_path), "--views", "protocol", "--seed", "1", "--templates", "handcrafted1",
+            "--cache-dir", str(tmp_path), "--views", "dataset", "--seed", "1", "--templates", "handcrafted1",
             "--workers", "0", "--device", "cpu"]
     runner = CliRunner()
     first = runner.invoke(app, args)

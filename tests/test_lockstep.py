@@ -8,9 +8,9 @@ import torch
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
-from orchestrator.methods.lockstep import onzeta as onzeta_lockstep
-from orchestrator.methods.lockstep.onzeta import run_onzeta_lockstep
-from orchestrator.methods.lockstep.tda import run_tda_lockstep
+from orchestrator.methods.onzeta import lockstep as onzeta_lockstep
+from orchestrator.methods.onzeta.lockstep import run_onzeta_lockstep
+from orchestrator.methods.tda.lockstep import run_tda_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
 
@@ -90,13 +90,14 @@ def test_onzeta_lockstep_refuses_a_stream_past_n_total():
         run_lockstep([make_method("onzeta", emb, ids, 10, n_total=40)], feats)
 
 
-def test_lockstep_takes_one_method_class():
+def test_lockstep_takes_methods_whose_cards_name_one_runner():
     feats, emb, ids = _stream(10, 8, 20)
     methods = [make_method("tda", emb, ids, 10), make_method("onzeta", emb, ids, 10)]
-    with pytest.raises(ValueError, match="one class with a lockstep runner"):
+    with pytest.raises(ValueError, match="cards name one lockstep runner"):
         run_lockstep(methods, feats)
-    with pytest.raises(ValueError, match="one class with a lockstep runner"):
-        run_lockstep([make_method("bca", emb, ids, 10)], feats)
+    views = feats[:, None].expand(-1, 3, -1).contiguous()
+    with pytest.raises(ValueError, match=r"cards name one lockstep runner taking features of shape \(20, 3, 8\)"):
+        run_lockstep([make_method("bca", emb, ids, 10)], views)  # the engine takes one feature per sample
 
 
 def test_a_pack_of_mixed_methods_equals_the_separate_runs():

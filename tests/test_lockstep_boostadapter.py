@@ -8,7 +8,7 @@ import math
 import torch
 
 from orchestrator.methods import make_method, run_traces_many
-from orchestrator.methods.boostadapter import QUERY_CHUNK, queries, score_views
+from orchestrator.methods.boostadapter.method import QUERY_CHUNK, queries, score_views
 from orchestrator.methods.lockstep import run_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream

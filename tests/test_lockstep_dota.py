@@ -7,7 +7,7 @@ import torch
 
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.lockstep import run_lockstep
-from orchestrator.methods.lockstep.dota import _State
+from orchestrator.methods.dota.lockstep import _State
 from tests.lockstep_checks import assert_same_trace
 from tests.view_streams import view_stream
 
@@ -37,7 +37,7 @@ def _check(feats, emb, ids, K, configs):
     for config, lock in zip(configs, traces):
         single = make_method("dota", emb, ids, K, **config).run(feats)
         assert_same_trace(single, lock, str(config))
-        # The states are the loop's own arithmetic on the same tensors (lockstep/dota.py): equal bit for bit.
+        # The states are the loop's own arithmetic on the same tensors (dota/lockstep.py): equal bit for bit.
         assert all(torch.equal(single.state[key], lock.state[key]) for key in single.state), config
         zero_shot = make_method("dota", emb, ids, K, **{**config, "eta": 0.0}).run(feats)
         assert float((lock.posteriors - zero_shot.posteriors).abs().max()) > 1e-3, config

@@ -8,7 +8,7 @@ import torch
 
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.adamw import first_step
-from orchestrator.methods.lockstep.dpe import run_dpe_lockstep
+from orchestrator.methods.dpe.lockstep import run_dpe_lockstep
 from tests.lockstep_checks import assert_same_trace
 from tests.test_dpe import dpe_reference
 from tests.view_streams import view_stream

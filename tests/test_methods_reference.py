@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from orchestrator.methods import Trace, make_method, run_stream
-from orchestrator.methods.reference import BCAConfig, bca_family_reference, init_state
+from orchestrator.methods.bca.reference import BCAConfig, bca_family_reference, init_state
 from orchestrator.registry import method_card
 
 
@@ -371,8 +371,8 @@ def test_decay_of_one_is_count(impl):
 
 def test_method_object_matches_the_pure_reference_and_leaves_its_input_state():
     feats, emb, ids, k = _stream(n=200)
-    cfg = BCAConfig(adapt_likelihood=True, adapt_prior=True, tau_likelihood=0.6, tau_prior=0.6, n1=20,
-                    logit_scale=SCALE)
+    cfg = BCAConfig(adapt_likelihood=True, adapt_prior=True, tau_likelihood=0.6, tau_prior=0.6, n1=20, n2=10,
+                    logit_scale=SCALE, select_on="likelihood", update="count", decay=0.999, state_dtype="float32")
     state = init_state(emb, ids, k, cfg)
     snapshot = {key: value.clone() for key, value in state.items()}
     ref = bca_family_reference(feats, state, ids, k, cfg)

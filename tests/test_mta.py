@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.methods import make_method, run_stream
-from orchestrator.methods.mta import affinities, bandwidths, gram, solve
+from orchestrator.methods.mta.method import affinities, bandwidths, gram, solve
 from view_streams import view_stream
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,24 +175,37 @@ _NAME_ALLOWED = {("orchestrator/cli.py", "bca"), ("orchestrator/features/cache.p
 _TEST_SUPPORT = ("orchestrator/results/testing.py", "orchestrator/clip/testing.py")
 
 
+def _card_folders() -> dict[str, set[str]]:
+    """orchestrator/methods/<folder>/ -> the names and labels of the cards whose implementation lives there."""
+    out: dict[str, set[str]] = {}
+    for card in registry.method_cards():
+        module = card.impl.partition(":")[0] if isinstance(card.impl, str) else card.impl.__module__
+        parts = module.split(".")
+        if parts[:2] == ["orchestrator", "methods"] and len(parts) > 3:
+            out.setdefault(f"orchestrator/methods/{parts[2]}/", set()).update({card.name, card.label})
+    return out
+
+
 def test_no_method_or_dataset_spelling_outside_the_registry():
     """Method names and labels, and dataset aliases of three or more letters (one-letter codes such as 'a' are
-    every file mode's too), appear as string literals only in orchestrator/registry."""
+    every file mode's too), appear as string literals only in orchestrator/registry and in a method's own folder:
+    its names and labels there, dataset names in its card (per-dataset defaults)."""
     cards = registry.method_cards()
-    spelled = ({c.name for c in cards} | {c.label for c in cards}
-               | {a for d in registry.DATASETS.values() for a in d.aliases if len(a) > 2})
+    aliases = {a for d in registry.DATASETS.values() for a in d.aliases if len(a) > 2}
+    spelled = {c.name for c in cards} | {c.label for c in cards} | aliases
+    folders = _card_folders()
     found = []
     for path in _package_files():
         rel = path.relative_to(REPO).as_posix()
         if rel.startswith("orchestrator/registry/") or rel in _TEST_SUPPORT:
             continue
+        own = next((names for folder, names in folders.items() if rel.startswith(folder)), set())
+        if rel.endswith("/card.py") and own:
+            own = own | aliases
         tree = ast.parse(path.read_text())
-        own_names = {node.value.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                     and [getattr(t, "id", None) for t in node.targets] == ["name"]
-                     and isinstance(node.value, ast.Constant)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and node.value in spelled and (rel, node.value) not in _NAME_ALLOWED
-                    and not (rel.startswith("orchestrator/methods/") and node.value in own_names)):
+                    and node.value not in own):
                 found.append(f"{rel}:{node.lineno} {node.value!r}")
     assert found == []
 
@@ -199,6 +213,23 @@ def test_no_method_or_dataset_spelling_outside_the_registry():
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+_TARGET = re.compile(r"^(orchestrator|dashboard)(\.\w+)+:\w+$")  # a "module:attribute" a card imports on use
+
+
+def _imported_by_name(node: ast.AST) -> str | None:
+    """The module an `importlib.import_module("...")` / `__import__("...")` call or a "module:attribute" string
+    names: imports all the same, which Python's own import statements do not show."""
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in ("import_module", "__import__"):
+            return node.args[0].value
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and _TARGET.match(node.value):
+        return node.value.partition(":")[0]
+    return None
 
 
 def _imports(path: Path, modules: set[str], top_level: bool) -> set[str]:
@@ -209,6 +240,8 @@ def _imports(path: Path, modules: set[str], top_level: bool) -> set[str]:
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    # imports by name, wherever they are: a lazy import of a module that imports this one back is a cycle
+    out |= {name for node in ast.walk(tree) if (name := _imported_by_name(node))}
     return out & modules
 
 
@@ -245,8 +278,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles():
-    """Modules: no cycle through top-level imports. Packages: none even counting imports inside functions (a
-    lazy import hides a cycle from Python, not from the design)."""
+    """Modules: no cycle through top-level imports and imports by name (importlib, a card's "module:Class").
+    Packages: none even counting imports inside functions (a lazy import hides a cycle from Python, not from
+    the design)."""
     files = {_module_name(p): p for p in _package_files()}
     modules = set(files)
     by_module = {m: _imports(p, modules, top_level=True) - {m} for m, p in files.items()}

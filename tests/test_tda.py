@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
-from orchestrator.methods.tda import class_logits
-from orchestrator.methods.tda_reference import official_tda
+from orchestrator.methods.tda.method import class_logits
+from orchestrator.methods.tda.reference import official_tda
 from orchestrator.methods.views import gather_views, lowest_entropy_views
 from orchestrator.registry import method_card
 

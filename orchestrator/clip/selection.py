@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.views import PROTOCOL_KEEP, confident_view_means, lowest_entropy_views, view_posteriors
-from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 
 
 def confident_view_indices(

@@ -23,7 +23,6 @@ batch order or which images were skipped.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,63 +32,10 @@ from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 from torchvision.transforms.autoaugment import _apply_op
 
-from orchestrator.registry.methods import VIEW_KINDS as METHOD_VIEW_KINDS
+# The vocabulary (ViewConfig, parse_views, the kinds) has its home in the registry; this module makes the pixels.
+from orchestrator.registry.views import AUGMIX_VIEWS, VIEW_KINDS, ViewConfig, parse_views
 
-VIEW_KINDS = ("single", *METHOD_VIEW_KINDS)  # the kinds a method card may name, and no views at all
-AUGMIX_VIEWS = 63  # augmented views per image in the public protocols (augmix and crops alike)
-_PIPELINE_VERSION = 1  # bump when the transforms change, so old cache entries are not reused
-
-
-@dataclass(frozen=True)
-class ViewConfig:
-    """A view protocol: 'single', or 'augmix' / 'crops' with n_aug augmented views (plus the original) and a
-    seed; severity applies to 'augmix' only."""
-
-    kind: str = "single"
-    n_aug: int = AUGMIX_VIEWS
-    severity: int = 1
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in VIEW_KINDS:
-            raise ValueError(f"unknown view kind {self.kind!r}: expected one of {list(VIEW_KINDS)}")
-
-    @property
-    def num_views(self) -> int:
-        return 1 if self.kind == "single" else 1 + self.n_aug
-
-    @property
-    def name(self) -> str:
-        return self.kind if self.kind == "single" or self.n_aug == AUGMIX_VIEWS else f"{self.kind}{self.n_aug}"
-
-    def identity(self) -> dict[str, Any]:
-        """What decides the views' pixels; 'single' is deterministic, so its seed is left out (one cache entry)."""
-        if self.kind == "single":
-            return {"kind": "single", "pipeline": _PIPELINE_VERSION}
-        if self.kind == "crops":
-            return {"kind": "crops", "n_aug": self.n_aug, "seed": self.seed, "crop": "RandomResizedCrop+hflip",
-                    "pipeline": _PIPELINE_VERSION}
-        return {"kind": "augmix", "n_aug": self.n_aug, "severity": self.severity, "seed": self.seed,
-                "crop": "RandomResizedCrop+hflip", "augmix": "torchvision all_ops=False width=3 depth=-1 alpha=1",
-                "pipeline": _PIPELINE_VERSION}
-
-
-def parse_views(views: str | ViewConfig, seed: int | None = None) -> ViewConfig:
-    """'single', 'augmix' / 'crops' (63 augmented views + the original) or 'augmixN' / 'cropsN' (N + the
-    original)."""
-    if isinstance(views, ViewConfig):
-        return views
-    key = views.strip().lower()
-    if key == "single":
-        return ViewConfig("single", seed=None)
-    for kind in ("augmix", "crops"):
-        if key.startswith(kind):
-            rest = key[len(kind):].lstrip(":-_")
-            if rest == "" or (rest.isdigit() and int(rest) > 0):
-                return ViewConfig(kind, n_aug=int(rest) if rest else AUGMIX_VIEWS, seed=1 if seed is None else seed)
-    raise ValueError(f"unknown views {views!r}: expected 'single', 'augmix' (63 AugMix views + the original), "
-                     f"'crops' (63 random resized crops with flips + the original) or 'augmixN' / 'cropsN' "
-                     f"(N augmented views + the original)")
+__all__ = ["AUGMIX_VIEWS", "PilAugMix", "VIEW_KINDS", "ViewConfig", "ViewTransform", "parse_views", "to_rgb"]
 
 
 class PilAugMix(T.AugMix):

@@ -21,7 +21,8 @@ from orchestrator.data.types import Benchmark
 from orchestrator.features.cache import FeatureCache
 from orchestrator.methods.views import PROTOCOL_KEEP
 from orchestrator.registry import dataset_card
-from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+from orchestrator.registry.views import DATASET_PROTOCOL
+from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ def load_benchmark(
     """A real dataset as a Benchmark (a RealBenchmark) in dataset order.
 
     backbone / pretrained: open_clip model name and tag or checkpoint file (None: random weights).
-    views: 'single', 'augmix' ([n, 1+63, d] features, view 0 the original), 'augmixN', or 'protocol'
-    (the public protocol's choice for the dataset). reduce_views=True returns [n, d] instead: the confident-
-    view mean (select_views) against this benchmark's class embeddings, computed without a float32 copy of
-    every view. templates: a named set or a list (see orchestrator.clip.prompts).
+    views: 'single', 'augmix' ([n, 1+63, d] features, view 0 the original), 'augmixN', or 'dataset'
+    (DATASET_PROTOCOL: the dataset's own protocol views, `orchestrator.registry.views`). reduce_views=True
+    returns [n, d] instead: the confident-view mean (select_views) against this benchmark's class embeddings,
+    computed without a float32 copy of every view. templates: a named set or a list (see orchestrator.clip.prompts).
     """
     name = dataset_card(dataset).name
-    if views == "protocol":
+    if views == DATASET_PROTOCOL:
         views = dataset_card(name).views
     spec = BackboneSpec(backbone, pretrained, quick_gelu)
     load_kwargs = {"weights_dir": weights_dir, "allow_download": allow_download}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
 from orchestrator.clip.prompts import class_embeddings
-from orchestrator.clip.views import parse_views
+from orchestrator.registry.views import DATASET_PROTOCOL, parse_views
 from orchestrator.data.datasets import DatasetLayoutError
 from orchestrator.features.cache import CorruptImageError, FeatureCache
 from orchestrator.registry import dataset_card
@@ -40,14 +40,14 @@ def jobs_from_args(
     templates: list[str],
     quick_gelu: bool | None = None,
 ) -> list[CacheJob]:
-    """One job per dataset and seed; 'protocol' views resolve per dataset, and 'single' needs one seed only."""
+    """One job per dataset and seed; 'dataset' views (DATASET_PROTOCOL) resolve to each dataset's own, and
+    'single' needs one seed only."""
     spec = BackboneSpec(model, pretrained, quick_gelu)
     jobs: list[CacheJob] = []
     for name in datasets:
         card = dataset_card(name)
         ds = card.name
-        ds_views = card.views if views == "protocol" else views
-        parse_views(ds_views)  # fail on a bad value before any encoding
+        ds_views = parse_views(card.views if views == DATASET_PROTOCOL else views).name  # fails before encoding
         for seed in (seeds[:1] if ds_views == "single" else seeds):
             jobs.append(CacheJob(spec, ds, data_root.resolve(), cache_dir.resolve(), ds_views, seed, tuple(templates)))
     return list(dict.fromkeys(jobs))

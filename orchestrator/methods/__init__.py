@@ -3,18 +3,35 @@
     run_stream(method, features, class_embeddings, class_ids, num_classes, **hparams) -> posteriors [n, K]
     make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features) -> Trace
     run_stream_many(features, class_embeddings, class_ids, num_classes, configs) -> (predictions [G, n],
-    confidences [G, n]); run_traces_many(...) -> one Trace per config (`many.py`: the BCA family on the
-    blocked engine, every other method as lockstep streams, `lockstep`)
+    confidences [G, n]); run_traces_many(...) -> one Trace per config (`many.py`: each config to the lockstep
+    runner its card names, the others one by one)
 
-What each method is (label, hparams with types, ranges, defaults and per-dataset defaults, inputs, state) is
-its registry card: `orchestrator.registry.method_card(name)`. Implementations: the BCA family clip, la, pa,
-bca (`bca.py`, equations in `reference.py`), tda, tda_pa (`tda.py`), onzeta (`onzeta.py`), and on features
-[n, V, d] dota, dpe, boostadapter, dmn_zs and the episodic zero, mta and tps (`episodic.py`);
-la, pa, bca, tda and tda_pa also take augmented views [n, V, d] (their card's inputs 'either').
-Inputs are float32, expected L2-normalised, on any one torch device.
+A method is one folder here, `<name>/`: `card.py` (its registry card: label, hparams with types, ranges,
+defaults and per-dataset defaults, inputs, state, and where its method and lockstep runner live),
+`method.py` (the single-stream method), optionally `lockstep.py` (G configs over one stream in one pass) and
+`reference.py` (a plain transcription of its official code). The registry finds the folders on disk
+(`orchestrator.registry.method_card(name)`). What several methods share stays here: `base.py` (Method,
+Trace, validation, make_method), `views.py` (the confident-view rule), `prototypes.py`, `adamw.py`,
+`episodic.py` (the methods that solve each sample alone, and their common lockstep runner), `engine.py` (the
+BCA family's exact blocked engine), `lockstep.py` (the runners' helpers), `hparams.py` (hparams several
+cards declare alike). Inputs are float32, expected L2-normalised, on any one torch device.
+
+This package imports without torch (the registry loads the cards from it); the names below are imported on
+first use.
 """
 
-from orchestrator.methods.base import Method, Trace, make_method, run_stream
-from orchestrator.methods.many import run_stream_many, run_traces_many
+from __future__ import annotations
 
-__all__ = ["Method", "Trace", "make_method", "run_stream", "run_stream_many", "run_traces_many"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"Method": "base", "Trace": "base", "make_method": "base", "run_stream": "base",
+            "run_stream_many": "many", "run_traces_many": "many"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -31,7 +31,7 @@ class Trace:
     gated_prior: [n] bool, the prior update fired for this sample.
     state: the method's state after the run ('U' [M, d], 'V' [M, K], 'C1' [M], 'C2' [M] where they apply), name
         -> tensor; read-only (a lockstep runner may share a tensor between streams, or form an entry on each
-        access: lockstep/dota.py).
+        access: dota/lockstep.py).
     timings: seconds spent per stage ('logits', 'posterior', 'update'); a best-effort split (no device sync).
     """
 

@@ -1,5 +1,5 @@
 """Exact blocked engine for the BCA family (clip, la, pa, bca): the semantics of
-`orchestrator.methods.reference.bca_family_reference`, at matrix-product speed.
+`orchestrator.methods.bca.reference.bca_family_reference`, at matrix-product speed.
 
 Why blocks: the per-sample loop does two matrix-vector products per sample (logits U f, posterior p V)
 plus a dozen small tensor ops, and on a CPU the small ops cost more than the products. Here a block of B
@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Trace
-from orchestrator.methods.reference import STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference, rows_of_classes
+from orchestrator.methods.bca.reference import STATE_DTYPES, UPDATES, BCAConfig, bca_family_reference, rows_of_classes
 from orchestrator.stages import METHOD_STAGES
 
 # Block length: the walk's corrections cost O(B) per sample (rows changed since the block started), the

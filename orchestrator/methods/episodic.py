@@ -8,7 +8,7 @@ Such a method runs in chunks of samples, and splits a chunk's work in two:
     solve(chunk, shared)   the chunk's posteriors [c, K] under this method's other hparams.
 
 `run` is the two in turn. A pack of configs of one episodic method over one stream computes `shared` once per
-chunk for every group of configs with one `shared_key` (`lockstep.episodic`), and `solve_many` solves the
+chunk for every group of configs with one `shared_key` (`run_episodic_lockstep`), and `solve_many` solves the
 group on it, which is exact: each config's solve sees the very tensors its own run would compute.
 """
 
@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace, validate_features
+from orchestrator.methods.lockstep import per_card, split_timings
 
 
 class Episodic(Method):
@@ -58,3 +59,32 @@ class Episodic(Method):
             with timer("posterior"):
                 posteriors[start:start + self.chunk] = self.solve(chunk, shared, start)
         return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
+
+
+@per_card
+def run_episodic_lockstep(methods: list[Episodic], features: torch.Tensor) -> list[Trace]:
+    """G streams of one episodic method over one stream of views [n, V, d]; trace g equals
+    `methods[g].run(features)`. Per chunk of samples, the shared part once per distinct `shared_key`, then the
+    group's `solve_many` on it: every stream sees the tensors its own run computes, so its trace is identical
+    (MTA: up to the batched products' rounding). The cards of Zero, MTA and TPS name it."""
+    first = methods[0]
+    validate_features(first.name, features, first.class_embeddings, views=True)
+    n, G = features.shape[0], len(methods)
+    keys = [m.shared_key(features.shape[1]) for m in methods]
+    groups = {key: [g for g in range(G) if keys[g] == key] for key in dict.fromkeys(keys)}
+    posteriors = torch.zeros(G, n, first.num_classes, dtype=torch.float32, device=features.device)
+    timer = StageTimer()
+    for start in range(0, n, first.chunk):
+        chunk = features[start:start + first.chunk]
+        with timer("logits"):
+            shared = {key: methods[group[0]].shared(chunk) for key, group in groups.items()}
+        with timer("posterior"):
+            for key, group in groups.items():
+                posteriors[group, start:start + first.chunk] = methods[group[0]].solve_many(
+                    [methods[g] for g in group], chunk, shared[key], start)
+    timings = split_timings(timer, G)
+    # Episodic methods select nothing and gate nothing (as Episodic._run's trace).
+    none = torch.full((n,), -1, dtype=torch.int64, device=features.device)
+    off = torch.zeros(n, dtype=torch.bool, device=features.device)
+    return [Trace(posteriors[g], none.clone(), off.clone(), off.clone(), state={}, timings=dict(timings))
+            for g in range(G)]

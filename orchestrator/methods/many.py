@@ -4,12 +4,10 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. On
-[n, d] features the BCA-family configs run together through `engine.run_bca_blocked_many` (one logits product
-per group of configurations whose U evolves identically); the configs of a method with a lockstep runner for
-the features' kind (`lockstep.LOCKSTEP`, keyed by Method class, says which methods and which kinds) run as
-lockstep streams; any other method runs on its own. Every result equals the separate run (lockstep: within
-float32 rounding, `lockstep`).
+Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
+configs whose cards name one lockstep runner taking the features' kind (`MethodCard.lockstep`; the BCA
+family's is the blocked engine, one feature per sample) go to it in one call; any other config runs on its
+own. Every result equals the separate run (lockstep: within float32 rounding, `orchestrator.methods.lockstep`).
 """
 
 from __future__ import annotations
@@ -18,10 +16,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, Trace, make_method, validate_features
-from orchestrator.methods.bca import BCAFamily
-from orchestrator.methods.engine import DEFAULT_BLOCK, run_bca_blocked_many
-from orchestrator.methods.lockstep import LOCKSTEP
+from orchestrator.methods.base import Method, Trace, make_method
 
 
 def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
@@ -34,24 +29,21 @@ def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: t
 
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]], *, block: int = DEFAULT_BLOCK) -> list[Trace]:
+                    num_classes: int, configs: list[dict[str, Any]]) -> list[Trace]:
     """One Trace per config, each equal to `make_method(**config).run(features)` (a BCA-family trace's
     state always holds U, V, C1 and C2, also for clip, whose counters never change)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
-    # Augmented views [n, V, d]: each method uses them its own way (BCA's adaptive selection runs per sample).
-    family = [i for i, m in enumerate(methods) if isinstance(m, BCAFamily)] if features.ndim == 2 else []
+    views = isinstance(features, torch.Tensor) and features.ndim == 3
+    groups: dict[int, tuple[Any, list[int]]] = {}  # one per runner, its configs in config order
+    for i, method in enumerate(methods):
+        runner = method.card().lockstep_runner(views)
+        if runner is not None:
+            groups.setdefault(id(runner), (runner, []))[1].append(i)
     traces: dict[int, Trace] = {}
-    if family:
-        validate_features(methods[family[0]].name, features, class_embeddings, views=False)
-        runs = run_bca_blocked_many(features, [methods[i].state for i in family], class_ids, num_classes,
-                                    [methods[i].config for i in family], block=block)
-        traces.update(zip(family, runs))
-    for kind, lockstep in LOCKSTEP.items():
-        members = [i for i, m in enumerate(methods) if type(m) is kind]
-        if members and lockstep.takes(features):
-            traces.update(zip(members, lockstep.run([methods[i] for i in members], features)))
+    for runner, members in groups.values():
+        traces.update(zip(members, runner([methods[i] for i in members], features)))
     for i, method in enumerate(methods):
         if i not in traces:
             traces[i] = method.run(features)
@@ -59,8 +51,7 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
 
 
 def run_stream_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]], *,
-                    block: int = DEFAULT_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_classes: int, configs: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Predictions [G, n] int64 and confidences (max posterior) [G, n] float32, row g for configs[g]."""
-    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs, block=block)
+    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs)
     return (torch.stack([t.predictions for t in traces]), torch.stack([t.confidences for t in traces]))

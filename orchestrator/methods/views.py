@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.registry.cards import CLIP_LOGIT_SCALE
+from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 
 # The protocol's kept fraction of views (TDA's get_clip_logits, and the BCA code's selection_p).
 PROTOCOL_KEEP = 0.1

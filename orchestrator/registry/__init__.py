@@ -1,4 +1,5 @@
-"""One registry per concept: methods (`methods.py`, built-in cards in `cards.py`) and datasets (`datasets.py`).
+"""One registry per concept: methods (`methods.py`, the cards in `card.py`, the built-in ones in
+`orchestrator/methods/*/card.py`) and datasets (`datasets.py`).
 
 Plain data, importable without torch, so the results layer and the dashboard read it cheaply.
 """

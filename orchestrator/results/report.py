@@ -138,13 +138,23 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
         vary = [c for c in candidates if c != "group_id" and counts[c] > 1]
         if not vary and "group_id" in counts and counts["group_id"] > 1:
             vary = ["group_id"]  # configs differ only in keys without a column (e.g. synthetic parameters)
+        part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
+        vary = [c for c in vary if not _follows(part, method, c, vary)]
         if vary:
             split.update(vary)
-            part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
             text = [", ".join(f"{c}={_fmt_value(_plain(v), c)}" for c, v in zip(vary, values))
                     for values in part[vary].itertuples(index=False)]
             labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
     return labels, sorted(split)
+
+
+def _follows(part: pd.DataFrame, method: str, column: str, vary: list[str]) -> bool:
+    """Whether `column` is a gate whose null means another varying hparam (tau_likelihood = tau) and equals it
+    in every run: it adds nothing to a label."""
+    card = registry.find_method(method)
+    names = {h.name: h.null_means for h in card.hparams} if card else {}
+    other = names.get(column)
+    return other in vary and bool((part[column] == part[other]).all())
 
 
 def _plain(value: Any) -> Any:

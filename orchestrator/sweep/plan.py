@@ -160,6 +160,12 @@ class _Axis:
     default: Any
     default_member: str
     when: tuple[tuple[int, tuple[Any, ...]], ...]   # (index of the other axis, values it must take)
+    same_as: int | None = None       # index of the axis whose value a null takes (the card's null_means)
+
+    def resolved(self, value: Any) -> _Axis:
+        """This axis with each null replaced by `value` (the other axis's value at this grid point)."""
+        values = tuple(dict.fromkeys(value if v is None else v for v in self.values))
+        return replace(self, values=values, members=tuple(_member(self.name, v) for v in values))
 
 
 def _member(name: str, value: Any) -> str:
@@ -179,18 +185,22 @@ def _axes(method: str, dataset: str | None, grid: dict[str, list[Any]]) -> list[
         values = tuple(dict.fromkeys(h.check(method, v) for v in grid.get(name, [defaults[name]])))
         default = h.check(method, defaults[name])
         axes.append(_Axis(name, values, tuple(_member(name, v) for v in values), default, _member(name, default),
-                          tuple((index[other], tuple(allowed)) for other, allowed in h.when.items())))
+                          tuple((index[other], tuple(allowed)) for other, allowed in h.when.items()),
+                          None if h.null_means is None else index[h.null_means]))
     return axes
 
 
 def _subgrids(axes: list[_Axis]) -> Iterator[list[_Axis]]:
-    """The grid as sub-grids in which each conditional hparam is either live or fixed at its default: one per
-    combination of the values of the hparams the conditions name (the whole grid when none is conditional)."""
-    conditional = [a for a in axes if a.when]
+    """The grid as sub-grids in which each conditional hparam is either live or fixed at its default, and each
+    null that means another hparam (tau_likelihood null = tau) is that hparam's value, so null and the equal
+    explicit value are one run: one sub-grid per combination of the values of the hparams the conditions and
+    the nulls name (the whole grid when there are none)."""
+    conditional = [a for a in axes if a.when or a.same_as is not None]
     if not conditional:
         yield axes
         return
-    controllers = sorted({k for a in conditional for k, _ in a.when})
+    controllers = sorted({k for a in conditional for k, _ in a.when}
+                         | {a.same_as for a in conditional if a.same_as is not None})
     for combo in itertools.product(*(range(len(axes[k].values)) for k in controllers)):
         chosen = dict(zip(controllers, combo))
         sub = []
@@ -200,6 +210,8 @@ def _subgrids(axes: list[_Axis]) -> Iterator[list[_Axis]]:
                 axis = replace(axis, values=(axis.values[j],), members=(axis.members[j],))
             elif axis.when and any(axes[k].values[chosen[k]] not in allowed for k, allowed in axis.when):
                 axis = replace(axis, values=(axis.default,), members=(axis.default_member,))
+            if axis.same_as is not None and i not in chosen:
+                axis = axis.resolved(axes[axis.same_as].values[chosen[axis.same_as]])
             sub.append(axis)
         yield sub
 

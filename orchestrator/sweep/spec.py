@@ -31,13 +31,11 @@ from pydantic_core import PydanticCustomError
 
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.registry import canonical_dataset, dataset_key, method_card, method_names
+from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
 # A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
 # is refused: it used to run random weights without a word). Runs store it as their `pretrained`.
 RANDOM_WEIGHTS = "random"
-
-# 'augmix' is 63 AugMix views + the original; 'augmixN' N + the original; 'protocol' the public protocol's choice.
-VIEWS_PATTERN = r"^(protocol|single|augmix[0-9]*|crops[0-9]*)$"
 
 
 # ------------------------------------------------------------------------------------------ model helpers
@@ -209,7 +207,7 @@ class SweepSpec(_Strict):
     backbones: list[Backbone] = []
     datasets: Annotated[list[Dataset], Field(min_length=1)]
     templates: Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] = ["dataset"]
-    views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] = "protocol"
+    views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] = METHOD_PROTOCOL  # each method's own, per dataset
     methods: Annotated[list[BaseModel], Field(min_length=1)]
     seeds: Annotated[list[Annotated[StrictInt, Field(ge=0)]], BeforeValidator(_as_list), Field(min_length=1)]
     resources: Resources = Resources()
@@ -253,7 +251,7 @@ def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, meth
     if isinstance(dataset, SyntheticDataset):
         return "single"
     choice = dataset.views or spec.views
-    return method_card(method).protocol_views(dataset.name) if choice == "protocol" else choice
+    return method_card(method).protocol_views(dataset.name).name if choice == METHOD_PROTOCOL else choice
 
 
 def spec_fingerprint(spec: SweepSpec) -> str:

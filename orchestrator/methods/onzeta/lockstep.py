@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, split_timings
+from orchestrator.methods.lockstep import column, split_timings
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
 SUB_BLOCK = 16  # a block's coefficients are added to the products a sub-block at a time

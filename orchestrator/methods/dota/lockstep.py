@@ -26,8 +26,8 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.dota import covariances, fit, gaussian_scores, kept_views, precision_factor
-from orchestrator.methods.lockstep.common import column, group_by, split_timings
+from orchestrator.methods.dota.method import covariances, fit, gaussian_scores, kept_views, precision_factor
+from orchestrator.methods.lockstep import column, group_by, split_timings
 from orchestrator.methods.views import kept_count
 
 

@@ -44,9 +44,9 @@ import torch.nn.functional as F
 
 from orchestrator.methods.adamw import first_step
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.dpe import ADAM_EPS, ALIGN_TEMPERATURE
-from orchestrator.methods.lockstep.common import column, split_timings
-from orchestrator.methods.lockstep.tda import _Caches
+from orchestrator.methods.dpe.method import ADAM_EPS, ALIGN_TEMPERATURE
+from orchestrator.methods.lockstep import column, split_timings
+from orchestrator.methods.tda.lockstep import _Caches
 from orchestrator.methods.prototypes import mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, group_by, split_timings
+from orchestrator.methods.lockstep import column, group_by, split_timings
 from orchestrator.methods.views import kept_count
 
 

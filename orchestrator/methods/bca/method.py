@@ -1,10 +1,10 @@
 """The BCA-family methods: `clip` (zero-shot), `la` (only U adapts), `pa` (only V adapts), `bca` (both).
 
-The equations, gates and update rules are documented in `orchestrator.methods.reference`, the plain
+The equations, gates and update rules are documented in `orchestrator.methods.bca.reference`, the plain
 per-sample loop; `run()` computes the same thing with the exact blocked engine (`engine.run_bca_blocked`),
 which the tests hold to the reference. Their hparams (tau or tau_likelihood / tau_prior, n1, n2, logit_scale,
 select_on, update, decay, state_dtype), ranges and defaults are declared in their registry cards
-(`orchestrator.registry.cards`). A gate compares a probability with a strict '>', so tau = 1 disables it.
+(`card.py` in this folder). A gate compares a probability with a strict '>', so tau = 1 disables it.
 
 Augmented views [n, V, d] (view 0 the original; la, pa and bca), by `view_selection`:
 - 'adaptive' (default, the public code's rule: TTABC's bca.py, which cites the official repository): every
@@ -27,8 +27,11 @@ import torch
 
 from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.engine import run_bca_blocked
-from orchestrator.methods.reference import BCAConfig, bca_family_reference, init_state
+from orchestrator.methods.bca.reference import BCAConfig, bca_family_reference, init_state
 from orchestrator.methods.views import confident_view_means
+from orchestrator.registry import method_card
+
+_CONFIG_KEYS = ("tau_likelihood", "tau_prior", "n1", "n2", "logit_scale", "select_on", "update", "decay", "state_dtype")
 
 
 class BCAFamily(Method):
@@ -43,12 +46,13 @@ class BCAFamily(Method):
 
     @classmethod
     def make_config(cls, hp: dict[str, Any]) -> BCAConfig:
-        options = {k: hp[k] for k in ("n1", "n2", "logit_scale", "select_on", "update", "decay", "state_dtype")
-                   if k in hp}
-        if "tau" in hp:
-            options["tau_likelihood"] = hp["tau"] if hp.get("tau_likelihood") is None else hp["tau_likelihood"]
-            options["tau_prior"] = hp["tau"] if hp.get("tau_prior") is None else hp["tau_prior"]
-        return BCAConfig(adapt_likelihood=cls.adapt_likelihood, adapt_prior=cls.adapt_prior, **options)
+        """The variant's config from its hparams. A part it does not adapt keeps the bca card's defaults (clip
+        and pa never read n1, clip and la never read n2, they only seed the counters the state reports); the
+        card's null gates take tau (`MethodCard.derived`), as `make_method` resolves them."""
+        family = method_card(BCA.name)
+        full = family.derived({**family.resolve({}), **hp})
+        return BCAConfig(adapt_likelihood=cls.adapt_likelihood, adapt_prior=cls.adapt_prior,
+                         **{k: full[k] for k in _CONFIG_KEYS})
 
     @classmethod
     def check_hparams(cls, hp: dict[str, Any], num_embeddings: int, num_classes: int) -> dict[str, Any]:

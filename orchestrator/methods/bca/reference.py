@@ -64,7 +64,6 @@ import torch
 
 from orchestrator.methods.base import StageTimer, Trace, empty_trace
 from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_logit_views
-from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 SELECT_ON = ("likelihood", "posterior")
 UPDATES = ("count", "momentum", "decay")
@@ -73,19 +72,20 @@ STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 @dataclass(frozen=True)
 class BCAConfig:
-    """One BCA-family variant, fully resolved (gates separate, flags for which parts adapt)."""
+    """One BCA-family variant, fully resolved (gates separate, flags for which parts adapt). No defaults here:
+    the values come from the cards (`BCAFamily.make_config`)."""
 
     adapt_likelihood: bool
     adapt_prior: bool
-    tau_likelihood: float = 0.3
-    tau_prior: float = 0.3
-    n1: float = 30000.0
-    n2: float = 10.0
-    logit_scale: float = CLIP_LOGIT_SCALE
-    select_on: str = "likelihood"
-    update: str = "count"
-    decay: float = 0.999
-    state_dtype: str = "float32"
+    tau_likelihood: float
+    tau_prior: float
+    n1: float
+    n2: float
+    logit_scale: float
+    select_on: str
+    update: str
+    decay: float
+    state_dtype: str
 
     @property
     def selects(self) -> bool:

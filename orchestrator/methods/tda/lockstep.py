@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep.common import column, group_by, split_timings
-from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
+from orchestrator.methods.lockstep import column, group_by, per_card, split_timings
+from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
@@ -233,6 +233,7 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
         yield from zip(*queries)
 
 
+@per_card
 def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None) -> list[Trace]:
     """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d]; trace g equals
     `methods[g].run(features)`. fused: TDA+PA's prior walk compiled (`_Prior`; the default on a CPU)."""

@@ -29,7 +29,7 @@ The step (cw / tau_i)(p - q) is sized for K ~ 1000: at K ~ 20 the proxies jump a
 runs of the same loop can disagree on a few percent of predictions (methods-spec.md); at K >= 100 they agree.
 
 Trace: `selected` -1 and `gated` False (no gate); state 'W' [K, d], 'rho' [K], 'step' (samples seen).
-Hyperparameters are on the registry card (`orchestrator.registry.cards`).
+Hyperparameters are on its registry card (`card.py` in this folder).
 """
 
 from __future__ import annotations

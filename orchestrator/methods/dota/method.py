@@ -50,7 +50,7 @@ with the CLIP logits by the weight w. This module follows HEAD's code throughout
 
 Trace: `selected` -1, `gated` False (no gate). State: 'mu' [K, d], 'sigma' [K, d, d], 'counts' [K],
 'precision' [d, d] (Lambda). Hyperparameters and the official per-dataset configs are on the registry card
-(`orchestrator.registry.cards`); the official protocol takes 64 AugMix views on ImageNet-A/-V2/-R/-Sketch
+(`card.py` in this folder); the official protocol takes 64 AugMix views on ImageNet-A/-V2/-R/-Sketch
 and the single original view on ImageNet and the ten cross-domain sets.
 """
 

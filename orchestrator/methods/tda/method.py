@@ -53,7 +53,7 @@ from typing import Any, Iterator
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
-from orchestrator.methods.reference import blend, update_weights
+from orchestrator.methods.bca.reference import blend, update_weights
 from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_logit_views
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)

@@ -22,10 +22,10 @@ import math
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.boostadapter import QUERY_CHUNK, queries, score_views
-from orchestrator.methods.lockstep.common import column, group_by, split_timings
-from orchestrator.methods.lockstep.tda import _Caches
-from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS
+from orchestrator.methods.boostadapter.method import QUERY_CHUNK, queries, score_views
+from orchestrator.methods.lockstep import column, group_by, split_timings
+from orchestrator.methods.tda.lockstep import _Caches
+from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS
 
 
 def _boosted(pos: _Caches, cache: torch.Tensor, w_pos: torch.Tensor, boost_class: torch.Tensor,

@@ -1,0 +1,22 @@
+"""DMN-ZS's card: a per-class memory of confident test features read by attention."""
+
+from __future__ import annotations
+
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        'dmn_zs', 'DMN-ZS', 120, 'memory', 'a per-class memory of confident test features read by attention',
+        "orchestrator.methods.dmn_zs.method:DMNZeroShot",
+        (
+            HParam('memory_size', 'int', 50, 'memory entries per class', 'size', low=1),
+            HParam('beta', 'float', 5.5, 'sharpness of the attention weights exp(-beta (1 - cos))', 'scale', low=0.0),
+            HParam('memory_weight', 'float', 1.0, 'weight of the memory posterior against the text posterior (per dataset: the official logs\' values, chosen on test labels)', 'weight', low=0.0, per_dataset={'imagenet': 1.0, 'flowers102': 10.0, 'dtd': 10.0, 'pets': 1.0, 'cars': 0.3, 'ucf101': 0.3, 'caltech101': 0.3, 'food101': 0.3, 'sun397': 3.0, 'aircraft': 1.0, 'eurosat': 0.3, 'imagenet-a': 3.0, 'imagenet-v2': 1.0, 'imagenet-r': 0.3, 'imagenet-sketch': 1.0}),
+            HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views that choose the pseudo-label', 'threshold', low=0.0, high=1.0, low_open=True),
+            LOGIT_SCALE,
+        ),
+        inputs='views', views='crops', view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
+        source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)',
+        lockstep="orchestrator.methods.dmn_zs.lockstep:run_dmn_lockstep"),
+)

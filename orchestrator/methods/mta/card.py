@@ -1,0 +1,22 @@
+"""MTA's card: the MeanShift mode of each sample's views, nothing kept between samples."""
+
+from __future__ import annotations
+
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        'mta', 'MTA', 130, 'episodic', 'nothing kept: the MeanShift mode of each sample\'s views, weighted by inlierness',
+        "orchestrator.methods.mta.method:MTA",
+        (
+            HParam('lambda_y', 'float', 0.2, 'temperature of the inlierness softmax (the entropic term)', 'scale', low=0.0,
+                   low_open=True, log=True),
+            HParam('lambda_q', 'float', 4.0, 'weight of the view-affinity (quadratic) term of the inlierness', 'weight',
+                   low=0.0),
+            LOGIT_SCALE,
+        ),
+        inputs='views', views='crops', state=(),
+        source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py',
+        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+)

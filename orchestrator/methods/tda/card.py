@@ -1,0 +1,41 @@
+"""TDA's cards: tda (positive / negative feature caches) and tda_pa (TDA's caches with BCA's prior, Eq. 9)."""
+
+from __future__ import annotations
+
+from orchestrator.methods.bca.card import N2, TAU
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+# TDA's positive cache per dataset (pos_alpha, pos_beta), from its public configs.
+_TDA_POSITIVE = {
+    "imagenet": (2.0, 5.0), "imagenet-a": (2.0, 5.0), "imagenet-v2": (1.0, 8.0), "imagenet-r": (1.0, 8.0),
+    "imagenet-sketch": (2.363, 7.45), "caltech101": (5.0, 5.0), "dtd": (2.0, 3.0), "eurosat": (4.0, 8.0),
+    "aircraft": (2.0, 2.0), "food101": (1.0, 1.0), "flowers102": (1.0, 5.0), "pets": (2.0, 7.0),
+    "cars": (1.0, 7.0), "sun397": (2.0, 3.0), "ucf101": (3.0, 8.0),
+}
+_TDA = (
+    HParam("pos_alpha", "float", 2.0, "weight of the positive cache's logits", "weight", low=0.0,
+           per_dataset={k: a for k, (a, _) in _TDA_POSITIVE.items()}),
+    HParam("pos_beta", "float", 5.0, "sharpness of the positive cache's affinities", "scale", low=0.0,
+           per_dataset={k: b for k, (_, b) in _TDA_POSITIVE.items()}),
+    HParam("neg_alpha", "float", 0.117, "weight of the negative cache's logits", "weight", low=0.0),
+    HParam("neg_beta", "float", 1.0, "sharpness of the negative cache's affinities", "scale", low=0.0),
+    HParam("pos_shot", "int", 3, "positive cache entries per class", "size", low=0),
+    HParam("neg_shot", "int", 2, "negative cache entries per class", "size", low=0),
+    LOGIT_SCALE,
+)
+TDA_STATE = ("pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values")
+_TDA_SOURCE = "kdiAAA/TDA (tda_runner.py, utils.py, configs/)"
+
+_TDA_LOCKSTEP = "orchestrator.methods.tda.lockstep:run_tda_lockstep"
+FAMILY = "tda"  # the chart colour family of TDA and the methods built on its caches
+
+CARDS = (
+    MethodCard(
+        "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", _TDA,
+        state=TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP),
+    MethodCard(
+        "tda_pa", "TDA+PA", 50, FAMILY, "TDA's caches + BCA's prior", "orchestrator.methods.tda.method:TDAWithPrior",
+        (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*TDA_STATE, "V", "C2"),
+        source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP),
+)

@@ -1,0 +1,20 @@
+"""TPS's card: per-class shifts of the prototypes, reset every sample."""
+
+from __future__ import annotations
+
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        'tps', 'TPS', 110, 'episodic', 'per-class shifts of the prototypes, one AdamW step per sample, reset every sample (episodic)',
+        "orchestrator.methods.tps.method:TPS",
+        (
+            HParam('lr', 'float', 0.005, 'AdamW learning rate of the per-class shifts', 'rate', low=0.0, low_open=True, log=True, per_dataset={'aircraft': 0.001, 'caltech101': 0.001, 'cars': 0.001, 'dtd': 0.001, 'eurosat': 0.001, 'flowers102': 0.001, 'food101': 0.001, 'pets': 0.001, 'sun397': 0.001, 'ucf101': 0.001}),
+            HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views in the loss', 'threshold', low=0.0, high=1.0, low_open=True),
+            LOGIT_SCALE,
+        ),
+        inputs='views', views='crops', state=(),
+        source='elaine-sui/TPS@556db0fe310f029fc7b796ffa83eaa64c578b505 shift_classification.py, model/shifter.py',
+        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+)

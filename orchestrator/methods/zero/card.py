@@ -1,0 +1,19 @@
+"""Zero's card: a majority vote of the confident augmented views, nothing kept between samples."""
+
+from __future__ import annotations
+
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        "zero", "Zero", 60, "zero", "nothing: majority vote of the confident augmented views",
+        "orchestrator.methods.zero.method:Zero",
+        (HParam("keep", "float", 0.3, "fraction of the views kept (lowest entropy; the official gamma)", "rate",
+                low=0.0, high=1.0, low_open=True),
+         HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
+                "(official code), mean_prob = the higher mean probability of the kept views", "choice",
+                choices=("discarded", "mean_prob")), LOGIT_SCALE),
+        inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)",
+        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+)

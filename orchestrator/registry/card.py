@@ -1,0 +1,285 @@
+"""A method's card: plain data (no torch) holding every fact about it that the rest of the project asks
+(see `orchestrator.registry.methods`, the table of registered cards, for how cards are found)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from orchestrator.registry.datasets import canonical_dataset, dataset_card, dataset_key
+from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
+from orchestrator.registry.views import ViewConfig, parse_views
+
+KINDS = ("float", "int", "str", "bool")
+ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
+INPUTS = ("single", "views", "either")
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class HParam:
+    """One hyperparameter of a method.
+
+    kind: float | int | str | bool; default: its value (None only with `nullable`); low / high: inclusive
+    bounds unless low_open / high_open; choices: the allowed strings of a str; nullable: None is a valid value;
+    null_means: the hparam whose value a None takes (tau_likelihood null = tau), resolved at the edge
+    (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans
+    decades (charts use a log axis); per_dataset: defaults that differ by benchmark dataset (any spelling, stored
+    canonical); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
+    else it is dropped from a run's config.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    doc: str
+    role: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    null_means: str | None = None
+    log: bool = False
+    per_dataset: Mapping[str, Any] = field(default_factory=dict)
+    when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"hparam name {self.name!r}: expected lower-case letters, digits and _")
+        if self.null_means is not None and not self.nullable:
+            raise ValueError(f"hparam {self.name!r}: null_means needs nullable=True")
+        if self.kind not in KINDS:
+            raise ValueError(f"hparam {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"hparam {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
+        per_dataset = {canonical_dataset(k): v for k, v in self.per_dataset.items()}
+        object.__setattr__(self, "per_dataset", MappingProxyType(per_dataset))
+        object.__setattr__(self, "when", MappingProxyType(dict(self.when)))
+        for value in (self.default, *per_dataset.values()):
+            self.check("registry", value)
+
+    @property
+    def expected(self) -> str:
+        """What a valid value is, in words (for error messages and the docs)."""
+        if self.kind == "str":
+            text = f"one of {list(self.choices)}"
+        elif self.kind == "bool":
+            text = "true or false"
+        else:
+            noun = "an integer" if self.kind == "int" else "a number"
+            if self.low is None and self.high is None:
+                text = noun
+            elif self.high is None:
+                text = f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
+            else:
+                lo = "(" if self.low_open else "["
+                hi = ")" if self.high_open else "]"
+                low = "-inf" if self.low is None else f"{self.low:g}"
+                high = "inf" if self.high is None else f"{self.high:g}"
+                text = f"{noun} in {lo}{low}, {high}{hi}"
+        return text + (" or null" if self.nullable else "")
+
+    def check(self, method: str, value: Any) -> Any:
+        """The value in its kind (an integral float becomes an int), or a ValueError naming method and hparam."""
+        def bad() -> ValueError:
+            return ValueError(f"{method}: hparam {self.name!r} must be {self.expected} ({self.doc}), got {value!r}")
+
+        if value is None:
+            if self.nullable:
+                return None
+            raise bad()
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise bad()
+            return value
+        if self.kind == "str":
+            if not isinstance(value, str) or value not in self.choices:
+                raise bad()
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise bad()
+        if self.kind == "int":
+            if not float(value).is_integer():
+                raise bad()
+            value = int(value)
+        else:
+            value = float(value)
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            raise bad()
+        if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+            raise bad()
+        return value
+
+
+@dataclass(frozen=True)
+class MethodCard:
+    """One method.
+
+    name: the spec's and the results' key; label: as tables write it; order: display order (tables, legends);
+    family: methods that share a colour family in charts; summary: what adapts (the README's table);
+    impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
+    (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
+    used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
+    its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
+    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops') and
+    view_count how many (the original included);
+    view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
+    has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
+    single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
+    ImageNet); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
+    hparam its counter C2 starts from; baseline: zero-shot
+    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
+    the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
+    the trial feeds it in parts); source: the official code it follows; lockstep: "module:function" (or the
+    function) of its lockstep runner, `run(methods, features) -> list[Trace]`, or None (each config runs on its
+    own): every config of a pack whose card names the same runner goes to it in one call, so a runner that
+    several cards name takes a mix of their methods (the BCA family's engine) or splits them
+    (`orchestrator.methods.lockstep.per_card`); lockstep_inputs: the features it takes ('single', 'views',
+    'either'; None: as `inputs`), other features run each config on its own.
+    """
+
+    name: str
+    label: str
+    order: int
+    family: str
+    summary: str
+    impl: Any
+    hparams: tuple[HParam, ...] = ()
+    inputs: str = "single"
+    views_when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    views: str | None = None
+    view_count: int = 64
+    view_scope: str = "all"
+    single_view_datasets: tuple[str, ...] = ()
+    prior: bool = False
+    prior_count: str | None = None
+    baseline: bool = False
+    state: tuple[str, ...] = ()
+    stream_length: str | None = None
+    source: str = ""
+    lockstep: Any = None
+    lockstep_inputs: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
+        if self.inputs not in INPUTS:
+            raise ValueError(f"method {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.views is not None and self.views not in VIEW_KINDS:
+            raise ValueError(f"method {self.name!r}: views must be one of {VIEW_KINDS} or None, got {self.views!r}")
+        if self.lockstep_inputs is not None and self.lockstep_inputs not in INPUTS:
+            raise ValueError(f"method {self.name!r}: lockstep_inputs must be one of {INPUTS} or None, "
+                             f"got {self.lockstep_inputs!r}")
+        if self.view_scope not in ("all", "protocol"):
+            raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
+        names = [h.name for h in self.hparams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")
+        for h in self.hparams:
+            unknown = set(h.when) - set(names)
+            if unknown:
+                raise ValueError(f"method {self.name!r}: hparam {h.name!r} depends on unknown {sorted(unknown)}")
+            if h.null_means is not None and h.null_means not in names:
+                raise ValueError(f"method {self.name!r}: hparam {h.name!r}: null_means {h.null_means!r} is not one "
+                                 f"of its hparams")
+        unknown = set(self.views_when) - set(names)
+        if unknown or (self.views_when and self.inputs != "either"):
+            raise ValueError(f"method {self.name!r}: views_when needs inputs 'either' and its own hparams, got "
+                             f"inputs {self.inputs!r} and {sorted(self.views_when)}")
+        object.__setattr__(self, "views_when", MappingProxyType(dict(self.views_when)))
+        for field_name in ("prior_count", "stream_length"):
+            value = getattr(self, field_name)
+            if value is not None and value not in names:
+                raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
+
+    @property
+    def takes_views(self) -> bool:
+        return self.inputs == "views"
+
+    def protocol_views(self, dataset: str) -> ViewConfig:
+        """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
+        `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
+        otherwise) or the single view. Methods taking one feature get the dataset's own protocol (AugMix on
+        ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
+        own = parse_views(dataset_card(dataset).views)
+        if not self.takes_views or (self.view_scope == "protocol" and own.kind == "single"):
+            return own
+        if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
+            return parse_views("single")
+        if self.views is None:
+            return own
+        return ViewConfig(self.views, n_aug=self.view_count - 1, seed=1)
+
+    def wants_views(self, hparams: Mapping[str, Any]) -> bool:
+        """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views
+        [n, V, d] rather than their confident-view means [n, d]."""
+        if self.inputs != "either":
+            return self.takes_views
+        merged = {**self.defaults(), **hparams}
+        return all(merged.get(name) in allowed for name, allowed in self.views_when.items())
+
+    def hparam(self, name: str) -> HParam:
+        for h in self.hparams:
+            if h.name == name:
+                return h
+        raise ValueError(f"unknown hparam {name!r} for method {self.name!r}; valid hparams: {self.hparam_names}")
+
+    @property
+    def hparam_names(self) -> list[str]:
+        return sorted(h.name for h in self.hparams)
+
+    def defaults(self, dataset: str | None = None) -> dict[str, Any]:
+        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults (REFERENCE.md)."""
+        key = dataset_key(dataset) if dataset is not None else None
+        return {h.name: h.per_dataset.get(key, h.default) for h in self.hparams}
+
+    def resolve(self, hparams: Mapping[str, Any], dataset: str | None = None) -> dict[str, Any]:
+        """Defaults overlaid by `hparams`, each value checked and in its kind, a null that means another hparam
+        replaced by that one's value (`derived`); unknown names are refused."""
+        unknown = sorted(set(hparams) - {h.name for h in self.hparams})
+        if unknown:
+            raise ValueError(f"unknown hparam {unknown[0]!r} for method {self.name!r}; "
+                             f"valid hparams: {self.hparam_names}")
+        merged = {**self.defaults(dataset), **hparams}
+        return self.derived({h.name: h.check(self.name, merged[h.name]) for h in self.hparams})
+
+    def derived(self, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        """`hparams` (checked) with each null that means another hparam (`null_means`) set to that one's value."""
+        out = dict(hparams)
+        for h in self.hparams:
+            if h.null_means is not None and out.get(h.name, h.default) is None and h.null_means in out:
+                out[h.name] = out[h.null_means]
+        return out
+
+    def inert(self, hparams: Mapping[str, Any]) -> list[str]:
+        """The hparams that cannot affect a run with these values (their `when` is not met)."""
+        return [h.name for h in self.hparams
+                if any(hparams.get(other) not in allowed for other, allowed in h.when.items())]
+
+    def implementation(self) -> type:
+        """The Method subclass (imported on first use: the card itself needs no torch)."""
+        return _load(self.impl)
+
+    def lockstep_runner(self, view_features: bool) -> Any:
+        """The lockstep runner for features [n, V, d] (view_features) or [n, d], or None where it has none."""
+        if self.lockstep is None:
+            return None
+        inputs = self.lockstep_inputs or self.inputs
+        if inputs != "either" and (inputs == "views") != view_features:
+            return None
+        return _load(self.lockstep)
+
+
+def _load(target: Any) -> Any:
+    """A "module:attribute" string imported, or the object itself."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
