@@ -76,6 +76,7 @@ _COMPACTED = "compacted_runs"
 _LIVE_SAMPLES = "live_samples"
 _COMPUTE_ROWS = "metrics_rows"
 _RUN_METRICS = "run_metrics"
+_MATERIALISED_PAIRS = "materialised_pairs"
 _STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
 
@@ -106,6 +107,7 @@ class ResultsDB:
         self._lock = threading.RLock()
         self._key: tuple | None = None
         self._bad_segments: dict[str, BadFile] = {}
+        self._fresh = False
         self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
@@ -204,7 +206,8 @@ class ResultsDB:
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
-                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
+                self._con.execute(_paired_sql(_sql_str(registry.baseline_method()),
+                                              _MATERIALISED_PAIRS if self._fresh else None))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())
             return self.bad_files
@@ -272,8 +275,13 @@ class ResultsDB:
     def _build_metrics(self, segments: list[store.Segment]) -> None:
         """The per-run metrics: materialised by compaction, except for segments written before a metric existed
         (computed from their rows here, as for live runs)."""
-        fresh = [seg for seg in segments if set(seg.metrics_columns) == set(RUN_METRICS_COLUMNS)]
+        fresh = [seg for seg in segments if set(seg.metrics_columns) == set(SEGMENT_METRICS_COLUMNS)]
         stale = [seg for seg in segments if seg not in fresh]
+        self._fresh = bool(fresh)
+        if fresh:
+            cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+            self._con.execute(f"CREATE OR REPLACE VIEW {_MATERIALISED_PAIRS} AS SELECT {cols} FROM "
+                              f"{self._segment_source(fresh, 'metrics')} WHERE baseline_run IS NOT NULL")
         rows = f"SELECT * FROM {_LIVE_SAMPLES}"
         if stale:
             rows += f" UNION ALL BY NAME SELECT * FROM {self._segment_source(stale, 'samples')}"
@@ -446,29 +454,50 @@ FROM {_RUN_METRICS} p LEFT JOIN runs r USING (run_id)
 
 # Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
 # setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
-_PAIRED_SQL = """
-CREATE OR REPLACE VIEW paired AS
+def baseline_pairs_sql(runs: str, baseline: str, among: str | None = None) -> str:
+    """(run_id, baseline_run) of each run of `among` (default `runs`) that is not the baseline method, its baseline
+    chosen among `runs`."""
+    return f"""
 WITH baseline AS (
     SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
-    FROM runs WHERE method = {baseline} GROUP BY ALL
-),
-pairs AS (
-    SELECT r.run_id, b.baseline_run FROM runs r
-    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
-    WHERE r.method <> {baseline}
+    FROM {runs} WHERE method = {baseline} GROUP BY ALL
 )
+SELECT r.run_id, b.baseline_run FROM {among or runs} r
+JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+WHERE r.method <> {baseline}"""
+
+
+def paired_rows_sql(pairs: str, samples: str, baseline_samples: str) -> str:
+    """Helped / hurt / ... of each (run_id, baseline_run) in `pairs`, from the run's rows in `samples` and the
+    baseline's in `baseline_samples` (the one definition: the paired view's and compaction's)."""
+    return f"""
 SELECT p.run_id, p.baseline_run,
        count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
        count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
        count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
        count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
        count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
-FROM pairs p
-JOIN samples s ON s.run_id = p.run_id
-JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+FROM {pairs} p
+JOIN {samples} s ON s.run_id = p.run_id
+JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
 WHERE NOT coalesce(s.is_ood, false)
-GROUP BY ALL
-"""
+GROUP BY ALL"""
+
+
+PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
+# A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
+SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+
+
+def _paired_sql(baseline: str, materialised: str | None) -> str:
+    """paired: materialised by compaction where its baseline was compacted then, else computed from the rows."""
+    pairs = f"({baseline_pairs_sql('runs', baseline)})"
+    if materialised is None:
+        return f"CREATE OR REPLACE VIEW paired AS {paired_rows_sql(pairs, 'samples', 'samples')}"
+    cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+    rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
+    return (f"CREATE OR REPLACE VIEW paired AS SELECT {cols} FROM {materialised} UNION ALL BY NAME "
+            f"{paired_rows_sql(rest, 'samples', 'samples')}")
 
 
 def _summary_sql(hparams: Sequence[str]) -> str:

@@ -96,6 +96,17 @@ class Catalog:
         rows = pq.read_table(seg.path(self.results_dir, "runs"), filters=[("run_id", "=", run_id)]).to_pylist()
         return rows[0] if rows else None
 
+    def run_rows(self, run_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """run_id -> runs-table row of those of `run_ids` that are compacted (one filtered read per segment)."""
+        where = self.compacted()
+        out: dict[str, dict[str, Any]] = {}
+        for seg in self.segments:
+            ids = sorted(r for r in run_ids if where.get(r, ("",))[0] == seg.id)
+            if ids:
+                table = pq.read_table(seg.path(self.results_dir, "runs"), filters=[("run_id", "in", ids)])
+                out.update((row["run_id"], row) for row in table.to_pylist())
+        return out
+
     def paths(self, kind: str) -> list[Path]:
         return [seg.path(self.results_dir, kind) for seg in self.segments]
 
@@ -248,29 +259,55 @@ def _with_run_columns(table: pa.Table, row: dict[str, Any]) -> pa.Table:
     return table
 
 
-def _metrics(samples: pa.Table, runs: pa.Table) -> pa.Table:
+_IDENTITY = ["run_id", "method", "setting_id", "seed", "order_index"]
+_PAIR_ROWS = ["run_id", "sample_idx", "image_id", "correct", "is_ood"]
+
+
+def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> pa.Table:
+    """Per run of a new segment: db.run_metrics_sql over its rows, and its pairing against the baseline method
+    (db.paired_rows_sql) where the baseline run is in this segment or in one of `others` (read by pruning);
+    null pairing where it is not (the paired view computes those from the rows)."""
     import duckdb
 
-    from orchestrator.results.db import run_metrics_sql
+    from orchestrator import registry
+    from orchestrator.results.db import (SEGMENT_METRICS_COLUMNS, _sql_str, baseline_pairs_sql, paired_rows_sql,
+                                         run_metrics_sql)
 
     con = duckdb.connect(":memory:")
     try:
+        ident = runs.select(_IDENTITY)
+        known = [ident] + [pq.read_table(seg.path(root, "runs"), columns=_IDENTITY) for seg in others]
         con.register("seg_samples", samples)
         con.register("seg_runs", runs.select(["run_id", "n_samples"]))
-        return con.sql(run_metrics_sql("seg_samples", "seg_runs") + " ORDER BY run_id").to_arrow_table()
+        con.register("seg_ident", ident)
+        con.register("all_ident", pa.concat_tables(known, promote_options="permissive"))
+        baseline = _sql_str(registry.baseline_method())
+        pairs = con.sql(baseline_pairs_sql("all_ident", baseline, "seg_ident")).to_arrow_table()
+        con.register("pairs", pairs)
+        here = set(samples.column("run_id").unique().to_pylist())
+        wanted = sorted(set(pairs.column("baseline_run").to_pylist()) - here)
+        outside = [pq.read_table(seg.path(root, "samples"), columns=_PAIR_ROWS, filters=[("run_id", "in", wanted)])
+                   for seg in others] if wanted else []
+        con.register("base_rows", pa.concat_tables([samples.select(_PAIR_ROWS), *outside]))
+        cols = ", ".join(f'"{c}"' for c in ("run_id", *SEGMENT_METRICS_COLUMNS))
+        return con.sql(f"""
+SELECT {cols} FROM ({run_metrics_sql("seg_samples", "seg_runs")}) m
+LEFT JOIN ({paired_rows_sql("pairs", "seg_samples", "base_rows")}) p USING (run_id)
+ORDER BY run_id""").to_arrow_table()
     finally:
         con.close()
 
 
-def _write_segment(root: Path, samples: pa.Table, runs: pa.Table) -> Segment:
-    """Write one segment's three files (atomically each; not yet in the manifest, so invisible)."""
-    from orchestrator.results.db import RUN_METRICS_COLUMNS, concat_runs
+def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> Segment:
+    """Write one segment's three files (atomically each; not yet in the manifest, so invisible); `others`: the
+    segments its runs' baselines may be in."""
+    from orchestrator.results.db import SEGMENT_METRICS_COLUMNS, concat_runs
 
     order = pc.sort_indices(samples, [("run_id", "ascending"), ("sample_idx", "ascending")])
     samples = samples.take(order).cast(schema.SEGMENT_SAMPLE_ARROW_SCHEMA)
     runs = concat_runs([runs]).sort_by("run_id")
     seg = Segment(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}", samples.num_rows, runs.num_rows,
-                  RUN_METRICS_COLUMNS)
+                  SEGMENT_METRICS_COLUMNS)
     meta = {schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii")}
 
     def write_samples(tmp: str) -> None:
@@ -291,7 +328,7 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table) -> Segment:
 
     atomic_write(seg.path(root, "samples"), write_samples, "results segment")
     atomic_write(seg.path(root, "runs"), write_table(runs, b"segment-runs"), "results segment runs")
-    atomic_write(seg.path(root, "metrics"), write_table(_metrics(samples, runs), b"segment-metrics"),
+    atomic_write(seg.path(root, "metrics"), write_table(_metrics(root, samples, runs, others), b"segment-metrics"),
                  "results segment metrics")
     return seg
 
@@ -368,7 +405,7 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
         for batch in _batches(lives, segment_rows):
             samples = pa.concat_tables([_with_run_columns(live.table, live.row) for live in batch])
             runs = concat_runs([pa.Table.from_pylist([live.row]) for live in batch])
-            written.append((_write_segment(root, samples, runs), batch))
+            written.append((_write_segment(root, samples, runs, segments + [seg for seg, _ in written]), batch))
         merged_away: list[Segment] = []
         small = sorted((s for s in segments if s.rows < SMALL_SEGMENT_ROWS), key=lambda s: s.rows)
         small += [seg for seg, _ in written if seg.rows < SMALL_SEGMENT_ROWS]
@@ -382,7 +419,8 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
             if len(picked) > 1:
                 tables = [_segment_tables(root, seg) for seg in picked]
                 merged = _write_segment(root, pa.concat_tables([t[0] for t in tables]),
-                                        concat_runs([t[1] for t in tables]))
+                                        concat_runs([t[1] for t in tables]),
+                                        [s for s in segments + [seg for seg, _ in written] if s not in picked])
                 merged_away = picked
                 report.merged = len(picked)
         picked_ids = {s.id for s in merged_away}
@@ -410,6 +448,22 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
     return report
 
 
+def add_segment(results_dir: str | Path | None, samples: pa.Table, runs: pa.Table) -> Segment:
+    """Commit rows and runs-table rows of finished runs that have no live files (generated elsewhere, e.g. by
+    benchmarks.scale) as one segment: `samples` with schema.SEGMENT_SAMPLE_ARROW_SCHEMA's columns, `runs` with the
+    runs table's. Refused for a run the manifest already holds."""
+    root = schema.resolve_results_dir(results_dir)
+    with catalog_lock(root):
+        catalog = load_catalog(root)
+        held = set(catalog.compacted())
+        again = sorted(set(runs.column("run_id").to_pylist()) & held)
+        if again:
+            raise ValueError(f"add_segment: run(s) {again[:5]} are already compacted in {root}")
+        seg = _write_segment(root, samples, runs, list(catalog.segments))
+        _write_manifest(root, [*catalog.segments, seg])
+    return seg
+
+
 def _drop_runs(root: Path, run_ids: set[str]) -> None:
     """Rewrite the segments holding these runs without them (caller holds the catalog lock)."""
     catalog = load_catalog(root)
@@ -425,7 +479,7 @@ def _drop_runs(root: Path, run_ids: set[str]) -> None:
         gone.append(seg)
         samples, runs = _segment_tables(root, seg, run_ids)
         if runs.num_rows:
-            kept.append(_write_segment(root, samples, runs))
+            kept.append(_write_segment(root, samples, runs, [s for s in catalog.segments if s.id != seg.id]))
     _write_manifest(root, kept)
     _remove_segment_files(root, gone)
 
@@ -474,5 +528,6 @@ def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
     return n
 
 
-__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "catalog_lock", "compact", "load_catalog",
+__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "compact",
+           "load_catalog",
            "orphan_files", "remove_orphans", "restore"]

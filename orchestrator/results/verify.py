@@ -27,7 +27,8 @@ from pathlib import Path
 import math
 
 from orchestrator.results import files, schema, store
-from orchestrator.results.db import RUN_METRICS_COLUMNS, ResultsDB, _sql_str, run_metrics_sql
+from orchestrator.results.db import (PAIRED_COLUMNS, RUN_METRICS_COLUMNS, ResultsDB, _sql_str, paired_rows_sql,
+                                     run_metrics_sql)
 
 TEMP_GRACE_S = 60.0
 
@@ -195,8 +196,24 @@ def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Pro
     stored = {r["run_id"]: r for r in db.sql(
         f"SELECT run_id, {', '.join(stored_cols)} FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))})").to_pylist()}
     fresh = db.sql(f"SELECT * FROM ({run_metrics_sql(rows, 'runs')})").to_pylist()
+    if "baseline_run" in seg.metrics_columns:
+        pairs = (f"(SELECT run_id, baseline_run FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))}) "
+                 f"WHERE baseline_run IS NOT NULL)")
+        paired = {r["run_id"]: r for r in db.sql(paired_rows_sql(pairs, "samples", "samples")).to_pylist()}
+        stored_pairs = {r["run_id"]: r for r in db.sql(
+            f"SELECT run_id, {', '.join(PAIRED_COLUMNS)} FROM read_parquet("
+            f"{_sql_str(str(seg.path(root, 'metrics')))}) WHERE baseline_run IS NOT NULL").to_pylist()}
+        for run_id, have in stored_pairs.items():
+            again = paired.get(run_id, {"run_id": run_id, **{c: None for c in PAIRED_COLUMNS}})
+            differ = [c for c in PAIRED_COLUMNS if have[c] != again.get(c)]
+            if differ:
+                out_pairs = ", ".join(f"{c} = {have[c]!r}, recomputed {again.get(c)!r}" for c in differ)
+                fresh.append({"run_id": run_id, "_pairs": out_pairs})
     out = []
     for r in fresh:
+        if "_pairs" in r:
+            out.append(Problem("stale_metrics", r["run_id"], f"materialised pairing against the baseline: {r['_pairs']}"))
+            continue
         have = stored.get(r["run_id"])
         if have is None:
             out.append(Problem("stale_metrics", r["run_id"], f"no materialised metrics in segment {seg.id}"))
