@@ -77,7 +77,8 @@ def write_spec(checkout: Path, name: str) -> Path:
         "name": name, "results_dir": "../results", "cache_dir": "../cache",
         "datasets": [{"synthetic": "label_shift", "n": N, "num_classes": 5, "dim": 16}],
         "methods": [{"method": "clip"}, {"method": "bca", "n1": 50}], "seeds": [1, 2],
-        "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": PART, "max_failures": 2}))
+        "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": PART, "max_failures": 2,
+        "pack": 1}))  # one trial per run: the tests follow each run through node and job faults
     return path
 
 

@@ -47,6 +47,7 @@ class Compactor:
         self.pending = 0
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.done = store.CompactReport()  # what this sweep's compactions did, added up
         self._lock = threading.Lock()
 
     def runs_ended(self, n: int) -> None:
@@ -60,9 +61,14 @@ class Compactor:
 
     def _compact(self) -> None:
         try:
-            store.compact(self.results_dir, min_runs=self.threshold)
+            self._add(store.compact(self.results_dir, min_runs=self.threshold))
         except BaseException as exc:  # reported by finish(); the live files stay as they were
             self.error = exc
+
+    def _add(self, report: store.CompactReport) -> None:
+        self.done.runs += report.runs
+        self.done.rows += report.rows
+        self.done.segments += report.segments
 
     def finish(self) -> store.CompactReport | None:
         _ACTIVE.pop(id(self), None)
@@ -71,15 +77,15 @@ class Compactor:
         try:
             if self.error is not None:
                 raise self.error
-            report = store.compact(self.results_dir, min_runs=self.threshold)
+            self._add(store.compact(self.results_dir, min_runs=self.threshold))
         except (OSError, ValueError) as exc:
             # The runs are finished and readable in their live files; only the compaction is missing.
             self.out(f"warning: could not compact {self.results_dir} ({exc}); its runs stay in their own files, "
                      f"readable as they are: run `bca compact {self.results_dir}` later")
             return None
-        if report.runs:
-            self.out(f"compacted {report.runs} run(s) ({report.rows:,} rows) into {len(report.segments)} segment(s)")
-        return report
+        if self.done.runs:
+            self.out(f"compacted {self.done.runs} run(s) ({self.done.rows:,} rows) into segments")
+        return self.done
 
 
 _ACTIVE: dict[int, Compactor] = {}  # Tune pickles its callbacks with its state: they name their compactor by id
