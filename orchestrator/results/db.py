@@ -108,6 +108,7 @@ class ResultsDB:
         self._key: tuple | None = None
         self._bad_segments: dict[str, BadFile] = {}
         self._fresh = False
+        self._seg_columns: dict[str, list[str]] = {}
         self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
@@ -316,8 +317,9 @@ class ResultsDB:
         if segments:
             seg_names: list[str] = []
             for seg in segments:
-                seg_names += [n for n in pq.read_schema(seg.path(self.results_dir, "runs")).names
-                              if n not in seg_names]
+                if seg.id not in self._seg_columns:  # a segment never changes: its footer read once
+                    self._seg_columns[seg.id] = pq.read_schema(seg.path(self.results_dir, "runs")).names
+                seg_names += [n for n in self._seg_columns[seg.id] if n not in seg_names]
             seg_extras = [c for c in seg_names if c not in known]
             extras += [c for c in seg_extras if c not in extras]
             seg_cols = _select_list(columns, set(seg_names), cast="TRY_CAST") + [_ident(c) for c in seg_extras]
