@@ -21,11 +21,14 @@ CACHE_MANIFEST_GLOB = "features/*/manifest.json"
 
 
 def results_fingerprint(results_dir: str | Path) -> tuple[int, int, int]:
-    """(files, newest mtime in ns, total bytes) of the results' Parquet files, sweep records and saved states:
-    it changes whenever a sweep writes, so the dashboard re-reads only then."""
+    """(files, newest mtime in ns, total bytes) of the live runs' Parquet files, the compacted store's manifest and
+    the sweep records: it changes whenever a sweep writes (a run's saved state is written before its runs-table
+    row says it finished), so the dashboard re-reads only then. Compacted runs' files are not listed: the
+    manifest changes whenever they do."""
     count = newest = size = 0
     root = Path(results_dir)
-    for pattern in (schema.SAMPLES_GLOB, schema.RUNS_GLOB, f"{SWEEPS_DIR}/*.json", "artifacts/*/*"):
+    manifest = schema.manifest_file(root).relative_to(root).as_posix()
+    for pattern in (schema.SAMPLES_GLOB, schema.RUNS_GLOB, f"{SWEEPS_DIR}/*.json", manifest):
         for path in root.glob(pattern):
             try:
                 stat = path.stat()

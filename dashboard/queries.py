@@ -166,17 +166,25 @@ def comparison_frames(table: report.ReportTable,
     return text, numbers, best
 
 
+def _runs_filter(run_ids: Sequence[str]) -> str:
+    """`run_id IN (...)` with the ids as literals: a constant filter DuckDB checks against each row group's run_id
+    range, so only the shown runs' row groups of the large compacted files are read (a list parameter is not
+    pushed into the scan)."""
+    ids = ["'" + str(r).replace("'", "''") + "'" for r in run_ids]
+    return f"run_id IN ({', '.join(ids)})" if ids else "false"
+
+
 # -------------------------------------------------------------------------------------- stream curves
 def online_curves(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset: str, window: int) -> pd.DataFrame:
     """Accuracy against stream position per run, in windows of `window` samples: cumulative (all samples so
     far) and windowed (the window alone), both in %. One row per (run, window); aggregated in DuckDB, reading
     the backbone/dataset partitions only."""
-    params = {"runs": list(run_ids), "backbone": backbone, "dataset": dataset, "window": int(window)}
-    return db.df("""
+    params = {"backbone": backbone, "dataset": dataset, "window": int(window)}
+    return db.df(f"""
 WITH win AS (
     SELECT run_id, sample_idx // $window AS win, count(*) AS n, sum(correct::INTEGER) AS k
     FROM samples
-    WHERE backbone = $backbone AND dataset = $dataset AND list_contains($runs, run_id)
+    WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(run_ids)}
     GROUP BY ALL
 )
 SELECT run_id, win,
@@ -197,11 +205,11 @@ def default_window(max_rows: int, points: int = 25) -> int:
 # ---------------------------------------------------------------------------------------- per class
 def per_class(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset: str) -> pd.DataFrame:
     """Samples and correct predictions per true class and run: columns run_id, label, n, correct (DuckDB)."""
-    params = {"runs": list(run_ids), "backbone": backbone, "dataset": dataset}
-    return db.df("""
+    params = {"backbone": backbone, "dataset": dataset}
+    return db.df(f"""
 SELECT run_id, label, count(*) AS n, sum(correct::INTEGER) AS correct
 FROM samples
-WHERE backbone = $backbone AND dataset = $dataset AND list_contains($runs, run_id)
+WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(run_ids)}
 GROUP BY ALL ORDER BY run_id, label
 """, params)
 

@@ -63,3 +63,33 @@ def test_gpu_check_prints_the_wheels_to_carry(capsys):
     for name in gpu.OPEN_CLIP_WHEELS + gpu.TRIAL_WHEELS:
         assert f" {name}=={version(name)}" in download, name
     assert install.endswith("PYTHONPATH=/tmp/site python -m benchmarks.gpu")
+
+
+def test_scale_benchmark_small_run_builds_reads_and_sweeps(tmp_path, capsys):
+    """`python -m benchmarks.scale` with small sizes: every read step answers in a fresh process (no errors, the
+    rows it built counted), and both sweeps finish every run."""
+    from benchmarks import scale
+
+    assert scale.main(["--runs", "120", "--rows-per-run", "50", "--live-runs", "40", "--sweep-runs", "98",
+                       "--unpacked-runs", "98", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[{'n': 6000}] rows in the store" in out, out
+    steps = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(steps) >= {"open", "count", "accuracy", "summary", "report", "dashboard", "run_page"}, out
+    assert "error" not in out and "'errors': []" in out, out
+    sweeps = [line for line in out.splitlines() if line.startswith("sweep ")]
+    assert len(sweeps) == 2 and all("98 runs of 300 samples" in s and "rc 0" in s for s in sweeps), out
+
+
+def test_store_evaluation_runs_every_backend(capsys):
+    """`python -m benchmarks.store_eval` (needs the `eval` extra): all three backends append, compact and read."""
+    import pytest
+
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    from benchmarks import store_eval
+
+    assert store_eval.main(["--runs", "12", "--rows-per-run", "40"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "backend" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["Delta Lake (deltalake)", "Apache Iceberg (pyiceberg)",
+                                                      "live files + segments (this store)"]

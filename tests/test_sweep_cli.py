@@ -52,7 +52,8 @@ def test_a_second_sweep_of_the_same_sweep_says_who_holds_it_and_writes_nothing(t
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     r = bca("sweep", str(write_spec(tmp_path)), "--dry-run")
     assert r.exit_code == 0, r.output
-    assert "sweep s (dry run: nothing is run or written): 6 runs, 0 finished, 6 to run in 6 trials" in r.stdout
+    # pack: auto (the default): each seed's stream is one trial of its three runs
+    assert "sweep s (dry run: nothing is run or written): 6 runs, 0 finished, 6 to run in 2 trials (pack auto)" in r.stdout
     lines = [ln.split() for ln in r.stdout.splitlines()]
     assert ["synthetic", "synthetic-label_shift", "clip", "2", "0", "2"] in lines
     assert ["synthetic", "synthetic-label_shift", "bca", "4", "0", "4"] in lines

@@ -19,16 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 
+from orchestrator.results import store
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.schema import SAMPLE_COLUMNS
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.compaction import COMPACT_MIN_RUNS_ENV
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
 from ray_cluster import LocalCluster, cluster_env
 
@@ -77,18 +80,21 @@ def write_spec(checkout: Path, name: str) -> Path:
         "name": name, "results_dir": "../results", "cache_dir": "../cache",
         "datasets": [{"synthetic": "label_shift", "n": N, "num_classes": 5, "dim": 16}],
         "methods": [{"method": "clip"}, {"method": "bca", "n1": 50}], "seeds": [1, 2],
-        "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": PART, "max_failures": 2}))
+        "resources": {"gpu": 0.5, "cpus": 1}, "part_rows": PART, "max_failures": 2,
+        "pack": 1}))  # one trial per run: the tests follow each run through node and job faults
     return path
 
 
-def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None) -> str:
+def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None, env: dict | None = None) -> str:
     """The README's `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
-    A failpoint reaches the job through Ray's runtime env, the one addition to the README's command."""
+    A failpoint or other environment reaches the job through Ray's runtime env, the one addition to the README's
+    command."""
     command = readme_submit_command().replace("http://127.0.0.1:8265", cluster.dashboard)
     command = command.replace("experiments/paper_ood.yaml", f"experiments/{spec.name}")
-    if failpoint:
-        env = json.dumps({"env_vars": {FAILPOINT_ENV: failpoint}})
-        command = command.replace(" --no-wait ", f" --no-wait --runtime-env-json '{env}' ")
+    env = {**(env or {}), **({FAILPOINT_ENV: failpoint} if failpoint else {})}
+    if env:
+        runtime = json.dumps({"env_vars": env})
+        command = command.replace(" --no-wait ", f" --no-wait --runtime-env-json '{runtime}' ")
     done = subprocess.run(command, shell=True, env=cluster.env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return re.search(r"raysubmit_\w+", done.stdout + done.stderr).group(0)
@@ -129,12 +135,14 @@ def outcome(spec_path: Path, results_dir: Path) -> tuple[dict, dict]:
     """(run_id -> its sample rows in stream order, run_id -> its runs-table row without timings and hosts)."""
     spec = load_spec(spec_path)
     rows, runs = {}, {}
-    for run in expand(spec):  # the shared results dir holds other sweeps too
-        parts = sorted(Path(results_dir).glob(f"samples/*/*/*/*/run_id={run.run_id}/part-*.parquet"))
-        rows[run.run_id] = [row for part in parts for row in pq.read_table(part).to_pylist()]
-        assert [r["sample_idx"] for r in rows[run.run_id]] == list(range(N)), run.label
-        row = read_run(results_dir, spec.name, run.run_id)
-        runs[run.run_id] = {k: v for k, v in row.items() if k not in VOLATILE}
+    columns = ", ".join(c.name for c in SAMPLE_COLUMNS)
+    with ResultsDB(results_dir) as db:  # live parts or compacted segments alike
+        for run in expand(spec):  # the shared results dir holds other sweeps too
+            rows[run.run_id] = db.sql(f"SELECT {columns} FROM samples WHERE run_id = $r ORDER BY sample_idx",
+                                      {"r": run.run_id}).to_pylist()
+            assert [r["sample_idx"] for r in rows[run.run_id]] == list(range(N)), run.label
+            row = read_run(results_dir, spec.name, run.run_id)
+            runs[run.run_id] = {k: v for k, v in row.items() if k not in VOLATILE}
     return rows, runs
 
 
@@ -200,3 +208,21 @@ def test_job_stopped_then_resubmitted_after_a_head_restart_resumes(cluster, tmp_
     assert status == "SUCCEEDED", logs
     assert f"resumed at row {PART}" in logs and "4/4 runs finished" in logs
     assert_same_as_local(spec, (checkout / "results").resolve(), tmp_path)
+
+
+def test_two_sweeps_writing_and_compacting_at_once_lose_and_duplicate_nothing(cluster, tmp_path):
+    """Two drivers on the cluster at once (two sweeps of one shared results dir): their trials on both worker nodes
+    write live files while both drivers compact (after every run: BCA_COMPACT_MIN_RUNS=1), each commit taking
+    turns under the catalog lock. Every run ends up compacted, the rows equal a local run's, verify finds nothing."""
+    ray_cluster, checkout = cluster
+    specs = [write_spec(checkout, name) for name in ("left", "right")]
+    jobs = [submit(ray_cluster, spec, env={COMPACT_MIN_RUNS_ENV: "1"}) for spec in specs]
+    for job in jobs:
+        logs, status = follow(ray_cluster, job)
+        assert status == "SUCCEEDED", logs
+        assert "4/4 runs finished, 0 failed" in logs and "compacted" in logs, logs
+    results = (checkout / "results").resolve()
+    compacted = store.load_catalog(results).compacted()
+    for spec in specs:
+        assert {r.run_id for r in expand(load_spec(spec))} <= set(compacted)
+        assert_same_as_local(spec, results, tmp_path / spec.stem)

@@ -57,6 +57,7 @@ def write_spec(directory: Path, *, name: str = "t", results: str = "results", **
         "resources": {"gpu": 0.5, "cpus": 1},
         "part_rows": PART,
         "max_failures": 1,
+        "pack": 1,  # one trial per run: these tests follow each run through faults and resumes
         **overrides,
     }
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The results subcommands of `bca`: query, report, verify (registered on the app by orchestrator/cli.py).
+"""The results subcommands of `bca`: query, report, verify, compact (registered on the app by orchestrator/cli.py).
 
 Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep; 2 bad usage, refused or
 malformed SQL, unwritable output, missing results dir for verify.
@@ -206,7 +206,8 @@ def verify_cmd(
     root = _existing_results(results)
     report = verify_results(root)
     console = Console()
-    summary = f"{root}: {report.parts} part(s), {report.rows} row(s), {report.runs} run(s)"
+    summary = (f"{root}: {report.segments} segment(s), {report.parts} live part(s), {report.rows} row(s), "
+               f"{report.runs} run(s)")
     if report.ok:
         console.print(f"{summary}: OK", markup=False, highlight=False)
         return
@@ -221,7 +222,29 @@ def verify_cmd(
     raise typer.Exit(1)
 
 
+def compact_cmd(
+    results: Path = typer.Argument(Path(schema.DEFAULT_RESULTS_DIR), help=RESULTS_HELP),
+) -> None:
+    """Move finished runs into large segments (a sweep does this by itself; this also converts a results dir
+    written before segments existed). Safe while sweeps write and dashboards read."""
+    from orchestrator.results.atomic import ResultsWriteError
+    from orchestrator.results.store import ManifestError, compact, remove_orphans
+
+    root = _existing_results(results)
+    try:
+        done = compact(root)
+        orphans = remove_orphans(root)
+    except (ResultsWriteError, ManifestError) as e:
+        _err(f"error: {e}")
+        raise typer.Exit(2)
+    print(f"{root}: {done.runs} run(s), {done.rows} row(s) compacted into {len(done.segments)} new segment(s)"
+          + (f"; {done.merged} small segments merged" if done.merged else "")
+          + (f"; {done.leftovers} leftover run(s) removed" if done.leftovers else "")
+          + (f"; {orphans} orphan segment file(s) removed" if orphans else ""))
+
+
 def register(app: typer.Typer) -> None:
     app.command("query", context_settings={"ignore_unknown_options": True})(query_cmd)
     app.command("report")(report_cmd)
     app.command("verify")(verify_cmd)
+    app.command("compact")(compact_cmd)

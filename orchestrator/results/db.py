@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, metrics, safety, schema
+from orchestrator.results import files, metrics, safety, schema, store
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -72,9 +72,15 @@ _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the pa
 _CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "group_id",
                    "setting_id")
 _RUNS_TABLE = "runs_rows"
+_COMPACTED = "compacted_runs"
+_LIVE_SAMPLES = "live_samples"
+_COMPUTE_ROWS = "metrics_rows"
+_RUN_METRICS = "run_metrics"
+_MATERIALISED_PAIRS = "materialised_pairs"
+_STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
 
-def _concat(tables: list[pa.Table]) -> pa.Table | None:
+def concat_runs(tables: list[pa.Table]) -> pa.Table | None:
     """One table from the runs rows; columns whose types differ between files (hand-made or extra hparams
     with mixed value types) become text rather than failing the whole view."""
     if not tables:
@@ -99,8 +105,10 @@ class ResultsDB:
         self.results_dir = schema.resolve_results_dir(results_dir)
         self._checker = files.FileChecker()
         self._lock = threading.RLock()
-        self._samples_key: tuple | None = None
-        self._runs_key: tuple | None = None
+        self._key: tuple | None = None
+        self._bad_segments: dict[str, BadFile] = {}
+        self._fresh = False
+        self._seg_columns: dict[str, list[str]] = {}
         self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
@@ -114,6 +122,7 @@ class ResultsDB:
             "SET autoload_known_extensions = false",
             "SET python_enable_replacements = false",
             f"SET allowed_directories = [{_sql_str(str(self.results_dir) + '/')}]",
+            "SET parquet_metadata_cache = true",  # segments do not change once written: footers read once
             "SET enable_external_access = false",
             "SET lock_configuration = true",
         ):
@@ -157,9 +166,23 @@ class ResultsDB:
         return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
 
     def refresh(self) -> list[BadFile]:
-        """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files."""
+        """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files. A file
+        that fails while the views are bound (a damaged segment's footer) is marked bad and the views rebuilt."""
+        with self._lock:
+            for _attempt in range(_MAX_RETRIES):
+                try:
+                    return self._refresh()
+                except duckdb.Error as e:
+                    self._key = None
+                    if not self._blame(e):
+                        raise
+            return self._refresh()
+
+    def _refresh(self) -> list[BadFile]:
         with self._lock:
             root = self.results_dir
+            catalog = store.load_catalog(root)
+            segments = [seg for seg in catalog.segments if seg.id not in self._bad_segments]
             s_good, s_bad, s_cols = self._scan(files.sample_parts(root), "samples")
             r_good, r_bad, _ = self._scan(files.run_files(root), "runs")
             rows = []
@@ -174,20 +197,39 @@ class ResultsDB:
             # a glob needs no rebuild when parts are added; not usable with a bad part or a root DuckDB would
             # read as a pattern
             use_glob = not s_bad and not any(ch in str(root) for ch in "*?[{")
-            samples_key = (bool(s_good) if use_glob else tuple(s_good), tuple(sorted(s_cols)))
-            runs_key = tuple((path, stamp) for path, stamp, _ in rows)
-            if samples_key != self._samples_key or runs_key != self._runs_key:
-                if samples_key != self._samples_key:
-                    self._build_samples(s_good, use_glob, s_cols)
-                if runs_key != self._runs_key:
-                    self._build_runs([table for _, _, table in rows])
+            key = (catalog.stamp, tuple(seg.id for seg in segments), bool(s_good) if use_glob else tuple(s_good),
+                   tuple(sorted(s_cols)), tuple((path, stamp) for path, stamp, _ in rows))
+            if key != self._key:
+                self._build_compacted(catalog, segments)
+                self._build_runs([table for _, _, table in rows], segments)
+                self._build_samples(s_good, use_glob, s_cols, segments)
+                self._build_metrics(segments)
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 self._con.execute(_summary_sql(hparams))
-                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
-                self._samples_key, self._runs_key = samples_key, runs_key
-            self._bad = s_bad + r_bad
+                self._con.execute(_paired_sql(_sql_str(registry.baseline_method()),
+                                              _MATERIALISED_PAIRS if self._fresh else None))
+                self._key = key
+            self._bad = s_bad + r_bad + list(self._bad_segments.values())
             return self.bad_files
+
+    def _build_compacted(self, catalog: store.Catalog, segments: list[store.Segment]) -> None:
+        """_compacted: the runs the segments hold (their live files, if any are left, are not read)."""
+        held = {seg.id for seg in segments}
+        ids = [(run_id, seg) for run_id, (seg, _n) in catalog.compacted().items()]
+        table = pa.table({"run_id": pa.array([r for r, _ in ids], pa.string()),
+                          "segment": pa.array([g for _, g in ids], pa.string())})
+        self._con.register("compacted_arrow", table)
+        try:
+            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT * FROM compacted_arrow")
+        finally:
+            self._con.unregister("compacted_arrow")
+        if held != {seg.id for seg in catalog.segments}:  # a bad segment: its runs are in no view
+            self._con.execute(f"DELETE FROM {_COMPACTED} WHERE segment NOT IN ({', '.join(map(_sql_str, held)) or 'NULL'})")
+
+    def _segment_source(self, segments: list[store.Segment], kind: str) -> str:
+        paths = ", ".join(_sql_str(str(seg.path(self.results_dir, kind))) for seg in segments)
+        return f"read_parquet([{paths}], union_by_name=true)"
 
     def _run_row(self, path: Path) -> tuple[Path, tuple[int, int], pa.Table] | None:
         """A runs-table file's row, read once per version of the file; None (marked bad) when unreadable."""
@@ -209,20 +251,57 @@ class ResultsDB:
         self._run_rows[path] = (stamp, table)
         return path, stamp, table
 
-    def _build_samples(self, good: list[Path], use_glob: bool, present: set[str]) -> None:
+    def _build_samples(self, good: list[Path], use_glob: bool, present: set[str],
+                       segments: list[store.Segment]) -> None:
+        """samples = the segments' rows and the live parts' rows of runs not compacted, with each run's stream and
+        order (stored in a segment's rows; joined from the runs table for live parts)."""
         cols = _select_list(schema.SAMPLE_COLUMNS, present) + _select_list(
             _PARTITION_COLUMNS, set(schema.PARTITION_KEYS) if good else set())
+        run_cols = ", ".join(f"r.{_ident(c.name)}" for c in _STREAM_COLUMNS)
         if good:
-            sql = f"SELECT {', '.join(cols)} FROM {_samples_source(self.results_dir, good, use_glob)}"
+            live = (f"SELECT s.*, {run_cols} FROM (SELECT {', '.join(cols)} FROM "
+                    f"{_samples_source(self.results_dir, good, use_glob)}) s "
+                    f"LEFT JOIN {_RUNS_TABLE} r ON r.run_id = s.run_id "
+                    f"WHERE s.run_id NOT IN (SELECT run_id FROM {_COMPACTED})")
         else:
-            sql = f"SELECT {', '.join(cols)} WHERE false"
-        self._con.execute(f"CREATE OR REPLACE VIEW samples AS {sql}")
+            live = f"SELECT {', '.join(cols + _select_list(_STREAM_COLUMNS, set()))} WHERE false"
+        names = [c.name for c in (*schema.SAMPLE_COLUMNS, *_PARTITION_COLUMNS, *_STREAM_COLUMNS)]
+        seg_cols = _select_list([*schema.SAMPLE_COLUMNS, *_PARTITION_COLUMNS, *_STREAM_COLUMNS], set(names))
+        parts = [live] + ([f"SELECT {', '.join(seg_cols)} FROM {self._segment_source(segments, 'samples')}"]
+                          if segments else [])
+        self._con.execute(f"CREATE OR REPLACE VIEW {_LIVE_SAMPLES} AS {live}")
+        self._con.execute(f"CREATE OR REPLACE VIEW samples AS SELECT {', '.join(map(_ident, names))} FROM ("
+                          + " UNION ALL BY NAME ".join(f"({p})" for p in parts) + ")")
 
-    def _build_runs(self, tables: list[pa.Table]) -> None:
-        merged = _concat(tables)
-        names = merged.column_names if merged is not None else []
+    def _build_metrics(self, segments: list[store.Segment]) -> None:
+        """The per-run metrics: materialised by compaction, except for segments written before a metric existed
+        (computed from their rows here, as for live runs)."""
+        fresh = [seg for seg in segments if set(seg.metrics_columns) == set(SEGMENT_METRICS_COLUMNS)]
+        stale = [seg for seg in segments if seg not in fresh]
+        self._fresh = bool(fresh)
+        if fresh:
+            cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+            self._con.execute(f"CREATE OR REPLACE VIEW {_MATERIALISED_PAIRS} AS SELECT {cols} FROM "
+                              f"{self._segment_source(fresh, 'metrics')} WHERE baseline_run IS NOT NULL")
+        rows = f"SELECT * FROM {_LIVE_SAMPLES}"
+        if stale:
+            rows += f" UNION ALL BY NAME SELECT * FROM {self._segment_source(stale, 'samples')}"
+        self._con.execute(f"CREATE OR REPLACE VIEW {_COMPUTE_ROWS} AS {rows}")
+        wanted = ", ".join(map(_ident, ("run_id", *RUN_METRICS_COLUMNS)))
+        computed = f"SELECT {wanted} FROM ({run_metrics_sql(_COMPUTE_ROWS, 'runs')})"
+        if fresh:
+            computed = (f"SELECT {wanted} FROM {self._segment_source(fresh, 'metrics')} "
+                        f"UNION ALL BY NAME {computed}")
+        self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_METRICS} AS {computed}")
+
+    def _build_runs(self, tables: list[pa.Table], segments: list[store.Segment]) -> None:
+        """runs = the segments' runs files and the live rows (one small file per run, kept in an in-memory table)
+        of runs not compacted."""
+        merged = concat_runs(tables)
         columns = schema.run_columns()
-        extras = [c for c in names if c not in {col.name for col in columns}]
+        known = {col.name for col in columns}
+        names = merged.column_names if merged is not None else []
+        extras = [c for c in names if c not in known]
         # TRY_CAST: a hand-made file with an odd value gives a NULL cell, not a runs view that never works
         cols = _select_list(columns, set(names), cast="TRY_CAST") + [_ident(c) for c in extras]
         con = self._con
@@ -234,15 +313,29 @@ class ResultsDB:
                 con.execute(f"CREATE OR REPLACE TABLE {_RUNS_TABLE} AS SELECT {', '.join(cols)} FROM runs_arrow")
             finally:
                 con.unregister("runs_arrow")
-        con.execute(f"CREATE OR REPLACE VIEW runs AS SELECT * FROM {_RUNS_TABLE}")
+        live = f"SELECT * FROM {_RUNS_TABLE} WHERE run_id NOT IN (SELECT run_id FROM {_COMPACTED})"
+        if segments:
+            seg_names: list[str] = []
+            for seg in segments:
+                if seg.id not in self._seg_columns:  # a segment never changes: its footer read once
+                    self._seg_columns[seg.id] = pq.read_schema(seg.path(self.results_dir, "runs")).names
+                seg_names += [n for n in self._seg_columns[seg.id] if n not in seg_names]
+            seg_extras = [c for c in seg_names if c not in known]
+            extras += [c for c in seg_extras if c not in extras]
+            seg_cols = _select_list(columns, set(seg_names), cast="TRY_CAST") + [_ident(c) for c in seg_extras]
+            live = (f"SELECT {', '.join(seg_cols)} FROM {self._segment_source(segments, 'runs')} "
+                    f"UNION ALL BY NAME {live}")
+        con.execute(f"CREATE OR REPLACE VIEW runs AS {live}")
         self.extra_run_columns = extras
 
     def _blame(self, error: duckdb.Error) -> bool:
         """Mark the files to blame for a failed query as bad: those its message names, else (for errors that can
-        come from reading data, not from the SQL itself) any good file that fails a full read. Any found?"""
+        come from reading data, not from the SQL itself) any good file that fails a full read. Any found? A
+        segment named but no longer in the manifest was replaced by a compaction meanwhile: the retry's refresh
+        reads the new manifest."""
         named = re.findall(re.escape(str(self.results_dir)) + r"/[^'\"\n]*?\.parquet", str(error))
         for path in named:
-            self._checker.mark_bad(Path(path), f"unreadable data: {str(error).splitlines()[0]}")
+            self._blame_file(Path(path), f"unreadable data: {str(error).splitlines()[0]}")
         if named or isinstance(error, _SQL_ERRORS):
             return bool(named)
         found = False
@@ -252,7 +345,23 @@ class ResultsDB:
                 if shallow is not None and shallow.ok:
                     deep = self._checker.deep_check(path, kind)
                     found |= deep is not None and not deep.ok
+        for seg in store.load_catalog(self.results_dir).segments:
+            for kind in schema.SEGMENT_KINDS:
+                path = seg.path(self.results_dir, kind)
+                try:
+                    pq.ParquetFile(path).read()
+                except Exception as e:
+                    self._blame_file(path, f"unreadable data: {str(e).splitlines()[0]}")
+                    found = True
         return found
+
+    def _blame_file(self, path: Path, error: str) -> None:
+        for seg in store.load_catalog(self.results_dir).segments:
+            if path in {seg.path(self.results_dir, kind) for kind in schema.SEGMENT_KINDS}:
+                self._bad_segments[seg.id] = BadFile(path, error if path.exists() else "listed in the manifest "
+                                                                                        "but missing")
+                return
+        self._checker.mark_bad(path, error)
 
     def _run(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """Run fn on a fresh cursor after a refresh; a file failing mid-read is marked bad and fn retried."""
@@ -291,70 +400,106 @@ class ResultsDB:
         return self._con.cursor()
 
 
-def _accuracy_sql(carried: Sequence[str]) -> str:
-    """Per run, from its samples: rows, completeness and the metrics (orchestrator.results.metrics has their
-    definitions in numpy and SQL; accuracy-type metrics over in-distribution rows only)."""
-    r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
-    inside = "(SELECT * FROM samples WHERE NOT coalesce(is_ood, false))"
-    with_ood = "(SELECT * FROM samples WHERE run_id IN (SELECT run_id FROM samples WHERE is_ood))"
+def run_metrics_sql(samples: str, runs: str) -> str:
+    """Per run, from its rows in `samples` (a relation with the samples view's columns) and its n_samples in
+    `runs`: row counts and the metrics (orchestrator.results.metrics has their definitions in numpy and SQL;
+    accuracy-type metrics over in-distribution rows only). The one definition: the accuracy view computes it
+    over live rows, compaction materialises it per segment, `bca verify` recomputes it to compare."""
+    inside = f"(SELECT * FROM {samples} WHERE NOT coalesce(is_ood, false))"
+    with_ood = f"(SELECT * FROM {samples} WHERE run_id IN (SELECT run_id FROM {samples} WHERE is_ood))"
     return f"""
-CREATE OR REPLACE VIEW accuracy AS
-WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
+WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM {runs} GROUP BY run_id),
 per_run AS (
     -- one pass over the samples; last 50% = stream positions i >= n // 2 (numpy's correct[n // 2:]) with
     -- n the run's n_samples (NULL when the run has no runs-table row to say how long its stream is)
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows,
+           count(*) FILTER (WHERE s.is_ood) AS n_ood,
            100 * avg(s.correct::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false)) AS accuracy,
            100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2
                                                 AND NOT coalesce(s.is_ood, false)) AS last50_accuracy,
            100 * avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL
                                                                      AND NOT coalesce(s.is_ood, false)) AS top5_accuracy
-    FROM samples s LEFT JOIN expected e USING (run_id)
+    FROM {samples} s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
 ),
 ece AS ({metrics.ece_sql(inside)}),
 nll AS ({metrics.nll_sql(f"(SELECT * FROM {inside} WHERE prob_true IS NOT NULL)")}),
 auroc AS ({metrics.auroc_sql(with_ood)})
+SELECT p.run_id, p.s_sweep, p.s_backbone, p.s_dataset, p.s_method, p.n_rows, p.n_distinct, p.n_ood,
+       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, 100 * auroc.ood_auroc AS ood_auroc
+FROM per_run p LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id) LEFT JOIN auroc USING (run_id)
+"""
+
+
+# What run_metrics_sql gives per run, besides run_id: materialised per segment under these names.
+RUN_METRICS_COLUMNS = ("s_sweep", "s_backbone", "s_dataset", "s_method", "n_rows", "n_distinct", "n_ood",
+                       "accuracy", "last50_accuracy", "top5_accuracy", "ece", "nll", "ood_auroc")
+
+
+def _accuracy_sql(carried: Sequence[str]) -> str:
+    """Per run: its metrics (materialised for compacted runs, computed from the rows for live ones, see
+    run_metrics_sql) with the runs table's status, completeness and configuration."""
+    r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
+    return f"""
+CREATE OR REPLACE VIEW accuracy AS
 SELECT p.run_id,
        coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, p.n_ood_rows AS n_ood,
-       100 * auroc.ood_auroc AS ood_auroc, {r_cols}
-FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id)
-     LEFT JOIN auroc USING (run_id)
+       p.accuracy, p.last50_accuracy, p.top5_accuracy, p.ece, p.nll, p.n_ood, p.ood_auroc, {r_cols}
+FROM {_RUN_METRICS} p LEFT JOIN runs r USING (run_id)
 """
 
 
 # Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
 # setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
-_PAIRED_SQL = """
-CREATE OR REPLACE VIEW paired AS
+def baseline_pairs_sql(runs: str, baseline: str, among: str | None = None) -> str:
+    """(run_id, baseline_run) of each run of `among` (default `runs`) that is not the baseline method, its baseline
+    chosen among `runs`."""
+    return f"""
 WITH baseline AS (
     SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
-    FROM runs WHERE method = {baseline} GROUP BY ALL
-),
-pairs AS (
-    SELECT r.run_id, b.baseline_run FROM runs r
-    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
-    WHERE r.method <> {baseline}
+    FROM {runs} WHERE method = {baseline} GROUP BY ALL
 )
+SELECT r.run_id, b.baseline_run FROM {among or runs} r
+JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+WHERE r.method <> {baseline}"""
+
+
+def paired_rows_sql(pairs: str, samples: str, baseline_samples: str) -> str:
+    """Helped / hurt / ... of each (run_id, baseline_run) in `pairs`, from the run's rows in `samples` and the
+    baseline's in `baseline_samples` (the one definition: the paired view's and compaction's)."""
+    return f"""
 SELECT p.run_id, p.baseline_run,
        count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
        count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
        count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
        count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
        count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
-FROM pairs p
-JOIN samples s ON s.run_id = p.run_id
-JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+FROM {pairs} p
+JOIN {samples} s ON s.run_id = p.run_id
+JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
 WHERE NOT coalesce(s.is_ood, false)
-GROUP BY ALL
-"""
+GROUP BY ALL"""
+
+
+PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
+# A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
+SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+
+
+def _paired_sql(baseline: str, materialised: str | None) -> str:
+    """paired: materialised by compaction where its baseline was compacted then, else computed from the rows."""
+    pairs = f"({baseline_pairs_sql('runs', baseline)})"
+    if materialised is None:
+        return f"CREATE OR REPLACE VIEW paired AS {paired_rows_sql(pairs, 'samples', 'samples')}"
+    cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+    rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
+    return (f"CREATE OR REPLACE VIEW paired AS SELECT {cols} FROM {materialised} UNION ALL BY NAME "
+            f"{paired_rows_sql(rest, 'samples', 'samples')}")
 
 
 def _summary_sql(hparams: Sequence[str]) -> str:

@@ -4,6 +4,11 @@ Layout under a results dir (hive-style partitions; values percent-encoded so any
     samples/sweep=<s>/backbone=<b>/dataset=<d>/method=<m>/run_id=<id>/part-<start:09d>.parquet
     runs/sweep=<s>/run_id=<id>.parquet          one row per run, rewritten atomically on each status change
     artifacts/<run_id>/state.npz                final V, C1, C2, class_ids (and U) of a run
+    catalog/manifest.json                       the segments that hold compacted runs (orchestrator.results.store)
+    catalog/segments/<seg>.samples.parquet      many finished runs' rows, sorted by (run_id, sample_idx)
+    catalog/segments/<seg>.runs.parquet         those runs' runs-table rows
+    catalog/segments/<seg>.metrics.parquet      their per-run metrics, computed from the rows when compacted
+A run is in one place: its own files while it is written (the live layout above), a segment once compacted.
 
 A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
@@ -338,6 +343,32 @@ def run_file(results_dir: Path, sweep: str, run_id: str) -> Path:
 
 def state_file(results_dir: Path, run_id: str) -> Path:
     return artifacts_root(results_dir) / check_run_id(run_id) / "state.npz"
+
+
+def catalog_root(results_dir: Path) -> Path:
+    return Path(results_dir) / "catalog"
+
+
+def manifest_file(results_dir: Path) -> Path:
+    return catalog_root(results_dir) / "manifest.json"
+
+
+SEGMENT_KINDS = ("samples", "runs", "metrics")
+
+
+def segment_file(results_dir: Path, segment_id: str, kind: str) -> Path:
+    if kind not in SEGMENT_KINDS:
+        raise ValueError(f"segment file kind: expected one of {SEGMENT_KINDS}, got {kind!r}")
+    return catalog_root(results_dir) / "segments" / f"{segment_id}.{kind}.parquet"
+
+
+# A segment's rows carry what the live layout keeps in folder names, and the run's stream and order, so that a
+# query over packed rows needs no join.
+SEGMENT_RUN_COLUMNS: tuple[Column, ...] = (
+    *(next(c for c in IDENTITY_COLUMNS if c.name == k) for k in PARTITION_KEYS[:-1]),
+    *(next(c for c in IDENTITY_COLUMNS if c.name == k) for k in ("stream", "order_index")),
+)
+SEGMENT_SAMPLE_ARROW_SCHEMA = pa.schema(list(SAMPLE_ARROW_SCHEMA) + [pa.field(c.name, c.arrow) for c in SEGMENT_RUN_COLUMNS])
 
 
 # Globs relative to the results dir, matching the layout's depth exactly.

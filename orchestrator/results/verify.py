@@ -10,6 +10,12 @@ Problems found (each names its file or run):
   gap              stream positions missing before a run's last row
   foreign_rows     rows whose run_id differs from the run folder they are in
   no_run_row       sample parts of a run that has no runs-table row
+  bad_segment      a compacted segment file (catalog/segments) that is missing, truncated or unreadable
+  stale_metrics    a compacted run whose materialised metrics differ from those recomputed from its rows
+  leftover         live files of a run already compacted (a compaction stopped before removing them; the next
+                   `bca compact` removes them, and no view reads them meanwhile)
+  orphan_segment   a segment file older than a minute that the manifest does not list (a compaction killed
+                   before its commit; the next `bca compact` removes it)
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.results import files, schema
-from orchestrator.results.db import ResultsDB
+import math
+
+from orchestrator.results import files, schema, store
+from orchestrator.results.db import (PAIRED_COLUMNS, RUN_METRICS_COLUMNS, ResultsDB, _sql_str, paired_rows_sql,
+                                     run_metrics_sql)
 
 TEMP_GRACE_S = 60.0
 
@@ -36,6 +45,7 @@ class VerifyReport:
     results_dir: Path
     problems: list[Problem] = field(default_factory=list)
     parts: int = 0
+    segments: int = 0
     runs: int = 0
     rows: int = 0
 
@@ -51,16 +61,33 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
     if not root.exists():
         return report
     checker = files.FileChecker()
+    catalog = store.load_catalog(root)
+    compacted = catalog.compacted()
     parts = files.sample_parts(root)
     report.parts = len(parts)
     good = []
+    segments = []
+    report.segments = len(catalog.segments)
+    for seg in catalog.segments:
+        bad = _segment_problem(root, seg)
+        if bad:
+            report.problems.append(Problem("bad_segment", bad[0], bad[1]))
+        else:
+            segments.append(seg)
     for path in parts:
+        run_id = path.parent.name.removeprefix("run_id=")
+        if run_id in compacted:
+            report.problems.append(Problem("leftover", str(path), f"run {run_id} is compacted; this part is not read"))
+            continue
         check = checker.deep_check(path, "samples")
         if check is not None and not check.ok:
             report.problems.append(Problem("bad_part", str(path), check.error or "bad file"))
         elif check is not None:
             good.append(path)
     for path in files.run_files(root):
+        if path.name.removeprefix("run_id=").removesuffix(".parquet") in compacted:
+            report.problems.append(Problem("leftover", str(path), "the run is compacted; this row is not read"))
+            continue
         check = checker.check(path, "runs")
         if check is not None and not check.ok:
             report.problems.append(Problem("bad_run_file", str(path), check.error or "bad file"))
@@ -72,10 +99,20 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
             continue
         if age >= temp_grace_s:
             report.problems.append(Problem("temp_file", str(path), f"unfinished write, {age:.0f} s old"))
+    for path in store.orphan_files(root):
+        try:
+            age = now - path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age >= temp_grace_s:
+            report.problems.append(Problem("orphan_segment", str(path), f"not in the manifest, {age:.0f} s old"))
 
     with ResultsDB(root) as db:
-        per_run = db.sql(_PER_RUN_SQL.format(source=_rows_source(good))).to_pylist() if good else []
+        source = _rows_source(good, [seg.path(root, "samples") for seg in segments])
+        per_run = db.sql(_PER_RUN_SQL.format(source=source)).to_pylist() if source else []
         runs = db.sql("SELECT run_id, n_samples, status, error FROM runs").to_pylist()
+        for seg in segments:
+            report.problems += _metrics_problems(db, root, seg)
     report.runs = len(runs)
     seen = set()
     for r in per_run:
@@ -110,16 +147,85 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
 _PER_RUN_SQL = """
 SELECT s.run_id, count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct, max(s.sample_idx) AS max_idx,
        any_value(r.n_samples) AS n_samples, any_value(r.status) AS status, bool_or(r.run_id IS NOT NULL) AS has_row,
-       count(*) FILTER (WHERE s.run_id IS DISTINCT FROM regexp_extract(s.filename, 'run_id=([^/]+)/', 1))
-           AS foreign_rows
+       count(*) FILTER (WHERE s.filename IS NOT NULL
+                        AND s.run_id IS DISTINCT FROM regexp_extract(s.filename, 'run_id=([^/]+)/', 1)) AS foreign_rows
 FROM {source} s LEFT JOIN runs r USING (run_id)
 GROUP BY s.run_id
 """
 
 
-def _rows_source(good: list[Path]) -> str:
-    """(run_id, sample_idx, filename) of every row in the given parts, run_id as stored in the file (the samples view
-    takes it from the folder name and drops the file name)."""
-    listed = ", ".join("'" + str(p).replace("'", "''") + "'" for p in good)
-    return (f"(SELECT CAST(run_id AS VARCHAR) AS run_id, CAST(sample_idx AS BIGINT) AS sample_idx, filename "
-            f"FROM read_parquet([{listed}], filename=true, union_by_name=true, hive_partitioning=false))")
+def _rows_source(good: list[Path], segments: list[Path]) -> str | None:
+    """(run_id, sample_idx, filename) of every row in the given live parts and segments, run_id as stored in the
+    file (the samples view takes a live part's from its folder name). A segment's rows have no filename: a
+    segment holds many runs, so there is no folder to disagree with."""
+    def listed(paths: list[Path]) -> str:
+        return ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
+
+    selects = []
+    if good:
+        selects.append(f"SELECT CAST(run_id AS VARCHAR) AS run_id, CAST(sample_idx AS BIGINT) AS sample_idx, filename "
+                       f"FROM read_parquet([{listed(good)}], filename=true, union_by_name=true, hive_partitioning=false)")
+    if segments:
+        selects.append(f"SELECT run_id, sample_idx, NULL::VARCHAR AS filename FROM read_parquet([{listed(segments)}])")
+    return "(" + " UNION ALL ".join(selects) + ")" if selects else None
+
+
+def _segment_problem(root: Path, seg: store.Segment) -> tuple[str, str] | None:
+    """(file, what is wrong) for the first of a segment's files that is missing or fails a full read."""
+    import pyarrow.parquet as pq
+
+    for kind in schema.SEGMENT_KINDS:
+        path = seg.path(root, kind)
+        try:
+            pf = pq.ParquetFile(path)
+            for rg in range(pf.num_row_groups):
+                pf.read_row_group(rg)
+        except FileNotFoundError:
+            return str(path), "listed in the manifest but missing"
+        except Exception as e:
+            return str(path), f"unreadable: {str(e).splitlines()[0]}"
+        if kind == "samples" and pf.metadata.num_rows != seg.rows:
+            return str(path), f"{pf.metadata.num_rows} rows but the manifest says {seg.rows}"
+    return None
+
+
+def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Problem]:
+    """The segment's materialised per-run metrics against the same metrics recomputed from its rows."""
+    rows = f"read_parquet({_sql_str(str(seg.path(root, 'samples')))})"
+    stored_cols = [c for c in RUN_METRICS_COLUMNS if c in seg.metrics_columns]
+    stored = {r["run_id"]: r for r in db.sql(
+        f"SELECT run_id, {', '.join(stored_cols)} FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))})").to_pylist()}
+    fresh = db.sql(f"SELECT * FROM ({run_metrics_sql(rows, 'runs')})").to_pylist()
+    if "baseline_run" in seg.metrics_columns:
+        pairs = (f"(SELECT run_id, baseline_run FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))}) "
+                 f"WHERE baseline_run IS NOT NULL)")
+        paired = {r["run_id"]: r for r in db.sql(paired_rows_sql(pairs, "samples", "samples")).to_pylist()}
+        stored_pairs = {r["run_id"]: r for r in db.sql(
+            f"SELECT run_id, {', '.join(PAIRED_COLUMNS)} FROM read_parquet("
+            f"{_sql_str(str(seg.path(root, 'metrics')))}) WHERE baseline_run IS NOT NULL").to_pylist()}
+        for run_id, have in stored_pairs.items():
+            again = paired.get(run_id, {"run_id": run_id, **{c: None for c in PAIRED_COLUMNS}})
+            differ = [c for c in PAIRED_COLUMNS if have[c] != again.get(c)]
+            if differ:
+                out_pairs = ", ".join(f"{c} = {have[c]!r}, recomputed {again.get(c)!r}" for c in differ)
+                fresh.append({"run_id": run_id, "_pairs": out_pairs})
+    out = []
+    for r in fresh:
+        if "_pairs" in r:
+            out.append(Problem("stale_metrics", r["run_id"], f"materialised pairing against the baseline: {r['_pairs']}"))
+            continue
+        have = stored.get(r["run_id"])
+        if have is None:
+            out.append(Problem("stale_metrics", r["run_id"], f"no materialised metrics in segment {seg.id}"))
+            continue
+        differ = [c for c in stored_cols if not _same(have[c], r[c])]
+        if differ:
+            out.append(Problem("stale_metrics", r["run_id"], "materialised " + ", ".join(
+                f"{c} = {have[c]!r}, recomputed {r[c]!r}" for c in differ)))
+    return out
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b))
+    return a == b

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock
 
-from orchestrator.results import schema
+from orchestrator.results import schema, store
 from orchestrator.results.atomic import ResultsWriteError, atomic_write, ensure_dir
 from orchestrator.results.files import FileChecker
 
@@ -126,6 +126,14 @@ class RunWriter:
         """The run's parts: held while they are written, scanned or removed."""
         return self._file_lock(self.samples_dir, ".lock", f"run {self.run_id}")
 
+    def _row_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The run's runs-table row: held while it is written or removed."""
+        return self._file_lock(self.samples_dir, ".row.lock", "runs-table row")
+
+    def _compacted(self) -> tuple[str, int] | None:
+        """(segment, rows) when the run has been compacted (orchestrator.results.store), else None."""
+        return store.load_catalog(self.results_dir).compacted().get(self.run_id)
+
     def _scan(self) -> tuple[int, list[Path]]:
         """(end of the complete contiguous parts from 0, part files outside that prefix). Removes temp files
         left by killed writers: callers hold the run's lock, so no live writer owns them."""
@@ -147,6 +155,8 @@ class RunWriter:
 
     def rows_done(self) -> int:
         """Rows in complete, readable parts contiguous from stream position 0: where a resumed run goes on."""
+        if (compacted := self._compacted()) is not None:
+            return compacted[1]
         if not self.samples_dir.is_dir():
             return 0
         with self._lock():
@@ -220,6 +230,9 @@ class RunWriter:
         start = int(start)
         table = self._samples_table(start, columns)
         with self._lock():
+            if (compacted := self._compacted()) is not None:
+                raise ValueError(f"write_part: run {self.run_id} is complete and compacted ({compacted[1]} rows in "
+                                 f"segment {compacted[0]}); discard_rows() first to write it again")
             end, stray = self._scan()
             n = table.num_rows
             if start < end:
@@ -241,6 +254,9 @@ class RunWriter:
         """This run's current runs-table row, or None when none was written (or it is unreadable)."""
         return read_run(self.results_dir, self.config["sweep"], self.run_id)
 
+    def _read_live_row(self) -> dict[str, Any] | None:
+        return read_run_file(self.run_path, self.run_id)
+
     def status(self) -> str | None:
         """'running', 'finished', 'failed', or None for a run never marked: the sweep skips 'finished'."""
         row = self.read_row()
@@ -249,12 +265,16 @@ class RunWriter:
     def complete(self) -> bool:
         """Finished with every row on disk (n_samples rows in complete parts from 0). A 'finished' run whose parts
         were truncated or removed since is not complete: `bca sweep --resume` re-runs what is missing."""
+        if self._compacted() is not None:
+            return True  # only finished, complete runs are compacted; `bca verify` checks the segments
         row = self.read_row()
         return (row is not None and row.get("status") == "finished"
                 and (row.get("n_samples") is None or self.rows_done() == row["n_samples"]))
 
     def discard_rows(self) -> None:
         """Remove every part of the run (to run it again from the start, e.g. on a changed dataset)."""
+        if self._compacted() is not None:
+            store.restore(self, keep_rows=False)
         if not self.samples_dir.is_dir():
             return
         with self._lock():
@@ -286,7 +306,18 @@ class RunWriter:
         if unknown:
             raise ValueError(f"mark: unknown field(s) {unknown}; valid fields: {list(schema.METRIC_NAMES)}")
         fields = {k: self._coerce_metric(k, v) for k, v in fields.items()}
-        previous = self.read_row()
+        while True:
+            if self._compacted() is not None:
+                store.restore(self, keep_rows=True)  # marking a compacted run runs it again: back to live files
+            row = self._new_row(status, fields)
+            with self._row_lock():
+                if self._compacted() is not None:
+                    continue  # compacted between the check and the lock: restore it first
+                self._write_row(row)
+                return
+
+    def _new_row(self, status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        previous = self._read_live_row()
         row = self._base_row()
         now = dt.datetime.now(dt.timezone.utc)
         if previous is not None:
@@ -306,15 +337,17 @@ class RunWriter:
                 raise ValueError(f"mark('finished'): run {self.run_id} has {done} complete rows but n_samples = "
                                  f"{expected}; write the missing parts first")
         row.update(status=status, updated_at=now, host=socket.gethostname(), versions=package_versions())
-        table = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
+        return row
+
+    def _write_row(self, row: Mapping[str, Any]) -> None:
+        """Replace the run's runs-table file with `row` (caller holds the row lock). A temp file of the row found
+        here was left by a killed writer (e.g. a trial's progress update when its sweep was killed): removed."""
+        table = pa.Table.from_pylist([dict(row)], schema=schema.run_table_schema(self.config["hparams"]))
         table = table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"runs"})
-        # Every write of the row holds its lock, so a temp file of the row found here was left by a killed writer
-        # (e.g. a trial's progress update when its sweep was killed): removed as the row is rewritten.
-        with self._file_lock(self.samples_dir, ".row.lock", "runs-table row"):
-            for stale in self.run_path.parent.glob(f".{self.run_path.name}.*{schema.TEMP_SUFFIX}"):
-                log.warning("removing unfinished temp file %s left by an interrupted writer", stale)
-                stale.unlink(missing_ok=True)
-            atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row")
+        for stale in self.run_path.parent.glob(f".{self.run_path.name}.*{schema.TEMP_SUFFIX}"):
+            log.warning("removing unfinished temp file %s left by an interrupted writer", stale)
+            stale.unlink(missing_ok=True)
+        atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row")
 
     @staticmethod
     def _coerce_metric(name: str, value: Any) -> Any:
@@ -357,8 +390,17 @@ class RunWriter:
 
 
 def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[str, Any] | None:
-    """A run's runs-table row as a dict, or None when it has none or its file is unreadable."""
-    path = schema.run_file(schema.resolve_results_dir(results_dir), sweep, run_id)
+    """A run's runs-table row as a dict (from its segment once compacted), or None when it has none or its file
+    is unreadable."""
+    root = schema.resolve_results_dir(results_dir)
+    compacted = store.load_catalog(root).run_row(run_id)
+    if compacted is not None:
+        return compacted
+    return read_run_file(schema.run_file(root, sweep, run_id), run_id)
+
+
+def read_run_file(path: Path, run_id: str | None = None) -> dict[str, Any] | None:
+    """The row of a live runs-table file (of `run_id` when given), or None when absent or unreadable."""
     try:
         rows = pq.ParquetFile(path).read().to_pylist()
     except FileNotFoundError:
@@ -366,7 +408,7 @@ def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[st
     except Exception as e:
         log.warning("ignoring unreadable runs-table file %s: %s", path, e)
         return None
-    return rows[0] if rows and rows[0].get("run_id") == run_id else None
+    return rows[0] if rows and (run_id is None or rows[0].get("run_id") == run_id) else None
 
 
 def load_state(results_dir: str | Path | None, run_id: str) -> dict[str, np.ndarray]:
@@ -376,4 +418,4 @@ def load_state(results_dir: str | Path | None, run_id: str) -> dict[str, np.ndar
         return {k: data[k] for k in data.files if k != "run_config"}
 
 
-__all__ = ["RunWriter", "ResultsWriteError", "read_run", "load_state", "package_versions"]
+__all__ = ["RunWriter", "ResultsWriteError", "read_run", "read_run_file", "load_state", "package_versions"]

@@ -15,7 +15,8 @@ from pathlib import Path
 from orchestrator.sweep.plan import DataSource, Run, Trial, make_trials
 from orchestrator.sweep.record import check_sweep_record
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.status import run_status
+from orchestrator.sweep.cost import sweep_cost
+from orchestrator.sweep.status import recorded_rows, run_status
 
 
 def _stream_length(spec: SweepSpec, source: DataSource) -> int:
@@ -96,5 +97,6 @@ def dry_run(spec: SweepSpec, runs: list[Run]) -> list[str]:
     if problem:
         raise ValueError(problem)
     status = run_status(spec, runs)
-    trials = make_trials([r for r in runs if status[r.run_id] != "finished"], spec.pack)
+    trials = make_trials([r for r in runs if status[r.run_id] != "finished"], spec.pack,
+                         sweep_cost(spec, recorded_rows(spec, runs)))
     return plan_lines(spec, runs, trials, status)

@@ -3,7 +3,8 @@
 Expansion order is fixed (datasets x seeds x view settings x backbones x template sets x streams x orders x
 method entries x grid points, then runs sharing a data source brought together), so the same spec always gives
 the same runs with the same run_ids (results.schema.config_hash of the run config).
-A trial is one run, or with `pack: G` up to G runs that share a data source (same features, class embeddings
+A trial is one run, or with `pack: G` up to G runs (`pack: auto`, the default: as many as orchestrator.sweep.cost
+sizes) that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
 Synthetic datasets do not depend on a backbone or template set: each runs once per (method config, seed),
@@ -23,13 +24,14 @@ normalising and serialising a dict per run (equal by construction; a test checks
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import itertools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
                                        protocol_from_spec)
@@ -403,14 +405,33 @@ def expand(spec: SweepSpec) -> list[Run]:
         return [run for runs in by_source.values() for run in runs]
 
 
-def make_trials(runs: list[Run], pack: int) -> list[Trial]:
-    """Group runs into trials: singletons, or packs of up to `pack` runs sharing a data source and the kind
-    of features they take (runs taking views are packed only with runs taking views)."""
+def make_trials(runs: list[Run], pack: int | str, cost: Callable[[Run], float] | None = None) -> list[Trial]:
+    """Group runs into trials: singletons, packs of up to `pack` runs, or with pack 'auto' packs sized by `cost`
+    (seconds a run takes; default the prior cost model, see orchestrator.sweep.cost), of runs sharing a data source
+    and the kind of features they take (runs taking views are packed only with runs taking views)."""
+    from orchestrator.sweep import cost as costs
+
+    if pack == "auto":
+        chunk = functools.partial(costs.chunk_by_cost, cost=cost or costs.cost_model(_synthetic_or_unknown_length))
+    elif isinstance(pack, int) and not isinstance(pack, bool) and pack >= 1:
+        chunk = functools.partial(_chunk_fixed, pack=pack)
+    else:
+        raise ValueError(f"pack: expected a positive integer or 'auto', got {pack!r}")
     with _gc_paused():
-        return _make_trials(runs, pack)
+        return _make_trials(runs, chunk)
 
 
-def _make_trials(runs: list[Run], pack: int) -> list[Trial]:
+def _synthetic_or_unknown_length(source: DataSource) -> int:
+    from orchestrator.sweep.cost import UNKNOWN_LENGTH
+
+    return int(source.params()["n"]) if source.is_synthetic else UNKNOWN_LENGTH
+
+
+def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
+    return [tuple(group[start:start + pack]) for start in range(0, len(group), pack)]
+
+
+def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     for run in runs:
@@ -426,12 +447,7 @@ def _make_trials(runs: list[Run], pack: int) -> list[Trial]:
         groups.setdefault(key, []).append(run)
     trials: list[Trial] = []
     for (source, _views), group in groups.items():
-        if pack == 1:
-            trials += [Trial(run.run_id, source, (run,)) for run in group]
-            continue
-        for start in range(0, len(group), pack):
-            members = tuple(group[start:start + pack])
-            trials.append(Trial(_trial_key(members), source, members))
+        trials += [Trial(_trial_key(members), source, members) for members in chunk(group)]
     return trials
 
 

@@ -38,6 +38,9 @@ from typing import Any, Callable
 from orchestrator.results.atomic import atomic_write, ensure_dir
 from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
+from orchestrator.sweep.compaction import Compactor
+from orchestrator.sweep.cost import sweep_cost
+from orchestrator.sweep.compaction import tune_callback as compaction_callback
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
@@ -274,7 +277,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         not_started: list[str] = []
         errors: dict[str, str] = {}
         if todo:
-            errors = _tune(spec, runs, make_trials(todo, spec.pack), skipped, address, out,
+            errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
+                           skipped, address, out,
                            dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
@@ -305,6 +309,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     _init_ray(address, spec.resources.gpu, dashboard, out)
     _check_cpus(spec.resources.cpus)
     callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
+    compactor = Compactor(spec.results_dir, out)
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),
         {"cpu": spec.resources.cpus, "gpu": spec.resources.gpu})
@@ -315,7 +320,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
         tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
             name=f"{spec.name}_{stamp}", storage_path=str(Path(spec.results_dir) / TUNE_DIR), verbose=0,
-            callbacks=[callback], failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+            callbacks=[callback, compaction_callback(compactor)], failure_config=tune.FailureConfig(max_failures=spec.max_failures),
             log_to_file=True),
     )
     # Tune logs each trial error with a traceback, after Ctrl-C one warning per trial without results, and a
@@ -339,6 +344,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
+    compactor.finish()
     return {run.run_id: callback.errors[t.key] for t in trials if t.key in callback.errors for run in t.runs}
 
 

@@ -23,6 +23,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    PlainValidator,
     Tag,
     create_model,
     model_validator,
@@ -196,6 +197,13 @@ def _canonical_or_same(name: str) -> str:
     return dataset_key(name) or name
 
 
+def _pack(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise PydanticCustomError("pack", "expected 'auto' or an integer greater than or equal to 1 (runs per trial), "
+                                      "got {value!r}", {"value": value})
+
+
 class SweepSpec(_Strict):
     """One sweep: backbones x datasets x templates x methods (their grids expanded) x seeds."""
 
@@ -211,7 +219,8 @@ class SweepSpec(_Strict):
     methods: Annotated[list[BaseModel], Field(min_length=1)]
     seeds: Annotated[list[Annotated[StrictInt, Field(ge=0)]], BeforeValidator(_as_list), Field(min_length=1)]
     resources: Resources = Resources()
-    pack: PositiveInt = 1
+    # runs per trial: 'auto' sizes trials by the methods' cost (orchestrator.sweep.cost), G packs G runs
+    pack: Annotated[Union[int, str], PlainValidator(_pack)] = "auto"
     part_rows: PositiveInt = 5000
     max_failures: Annotated[StrictInt, Field(ge=0)] = 2
     # the stream protocol, or a list of them as a grid axis (orchestrator.data.streams; None: a real dataset's

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.results import store
 from orchestrator.results.schema import partition_value, runs_root
-from orchestrator.results.writer import RunWriter, read_run
+from orchestrator.results.writer import RunWriter, read_run_file
 from orchestrator.sweep.plan import Run
 from orchestrator.sweep.spec import SweepSpec
 
@@ -17,27 +18,29 @@ INCOMPLETE = "incomplete"  # run_status of a 'finished' run whose rows are not a
 
 
 def recorded_rows(spec: SweepSpec, runs: list[Run]) -> dict[str, dict[str, Any]]:
-    """run_id -> runs-table row of the runs that have one (only existing files are read: a big grid's runs
-    mostly have none)."""
+    """run_id -> runs-table row of the runs that have one: compacted runs' from their segments (one read per
+    segment), live runs' from their files (only existing files are read: a big grid's runs mostly have none)."""
+    wanted = {run.run_id for run in runs}
+    rows = store.load_catalog(spec.results_dir).run_rows(wanted)
     folder = runs_root(spec.results_dir) / f"sweep={partition_value(spec.name)}"
-    present = {p.name[len("run_id="):-len(".parquet")] for p in folder.glob("run_id=*.parquet")}
-    rows = {}
-    for run in runs:
-        if run.run_id in present:
-            row = read_run(spec.results_dir, spec.name, run.run_id)
-            if row is not None:
-                rows[run.run_id] = row
+    for path in folder.glob("run_id=*.parquet"):
+        run_id = path.name[len("run_id="):-len(".parquet")]
+        if run_id in wanted and run_id not in rows and (row := read_run_file(path, run_id)) is not None:
+            rows[run_id] = row
     return rows
 
 
 def run_status(spec: SweepSpec, runs: list[Run]) -> dict[str, str | None]:
     """run_id -> running | finished | failed | incomplete (finished, rows missing since) | None (never marked)."""
     rows = recorded_rows(spec, runs)
+    compacted = store.load_catalog(spec.results_dir).compacted()
     status: dict[str, str | None] = {}
     for run in runs:
         row = rows.get(run.run_id, {})
         state = row.get("status")
-        if state == "finished" and RunWriter(spec.results_dir, run.config).rows_done() != row.get("n_samples"):
+        if run.run_id in compacted:
+            pass  # complete when compacted (`bca verify` checks the segments)
+        elif state == "finished" and RunWriter(spec.results_dir, run.config).rows_done() != row.get("n_samples"):
             state = INCOMPLETE
         status[run.run_id] = state
     return status

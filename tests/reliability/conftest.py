@@ -89,6 +89,7 @@ def write_spec(directory: Path, *, name: str = "rel", results: str | Path = "res
         "resources": {"cpus": 1},
         "part_rows": PART,
         "max_failures": 0,
+        "pack": 1,  # one trial per run: these tests follow each run through faults and resumes
         **overrides,
     }
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,303 @@
+"""A study-size results dir: how long opening, querying, reporting and the dashboard take, and what a big grid's
+trials cost with and without automatic packing.
+
+    python -m benchmarks.scale [--runs 100000] [--rows-per-run 2000] [--live-runs 2000] [--sweep-runs 3000]
+                               [--unpacked-runs 300] [--dir DIR] [--keep]
+
+1. Build: `--live-runs` runs go through the sweep's own write path (RunWriter: rows in parts, runs-table rows,
+   then `store.compact`, as a sweep compacts); the rest are generated a segment at a time and committed with
+   `store.add_segment` (the segment writer compaction uses), since writing 10^5 runs' small files first would
+   take hours here. Rows are generated (a BCA-like study: per dataset and seed one CLIP run and a tau x n2 grid
+   of BCA runs, K = 1000), not copied. Each run also gets `bca verify`-checkable metrics.
+2. Reads, each in a fresh process (its time, and its peak resident memory): open (ResultsDB()), a count over
+   samples, aggregates over the accuracy and summary views, `bca report` end to end, the dashboard's first page
+   and one run's page (Streamlit AppTest).
+3. Sweeps: a `--sweep-runs` grid of 300-sample synthetic runs with the spec's defaults (`pack: auto`), end to
+   end (`bca sweep`, Ray's start included), and `--unpacked-runs` of the same grid with `pack: 1`; per-run
+   wall time of each, and Tune's state per run.
+
+A benchmark, not a test: the numbers depend on the machine and its load (printed with them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+K = 1000
+DATASETS = 15
+TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+N2S = (2, 5, 10, 20, 50, 100, 200)
+
+
+def _configs(runs: int) -> list[dict]:
+    """Blocks of (dataset, seed): a CLIP run and up to 49 BCA runs over tau x n2, until `runs` configs."""
+    out: list[dict] = []
+    block = 0
+    while len(out) < runs:
+        dataset, seed = f"set{block % DATASETS:02d}", block // DATASETS
+        base = {"sweep": "scale", "backbone": "ViT-B-16", "pretrained": "openai", "dataset": dataset, "seed": seed,
+                "templates": "ensemble7", "num_templates": 7, "views": "single"}
+        out.append({**base, "method": "clip", "hparams": {"logit_scale": 100.0}})
+        for tau in TAUS:
+            for n2 in N2S:
+                if len(out) < runs:
+                    out.append({**base, "method": "bca", "hparams": {"tau": tau, "n1": 30000, "n2": n2}})
+        block += 1
+    return out[:runs]
+
+
+def _rows(run_id: str, n: int, rng: np.random.Generator, accuracy: float) -> dict[str, np.ndarray]:
+    labels = rng.integers(0, K, n).astype(np.int32)
+    hit = rng.random(n) < accuracy
+    preds = np.where(hit, labels, (labels + 1 + rng.integers(0, K - 1, n)) % K).astype(np.int32)
+    conf = np.where(hit, rng.uniform(0.4, 1.0, n), rng.uniform(0.05, 0.7, n)).astype(np.float32)
+    top5 = np.concatenate([preds[:, None], (preds[:, None] + rng.integers(1, K, (n, 4))) % K], axis=1).astype(np.int32)
+    return {"label": labels, "pred": preds, "confidence": conf, "top5": top5,
+            "prob_true": np.where(hit, conf, conf * rng.uniform(0, 0.5, n)).astype(np.float32),
+            "gated": conf > 0.5}
+
+
+def _accuracy(config: dict) -> float:
+    tau, n2 = config["hparams"].get("tau", 0.0), config["hparams"].get("n2", 0)
+    return 0.55 + 0.05 * tau + 0.01 * np.log1p(n2) + 0.02 * (int(config["dataset"][3:]) % 5)
+
+
+def build(root: Path, runs: int, n: int, live_runs: int) -> dict[str, float]:
+    import pyarrow as pa
+
+    from orchestrator.results import schema, store
+    from orchestrator.results.writer import RunWriter, package_versions
+
+    configs = _configs(runs)
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for config in configs[:live_runs]:
+        writer = RunWriter(root, config)
+        cols = _rows(writer.run_id, n, rng, _accuracy(config))
+        writer.mark("running", n_samples=n)
+        part = 1000
+        for start in range(0, n, part):
+            sl = slice(start, start + part)
+            writer.write_part(start, {"image_id": [f"img_{i:07d}" for i in range(start, min(n, start + part))],
+                                      **{k: v[sl] for k, v in cols.items()},
+                                      "selected": np.where(cols["gated"][sl], cols["pred"][sl], -1)})
+        writer.mark("finished", n_samples=n, accuracy=100.0 * float(np.mean(cols["label"] == cols["pred"])),
+                    samples_per_s=20000.0)
+    t_live = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store.compact(root)
+    t_compact = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    image_ids = pa.array([f"img_{i:07d}" for i in range(n)], pa.string())
+    per_segment = max(1, store.SEGMENT_ROWS // n)
+    rest = configs[live_runs:]
+    now = pa.scalar(time.time() * 1e6, pa.timestamp("us", tz="UTC")).as_py()
+    for first in range(0, len(rest), per_segment):
+        chunk = rest[first:first + per_segment]
+        run_rows, columns = [], {k: [] for k in ("label", "pred", "confidence", "top5", "prob_true", "gated")}
+        for config in chunk:
+            writer = RunWriter(root, config)
+            cols = _rows(writer.run_id, n, rng, _accuracy(config))
+            for k in columns:
+                columns[k].append(cols[k])
+            row = writer._base_row()
+            row.update(status="finished", n_samples=n, samples_per_s=20000.0, started_at=now, finished_at=now,
+                       updated_at=now, host="bench", versions=package_versions(),
+                       accuracy=100.0 * float(np.mean(cols["label"] == cols["pred"])))
+            run_rows.append(row)
+        m = len(chunk)
+        cat = {k: np.concatenate(v) for k, v in columns.items()}
+        per_run = {c.name: [r[c.name] for r in run_rows] for c in schema.SEGMENT_RUN_COLUMNS}
+        samples = pa.table({
+            "run_id": pa.array(np.repeat([r["run_id"] for r in run_rows], n), pa.string()),
+            "sample_idx": np.tile(np.arange(n, dtype=np.int64), m),
+            "image_id": pa.chunked_array([image_ids] * m),
+            "label": cat["label"], "pred": cat["pred"], "correct": cat["label"] == cat["pred"],
+            "confidence": cat["confidence"], "gated": cat["gated"], "gated_prior": cat["gated"],
+            "selected": np.where(cat["gated"], cat["pred"], -1).astype(np.int32),
+            "top5": pa.FixedSizeListArray.from_arrays(cat["top5"].reshape(-1), 5).cast(pa.list_(pa.int32())),
+            "prob_true": cat["prob_true"], "is_ood": np.zeros(m * n, bool),
+            "source": pa.array(np.repeat(per_run["dataset"], n), pa.string()),
+            **{c.name: pa.array(np.repeat(np.array(per_run[c.name], dtype=object), n), c.arrow)
+               for c in schema.SEGMENT_RUN_COLUMNS},
+        })
+        runs_table = pa.Table.from_pylist(run_rows, schema=schema.run_table_schema({}))
+        store.add_segment(root, samples, runs_table)
+        print(f"  segment {first // per_segment + 1}/{-(-len(rest) // per_segment)}: {m} runs", flush=True)
+    return {"live_s": t_live, "compact_s": t_compact, "segments_s": time.perf_counter() - t0}
+
+
+# ------------------------------------------------------------------------------------- measured in children
+def _measure(kind: str, root: str) -> dict:
+    """One step in this process: `seconds` from after the imports (open + query), peak resident memory."""
+    from orchestrator.results.db import ResultsDB
+
+    t0 = time.perf_counter()
+    out: dict = {}
+    if kind == "open":
+        db = ResultsDB(root)
+        out["seconds"] = time.perf_counter() - t0
+        db.close()
+    elif kind in ("count", "accuracy", "summary"):
+        sql = {"count": "SELECT count(*) AS n FROM samples",
+               "accuracy": "SELECT method, count(*) AS runs, avg(accuracy) AS acc, avg(ece) AS ece FROM accuracy "
+                           "GROUP BY 1",
+               "summary": "SELECT method, count(*) AS configs, avg(mean) AS acc, avg(gain) AS gain FROM summary "
+                          "GROUP BY 1"}[kind]
+        with ResultsDB(root) as db:
+            t1 = time.perf_counter()
+            out["result"] = str(db.sql(sql).to_pylist())[:200]
+            out["query_s"] = time.perf_counter() - t1
+        out["seconds"] = time.perf_counter() - t0
+    elif kind in ("dashboard", "run_page"):
+        os.environ["BCA_RESULTS_DIR"] = root
+        from streamlit.testing.v1 import AppTest
+
+        from dashboard import APP_PATH
+
+        at = AppTest.from_file(str(APP_PATH), default_timeout=600)
+        if kind == "run_page":
+            with ResultsDB(root) as db:
+                run = db.sql("SELECT run_id FROM runs WHERE method = 'bca' LIMIT 1").to_pylist()[0]["run_id"]
+            at.query_params["page"] = "Run"
+            at.query_params["run"] = run
+            t0 = time.perf_counter()
+        at.run()
+        out["seconds"] = time.perf_counter() - t0
+        out["errors"] = [str(e.value)[:200] for e in at.exception]
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def _child(args: list[str]) -> dict:
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        return {"seconds": wall, "error": (done.stdout + done.stderr)[-800:]}
+    last = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return {**(json.loads(last[-1]) if last else {}), "wall_s": wall}
+
+
+def _report_child(root: str) -> dict:
+    """`bca report` end to end, its own peak memory read back through a wrapper."""
+    code = ("import resource, sys, json\n"
+            "from orchestrator.cli import app\n"
+            "try:\n    app(['report', '--results', sys.argv[1]])\n"
+            "except SystemExit as e:\n    code = e.code\n"
+            "print(json.dumps({'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+    out = _child(["-c", code, root])
+    out["seconds"] = out.get("wall_s")
+    return out
+
+
+def _sweep(directory: Path, runs: int, pack: str | int) -> dict:
+    seeds = max(1, runs // (len(TAUS) * len(N2S) * 2))
+    spec = {"name": f"grid{pack}", "results_dir": str(directory / "results"),
+            "datasets": [{"synthetic": "label_shift", "n": 300, "num_classes": 100, "dim": 64}],
+            "methods": [{"method": "bca", "tau": [round(0.05 * i, 2) for i in range(1, 15)],
+                         "n2": [1, 2, 5, 10, 20, 50, 100], "n1": 30000}],
+            "seeds": list(range(seeds)), "resources": {"cpus": 1}}
+    if pack != "auto":
+        spec["pack"] = pack
+    path = directory / f"grid{pack}.yaml"
+    path.write_text(json.dumps(spec))
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(path), "--yes"], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    tune = directory / "results" / "tune"
+    state = sum(p.stat().st_size for p in tune.rglob("*") if p.is_file()) if tune.is_dir() else 0
+    n = seeds * len(TAUS) * 2 * len(N2S)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    return {"runs": n, "seconds": wall, "per_run_ms": 1000 * wall / n, "tune_kb_per_run": state / 1024 / n,
+            "rc": done.returncode, "tail": tail}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--rows-per-run", type=int, default=2000)
+    parser.add_argument("--live-runs", type=int, default=2000, help="runs written through RunWriter + compact")
+    parser.add_argument("--sweep-runs", type=int, default=3000, help="0: no sweep measurements")
+    parser.add_argument("--unpacked-runs", type=int, default=294)
+    parser.add_argument("--dir", type=Path, default=None, help="build here (default a temp dir, removed)")
+    parser.add_argument("--keep", action="store_true", help="keep the results dir")
+    parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(_measure(args.measure, str(args.dir))))
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bca-scale-")) if args.dir is None else args.dir
+    root = work / "results"
+    print(f"machine: {os.cpu_count()} cpus; load average at start {os.getloadavg()[0]:.1f} (shared with other "
+          f"work: treat seconds as rough)", flush=True)
+    try:
+        if args.runs:
+            _reads(args, root)
+        if args.sweep_runs:
+            sweep_dir = work / "sweeps"
+            for label, runs, pack in (("pack: auto (default)", args.sweep_runs, "auto"),
+                                      ("pack: 1", args.unpacked_runs, 1)):
+                (sweep_dir / str(pack)).mkdir(parents=True, exist_ok=True)
+                r = _sweep(sweep_dir / str(pack), runs, pack)
+                print(f"sweep {label}: {r['runs']} runs of 300 samples in {r['seconds']:.1f} s end to end = "
+                      f"{r['per_run_ms']:.0f} ms per run; Tune state {r['tune_kb_per_run']:.1f} KB per run; "
+                      f"rc {r['rc']}; {r['tail'][-1] if r['tail'] else ''}", flush=True)
+        print(f"load average at end {os.getloadavg()[0]:.1f}")
+    finally:
+        if args.dir is None and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _reads(args: argparse.Namespace, root: Path) -> None:
+    """Build the results dir unless it exists, then measure every read step in a fresh process."""
+    built = {}
+    if not root.exists():
+        print(f"building {args.runs:,} runs x {args.rows_per_run:,} rows in {root}", flush=True)
+        built = build(root, args.runs, args.rows_per_run, min(args.live_runs, args.runs))
+    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    files = sum(1 for p in root.rglob("*") if p.is_file())
+    print(f"results dir: {files:,} files, {size / 2**20:,.0f} MiB; build: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in built.items()), flush=True)
+    results = {}
+    for kind in ("open", "count", "accuracy", "summary"):
+        results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
+        print(f"  {kind}: {results[kind]}", flush=True)
+    results["report"] = _report_child(str(root))
+    print(f"  report: {results['report']}", flush=True)
+    for kind in ("dashboard", "run_page"):
+        results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
+        print(f"  {kind}: {results[kind]}", flush=True)
+    targets = {"open": 2, "count": 10, "accuracy": 10, "summary": 10, "report": 10, "dashboard": 5,
+               "run_page": None}
+    print(f"\n{results['count'].get('result')} rows in the store (asked for {args.runs:,} runs x "
+          f"{args.rows_per_run:,} rows)")
+    print("| step | seconds | peak MB | target |")
+    print("|---|---:|---:|---|")
+    for kind, target in targets.items():
+        r = results[kind]
+        secs = r.get("seconds")
+        met = "-" if target is None or secs is None else ("met" if secs < target else "NOT met") + f" (< {target} s)"
+        mem = r.get("peak_mb")
+        memory = "" if mem is None else f"; < 2 GB {'met' if mem < 2048 else 'NOT met'}"
+        print(f"| {kind} | {secs if secs is None else round(secs, 2)} | {mem if mem is None else round(mem)} | "
+              f"{met}{memory} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

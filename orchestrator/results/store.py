@@ -1,0 +1,533 @@
+"""The compacted store: finished runs moved out of their many small files into a few large segments, listed by
+one manifest (docs/results-store.md has the layout, the evaluation against Delta Lake and Iceberg, and the plan
+for a cluster).
+
+A run is written in the live layout (schema.py: its parts, its runs-table row, one writer under the run's
+locks). `compact()` moves finished, complete runs into a segment: their rows in one Parquet file sorted by
+(run_id, sample_idx) with row groups cut at run boundaries (one run's rows are read by pruning on run_id), their
+runs-table rows in a second file and their per-run metrics (db.run_metrics_sql over the rows) in a third. The
+manifest, replaced atomically, is the commit: a run listed there is compacted, and its live files (present only
+between the commit and their removal, e.g. after a crash) are leftovers that every reader ignores and the next
+compaction removes. Readers trust the manifest's files (written, fsynced and renamed before the commit) and
+check none of them on open; `bca verify` reads them in full.
+
+Locks: compaction and `restore` hold the catalog lock, then a run's locks; a writer holds a run's lock and
+checks the manifest under it, and never waits for the catalog lock while holding a run's. A run compacted while
+its live files changed (a re-run started meanwhile) is given back to the live layout at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from filelock import FileLock
+
+from orchestrator.results import files, schema
+from orchestrator.results.atomic import ResultsWriteError, atomic_write, ensure_dir
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = 1
+# A segment's size: large enough that a study of 10^5 runs is tens of files, small enough to write in memory.
+SEGMENT_ROWS = 4_000_000
+# Row groups close at the first run boundary past this many rows (a longer run gets row groups of its own).
+ROW_GROUP_ROWS = 131_072
+# Segments smaller than this are merged once MERGE_FANIN of them exist, so a long sweep's periodic compactions
+# do not leave hundreds of small segments (each row is rewritten about log_FANIN(total / first size) times).
+SMALL_SEGMENT_ROWS = SEGMENT_ROWS // 4
+MERGE_FANIN = 8
+
+
+class ManifestError(ValueError):
+    """The manifest is not one this version wrote (hand-edited or damaged): names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    id: str
+    rows: int
+    runs: int
+    metrics_columns: tuple[str, ...]  # the per-run metrics it materialised (db.RUN_METRICS_COLUMNS when written)
+
+    def path(self, results_dir: Path, kind: str) -> Path:
+        return schema.segment_file(results_dir, self.id, kind)
+
+
+class Catalog:
+    """One version of the manifest: the segments, and (read on first use) which runs they hold."""
+
+    def __init__(self, results_dir: Path, segments: tuple[Segment, ...], stamp: tuple | None) -> None:
+        self.results_dir = results_dir
+        self.segments = segments
+        self.stamp = stamp
+        self._runs: dict[str, tuple[str, int]] | None = None
+        self._lock = threading.Lock()
+
+    def compacted(self) -> dict[str, tuple[str, int]]:
+        """run_id -> (segment id, rows) of every compacted run (two small columns per segment's runs file)."""
+        with self._lock:
+            if self._runs is None:
+                runs: dict[str, tuple[str, int]] = {}
+                for seg in self.segments:
+                    t = pq.read_table(seg.path(self.results_dir, "runs"), columns=["run_id", "n_samples"])
+                    for run_id, n in zip(t.column("run_id").to_pylist(), t.column("n_samples").to_pylist()):
+                        runs[run_id] = (seg.id, n)
+                self._runs = runs
+            return self._runs
+
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        """A compacted run's runs-table row, or None when the run is not compacted."""
+        hit = self.compacted().get(run_id)
+        if hit is None:
+            return None
+        seg = next(s for s in self.segments if s.id == hit[0])
+        rows = pq.read_table(seg.path(self.results_dir, "runs"), filters=[("run_id", "=", run_id)]).to_pylist()
+        return rows[0] if rows else None
+
+    def run_rows(self, run_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """run_id -> runs-table row of those of `run_ids` that are compacted (one filtered read per segment)."""
+        where = self.compacted()
+        out: dict[str, dict[str, Any]] = {}
+        for seg in self.segments:
+            ids = sorted(r for r in run_ids if where.get(r, ("",))[0] == seg.id)
+            if ids:
+                table = pq.read_table(seg.path(self.results_dir, "runs"), filters=[("run_id", "in", ids)])
+                out.update((row["run_id"], row) for row in table.to_pylist())
+        return out
+
+    def paths(self, kind: str) -> list[Path]:
+        return [seg.path(self.results_dir, kind) for seg in self.segments]
+
+
+_CACHE: dict[Path, Catalog] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def load_catalog(results_dir: str | Path | None) -> Catalog:
+    """The current manifest (one stat when it has not changed since this process last read it)."""
+    root = schema.resolve_results_dir(results_dir)
+    path = schema.manifest_file(root)
+    stamp = _stamp(path)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(root)
+    if hit is not None and hit.stamp == stamp:
+        return hit
+    catalog = Catalog(root, _read_manifest(path) if stamp is not None else (), stamp)
+    with _CACHE_LOCK:
+        _CACHE[root] = catalog
+    return catalog
+
+
+def _read_manifest(path: Path) -> tuple[Segment, ...]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return ()
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"results manifest {path}: cannot read it as JSON ({e}); `bca verify` says more") from e
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("segments"), list):
+        raise ManifestError(f"results manifest {path}: expected {{'format': {MANIFEST_FORMAT}, 'segments': [...]}}, "
+                            f"got {str(data)[:200]}")
+    try:
+        return tuple(Segment(str(s["id"]), int(s["rows"]), int(s["runs"]), tuple(s["metrics_columns"]))
+                     for s in data["segments"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ManifestError(f"results manifest {path}: a segment entry lacks {e} (expected id, rows, runs, "
+                            f"metrics_columns)") from e
+
+
+def _write_manifest(root: Path, segments: list[Segment]) -> None:
+    body = json.dumps({"format": MANIFEST_FORMAT, "segments": [
+        {"id": s.id, "rows": s.rows, "runs": s.runs, "metrics_columns": list(s.metrics_columns)} for s in segments]},
+        indent=1)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(body)
+
+    atomic_write(schema.manifest_file(root), write, "results manifest")
+
+
+@contextlib.contextmanager
+def catalog_lock(root: Path) -> Iterator[None]:
+    """Held by whoever changes the manifest (compaction, restore): one at a time, on any node of shared storage."""
+    directory = schema.catalog_root(root)
+    ensure_dir(directory, "results catalog")
+    lock = FileLock(str(directory / ".lock"))
+    try:
+        lock.acquire()
+    except OSError as e:
+        raise ResultsWriteError(directory / ".lock", "catalog lock", e) from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# --------------------------------------------------------------------------------------------- compaction
+@dataclass
+class CompactReport:
+    runs: int = 0            # runs moved into new segments
+    rows: int = 0
+    segments: list[str] = field(default_factory=list)
+    merged: int = 0          # small segments merged into larger ones
+    leftovers: int = 0       # live files of already compacted runs removed
+    given_back: list[str] = field(default_factory=list)  # runs whose live files changed while compacting
+
+
+@dataclass
+class _Live:
+    """A finished, complete live run as read for compaction, with what must not change before it is removed."""
+    writer: Any  # RunWriter
+    row: dict[str, Any]
+    table: pa.Table
+    stamp: tuple
+
+
+def _live_stamp(writer: Any) -> tuple:
+    """What changes when a writer touches the run: its parts and its runs-table row."""
+    names = sorted(p.name for p in writer.samples_dir.iterdir()) if writer.samples_dir.is_dir() else []
+    return tuple((n, _stamp(writer.samples_dir / n)) for n in names if not n.startswith(".")) + (
+        ("row", _stamp(writer.run_path)),)
+
+
+def _live_runs(root: Path, compacted: dict[str, tuple[str, int]]) -> tuple[list[Any], list[Any]]:
+    """(writers of finished live runs, writers of compacted runs whose live files are leftovers)."""
+    from orchestrator.results.writer import RunWriter, read_run_file
+
+    finished, leftovers = [], []
+    for path in files.run_files(root):
+        row = read_run_file(path)
+        if row is None or not row.get("config_json"):
+            continue
+        try:
+            writer = RunWriter(root, json.loads(row["config_json"]))
+        except ValueError as e:  # a hand-made row: left alone, as the views leave it
+            log.warning("not compacting %s: its config_json is not a run config (%s)", path, e)
+            continue
+        if writer.run_id != row["run_id"]:
+            continue
+        if writer.run_id in compacted:
+            leftovers.append(writer)
+        elif row.get("status") == "finished":
+            finished.append(writer)
+    return finished, leftovers
+
+
+def _read_live(writer: Any) -> _Live | None:
+    """A finished run's rows when every one is on disk in complete parts, read under the run's locks."""
+    with writer._lock(), writer._row_lock():
+        row = writer._read_live_row()
+        if row is None or row.get("status") != "finished" or row.get("n_samples") is None:
+            return None
+        end, stray = writer._scan()
+        if end != row["n_samples"] or stray:
+            return None
+        parts = sorted((p for p in writer.samples_dir.iterdir() if schema.part_start(p.name) is not None),
+                       key=lambda p: schema.part_start(p.name))
+        tables = [pq.read_table(p, schema=schema.SAMPLE_ARROW_SCHEMA) for p in parts]
+        table = pa.concat_tables(tables).replace_schema_metadata(None) if tables else None
+        if table is None or table.num_rows != end:
+            return None
+        return _Live(writer, row, table, _live_stamp(writer))
+
+
+def _with_run_columns(table: pa.Table, row: dict[str, Any]) -> pa.Table:
+    n = table.num_rows
+    for col in schema.SEGMENT_RUN_COLUMNS:
+        table = table.append_column(pa.field(col.name, col.arrow), pa.array([row.get(col.name)] * n, col.arrow))
+    return table
+
+
+_IDENTITY = ["run_id", "method", "setting_id", "seed", "order_index"]
+_PAIR_ROWS = ["run_id", "sample_idx", "image_id", "correct", "is_ood"]
+
+
+def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> pa.Table:
+    """Per run of a new segment: db.run_metrics_sql over its rows, and its pairing against the baseline method
+    (db.paired_rows_sql) where the baseline run is in this segment or in one of `others` (read by pruning);
+    null pairing where it is not (the paired view computes those from the rows)."""
+    import duckdb
+
+    from orchestrator import registry
+    from orchestrator.results.db import (SEGMENT_METRICS_COLUMNS, _sql_str, baseline_pairs_sql, paired_rows_sql,
+                                         run_metrics_sql)
+
+    con = duckdb.connect(":memory:")
+    try:
+        ident = runs.select(_IDENTITY)
+        known = [ident] + [pq.read_table(seg.path(root, "runs"), columns=_IDENTITY) for seg in others]
+        con.register("seg_samples", samples)
+        con.register("seg_runs", runs.select(["run_id", "n_samples"]))
+        con.register("seg_ident", ident)
+        con.register("all_ident", pa.concat_tables(known, promote_options="permissive"))
+        baseline = _sql_str(registry.baseline_method())
+        pairs = con.sql(baseline_pairs_sql("all_ident", baseline, "seg_ident")).to_arrow_table()
+        con.register("pairs", pairs)
+        here = set(samples.column("run_id").unique().to_pylist())
+        wanted = sorted(set(pairs.column("baseline_run").to_pylist()) - here)
+        outside = [pq.read_table(seg.path(root, "samples"), columns=_PAIR_ROWS, filters=[("run_id", "in", wanted)])
+                   for seg in others] if wanted else []
+        con.register("base_rows", pa.concat_tables([samples.select(_PAIR_ROWS), *outside]))
+        cols = ", ".join(f'"{c}"' for c in ("run_id", *SEGMENT_METRICS_COLUMNS))
+        return con.sql(f"""
+SELECT {cols} FROM ({run_metrics_sql("seg_samples", "seg_runs")}) m
+LEFT JOIN ({paired_rows_sql("pairs", "seg_samples", "base_rows")}) p USING (run_id)
+ORDER BY run_id""").to_arrow_table()
+    finally:
+        con.close()
+
+
+def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> Segment:
+    """Write one segment's three files (atomically each; not yet in the manifest, so invisible); `others`: the
+    segments its runs' baselines may be in."""
+    from orchestrator.results.db import SEGMENT_METRICS_COLUMNS, concat_runs
+
+    order = pc.sort_indices(samples, [("run_id", "ascending"), ("sample_idx", "ascending")])
+    samples = samples.take(order).cast(schema.SEGMENT_SAMPLE_ARROW_SCHEMA)
+    runs = concat_runs([runs]).sort_by("run_id")
+    seg = Segment(f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:12]}", samples.num_rows, runs.num_rows,
+                  SEGMENT_METRICS_COLUMNS)
+    meta = {schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii")}
+
+    def write_samples(tmp: str) -> None:
+        run_ids = samples.column("run_id").to_numpy(zero_copy_only=False)
+        with pq.ParquetWriter(tmp, samples.schema.with_metadata({**meta, schema.META_KIND: b"segment-samples"}),
+                              compression="zstd") as out:
+            start = 0
+            while start < samples.num_rows:
+                stop = min(start + ROW_GROUP_ROWS, samples.num_rows)
+                while stop < samples.num_rows and run_ids[stop] == run_ids[stop - 1]:
+                    stop += 1  # close the row group at a run boundary
+                out.write_table(samples.slice(start, stop - start), row_group_size=stop - start)
+                start = stop
+
+    def write_table(table: pa.Table, kind: bytes) -> Any:
+        return lambda tmp: pq.write_table(table.replace_schema_metadata({**meta, schema.META_KIND: kind}), tmp,
+                                          compression="zstd", row_group_size=ROW_GROUP_ROWS)
+
+    atomic_write(seg.path(root, "samples"), write_samples, "results segment")
+    atomic_write(seg.path(root, "runs"), write_table(runs, b"segment-runs"), "results segment runs")
+    atomic_write(seg.path(root, "metrics"), write_table(_metrics(root, samples, runs, others), b"segment-metrics"),
+                 "results segment metrics")
+    return seg
+
+
+def _remove_live(writer: Any) -> None:
+    """Remove a compacted run's live files (its parts, its runs-table row, its folder), under its locks."""
+    with writer._lock(), writer._row_lock():
+        _unlink_live(writer)
+
+
+def _unlink_live(writer: Any, *, folder: bool = True) -> None:
+    """Remove a run's live parts and runs-table row; with `folder`, its (then empty) folder and lock files too,
+    so that compacted runs leave no file behind. Callers hold the run's locks."""
+    for path in writer.samples_dir.iterdir():
+        if schema.part_start(path.name) is not None or schema.is_temp_name(path.name):
+            path.unlink(missing_ok=True)
+    writer.run_path.unlink(missing_ok=True)
+    if folder:
+        for name in (".lock", ".row.lock"):
+            (writer.samples_dir / name).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty: something not ours is in it, left alone
+            writer.samples_dir.rmdir()
+
+
+def _remove_segment_files(root: Path, segments: list[Segment]) -> None:
+    for seg in segments:
+        for kind in schema.SEGMENT_KINDS:
+            seg.path(root, kind).unlink(missing_ok=True)
+
+
+def _segment_tables(root: Path, seg: Segment, drop: set[str] = frozenset()) -> tuple[pa.Table, pa.Table]:
+    samples = pq.read_table(seg.path(root, "samples"))
+    runs = pq.read_table(seg.path(root, "runs"))
+    if drop:
+        keep = pa.array(sorted(drop))
+        samples = samples.filter(pc.invert(pc.is_in(samples.column("run_id"), keep)))
+        runs = runs.filter(pc.invert(pc.is_in(runs.column("run_id"), keep)))
+    return samples.replace_schema_metadata(None), runs.replace_schema_metadata(None)
+
+
+def _batches(lives: list[_Live], limit: int) -> Iterator[list[_Live]]:
+    batch, rows = [], 0
+    for live in lives:
+        if batch and rows + live.table.num_rows > limit:
+            yield batch
+            batch, rows = [], 0
+        batch.append(live)
+        rows += live.table.num_rows
+    if batch:
+        yield batch
+
+
+def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS, min_runs: int = 1) -> CompactReport:
+    """Move every finished, complete live run into segments of at most `segment_rows` rows (a run is never
+    split), merge small segments, and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
+    running writers and readers, on any node of shared storage (see the module docstring)."""
+    from orchestrator.results.db import concat_runs
+
+    root = schema.resolve_results_dir(results_dir)
+    report = CompactReport()
+    if not root.is_dir():
+        return report
+    with catalog_lock(root):
+        catalog = load_catalog(root)
+        segments = list(catalog.segments)
+        finished, leftovers = _live_runs(root, catalog.compacted())
+        for writer in leftovers:
+            _remove_live(writer)
+        report.leftovers = len(leftovers)
+        if len(finished) < min_runs:
+            finished = []
+        lives = [live for w in sorted(finished, key=lambda w: w.run_id) if (live := _read_live(w)) is not None]
+        written: list[tuple[Segment, list[_Live]]] = []
+        for batch in _batches(lives, segment_rows):
+            samples = pa.concat_tables([_with_run_columns(live.table, live.row) for live in batch])
+            runs = concat_runs([pa.Table.from_pylist([live.row]) for live in batch])
+            written.append((_write_segment(root, samples, runs, segments + [seg for seg, _ in written]), batch))
+        merged_away: list[Segment] = []
+        small = sorted((s for s in segments if s.rows < SMALL_SEGMENT_ROWS), key=lambda s: s.rows)
+        small += [seg for seg, _ in written if seg.rows < SMALL_SEGMENT_ROWS]
+        if len(small) >= MERGE_FANIN:
+            picked, rows = [], 0
+            for seg in sorted(small, key=lambda s: s.rows):
+                if picked and rows + seg.rows > segment_rows:
+                    break
+                picked.append(seg)
+                rows += seg.rows
+            if len(picked) > 1:
+                tables = [_segment_tables(root, seg) for seg in picked]
+                merged = _write_segment(root, pa.concat_tables([t[0] for t in tables]),
+                                        concat_runs([t[1] for t in tables]),
+                                        [s for s in segments + [seg for seg, _ in written] if s not in picked])
+                merged_away = picked
+                report.merged = len(picked)
+        picked_ids = {s.id for s in merged_away}
+        new = [s for s in segments if s.id not in picked_ids] + [seg for seg, _ in written if seg.id not in picked_ids]
+        if merged_away:
+            new.append(merged)
+        if written or merged_away:
+            _write_manifest(root, new)  # the commit
+            _remove_segment_files(root, merged_away)
+        give_back = []
+        for seg, batch in written:
+            report.segments.append(seg.id)
+            for live in batch:
+                with live.writer._lock(), live.writer._row_lock():
+                    if _live_stamp(live.writer) != live.stamp:
+                        give_back.append(live.writer.run_id)  # a writer touched it meanwhile: its live files win
+                        continue
+                    _unlink_live(live.writer)
+                report.runs += 1
+                report.rows += live.table.num_rows
+        if give_back:
+            _drop_runs(root, set(give_back))
+            report.given_back = give_back
+        report.segments = [s for s in report.segments if s not in picked_ids] + ([merged.id] if merged_away else [])
+    return report
+
+
+def add_segment(results_dir: str | Path | None, samples: pa.Table, runs: pa.Table) -> Segment:
+    """Commit rows and runs-table rows of finished runs that have no live files (generated elsewhere, e.g. by
+    benchmarks.scale) as one segment: `samples` with schema.SEGMENT_SAMPLE_ARROW_SCHEMA's columns, `runs` with the
+    runs table's. Refused for a run the manifest already holds."""
+    root = schema.resolve_results_dir(results_dir)
+    with catalog_lock(root):
+        catalog = load_catalog(root)
+        held = set(catalog.compacted())
+        again = sorted(set(runs.column("run_id").to_pylist()) & held)
+        if again:
+            raise ValueError(f"add_segment: run(s) {again[:5]} are already compacted in {root}")
+        seg = _write_segment(root, samples, runs, list(catalog.segments))
+        _write_manifest(root, [*catalog.segments, seg])
+    return seg
+
+
+def _drop_runs(root: Path, run_ids: set[str]) -> None:
+    """Rewrite the segments holding these runs without them (caller holds the catalog lock)."""
+    catalog = load_catalog(root)
+    where = catalog.compacted()
+    touched = {where[r][0] for r in run_ids if r in where}
+    if not touched:
+        return
+    kept, gone = [], []
+    for seg in catalog.segments:
+        if seg.id not in touched:
+            kept.append(seg)
+            continue
+        gone.append(seg)
+        samples, runs = _segment_tables(root, seg, run_ids)
+        if runs.num_rows:
+            kept.append(_write_segment(root, samples, runs, [s for s in catalog.segments if s.id != seg.id]))
+    _write_manifest(root, kept)
+    _remove_segment_files(root, gone)
+
+
+def restore(writer: Any, *, keep_rows: bool) -> None:
+    """Give a compacted run back to the live layout (to run it again): its runs-table row and, with keep_rows,
+    its rows as one part from 0; then rewrite its segment without it. A no-op for a run not compacted."""
+    root = writer.results_dir
+    with catalog_lock(root):
+        catalog = load_catalog(root)
+        hit = catalog.compacted().get(writer.run_id)
+        if hit is None:
+            return
+        seg = next(s for s in catalog.segments if s.id == hit[0])
+        path = seg.path(root, "samples")
+        rows = pq.read_table(path, filters=[("run_id", "=", writer.run_id)],
+                             columns=[c.name for c in schema.SAMPLE_COLUMNS]).sort_by("sample_idx")
+        row = catalog.run_row(writer.run_id)
+        with writer._lock(), writer._row_lock():
+            _unlink_live(writer, folder=False)
+            if keep_rows and rows.num_rows:
+                table = rows.cast(schema.SAMPLE_ARROW_SCHEMA).replace_schema_metadata(
+                    {**writer._metadata, schema.META_KIND: b"samples"})
+                atomic_write(writer.samples_dir / schema.part_name(0),
+                             lambda tmp: pq.write_table(table, tmp, compression="zstd"), "results part")
+            writer._write_row(row)
+        _drop_runs(root, {writer.run_id})
+
+
+def orphan_files(results_dir: Path) -> list[Path]:
+    """Segment files no manifest lists: a compaction killed before its commit, or a replaced segment."""
+    root = schema.resolve_results_dir(results_dir)
+    listed = {p for kind in schema.SEGMENT_KINDS for p in load_catalog(root).paths(kind)}
+    folder = schema.catalog_root(root) / "segments"
+    return sorted(p for p in folder.glob("*.parquet") if p not in listed) if folder.is_dir() else []
+
+
+def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
+    """Delete orphan segment files older than `older_than_s` (younger ones may belong to a compaction under way)."""
+    now, n = time.time(), 0
+    for path in orphan_files(results_dir):
+        with contextlib.suppress(FileNotFoundError):
+            if now - path.stat().st_mtime >= older_than_s:
+                os.unlink(path)
+                n += 1
+    return n
+
+
+__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "compact",
+           "load_catalog",
+           "orphan_files", "remove_orphans", "restore"]

@@ -1,0 +1,98 @@
+"""`pack: auto` (the default) and compaction during a sweep: trials sized by the cost model, and a sweep whose
+finished runs end up in segments with every row, prediction and metric as an unpacked, uncompacted sweep has."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+import yaml
+
+from orchestrator.results import store
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.verify import verify_results
+from orchestrator.sweep import cost
+from orchestrator.sweep.compaction import COMPACT_MIN_RUNS_ENV
+from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.plan import expand, make_trials
+from orchestrator.sweep.runner import run_sweep
+
+
+def write_spec(directory, n=300, seeds=(1, 2), **overrides):
+    spec = {"name": "auto", "results_dir": str(directory / "results"),
+            "datasets": [{"synthetic": "label_shift", "n": n, "num_classes": 6, "dim": 16}],
+            "methods": [{"method": "clip"}, {"method": "bca", "tau": [0.2, 0.3, 0.4], "n2": [5, 10], "n1": 50},
+                        {"method": "dota"}],
+            "seeds": list(seeds), "resources": {"cpus": 1}, **overrides}
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "auto.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_auto_trials_hold_seconds_of_work_and_never_more_than_a_minute(tmp_path):
+    runs = expand(load_spec(write_spec(tmp_path, n=300)))
+    trials = make_trials(runs, "auto")
+    prior = cost.cost_model(lambda source: 300)
+    # per seed: the six BCA runs and CLIP cost ~ms each at the prior: one trial; DOTA (5 samples/s) costs 60 s
+    assert sorted(len(t.runs) for t in trials) == [1, 1, 7, 7]
+    assert all(sum(prior(r) for r in t.runs) <= cost.TRIAL_MAX_S for t in trials if len(t.runs) > 1)
+    assert {r.run_id for t in trials for r in t.runs} == {r.run_id for r in runs}
+    # measured costs (a resumed sweep) replace the prior: BCA at 0.01 s a sample is 3 s a run, so per seed
+    # CLIP + two BCA runs, two BCA runs, two BCA runs (6 s each, past the 5 s target), DOTA alone
+    measured = cost.cost_model(lambda source: 300, {"bca": 0.01})
+    sizes = sorted(len(t.runs) for t in make_trials(runs, "auto", measured))
+    assert sizes == [1, 1, 2, 2, 2, 2, 3, 3]
+
+
+def test_chunks_close_at_the_target_and_before_the_limit():
+    class R:
+        def __init__(self, c):
+            self.c = c
+
+    group = [R(c) for c in (1, 1, 1, 1, 1, 1, 50, 20, 70, 0.1)]
+    chunks = cost.chunk_by_cost(group, lambda r: r.c)
+    assert [[r.c for r in chunk] for chunk in chunks] == [[1, 1, 1, 1, 1], [1, 50], [20], [70], [0.1]]
+
+
+def test_measured_cost_is_the_median_of_finished_runs():
+    rows = {"a": {"status": "finished", "method": "bca", "samples_per_s": 100.0},
+            "b": {"status": "finished", "method": "bca", "samples_per_s": 1000.0},
+            "c": {"status": "finished", "method": "bca", "samples_per_s": 10.0},
+            "d": {"status": "failed", "method": "tda", "samples_per_s": 1.0}}
+    assert cost.measured_sample_seconds(rows) == {"bca": 0.01}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def test_a_default_sweep_packs_compacts_and_matches_one_run_per_trial(ray_session, tmp_path, monkeypatch):
+    methods = [{"method": "clip"}, {"method": "bca", "tau": [0.2, 0.3, 0.4], "n2": [5, 10], "n1": 50}]
+    lines: list[str] = []
+    monkeypatch.setenv(COMPACT_MIN_RUNS_ENV, "1")
+    packed = load_spec(write_spec(tmp_path / "auto", n=200, methods=methods))
+    outcome = run_sweep(packed, out=lines.append)
+    assert outcome.ok and outcome.total == 14
+    assert sum(1 for line in lines if line.startswith("[")) == 2  # one trial per seed's stream
+    assert any(line.startswith("compacted 14 run(s)") for line in lines), lines
+    root = tmp_path / "auto" / "results"
+    assert not list(root.glob("samples/*/*/*/*/*/part-*.parquet")) and not list(root.glob("runs/*/*.parquet"))
+    assert len(store.load_catalog(root).compacted()) == 14 and verify_results(root).ok
+    tune_bytes = sum(p.stat().st_size for p in (root / "tune").rglob("*") if p.is_file())
+    assert tune_bytes / 14 < 16 * 1024  # Tune's own state: a few KB per run
+    monkeypatch.delenv(COMPACT_MIN_RUNS_ENV)
+    single = load_spec(write_spec(tmp_path / "single", n=200, methods=methods, pack=1))
+    assert run_sweep(single, out=lambda line: None).ok
+    sql = "SELECT run_id, sample_idx, pred, confidence FROM samples ORDER BY run_id, sample_idx"
+    with ResultsDB(root) as a, ResultsDB(single.results_dir) as b:
+        got, want = a.df(sql), b.df(sql)
+        assert got[["run_id", "sample_idx", "pred"]].equals(want[["run_id", "sample_idx", "pred"]])
+        # the multi-config engine is exact per run up to float32 rounding of the posteriors
+        assert np.abs(got["confidence"] - want["confidence"]).max() < 1e-5
+        metrics = "SELECT run_id, accuracy, last50_accuracy, helped, hurt FROM accuracy LEFT JOIN paired USING " \
+                  "(run_id) ORDER BY run_id"
+        assert a.df(metrics).equals(b.df(metrics))
