@@ -73,18 +73,23 @@ def why_unusable(run: pd.Series) -> str:
     return f"{status or 'unrecorded'} ({error})"
 
 
-def _peer_key(run: pd.Series) -> tuple:
-    return (run.get("sweep"), run.get("backbone_name", run.get("backbone")), run.get("dataset"),
-            str(run.get("stream")))
+def _peers(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run, what its peers share: sweep, backbone, dataset and stream (a sweep's runs there share seeds and
+    orders)."""
+    def text(column: str) -> pd.Series:  # None and NaN alike (a merge turns one into the other)
+        values = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+        return values.astype(object).where(values.notna(), "").astype(str)
+
+    return pd.DataFrame({"sweep": text("sweep"), "backbone": text("backbone_name" if "backbone_name" in runs
+                                                                   else "backbone"),
+                         "dataset": text("dataset"), "stream": text("stream")}, index=runs.index)
 
 
 def expected_keys(runs: pd.DataFrame) -> dict[tuple, set[tuple[int, int]]]:
     """(sweep, backbone, dataset, stream) -> the (seed, order) pairs any run there was recorded with."""
-    out: dict[tuple, set[tuple[int, int]]] = {}
-    frame = runs.assign(_order=order_of(runs))
-    for _, run in frame.iterrows():
-        out.setdefault(_peer_key(run), set()).add((int(run["seed"]), int(run["_order"])))
-    return out
+    frame = _peers(runs).assign(seed=runs["seed"].astype(int), order=order_of(runs))
+    return {tuple(key): set(zip(group["seed"], group["order"]))
+            for key, group in frame.groupby(["sweep", "backbone", "dataset", "stream"])}
 
 
 @dataclass
@@ -123,8 +128,8 @@ def dataset_cell(cell_runs: pd.DataFrame, peers: dict[tuple, set], metric: str,
     values = used.groupby(["seed", "_order"])[metric].mean()
     values.index = pd.Index([(int(s), int(o)) for s, o in values.index])
     expected: set[tuple[int, int]] = set()
-    for _, run in frame.iterrows():
-        expected |= peers.get(_peer_key(run), set())
+    for key in _peers(frame).drop_duplicates().itertuples(index=False):
+        expected |= peers.get(tuple(key), set())
     have = set(values.index)
     missing = {}
     for key in sorted(expected - have):
