@@ -12,17 +12,22 @@ from dashboard import charts, context, metrics, queries
 from dashboard.components import (STREAM_ROWS, chart, dataframe, id_selectbox, link, load_curves, load_pair,
                                   load_run, prior_view)
 from orchestrator import registry
-from orchestrator.results import report
+from orchestrator.results import evidence, report
 
 THUMBNAILS = 12
 
 
 # ------------------------------------------------------------------------------------- run and config
 def run_options(table: pd.DataFrame, hparams: list[str]) -> dict[str, str]:
-    """run_id -> "BCA (tau=0.2) · synthetic-continual · seed 1 · 0560bcc9" for every run in the runs table."""
+    """run_id -> "BCA (tau=0.2) · synthetic-continual · iid · seed 1 · order 2 · 0560bcc9" for every run in the runs
+    table: the stream and order tell apart runs whose settings are otherwise the same."""
     labels = queries.series_labels(table, hparams)
-    return {r: f"{labels[i]} · {registry.dataset_title(d)} · seed {s} · {r[:8]}"
-            for i, r, d, s in zip(table.index, table["run_id"], table["dataset"], table["seed"])}
+    streams = table["stream"] if "stream" in table else pd.Series(None, index=table.index)
+    orders = evidence.order_of(table)
+    return {r: " · ".join([labels[i], registry.dataset_title(d), evidence.protocol(st_), f"seed {s}",
+                           f"order {o}", r[:8]])
+            for i, r, d, st_, s, o in zip(table.index, table["run_id"], table["dataset"], streams, table["seed"],
+                                          orders)}
 
 
 def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.DataFrame, hparams: list[str],

@@ -149,7 +149,7 @@ def dataset_cell(cell_runs: pd.DataFrame, peers: dict[tuple, set], metric: str,
     card = registry.DATASETS[key] if key else None
     paper_ok = (card is not None and len(used) > 0 and samples is None
                 and all(stream_value(v) in PAPER_STREAMS for v in used.get("stream", pd.Series([None])))
-                and bool((used["n_samples"] == card.test_images).all()))
+                and "n_samples" in used and bool((used["n_samples"] == card.test_images).all()))
     cell = Cell(values, expected, missing, samples, total, protocols, paper_ok)
     cell.paper_ok = cell.paper_ok and cell.complete
     return cell
