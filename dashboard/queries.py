@@ -330,7 +330,7 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
                "protocols", "values"]
     labelled = runs.assign(series=labels)
     finished = labelled[evidence.usable(labelled) & labelled[metric].notna()]
-    if finished.empty:
+    if labelled.empty or labelled[metric].isna().all():
         return pd.DataFrame(columns=columns)
     ascending = metrics.metric(metric).higher_is_better  # the worst come first
     peers = evidence.expected_keys(runs if recorded is None else recorded)
@@ -338,9 +338,11 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     def worst10(values: pd.Series) -> float:
         return float(values.sort_values(ascending=ascending).head(worst_count(len(values))).mean())
 
-    out = (finished.groupby(["series", "dataset"], as_index=False)
-           .agg(method=("method", "first"), mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"),
-                worst10=(metric, worst10)))
+    # every series with a run, so one whose runs are all incomplete still shows, as '— (n=0 of 1)'
+    out = labelled.groupby(["series", "dataset"], as_index=False).agg(method=("method", "first"))
+    stats = (finished.groupby(["series", "dataset"], as_index=False)
+             .agg(mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"), worst10=(metric, worst10)))
+    out = out.merge(stats, on=["series", "dataset"], how="left").fillna({"n": 0})
     extra = []
     for (series, dataset), part in labelled.groupby(["series", "dataset"]):
         # a series may pool several configurations: each expects its own seeds x orders
@@ -405,11 +407,16 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         best[titles[column]] = _best_per_protocol(values, frames, column, metric) if column != "Average" \
             else metrics.best_index(values, metric)
     if pinned is not None and pinned in mean.index:
+        deltas = {}
         for column in datasets:
-            delta = [evidence.paired_gain(frames["values"][column][s], frames["values"][column][pinned])
-                     if isinstance(frames["values"][column][s], pd.Series)
-                     and isinstance(frames["values"][column][pinned], pd.Series) else (np.nan, 0)
-                     for s in mean.index]
+            deltas[column] = [evidence.paired_gain(frames["values"][column][s], frames["values"][column][pinned])
+                              if isinstance(frames["values"][column][s], pd.Series)
+                              and isinstance(frames["values"][column][pinned], pd.Series) else (np.nan, 0)
+                              for s in mean.index]
+        if len(datasets) > 1:  # the mean of the datasets' paired differences, on the fewest pairs any has
+            deltas["Average"] = [(float(np.mean([deltas[c][i][0] for c in datasets])),
+                                  min(deltas[c][i][1] for c in datasets)) for i in range(len(mean.index))]
+        for column, delta in deltas.items():
             name = f"Δ {pinned} ({titles[column]})"
             text[name] = ["—" if pd.isna(v) else f"{v:+.2f} (n={k})" for v, k in delta]
             numbers[name] = [v for v, _ in delta]

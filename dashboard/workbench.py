@@ -75,7 +75,7 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
         st.table(styled)
         table_exports(text, numbers, best, f"comparison_{view.metric}", "comparison",
                       f"{view.metric_label} by configuration and dataset")
-        in_focus = summary[summary["dataset"] == view.focus[1]]
+        in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
         if not in_focus.empty:
             chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
                                      registry.dataset_title(view.focus[1])),
