@@ -282,9 +282,10 @@ def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 
 
 def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
-    """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs."""
+    """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs; and the
+    warm-up its runs paid apart (the first call in a process: compilation), which none of the others include."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb"]
+    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", *(["warmup_s"] if "warmup_s" in runs else [])]
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()

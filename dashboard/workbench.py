@@ -225,6 +225,9 @@ def cost_panel(view: View) -> None:
         st.info("No finished runs with timings among the runs shown.")
         return
     if not timing.empty:
+        st.caption("Stage times and samples/s leave out the warm-up: the first call of a method's code in a "
+                   "worker process (numba compilation, lazy set-up) runs on throwaway state and is measured apart "
+                   "(`warmup_s`, in the table below).")
         chart(charts.stage_times(timing), "stage_times", "stage_times")
     if not memory.empty:
         st.caption("Peak memory is the trial's own: the GPU allocator's peak, or on a CPU the growth of the "
