@@ -248,7 +248,7 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
     Returns (points with columns series, method, backbone, dataset, value, mean, std, n; the held values).
     """
     columns = ["series", "method", "backbone", "dataset", "value", "mean", "std", "n"]
-    finished = runs[(runs["status"] == "finished") & runs[param].notna()]
+    finished = runs[evidence.usable(runs) & runs[param].notna()]
     held = {}
     for other in others:
         if other == param or other not in finished.columns or finished[other].nunique(dropna=True) < 2:

@@ -311,6 +311,14 @@ def test_truncated_part_is_named_and_left_out(tmp_path: Path, monkeypatch: pytes
     paper = at.table[1].value.set_index("method")
     assert paper.at["BCA", "ImageNet"] == "— (n=0 of 1)"
     assert "finished but 80 of 120 rows readable" in " ".join(c.value for c in at.caption)
+    # and on its own pages: the configuration counts it out, the run page says why
+    run_page = run_app(tmp_path, monkeypatch, page="Run", run=runs[1].run_id)
+    assert any("rows are not all readable" in w.value for w in run_page.warning)
+    with ResultsDB(tmp_path) as db:
+        group = db.df("SELECT group_id FROM runs WHERE run_id = $r", {"r": runs[1].run_id})["group_id"][0]
+    config = run_app(tmp_path, monkeypatch, page="Configuration", config=group)
+    assert not config.exception
+    assert any("(0 of 1; 1 left out: not finished, or rows lost)" in m.value for m in config.markdown)
 
 
 @pytest.mark.parametrize("make", ["missing", "empty"])

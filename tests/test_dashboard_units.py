@@ -28,6 +28,7 @@ def runs_frame() -> pd.DataFrame:
         "method": ["clip", "bca", "bca", "bca", "bca"],
         "seed": [1, 1, 2, 1, 1],
         "status": ["finished", "finished", "finished", "running", "finished"],
+        "complete": [True, True, True, False, True],
         "num_templates": [1, 1, 1, 1, 1],
         "tau": [math.nan, 0.3, 0.3, 0.5, 0.5],
         "n1": [pd.NA, 30000, 30000, 30000, 1000],
@@ -63,7 +64,7 @@ def test_sensitivity_holds_the_other_hparams_at_their_most_common_value() -> Non
     # finished bca runs with n1 = 30000 (the most common): tau 0.3 twice; the tau 0.5 one is running
     assert held == {"n1": 30000}
     assert points.empty  # a single tau value is left: nothing to plot
-    runs = runs_frame().assign(status="finished")
+    runs = runs_frame().assign(status="finished", complete=True)
     points, held = queries.sensitivity_points(runs, "tau", ["tau", "n1", "n2"])
     assert held == {"n1": 30000}
     assert points[["value", "mean", "n"]].values.tolist() == [[0.3, 61.0, 2], [0.5, 55.0, 1]]
