@@ -310,3 +310,33 @@ def test_charts_keep_a_plotting_area_with_many_configurations(n_series: int) -> 
                                                                            baseline_label="CLIP"),
                   charts.metric_bars(summary, series, "accuracy (%)"), charts.per_class_accuracy(per_class, series)):
         assert plot_height(chart) >= max(50, 15 * n_series)  # room for every series, whatever the legend takes
+
+
+def test_stream_bands_stay_within_0_and_100() -> None:
+    """An accuracy near 100 (or 0) with a wide spread: the ± one-std band is cut at the scale's ends."""
+    curve = pd.DataFrame({"series": ["BCA", "BCA", "CLIP"], "position": [10, 20, 10], "cumulative": [97.0, 3.0, 50.0],
+                          "cumulative_std": [8.0, 6.0, 1.0], "runs": 3})
+    data = charts.online_accuracy(curve, {"BCA": "bca", "CLIP": "clip"}).to_dict()["datasets"]
+    rows = next(iter(data.values()))
+    assert [(r["lo"], r["hi"]) for r in rows] == [(89.0, 100.0), (0.0, 9.0), (49.0, 51.0)]
+
+
+def test_dot_chart_names_its_dataset() -> None:
+    summary = pd.DataFrame({"series": ["CLIP", "BCA"], "mean": [60.0, 62.0], "std": [0.1, 0.2], "n": [2, 2]})
+    spec = charts.metric_bars(summary, {"CLIP": "clip", "BCA": "bca"}, "accuracy (%)", "ImageNet-A").to_dict()
+    assert spec["title"] == "accuracy (%) on ImageNet-A"
+
+
+def test_run_selector_names_stream_and_order() -> None:
+    """Runs of one configuration that differ only in stream and order read differently in the run selector (and
+    so in the run page's title)."""
+    from dashboard.pages import run_options
+
+    table = pd.DataFrame({"run_id": ["r0aaaaaaaa", "r1bbbbbbbb", "r2cccccccc"], "sweep": "demo",
+                          "backbone": "synthetic", "dataset": "synthetic-fine_grained", "method": "bca", "seed": 1,
+                          "stream": ["iid", "iid", '{"dirichlet":{"gamma":0.01}}'], "order_index": [0, 1, 0],
+                          "tau": 0.3})
+    options = run_options(table, ["tau"])
+    assert len(set(options.values())) == 3
+    assert options["r1bbbbbbbb"].split(" · ")[2:5] == ["iid", "seed 1", "order 1"]
+    assert "dirichlet(gamma=0.01)" in options["r2cccccccc"]

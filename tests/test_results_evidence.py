@@ -124,3 +124,33 @@ def test_best_is_per_stream_protocol_and_the_caption_names_the_spread(tmp_path, 
     assert bold == ["BCA (stream=iid)", "OnZeta (stream=contaminated(rate=0.2))"]
     spread = "stream orders (one seed)" if orders > 1 else "seeds"
     assert table.notes[0].startswith(f"mean ± std over {spread};")
+
+
+def test_a_sweep_over_a_dataset_with_deleted_images_says_so(tmp_path):
+    """24.1 as the issue met it: a class's images deleted from a real-layout EuroSAT, the sweep runs (the images
+    are recorded as skipped); the end-of-sweep table, `bca report` and the paper table say the cell stands on
+    fewer samples than the dataset has, and no published number is compared with it."""
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+    from orchestrator.sweep.load import validate_spec
+    from orchestrator.sweep.plan import expand, make_trials
+    from orchestrator.sweep.trial import execute_trial, settings_of
+
+    folder = build_dataset("eurosat", tmp_path / "data", num_classes=4, per_class=3)
+    doomed = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".jpg", ".png", ".jpeg"))[:3]
+    for path in doomed:
+        path.unlink()
+    config = write_model_config(TINY_VIT, tmp_path / "models")
+    spec = validate_spec({"name": "skips", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+                          "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+                          "datasets": ["eurosat"], "methods": [{"method": "clip"}, {"method": "bca"}],
+                          "seeds": [1], "part_rows": 4}, base_dir=tmp_path)
+    for trial in make_trials(expand(spec), 1):
+        execute_trial(trial, settings_of(spec))
+    results = tmp_path / "results"
+    summary = " ".join(summary_table(str(results), "skips").split())
+    assert "(n=1; 9 of 12 samples)" in summary and "EuroSAT: 9 of 12 samples (unreadable images skipped)" in summary
+    table = report.build_table(ResultsDB(results), report.TABLE2, paper=True)
+    measured = [k for k in table.mean.index if k[2] == "measured" and not math.isnan(table.mean.at[k, "EuroSAT"])]
+    assert len(measured) == 2 and all(table.formatted().at[k, "EuroSAT"].endswith("(n=1; 9 of 12 samples)")
+                            for k in measured)
+    assert table.mean.xs("Δ paper", level="source")["EuroSAT"].isna().all()
