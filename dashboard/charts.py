@@ -19,10 +19,10 @@ _ALL_LABELS = alt.Axis(labelOverlap=False, labelLimit=320)
 LEGEND_LABEL_PX = 260
 # Height per legend entry / category row, so a chart grows with what it shows instead of squeezing the plot.
 ROW_PX = 20
-# One base colour per method family (tableau10, readable on light and dark backgrounds), in family order of the
-# registry's cards; configurations of one family get shades of it.
-_FAMILY_BASE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#ff9da6",
-                "#bab0ac")
+# One base colour per method (tableau20's strong shades first, readable on light and dark backgrounds), in the
+# registry's display order of the methods shown; configurations of one method get shades of it.
+_BASE_COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#eeca3b", "#9d755d", "#ff9da6",
+                "#bab0ac", "#393b79", "#637939", "#8c6d31", "#843c39")
 
 
 def _mix(hex_colour: str, towards: int, amount: float) -> str:
@@ -31,22 +31,17 @@ def _mix(hex_colour: str, towards: int, amount: float) -> str:
 
 
 def family_colours(series_methods: dict[str, str]) -> alt.Scale:
-    """A colour scale over the series: each method family (the cards' `family`) its own hue, the series of one
-    family shades of it from darker to lighter (readable on light and dark themes), in display order."""
-    families = list(dict.fromkeys(c.family for c in registry.method_cards()))
-    def family(method: str) -> str:
-        card = registry.find_method(method)
-        return card.family if card else method
-
+    """A colour scale over the series: each method its own hue (CLIP+LA, CLIP+PA and BCA share a family but are
+    three methods to tell apart), the configurations of one method shades of it from darker to lighter
+    (readable on light and dark themes), in display order."""
     ordered = sorted(series_methods, key=lambda s: (registry.method_rank(series_methods[s]), s))
-    extra = [f for f in dict.fromkeys(family(series_methods[s]) for s in ordered) if f not in families]
-    families += extra
-    by_family: dict[str, list[str]] = {}
+    methods = list(dict.fromkeys(series_methods[s] for s in ordered))
+    by_method: dict[str, list[str]] = {}
     for s in ordered:
-        by_family.setdefault(family(series_methods[s]), []).append(s)
+        by_method.setdefault(series_methods[s], []).append(s)
     colours = {}
-    for f, members in by_family.items():
-        base = _FAMILY_BASE[families.index(f) % len(_FAMILY_BASE)]
+    for m, members in by_method.items():
+        base = _BASE_COLOURS[methods.index(m) % len(_BASE_COLOURS)]
         for i, s in enumerate(members):
             t = i / max(1, len(members) - 1) if len(members) > 1 else 0.5
             # from 25% towards black to 45% towards white: distinct shades, none vanishing on either theme
@@ -83,8 +78,9 @@ def online_accuracy(curve: pd.DataFrame, series_methods: dict[str, str], kind: s
     curve columns: series, position (samples seen), <kind> and <kind>_std (accuracy in %), runs. kind is
     'cumulative' (everything seen so far) or 'windowed' (each window alone).
     """
-    data = curve.assign(value=curve[kind], lo=curve[kind] - curve[f"{kind}_std"],
-                        hi=curve[kind] + curve[f"{kind}_std"])
+    # an accuracy is in [0, 100]: a band of ± one std is cut there rather than drawn past it
+    data = curve.assign(value=curve[kind], lo=(curve[kind] - curve[f"{kind}_std"]).clip(lower=0.0),
+                        hi=(curve[kind] + curve[f"{kind}_std"]).clip(upper=100.0))
     colour = _series_colour(series_methods)
     x = alt.X("position:Q", title="stream position (samples seen)")
     tooltip = ["series:N", "position:Q", alt.Tooltip("value:Q", title=f"{kind} accuracy (%)", format=".2f"),
@@ -210,7 +206,7 @@ def importance(scores: pd.DataFrame, metric_label: str) -> alt.LayerChart:
     data = scores.assign(lo=scores["importance"] - scores["std"], hi=scores["importance"] + scores["std"])
     y = alt.Y("setting:N", sort=None, title=None, axis=_ALL_LABELS)
     x_title = f"drop in R² of {metric_label} when shuffled (± std over repeats)"
-    bars = alt.Chart(data).mark_bar(color=_FAMILY_BASE[0]).encode(
+    bars = alt.Chart(data).mark_bar(color=_BASE_COLOURS[0]).encode(
         y=y, x=alt.X("importance:Q", title=x_title),
         tooltip=["setting:N", alt.Tooltip("importance:Q", format=".3f"), alt.Tooltip("std:Q", format=".3f")])
     bars_err = alt.Chart(data).mark_errorbar(color="gray", thickness=2).encode(y=y, x=alt.X("lo:Q", title=x_title),
@@ -218,10 +214,11 @@ def importance(scores: pd.DataFrame, metric_label: str) -> alt.LayerChart:
     return alt.layer(bars, bars_err).properties(height=60 + 26 * len(scores))
 
 
-def metric_bars(summary: pd.DataFrame, series_methods: dict[str, str], metric_label: str) -> alt.LayerChart:
-    """Mean ± std of a metric per configuration (a dot and its error bar per row, coloured by family; dots
-    rather than bars so that the axis can zoom to the differences). summary columns: series, mean, std, n (one
-    dataset)."""
+def metric_bars(summary: pd.DataFrame, series_methods: dict[str, str], metric_label: str,
+                dataset: str = "") -> alt.LayerChart:
+    """Mean ± std of a metric per configuration on one dataset, named in the title (a dot and its error bar per
+    row, coloured by method; dots rather than bars so that the axis can zoom to the differences). summary
+    columns: series, mean, std, n."""
     data = summary.assign(lo=summary["mean"] - summary["std"].fillna(0), hi=summary["mean"] + summary["std"].fillna(0))
     y = alt.Y("series:N", sort=list(summary["series"]), title=None, axis=_ALL_LABELS)
     x_title = f"{metric_label} (mean ± std)"
@@ -232,7 +229,8 @@ def metric_bars(summary: pd.DataFrame, series_methods: dict[str, str], metric_la
     err = alt.Chart(data).mark_errorbar(thickness=2).encode(
         y=y, x=alt.X("lo:Q", title=x_title), x2="hi:Q",
         color=alt.Color("series:N", scale=family_colours(series_methods), legend=None))
-    return alt.layer(err, dots).properties(height=60 + ROW_PX * len(summary))
+    chart = alt.layer(err, dots).properties(height=60 + ROW_PX * len(summary))
+    return chart.properties(title=f"{metric_label} on {dataset}") if dataset else chart
 
 
 def disagreement_classes(by_class: pd.DataFrame, label_a: str, label_b: str) -> alt.Chart:
@@ -245,7 +243,7 @@ def disagreement_classes(by_class: pd.DataFrame, label_a: str, label_b: str) -> 
             x=alt.X("n:Q", title=f"← only {label_a} right · only {label_b} right → (samples)",
                     axis=alt.Axis(labelExpr="abs(datum.value)", tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
-                                                                  range=[_FAMILY_BASE[0], _FAMILY_BASE[1]]),
+                                                                  range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
                             legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
             tooltip=["class:N", "run:N", alt.Tooltip("n:Q", title="samples")])
         .properties(height=140 + 28 * len(by_class))
@@ -260,7 +258,7 @@ def disagreement_stream(over: pd.DataFrame, label_a: str, label_b: str) -> alt.C
             x=alt.X("position:Q", title="stream position (end of window)", axis=alt.Axis(format="d")),
             y=alt.Y("n:Q", title="samples only this run gets right", axis=alt.Axis(tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
-                                                                  range=[_FAMILY_BASE[0], _FAMILY_BASE[1]]),
+                                                                  range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
                             legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
             tooltip=["run:N", "position:Q", "n:Q"])
         .properties(height=260)

@@ -35,6 +35,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("helped", "samples right where CLIP is wrong (same samples, same order)"),
     Metric("hurt", "samples wrong where CLIP is right (same samples, same order)", higher_is_better=False),
     Metric("samples_per_s", "samples / s"),
+    Metric("warmup_s", "warm-up s (first call in its process: compilation; not in the costs)", higher_is_better=False),
     *(Metric(c, c.replace("_", " "), higher_is_better=False) for c in STAGE_COLUMNS),
     Metric("peak_mem_mb", "peak memory (MB)", higher_is_better=False),
 )

@@ -12,17 +12,22 @@ from dashboard import charts, context, metrics, queries
 from dashboard.components import (STREAM_ROWS, chart, dataframe, id_selectbox, link, load_curves, load_pair,
                                   load_run, prior_view)
 from orchestrator import registry
-from orchestrator.results import report
+from orchestrator.results import evidence, report
 
 THUMBNAILS = 12
 
 
 # ------------------------------------------------------------------------------------- run and config
 def run_options(table: pd.DataFrame, hparams: list[str]) -> dict[str, str]:
-    """run_id -> "BCA (tau=0.2) · synthetic-continual · seed 1 · 0560bcc9" for every run in the runs table."""
+    """run_id -> "BCA (tau=0.2) · synthetic-continual · iid · seed 1 · order 2 · 0560bcc9" for every run in the runs
+    table: the stream and order tell apart runs whose settings are otherwise the same."""
     labels = queries.series_labels(table, hparams)
-    return {r: f"{labels[i]} · {registry.dataset_title(d)} · seed {s} · {r[:8]}"
-            for i, r, d, s in zip(table.index, table["run_id"], table["dataset"], table["seed"])}
+    streams = table["stream"] if "stream" in table else pd.Series(None, index=table.index)
+    orders = evidence.order_of(table)
+    return {r: " · ".join([labels[i], registry.dataset_title(d), evidence.protocol(st_), f"seed {s}",
+                           f"order {o}", r[:8]])
+            for i, r, d, st_, s, o in zip(table.index, table["run_id"], table["dataset"], streams, table["seed"],
+                                          orders)}
 
 
 def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.DataFrame, hparams: list[str],
@@ -43,6 +48,11 @@ def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.D
                 f"[compare with another run]({link('Compare two runs', run_a=run_id)})")
     if status == "failed" or (isinstance(row.get("error"), str) and row["error"]):
         st.error(f"error: {row['error']}")
+    own = all_runs[all_runs["run_id"] == run_id]
+    if status == "finished" and not evidence.usable(own).any():
+        st.warning("This run is finished but its rows are not all readable (a part lost or truncated): every table "
+                   "leaves it out and marks its cell 'n=k of m'; `bca verify` names the file, `bca sweep --resume` "
+                   "writes it again.")
     left, right = st.columns(2)
     with left:
         st.markdown("**Configuration**")
@@ -107,17 +117,21 @@ def config_page(results_dir: str, stamp: tuple, all_runs: pd.DataFrame, hparams:
                                               {"method": first["method"], "dataset": first["dataset"],
                                                "backbone": first["backbone"], **own}.items()))
     cols = metrics.metric_columns(runs, hparams)
-    per_run = runs[["run_id", "seed", "status", *cols]].sort_values("seed")
+    runs = runs.assign(complete=evidence.usable(runs), order_index=evidence.order_of(runs))
+    per_run = runs[["run_id", "seed", "order_index", "status", "complete", *cols]].sort_values(["seed", "order_index"])
     per_run.insert(0, "page", [link("Run", run=r) for r in per_run["run_id"]])
     st.markdown(f"**Its runs** ({len(runs)}: one per seed / order)")
     st.dataframe(per_run, hide_index=True, width="stretch",
                  column_config={"page": st.column_config.LinkColumn("page", display_text="open")})
-    finished = runs[runs["status"] == "finished"]
+    finished = runs[runs["complete"]]
     summary = pd.DataFrame({"metric": [metrics.label(c) for c in cols], "mean": [finished[c].mean() for c in cols],
                             "std": [finished[c].std() for c in cols],
                             "worst run": [(finished[c].min() if metrics.metric(c).higher_is_better
-                                           else finished[c].max()) for c in cols]})
-    st.markdown("**Over its finished runs**")
+                                           else finished[c].max()) for c in cols],
+                            "runs": [int(finished[c].notna().sum()) for c in cols]})
+    left_out = len(runs) - len(finished)
+    st.markdown(f"**Over its finished runs with all their rows** ({len(finished)} of {len(runs)}"
+                + (f"; {left_out} left out: not finished, or rows lost" if left_out else "") + ")")
     dataframe(summary, f"config_{group}", "config_summary")
     curves = load_curves(results_dir, stamp, tuple(runs["run_id"]), first["backbone"], first["dataset"],
                          queries.default_window(int(runs["n_rows"].max())))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import registry
-from orchestrator.results import report
+from orchestrator.results import evidence, report
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.metrics import worst_count
 from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
@@ -37,8 +37,9 @@ _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")
 SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
 # Runs-view columns left out of the per-run frame: long JSON read only on a run's own page.
 _HEAVY = ("config_json", "versions")
-LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "seed", "num_templates", "status",
-                   "n_samples", "progress", "samples_per_s", "error", "updated_at")
+LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "stream", "seed", "order_index",
+                   "num_templates", "status",
+                   "n_samples", "progress", "n_skipped", "samples_per_s", "error", "updated_at")
 
 
 class Filters:
@@ -123,6 +124,7 @@ def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     accuracy rows (`runs`); runs with no samples yet show empty progress."""
     progress = runs[["run_id", "n_rows", "accuracy", "last50_accuracy"]].rename(columns={"n_rows": "rows_written"})
     listing = table.merge(progress.round({"accuracy": 2, "last50_accuracy": 2}), on="run_id", how="left")
+    listing["stream"] = listing["stream"].map(evidence.protocol)
     head = list(LISTING_COLUMNS[:LISTING_COLUMNS.index("status")])
     tail = [c for c in LISTING_COLUMNS[LISTING_COLUMNS.index("n_samples") + 1:] if c != "progress"]
     hparams = [c for c in table.columns if c not in LISTING_COLUMNS and table[c].nunique(dropna=True) > 1]
@@ -142,9 +144,10 @@ def series_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> pd.Series:
 
 # ------------------------------------------------------------------------------------------- comparison
 def comparison_tables(db: ResultsDB, runs: pd.DataFrame, paper: bool) -> list[report.ReportTable]:
-    """The report's tables (mean ± std over seeds, gain over CLIP, optional paper rows) for the finished runs
-    shown: Table 1 / Table 2 where their datasets are present, a method x dataset table for the others."""
-    return report.report_tables(db, paper=paper, runs=runs[runs["status"] == "finished"], include_empty=False)
+    """The report's tables (mean ± std, paired gain over CLIP, optional paper rows) over the runs shown, whatever
+    their status (a cell stands on the finished, complete ones and is marked by the others): Table 1 / Table 2
+    where their datasets are present, a method x dataset table for the others."""
+    return report.report_tables(db, paper=paper, runs=runs, include_empty=False)
 
 
 def _is_clip_row(label: str) -> bool:
@@ -253,7 +256,7 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
     Returns (points with columns series, method, backbone, dataset, value, mean, std, n; the held values).
     """
     columns = ["series", "method", "backbone", "dataset", "value", "mean", "std", "n"]
-    finished = runs[(runs["status"] == "finished") & runs[param].notna()]
+    finished = runs[evidence.usable(runs) & runs[param].notna()]
     held = {}
     for other in others:
         if other == param or other not in finished.columns or finished[other].nunique(dropna=True) < 2:
@@ -287,9 +290,10 @@ def stage_times(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
 
 
 def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
-    """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs."""
+    """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs; and the
+    warm-up its runs paid apart (the first call in a process: compilation), which none of the others include."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb"]
+    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", *(["warmup_s"] if "warmup_s" in runs else [])]
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()
@@ -321,42 +325,67 @@ def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
     return {label: method for label, method in zip(labels, runs["method"])}
 
 
-def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str) -> pd.DataFrame:
-    """Mean, std, count and worst-10% mean of `metric` per series and dataset over finished runs (the seeds,
-    orders and anything the grouping pools; OGA's worst 10%: the mean of the ceil(n / 10) worst runs, worst as the
-    metric's direction says): columns series, method, dataset, mean, std, n, worst10."""
+def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
+                   recorded: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean, std, count and worst-10% mean of `metric` per series and dataset over the runs a number may stand on
+    (finished, all rows), with their evidence (`orchestrator.results.evidence`): the runs expected (the seeds and
+    orders recorded for their sweep, backbone, dataset and stream among `recorded`, default `runs`), the fewest
+    samples a run streamed where images were skipped, the stream protocols, and per (setting, seed, order) the
+    values a pinned series is paired on. OGA's worst 10%: the mean of the ceil(n / 10) worst runs. Columns series,
+    method, dataset, mean, std, n, worst10, expected, samples, total, protocols, values."""
     from dashboard import metrics
 
-    finished = runs[(runs["status"] == "finished") & runs[metric].notna()].assign(series=labels)
-    if finished.empty:
-        return pd.DataFrame(columns=["series", "method", "dataset", "mean", "std", "n", "worst10"])
+    columns = ["series", "method", "dataset", "mean", "std", "n", "worst10", "expected", "samples", "total",
+               "protocols", "values"]
+    labelled = runs.assign(series=labels)
+    finished = labelled[evidence.usable(labelled) & labelled[metric].notna()]
+    if labelled.empty or labelled[metric].isna().all():
+        return pd.DataFrame(columns=columns)
     ascending = metrics.metric(metric).higher_is_better  # the worst come first
+    peers = evidence.expected_keys(runs if recorded is None else recorded)
 
     def worst10(values: pd.Series) -> float:
         return float(values.sort_values(ascending=ascending).head(worst_count(len(values))).mean())
 
-    out = (finished.groupby(["series", "dataset"], as_index=False)
-           .agg(method=("method", "first"), mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"),
-                worst10=(metric, worst10)))
+    # every series with a run, so one whose runs are all incomplete still shows, as '— (n=0 of 1)'
+    out = labelled.groupby(["series", "dataset"], as_index=False).agg(method=("method", "first"))
+    stats = (finished.groupby(["series", "dataset"], as_index=False)
+             .agg(mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"), worst10=(metric, worst10)))
+    out = out.merge(stats, on=["series", "dataset"], how="left").fillna({"n": 0})
+    extra = []
+    for (series, dataset), part in labelled.groupby(["series", "dataset"]):
+        # a series may pool several configurations: each expects its own seeds x orders
+        configs = [evidence.dataset_cell(group, peers, metric)
+                   for _, group in part.groupby(part["group_id"].fillna(part["run_id"]) if "group_id" in part
+                                                else part["run_id"])]
+        short = [c for c in configs if c.skipped]
+        pairing = part.assign(_order=evidence.order_of(part))
+        pairing = pairing[evidence.usable(pairing) & pairing[metric].notna()]
+        setting = pairing["setting_id"] if "setting_id" in pairing else pairing["dataset"]
+        values = pairing.groupby([setting, pairing["seed"], pairing["_order"]])[metric].mean()
+        extra.append({"series": series, "dataset": dataset, "expected": sum(len(c.expected) for c in configs),
+                      "samples": short[0].samples if short else None, "total": short[0].total if short else None,
+                      "protocols": frozenset().union(*(c.protocols for c in configs)), "values": values})
+    out = out.merge(pd.DataFrame(extra), on=["series", "dataset"], how="left")
     out["rank"] = out["method"].map(lambda m: registry.method_rank(m))
-    return out.sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank").reset_index(drop=True)
+    out = out.sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank").reset_index(drop=True)
+    return out[columns]
 
 
 def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(display text, numbers, best mask) of a series x dataset table of one metric: 'mean ± std [worst 10%]'
-    cells (the mean alone for one run), an Average column over datasets, and 'Δ <pinned>' columns when a series
-    is pinned."""
+    """(display text, numbers, best mask) of a series x dataset table of one metric: 'mean ± std [worst 10%] (n=3)'
+    cells (the mean alone for one run; 'n=2 of 3' where runs are missing or incomplete; '30 of 40 samples' where
+    images were skipped), an Average column over datasets, and paired 'Δ <pinned>' columns (n: the (setting, seed,
+    order) pairs) when a series is pinned. Best: among complete cells of one stream protocol."""
     from dashboard import metrics
 
-    mean = summary.pivot(index="series", columns="dataset", values="mean")
-    std = summary.pivot(index="series", columns="dataset", values="std")
-    n = summary.pivot(index="series", columns="dataset", values="n")
-    worst = summary.pivot(index="series", columns="dataset", values="worst10")
+    frames = {name: summary.pivot(index="series", columns="dataset", values=name)
+              for name in ("mean", "std", "n", "worst10", "expected", "samples", "total", "protocols", "values")}
     order = list(dict.fromkeys(summary["series"]))
-    mean, std, n, worst = mean.reindex(order), std.reindex(order), n.reindex(order), worst.reindex(order)
-    datasets = sorted(mean.columns, key=lambda d: (registry.dataset_key(d) is None, d))
-    mean, std, n, worst = mean[datasets], std[datasets], n[datasets], worst[datasets]
+    datasets = sorted(frames["mean"].columns, key=lambda d: (registry.dataset_key(d) is None, d))
+    frames = {name: frame.reindex(order)[datasets] for name, frame in frames.items()}
+    mean, std, n, worst, expected = (frames[k] for k in ("mean", "std", "n", "worst10", "expected"))
     titles = {d: registry.dataset_title(d) for d in datasets}
     if len(datasets) > 1:
         mean["Average"] = mean[datasets].mean(axis=1, skipna=False)
@@ -368,30 +397,59 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         values = mean[column]
         cells = []
         for series in mean.index:
-            value = values[series]
-            spread = std[column][series] if column in std.columns else np.nan
-            if pd.isna(value):
-                cells.append("—")
-            elif column in n.columns and n[column][series] > 1 and pd.notna(spread):
-                cells.append(f"{value:.2f} ± {spread:.2f} [{worst[column][series]:.2f}]")
-            else:
-                cells.append(f"{value:.2f}")
+            if column == "Average":
+                cells.append("—" if pd.isna(values[series]) else f"{values[series]:.2f}")
+                continue
+            count = n[column][series]
+            cells.append(evidence.cell_text(
+                values[series], std[column][series], 0 if pd.isna(count) else int(count),
+                None if pd.isna(expected[column][series]) else int(expected[column][series]),
+                _int_or_none(frames["samples"][column][series]), _int_or_none(frames["total"][column][series]),
+                worst[column][series]))
         text[titles[column]] = cells
         numbers[titles[column]] = values
         if column in std.columns:
             numbers[f"{titles[column]} std"] = std[column]
             numbers[f"{titles[column]} worst10"] = worst[column]
-        best[titles[column]] = metrics.best_index(values, metric)
+            numbers[f"{titles[column]} n"] = n[column]
+            numbers[f"{titles[column]} n expected"] = expected[column]
+        best[titles[column]] = _best_per_protocol(values, frames, column, metric) if column != "Average" \
+            else metrics.best_index(values, metric)
     if pinned is not None and pinned in mean.index:
-        for column in mean.columns:
-            delta = mean[column] - mean.at[pinned, column]
+        deltas = {}
+        for column in datasets:
+            deltas[column] = [evidence.paired_gain(frames["values"][column][s], frames["values"][column][pinned])
+                              if isinstance(frames["values"][column][s], pd.Series)
+                              and isinstance(frames["values"][column][pinned], pd.Series) else (np.nan, 0)
+                              for s in mean.index]
+        if len(datasets) > 1:  # the mean of the datasets' paired differences, on the fewest pairs any has
+            deltas["Average"] = [(float(np.mean([deltas[c][i][0] for c in datasets])),
+                                  min(deltas[c][i][1] for c in datasets)) for i in range(len(mean.index))]
+        for column, delta in deltas.items():
             name = f"Δ {pinned} ({titles[column]})"
-            text[name] = [_signed(v) for v in delta]
-            numbers[name] = delta
+            text[name] = ["—" if pd.isna(v) else f"{v:+.2f} (n={k})" for v, k in delta]
+            numbers[name] = [v for v, _ in delta]
     text.index.name = numbers.index.name = "configuration"
     best = best.reindex(columns=text.columns, fill_value=False).reset_index(drop=True)
     best.insert(0, "configuration", False)
     return text.reset_index(), numbers.reset_index(), best
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
+
+
+def _best_per_protocol(values: pd.Series, frames: dict[str, pd.DataFrame], column: str, metric: str) -> pd.Series:
+    """Best among the complete cells of each stream protocol: a contaminated stream's number is not compared with
+    an i.i.d. one's."""
+    from dashboard import metrics
+
+    out = pd.Series(False, index=values.index)
+    complete = frames["n"][column] >= frames["expected"][column]
+    protocols = frames["protocols"][column].map(lambda p: tuple(sorted(p)) if isinstance(p, frozenset) else ())
+    for _, members in values[complete.fillna(False)].groupby(protocols[complete.fillna(False)]):
+        out[members.index] = metrics.best_index(members, metric)
+    return out
 
 
 def _signed(value: Any) -> str:

@@ -59,32 +59,38 @@ class View:
 
 def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, view: View) -> None:
     st.subheader(f"Comparison: {view.metric_label}")
-    summary = queries.metric_summary(view.runs, view.labels, view.metric)
+    summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
     if summary.empty:
         st.info(f"No finished runs with {view.metric_label} match the filters yet.")
     else:
         text, numbers, best = queries.metric_table(summary, view.metric, view.pinned)
         better = "higher" if metrics.metric(view.metric).higher_is_better else "lower"
         st.caption(f"mean ± std [mean of the worst 10%] over the runs of each row (seeds, orders, and whatever "
-                   f"the grouping pools); "
-                   f"best ({better}) in bold" + (f"; Δ: difference to the pinned {view.pinned}" if view.pinned else ""))
+                   f"the grouping pools); n: the runs a cell stands on (finished, all rows), 'n=2 of 3' where "
+                   f"runs are missing or incomplete, 'k of m samples' where images were skipped; "
+                   f"best ({better}) in bold among complete cells of one stream protocol"
+                   + (f"; Δ: paired difference to the pinned {view.pinned} on the same setting, seed and order "
+                      "(n: pairs)" if view.pinned else ""))
         styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
         st.table(styled)
         table_exports(text, numbers, best, f"comparison_{view.metric}", "comparison",
                       f"{view.metric_label} by configuration and dataset")
-        in_focus = summary[summary["dataset"] == view.focus[1]]
+        in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
         if not in_focus.empty:
-            chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label),
+            chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
+                                     registry.dataset_title(view.focus[1])),
                   f"{view.metric}_{view.focus[1]}", "metric_bars")
     with st.expander("The paper's tables (accuracy, Table 1 / Table 2 layout, gain over CLIP)",
                      expanded=view.metric == "accuracy"):
         paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
-        tables = queries.comparison_tables(db, filters.with_clip().apply(all_runs), paper)
+        # every status: a cell counts its finished, complete runs and is marked by the others
+        tables = queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), paper)
         if not tables:
             st.info("No finished runs match the filters yet: the comparison needs finished runs.")
         for i, table in enumerate(tables):
             text, numbers, best = queries.comparison_frames(table, filters)
-            st.markdown(f"**{table.title}** — mean ± std over seeds; Δ CLIP: gain over zero-shot CLIP; best in bold")
+            st.markdown(f"**{table.title}** — Δ CLIP: paired gain over zero-shot CLIP; what each cell stands on "
+                        "below the table")
             styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
             st.table(styled)
             for note in table.notes:
@@ -219,6 +225,9 @@ def cost_panel(view: View) -> None:
         st.info("No finished runs with timings among the runs shown.")
         return
     if not timing.empty:
+        st.caption("Stage times and samples/s leave out the warm-up: the first call of a method's code in a "
+                   "worker process (numba compilation, lazy set-up) runs on throwaway state and is measured apart "
+                   "(`warmup_s`, in the table below).")
         chart(charts.stage_times(timing), "stage_times", "stage_times")
     if not memory.empty:
         st.caption("Peak memory is the trial's own: the GPU allocator's peak, or on a CPU the growth of the "
@@ -247,7 +256,11 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
         return
     st.sidebar.header("Compare")
     metric_options = metrics.metric_columns(runs, hparams)
-    metric = st.sidebar.selectbox("metric", metric_options, format_func=metrics.label, key="metric", bind=URL)
+    # the URL keeps the column name (?metric=ece); a link that names the display label still opens it
+    by_label = {metrics.label(m): m for m in metric_options}
+    if st.query_params.get("metric") in by_label:
+        st.query_params["metric"] = by_label[st.query_params["metric"]]
+    metric = id_selectbox("metric", {m: metrics.label(m) for m in metric_options}, "metric", st.sidebar)
     group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views", "stream",
                      "order_index",
                      *queries.varying_numeric(all_runs, hparams),

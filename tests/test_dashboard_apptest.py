@@ -81,7 +81,7 @@ def test_workbench_comparison_and_exports(sweep_results: Path, monkeypatch: pyte
     assert {"synthetic-label_shift", "synthetic-continual", "Average"} <= set(table.columns)
     paper = at.table[1].value  # the report's table, with the gain over CLIP
     gains = dict(zip(paper["method"], paper["Δ CLIP (Average)"]))
-    assert gains["CLIP"] == "+0.00" and all(g != "—" for g in gains.values()), gains
+    assert gains["CLIP"] == "+0.00 (n=2)" and all(g != "—" for g in gains.values()), gains
     labels = {b.label for b in at.download_button}
     assert {"CSV", "Markdown", "LaTeX", "PNG", "SVG"} <= labels, labels
 
@@ -111,11 +111,11 @@ def test_sensitivity_log_axis_and_clip_reference(sweep_results: Path, monkeypatc
 
 def test_metric_selection(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_app(sweep_results, monkeypatch)
-    options = at.selectbox(key="metric").options
+    options = at.selectbox(key="select_metric").options
     assert {"accuracy (%)", "top-5 accuracy (%)", "expected calibration error (%)", "negative log-likelihood"} <= set(
         options), options
     before = comparison(at)
-    at.selectbox(key="metric").set_value("ece").run()
+    at.selectbox(key="select_metric").set_value("ece").run()
     assert_clean(at)
     after = comparison(at)
     assert not after.equals(before)
@@ -135,7 +135,7 @@ def test_group_choose_and_pin(sweep_results: Path, monkeypatch: pytest.MonkeyPat
     cell = table.set_index("configuration").at[registry.method_label("bca"), "synthetic-continual"]
     worst = bca["accuracy"].nsmallest(1).mean()  # 8 runs: the worst ceil(8 / 10) = 1
     # 4 settings x 2 seeds pooled
-    assert cell == f"{bca['accuracy'].mean():.2f} ± {bca['accuracy'].std():.2f} [{worst:.2f}]"
+    assert cell == f"{bca['accuracy'].mean():.2f} ± {bca['accuracy'].std():.2f} [{worst:.2f}] (n=8)"
 
     at.multiselect(key="show").set_value([labels[0], labels[3]]).run()
     at.selectbox(key="pin").set_value(labels[0]).run()
@@ -143,7 +143,7 @@ def test_group_choose_and_pin(sweep_results: Path, monkeypatch: pytest.MonkeyPat
     table = comparison(at)
     assert table["configuration"].tolist() == [labels[0], labels[3]]
     delta = f"Δ {labels[0]} (Average)"
-    assert table[delta].tolist()[0] == "+0.00" and table[delta].tolist()[1] != "—"
+    assert table[delta].tolist()[0] == "+0.00 (n=2)" and table[delta].tolist()[1] != "—"
 
 
 def test_filters_change_table_and_keep_clip(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,7 +167,7 @@ def test_filters_change_table_and_keep_clip(sweep_results: Path, monkeypatch: py
 def test_url_reproduces_the_view(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_app(sweep_results, monkeypatch)
     at.multiselect(key="filter_dataset").set_value(["synthetic-continual"]).run()
-    at.selectbox(key="metric").set_value("top5_accuracy").run()
+    at.selectbox(key="select_metric").set_value("top5_accuracy").run()
     at.multiselect(key="group").set_value(["method"]).run()
     # the browser writes bound widgets into the URL (the browser test follows such a link); here, the same link
     # by hand: a selectbox's parameter holds the option as displayed
@@ -175,7 +175,12 @@ def test_url_reproduces_the_view(sweep_results: Path, monkeypatch: pytest.Monkey
                     group="method")
     assert_clean(again)
     assert comparison(again).equals(comparison(at))
-    assert again.selectbox(key="metric").value == "top5_accuracy"
+    assert again.selectbox(key="select_metric").value == "top5_accuracy"
+    # the URL holds the metric's column: ?metric=ece opens ECE
+    ece = run_app(sweep_results, monkeypatch, metric="ece")
+    assert_clean(ece)
+    assert ece.selectbox(key="select_metric").value == "ece" and ece.query_params["metric"] in ("ece", ["ece"])
+    assert "Comparison: expected calibration error (%)" in [s.value for s in ece.subheader]
 
 
 def test_run_page_reproduces_the_run(sweep_results: Path, monkeypatch: pytest.MonkeyPatch, sweep_runs) -> None:
@@ -300,6 +305,20 @@ def test_truncated_part_is_named_and_left_out(tmp_path: Path, monkeypatch: pytes
     listing = at.dataframe[-1].value
     rows = dict(zip(listing["method"], listing["rows_written"]))
     assert rows == {"clip": 120, "bca": 80}  # the other parts of the run are still read
+    # 24.3: the cell of the run with a lost part is marked, not recomputed on the rows that are left
+    cells = comparison(at).set_index("configuration")["ImageNet"]
+    assert cells["BCA"] == "— (n=0 of 1)" and cells["CLIP"].endswith("(n=1)"), cells.to_dict()
+    paper = at.table[1].value.set_index("method")
+    assert paper.at["BCA", "ImageNet"] == "— (n=0 of 1)"
+    assert "finished but 80 of 120 rows readable" in " ".join(c.value for c in at.caption)
+    # and on its own pages: the configuration counts it out, the run page says why
+    run_page = run_app(tmp_path, monkeypatch, page="Run", run=runs[1].run_id)
+    assert any("rows are not all readable" in w.value for w in run_page.warning)
+    with ResultsDB(tmp_path) as db:
+        group = db.df("SELECT group_id FROM runs WHERE run_id = $r", {"r": runs[1].run_id})["group_id"][0]
+    config = run_app(tmp_path, monkeypatch, page="Configuration", config=group)
+    assert not config.exception
+    assert any("(0 of 1; 1 left out: not finished, or rows lost)" in m.value for m in config.markdown)
 
 
 @pytest.mark.parametrize("make", ["missing", "empty"])

@@ -28,6 +28,7 @@ def runs_frame() -> pd.DataFrame:
         "method": ["clip", "bca", "bca", "bca", "bca"],
         "seed": [1, 1, 2, 1, 1],
         "status": ["finished", "finished", "finished", "running", "finished"],
+        "complete": [True, True, True, False, True],
         "num_templates": [1, 1, 1, 1, 1],
         "tau": [math.nan, 0.3, 0.3, 0.5, 0.5],
         "n1": [pd.NA, 30000, 30000, 30000, 1000],
@@ -63,7 +64,7 @@ def test_sensitivity_holds_the_other_hparams_at_their_most_common_value() -> Non
     # finished bca runs with n1 = 30000 (the most common): tau 0.3 twice; the tau 0.5 one is running
     assert held == {"n1": 30000}
     assert points.empty  # a single tau value is left: nothing to plot
-    runs = runs_frame().assign(status="finished")
+    runs = runs_frame().assign(status="finished", complete=True)
     points, held = queries.sensitivity_points(runs, "tau", ["tau", "n1", "n2"])
     assert held == {"n1": 30000}
     assert points[["value", "mean", "n"]].values.tolist() == [[0.3, 61.0, 2], [0.5, 55.0, 1]]
@@ -151,20 +152,41 @@ def test_metric_columns_are_whatever_numeric_metric_the_views_carry() -> None:
 
 
 def test_metric_table_mean_std_best_and_pinned_delta() -> None:
-    runs = runs_frame()
-    runs["status"] = "finished"
+    runs = runs_frame().assign(status="finished", complete=True, setting_id="s1", group_id=list("abbde"))
     labels = queries.group_labels(runs, ["method"], ["tau", "n1", "n2"])
     assert labels.tolist() == ["CLIP", "BCA", "BCA", "BCA", "BCA"]
     summary = queries.metric_summary(runs, labels, "accuracy")
     text, numbers, best = queries.metric_table(summary, "accuracy", pinned="CLIP")
     rows = text.set_index("configuration")
     bca = runs.loc[runs["method"] == "bca", "accuracy"]
-    assert rows.at["BCA", "ImageNet"] == f"{bca.mean():.2f} ± {bca.std():.2f} [{bca.min():.2f}]"
+    # BCA pools three configurations: (tau 0.3, seeds 1 and 2) and two on seed 1; CLIP ran seeds 1 only, so the
+    # seeds recorded there (1 and 2) leave CLIP at 1 of 2
+    assert rows.at["BCA", "ImageNet"] == f"{bca.mean():.2f} ± {bca.std():.2f} [{bca.min():.2f}] (n=4 of 6)"
     assert numbers.set_index("configuration").at["BCA", "ImageNet worst10"] == bca.min()  # 4 runs: the worst 1
-    assert rows.at["CLIP", "ImageNet"] == "50.00"  # one run: no spread
-    assert rows.at["BCA", "Δ CLIP (ImageNet)"] == f"{bca.mean() - 50:+.2f}"
-    assert best.set_index(text["configuration"])["ImageNet"].to_dict() == {"CLIP": False, "BCA": True}
+    assert rows.at["CLIP", "ImageNet"] == "50.00 (n=1 of 2)"  # one run: no spread
+    # paired on (setting, seed, order): CLIP has seed 1 only, so BCA's seed-1 runs against it
+    seed1 = runs[(runs["method"] == "bca") & (runs["seed"] == 1)]["accuracy"].mean()
+    assert rows.at["BCA", "Δ CLIP (ImageNet)"] == f"{seed1 - 50:+.2f} (n=1)"
+    # both cells incomplete: neither is "best"
+    assert best.set_index(text["configuration"])["ImageNet"].to_dict() == {"CLIP": False, "BCA": False}
     assert numbers.set_index("configuration").at["BCA", "ImageNet std"] == pytest.approx(bca.std())
+
+
+def test_metric_table_best_compares_one_stream_protocol_and_marks_skipped_samples() -> None:
+    """24.7 on the workbench: OnZeta on a contaminated stream and BCA on an i.i.d. one are each best in their own
+    protocol; 24.1: a run that skipped images says so in its cell."""
+    runs = pd.DataFrame({
+        "run_id": list("abcd"), "sweep": "s", "backbone": "RN50", "dataset": "imagenet", "seed": 1,
+        "method": ["clip", "bca", "clip", "onzeta"], "status": "finished", "complete": True,
+        "stream": ["iid", "iid", '{"contaminated":{"rate":0.2}}', '{"contaminated":{"rate":0.2}}'],
+        "setting_id": ["i", "i", "c", "c"], "group_id": list("abcd"), "n_samples": [30, 30, 50, 50],
+        "n_skipped": [10, 10, 0, 0], "accuracy": [50.0, 60.0, 70.0, 90.0]})
+    labels = queries.series_labels(runs, [])
+    summary = queries.metric_summary(runs, labels, "accuracy")
+    text, _, best = queries.metric_table(summary, "accuracy")
+    bold = set(text["configuration"][best["ImageNet"]])
+    assert bold == {"BCA (stream=iid)", "OnZeta (stream=contaminated(rate=0.2))"}
+    assert text.set_index("configuration").at["BCA (stream=iid)", "ImageNet"] == "60.00 (n=1; 30 of 40 samples)"
 
 
 def test_markdown_and_latex_exports_bold_the_best() -> None:
@@ -186,8 +208,10 @@ def test_chart_export_png_and_svg() -> None:
         export.chart_image(chart, "gif")
 
 
-def test_family_colours_one_hue_per_family_shades_per_setting() -> None:
-    series = {"CLIP": "clip", "BCA (tau=0.2)": "bca", "BCA (tau=0.5)": "bca", "CLIP+LA": "la", "TDA": "tda"}
+def test_colours_one_hue_per_method_shades_per_setting() -> None:
+    """CLIP+LA, CLIP+PA and BCA (one family) are three hues; the settings of one method are shades of its hue."""
+    series = {"CLIP": "clip", "BCA (tau=0.2)": "bca", "BCA (tau=0.5)": "bca", "CLIP+LA": "la", "CLIP+PA": "pa",
+              "TDA": "tda"}
     scale = charts.family_colours(series).to_dict()
     colours = dict(zip(scale["domain"], scale["range"]))
     assert scale["domain"][0] == "CLIP" and len(set(colours.values())) == len(series)  # all distinct
@@ -196,9 +220,12 @@ def test_family_colours_one_hue_per_family_shades_per_setting() -> None:
         import colorsys
         return colorsys.rgb_to_hsv(*(int(hex_colour[i:i + 2], 16) / 255 for i in (1, 3, 5)))[0]
 
-    same_family = [colours[s] for s in ("BCA (tau=0.2)", "BCA (tau=0.5)", "CLIP+LA")]  # la and bca: one family
-    assert max(hue(c) for c in same_family) - min(hue(c) for c in same_family) < 0.02
-    assert abs(hue(colours["TDA"]) - hue(colours["BCA (tau=0.2)"])) > 0.1
+    def apart(a: float, b: float) -> float:
+        return min(abs(a - b), 1 - abs(a - b))
+
+    family = [hue(colours[s]) for s in ("CLIP+LA", "CLIP+PA", "BCA (tau=0.2)")]
+    assert min(apart(a, b) for i, a in enumerate(family) for b in family[i + 1:]) > 0.05
+    assert apart(hue(colours["BCA (tau=0.2)"]), hue(colours["BCA (tau=0.5)"])) < 0.02
 
 
 def test_disagreements_by_class_and_over_the_stream() -> None:
@@ -283,3 +310,33 @@ def test_charts_keep_a_plotting_area_with_many_configurations(n_series: int) -> 
                                                                            baseline_label="CLIP"),
                   charts.metric_bars(summary, series, "accuracy (%)"), charts.per_class_accuracy(per_class, series)):
         assert plot_height(chart) >= max(50, 15 * n_series)  # room for every series, whatever the legend takes
+
+
+def test_stream_bands_stay_within_0_and_100() -> None:
+    """An accuracy near 100 (or 0) with a wide spread: the ± one-std band is cut at the scale's ends."""
+    curve = pd.DataFrame({"series": ["BCA", "BCA", "CLIP"], "position": [10, 20, 10], "cumulative": [97.0, 3.0, 50.0],
+                          "cumulative_std": [8.0, 6.0, 1.0], "runs": 3})
+    data = charts.online_accuracy(curve, {"BCA": "bca", "CLIP": "clip"}).to_dict()["datasets"]
+    rows = next(iter(data.values()))
+    assert [(r["lo"], r["hi"]) for r in rows] == [(89.0, 100.0), (0.0, 9.0), (49.0, 51.0)]
+
+
+def test_dot_chart_names_its_dataset() -> None:
+    summary = pd.DataFrame({"series": ["CLIP", "BCA"], "mean": [60.0, 62.0], "std": [0.1, 0.2], "n": [2, 2]})
+    spec = charts.metric_bars(summary, {"CLIP": "clip", "BCA": "bca"}, "accuracy (%)", "ImageNet-A").to_dict()
+    assert spec["title"] == "accuracy (%) on ImageNet-A"
+
+
+def test_run_selector_names_stream_and_order() -> None:
+    """Runs of one configuration that differ only in stream and order read differently in the run selector (and
+    so in the run page's title)."""
+    from dashboard.pages import run_options
+
+    table = pd.DataFrame({"run_id": ["r0aaaaaaaa", "r1bbbbbbbb", "r2cccccccc"], "sweep": "demo",
+                          "backbone": "synthetic", "dataset": "synthetic-fine_grained", "method": "bca", "seed": 1,
+                          "stream": ["iid", "iid", '{"dirichlet":{"gamma":0.01}}'], "order_index": [0, 1, 0],
+                          "tau": 0.3})
+    options = run_options(table, ["tau"])
+    assert len(set(options.values())) == 3
+    assert options["r1bbbbbbbb"].split(" · ")[2:5] == ["iid", "seed 1", "order 1"]
+    assert "dirichlet(gamma=0.01)" in options["r2cccccccc"]

@@ -83,7 +83,7 @@ def test_missing_cells_are_missing_not_zero(tmp_path):
     assert t1.gain["Average"].isna().all()
     text = render_text(t1)
     assert "—" in text and "0.00 ±" not in text
-    assert t1.formatted().at[("RN50", "BCA"), "ImageNet"] == f"{runs[1].accuracy:.2f}"  # one seed: no ±
+    assert t1.formatted().at[("RN50", "BCA"), "ImageNet"] == f"{runs[1].accuracy:.2f} (n=1)"  # one seed: no ±
     t2 = report.build_table(db, report.TABLE2)
     assert t2.columns == ["Aircraft", "Caltech101", "Cars", "DTD", "EuroSAT", "Flowers102", "Food101", "Pets",
                           "SUN397", "UCF101", "Average"]
@@ -98,7 +98,10 @@ def test_paper_side_by_side(ood_results):
     measured = t.mean.loc[("ViT-B/16", "BCA", "measured")]
     paper = t.mean.loc[("ViT-B/16", "BCA", "paper")]
     assert paper["ImageNet"] == 70.22 and paper["OOD Average"] == 64.16
-    assert np.allclose(t.mean.loc[("ViT-B/16", "BCA", "Δ paper")], measured - paper)
+    # 20 samples per run are not the published datasets: nothing is compared (tests/test_results_evidence.py
+    # compares a complete one)
+    assert measured.notna().all() and t.mean.loc[("ViT-B/16", "BCA", "Δ paper")].isna().all()
+    assert any(n.startswith("Δ paper left out of") for n in t.notes)
     # rows only the paper has: measured cells missing, the published ones shown, missing ones stay missing
     assert t.mean.loc[("RN50", "CLIP+LA", "measured")].isna().all()
     assert t.mean.loc[("RN50", "CLIP+LA", "paper")]["ImageNet-A"] == 28.53
@@ -110,7 +113,7 @@ def test_paper_side_by_side(ood_results):
     assert not t.best.xs("paper", level="source").any().any()
     text = t.formatted()
     assert text.at[("ViT-B/16", "BCA", "paper"), "ImageNet"] == "70.22"
-    assert text.at[("ViT-B/16", "BCA", "Δ paper"), "ImageNet"].startswith(("+", "-"))
+    assert text.at[("ViT-B/16", "BCA", "Δ paper"), "ImageNet"] == "—"
     assert any("CVPR 2025" in n for n in t.notes)
 
 

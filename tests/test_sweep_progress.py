@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.progress import ProgressCallback, TrialProgress
+from orchestrator.sweep.progress import ProgressCallback, TrialProgress, dashboard_hint
 from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.trial import execute_trial
@@ -106,6 +106,33 @@ def test_running_trial_lines_and_an_eta_weighted_by_method_cost(tmp_path):
     callback.on_trial_result(0, [], tune_trial(tda[1]), {"progress": "encoding", "progress_done": 512,
                                                          "progress_total": 2048, "progress_rate": 256.0})
     assert "encoding 512/2,048 images, 256 images/s, 0:06 left" in lines[-1]
+
+
+def test_progress_lines_name_stream_and_order(tmp_path):
+    """The demo's lines: runs of one configuration differ only in stream and order, so both are named."""
+    spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "clip"}], "seeds": [1],
+                          "stream": ["iid", {"dirichlet": {"gamma": 0.01}}], "orders": 2}, base_dir=tmp_path)
+    runs = expand(spec)
+    trials = make_trials(runs, 1)
+    lines = []
+    callback = ProgressCallback(trials, runs, out=lines.append, clock=Clock())
+    for plan in trials:
+        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": plan.key}, last_result={
+            "accuracy": 50.0, "samples_per_s": 100.0, "n_runs": 1, "n_samples": N}))
+    described = sorted(line.split("|")[1].split("  acc")[0].strip() for line in lines)
+    assert described == [f"synthetic synthetic-temporal {stream} seed=1 order={k}"
+                         for stream in ("dirichlet(gamma=0.01)", "iid") for k in (0, 1)]
+
+
+def test_closing_hint_runs_in_a_fresh_shell(tmp_path):
+    """The closing hint names this environment's bca script, so it works where `bca` is not on the PATH."""
+    hint = dashboard_hint(tmp_path / "my results")
+    command = hint.removeprefix("open the dashboard: ")
+    script = command.split(" dashboard ")[0]
+    assert Path(script).name == "bca" and (Path.cwd() / script).is_file()
+    out = subprocess.run(["env", "-i", "bash", "-c", f"{script} dashboard --help"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert command.endswith(f"--results '{tmp_path / 'my results'}'")
 
 
 @pytest.mark.slow

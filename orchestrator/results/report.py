@@ -31,6 +31,7 @@ from rich.text import Text
 
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
+from orchestrator.results import evidence
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
@@ -85,6 +86,7 @@ METRICS = {
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
+_NAMED_WHEREVER_IT_VARIES = ("stream",)
 
 
 def backbone_label(name: str) -> str:
@@ -106,6 +108,29 @@ def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     where = "status = 'finished' AND complete" + (" AND sweep = $sweep" if sweep is not None else "")
     params = {"sweep": sweep} if sweep is not None else None
     return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
+
+
+# Columns of the runs view a table's evidence needs besides the accuracy view's.
+_EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
+
+
+def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
+    """Every recorded run (of `sweep`, if given), whatever its status: the accuracy view's row where it has samples
+    (metrics from its rows, `complete`), the runs view's where it has none. A table counts the finished, complete
+    ones and marks its cells by the others (`evidence`)."""
+    where = " WHERE sweep = $sweep" if sweep is not None else ""
+    params = {"sweep": sweep} if sweep is not None else None
+    extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
+    carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
+    bare = ", ".join(f'"{c}"' for c in db.df("SELECT * FROM runs LIMIT 0").columns
+                     if c in carried and c not in METRICS and c not in ("n_ood", "n_rows", "n_distinct", "complete"))
+    return db.df(f"""
+SELECT * FROM (
+    SELECT a.*, {extra} FROM accuracy a LEFT JOIN runs r USING (run_id)
+    UNION ALL BY NAME
+    SELECT {bare}, {extra}, 0 AS n_rows, false AS complete FROM runs r
+    WHERE run_id NOT IN (SELECT run_id FROM accuracy)
+){where} ORDER BY backbone, method, dataset, seed, run_id""", params)
 
 
 def _fmt_value(value: Any, column: str = "") -> str:
@@ -133,9 +158,11 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
     # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
     distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
+    # a stream that differs anywhere is named on every row: rows of different protocols are not comparable
+    everywhere = [c for c in _NAMED_WHEREVER_IT_VARIES if c in candidates and runs[c].nunique(dropna=False) > 1]
     split: set[str] = set()
     for (backbone, method), counts in most.iterrows():
-        vary = [c for c in candidates if c != "group_id" and counts[c] > 1]
+        vary = [c for c in candidates if c != "group_id" and (counts[c] > 1 or c in everywhere)]
         if not vary and "group_id" in counts and counts["group_id"] > 1:
             vary = ["group_id"]  # configs differ only in keys without a column (e.g. synthetic parameters)
         part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
@@ -179,8 +206,11 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
 class ReportTable:
     """One rendered table. Frames are indexed by (backbone, method[, source]) with one column per table column.
 
-    mean / std / n: over seeds; best: the highest measured mean of each column within each backbone;
-    gain: mean minus the CLIP row's mean (same backbone); source rows 'paper' and 'Δ paper' only with paper=True.
+    mean / std / n: over the runs (seeds x orders) a cell stands on; expected: the runs it should stand on (n <
+    expected: some are missing or incomplete, `evidence`); best: the best complete measured cell of each column
+    among the rows of one backbone and stream protocol; gain / gain_n: the paired gain over zero-shot CLIP and the
+    (seed, order) pairs it stands on; cells: each measured cell's evidence; source rows 'paper' and 'Δ paper'
+    only with paper=True ('Δ paper' only where the cell is the published protocol on the complete dataset).
     """
 
     title: str
@@ -192,38 +222,50 @@ class ReportTable:
     gain: pd.DataFrame
     best: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    expected: pd.DataFrame | None = None
+    gain_n: pd.DataFrame | None = None
+    cells: dict[tuple, dict[str, evidence.Cell]] = field(default_factory=dict)
+    gain_cells: dict[tuple, dict[str, evidence.Cell]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return self.mean.empty
 
     def to_frame(self) -> pd.DataFrame:
-        """Numbers as a flat frame: '<column>' (mean), '<column> std', '<column> n', then 'Δ CLIP (<column>)'."""
+        """Numbers as a flat frame: '<column>' (mean), '<column> std', '<column> n', '<column> n expected', then
+        'Δ CLIP (<column>)' and its 'Δ CLIP (<column>) n' pairs."""
         out = pd.DataFrame(index=self.mean.index)
         for col in self.columns:
             out[col] = self.mean[col]
             out[f"{col} std"] = self.std[col]
             out[f"{col} n"] = self.n[col]
+            if self.expected is not None:
+                out[f"{col} n expected"] = self.expected[col]
         for col in self.gain_columns:
             out[f"Δ CLIP ({col})"] = self.gain[col]
+            if self.gain_n is not None:
+                out[f"Δ CLIP ({col}) n"] = self.gain_n[col]
         return out
 
     def formatted(self) -> pd.DataFrame:
-        """Display strings: 'mean ± std' (just 'mean' for one seed), signed differences, '—' for missing."""
+        """Display strings: 'mean ± std (n=3)' (the mean alone for one run), 'n=2 of 3' where runs are missing,
+        '30 of 40 samples' where images were skipped, signed paired gains with their pairs, '—' for missing."""
         out = pd.DataFrame(index=self.mean.index)
         sources = (list(self.mean.index.get_level_values("source")) if "source" in self.mean.index.names
                    else ["measured"] * len(self.mean))
         for col in self.columns:
             cells = []
             for key, source in zip(self.mean.index, sources):
-                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source))
+                cell = self.cells.get(key, {}).get(col)
+                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source, cell))
             out[col] = cells
         for col in self.gain_columns:
-            out[f"Δ CLIP ({col})"] = [_signed(v) for v in self.gain[col]]
+            out[f"Δ CLIP ({col})"] = [evidence.gain_text(v, self.gain_cells.get(key, {}).get(col))
+                                      for key, v in zip(self.gain.index, self.gain[col])]
         return out
 
     def render(self) -> Table:
-        """A rich table; best measured cell per column and backbone in bold."""
+        """A rich table; the best complete measured cell per column, backbone and stream protocol in bold."""
         text = self.formatted()
         table = Table(title=self.title, title_justify="left", header_style="bold")
         for name in text.index.names:
@@ -250,64 +292,78 @@ def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
 
 
-def _cell(mean: Any, std: Any, n: Any, source: str) -> str:
-    if _is_missing(mean):
-        return MISSING
+def _cell(mean: Any, std: Any, n: Any, source: str, cell: evidence.Cell | None = None) -> str:
     if source == "Δ paper":
         return _signed(mean)
-    if source == "paper" or _is_missing(std) or _is_missing(n) or n < 2:
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ± {std:.2f}"
+    if source == "paper":
+        return MISSING if _is_missing(mean) else f"{mean:.2f}"
+    if cell is None:
+        return MISSING if _is_missing(mean) else evidence.cell_text(mean, std, int(n))
+    return evidence.cell_text(mean, std, cell.n, len(cell.expected), cell.samples, cell.total)
 
 
 def _signed(value: Any) -> str:
     return MISSING if _is_missing(value) else f"{value:+.2f}"
 
 
+def _with_clip_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each run with `_clip`: zero-shot CLIP's value on the very same samples: the usable CLIP run of the same
+    setting (backbone, data, templates, views, stream), seed and order, with the same stream length and data
+    fingerprint (NaN where there is none)."""
+    runs = runs.assign(_order=evidence.order_of(runs), _ok=evidence.usable(runs))
+    if "setting_id" not in runs:
+        return runs.assign(_clip=math.nan)
+    keys = ["setting_id", "seed", "_order", "_n", "_fp"]
+    keyed = runs.assign(_n=runs["n_samples"].fillna(-1),
+                        _fp=runs["data_fingerprint"].fillna("") if "data_fingerprint" in runs else "")
+    clip = keyed[keyed["_ok"] & (keyed["method"] == registry.baseline_method())]
+    values = clip.groupby(keys)[metric].mean().rename("_clip").reset_index()
+    return keyed.merge(values, on=keys, how="left").set_axis(runs.index).drop(columns=["_n", "_fp"])
+
+
 def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
-               ) -> dict[tuple[str, str, str], dict[str, tuple[float, float, int]]]:
-    """{(backbone, method, row): {column label: (mean, std, n)}} for the layout's dataset and average columns,
-    over the stream orders of every seed."""
-    out: dict[tuple[str, str, str], dict[str, tuple[float, float, int]]] = {}
+               ) -> tuple[dict[tuple[str, str, str], dict[str, evidence.Cell]],
+                          dict[tuple[str, str, str], dict[str, evidence.Cell]]]:
+    """({(backbone, method, row): {column label: cell}}, the same for the paired gains over CLIP) for the layout's
+    dataset and average columns, from every recorded run of the table (any status; `evidence` decides what a cell
+    stands on)."""
+    cells: dict[tuple[str, str, str], dict[str, evidence.Cell]] = {}
+    gains: dict[tuple[str, str, str], dict[str, evidence.Cell]] = {}
     label_of = dict(layout.datasets)
-    runs = runs.assign(order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
+    peers = evidence.expected_keys(runs)
+    runs = _with_clip_values(runs, metric)
+    runs = runs.assign(_gain=runs[metric] - runs["_clip"])
     for (backbone, method, row), part in runs.groupby(["backbone", "method", "row"], sort=False):
-        # one value per dataset, seed and order (several sweeps with the same setting are averaged)
-        per_seed = part.groupby(["key", "seed", "order"])[metric].mean().unstack("key")
-        cells = {}
+        own, own_gain = {}, {}
         for key, label in label_of.items():
-            if key in per_seed.columns:
-                values = per_seed[key].dropna()
-                cells[label] = (float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan,
-                                int(len(values)))
+            cell_runs = part[part["key"] == key]
+            if cell_runs.empty:
+                continue
+            own[label] = evidence.dataset_cell(cell_runs, peers, metric)
+            own_gain[label] = evidence.dataset_cell(cell_runs, peers, "_gain",
+                                                    "no complete CLIP run on the same samples to pair with")
         for label, keys in layout.averages:
-            if all(k in per_seed.columns for k in keys):
-                values = per_seed[list(keys)].dropna().mean(axis=1)
-                if len(values):
-                    cells[label] = (float(values.mean()),
-                                    float(values.std(ddof=1)) if len(values) > 1 else math.nan, int(len(values)))
-        out[(backbone, method, row)] = cells
-    return out
+            if all(label_of[k] in own for k in keys):
+                own[label] = evidence.average_cell([own[label_of[k]] for k in keys])
+                own_gain[label] = evidence.average_cell([own_gain[label_of[k]] for k in keys])
+        cells[(backbone, method, row)] = own
+        gains[(backbone, method, row)] = own_gain
+    return cells, gains
 
 
-def _clip_row(rows: Sequence[tuple[str, str, str]], backbone: str, variant_row: str, method: str) -> tuple | None:
-    baseline = registry.baseline_method()
-    clip_rows = [r for r in rows if r[0] == backbone and r[1] == baseline]
-    suffix = variant_row[len(registry.method_label(method)):]
-    same = [r for r in clip_rows if r[2] == registry.method_label(baseline) + suffix]
-    if same:
-        return same[0]
-    return clip_rows[0] if len(clip_rows) == 1 else None
+def _stats(cell: evidence.Cell | None) -> tuple[float, float, int]:
+    if cell is None or cell.n == 0:
+        return math.nan, math.nan, 0
+    values = cell.values.dropna()
+    return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan, int(len(values))
 
 
 def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,
                 runs: pd.DataFrame | None = None, metric: str = "accuracy") -> ReportTable:
-    """The layout's table from the finished, complete runs (of `sweep`, if given; or the accuracy-view rows in
-    `runs`); paper=True adds the published rows ('paper') and measured minus published ('Δ paper') under each
-    (backbone, method)."""
-    runs = finished_runs(db, sweep) if runs is None else runs
-    # the rule lives here too, so a caller's own selection of accuracy rows cannot let a partial run in
-    runs = runs[(runs["status"] == "finished") & runs["complete"].fillna(False).astype(bool)]
+    """The layout's table from the recorded runs (of `sweep`, if given; or the accuracy-view rows in `runs`). Cells
+    stand on the finished, complete runs and say how many of the expected ones that is (`evidence`); paper=True
+    adds the published rows ('paper') and measured minus published ('Δ paper') under each (backbone, method)."""
+    runs = recorded_runs(db, sweep) if runs is None else runs
     keys = {k for k, _ in layout.datasets}
     runs = runs.assign(key=[registry.dataset_key(d) if layout.key != "generic" else d for d in runs["dataset"]])
     runs = runs[runs["key"].isin(keys)]
@@ -315,7 +371,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     runs, split = _with_row_labels(runs, hparams)
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
-    cells = _aggregate(runs, layout, metric) if len(runs) else {}
+    cells, gain_cells = _aggregate(runs, layout, metric) if len(runs) else ({}, {})
     columns = layout.columns
     gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
 
@@ -340,49 +396,98 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
             row_keys.append((backbone, method, published_only.get(method) or registry.method_label(method)))
     row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
-    index, means, stds, ns, gains = [], [], [], [], []
+    index, means, stds, ns, expected, gains, gain_ns, by_index, gain_by_index = [], [], [], [], [], [], [], {}, {}
+    not_compared = 0
     for backbone, method, row in row_keys:
-        measured = cells.get((backbone, method, row), {})
-        clip_key = _clip_row(list(cells), backbone, row, method)
-        clip_cells = cells.get(clip_key, {}) if clip_key else {}
-        gain = {c: measured[c][0] - clip_cells[c][0] if c in measured and c in clip_cells else math.nan
-                for c in columns}
-        sources = [("measured", {c: measured.get(c, (math.nan, math.nan, 0)) for c in columns})]
+        own = cells.get((backbone, method, row), {})
+        measured = {c: _stats(own.get(c)) for c in columns}
+        own_gain = gain_cells.get((backbone, method, row), {})
+        paired = {c: _stats(own_gain.get(c)) for c in columns}
+        sources = [("measured", measured)]
         published = paper_rows.get((backbone, method))
         if published is not None:
             paper_source = ("paper", {c: (published.get(c, math.nan), math.nan, 1) for c in columns})
+            comparable = {c: c in own and own[c].paper_ok and c in published for c in columns}
+            not_compared += sum(1 for c in columns if c in own and c in published and not comparable[c])
             sources = [paper_source] if method in published_only else [*sources, paper_source, (
-                "Δ paper", {c: (measured[c][0] - published[c] if c in measured and c in published else math.nan,
-                                math.nan, 1) for c in columns})]
+                "Δ paper", {c: (measured[c][0] - published[c] if comparable[c] else math.nan, math.nan, 1)
+                            for c in columns})]
         for source, values in sources:
-            index.append((backbone, row, source) if paper else (backbone, row))
+            key = (backbone, row, source) if paper else (backbone, row)
+            index.append(key)
             means.append({c: values[c][0] for c in columns})
             stds.append({c: values[c][1] for c in columns})
             ns.append({c: values[c][2] for c in columns})
-            gains.append(gain if source == "measured" else {c: math.nan for c in columns})
+            is_measured = source == "measured"
+            expected.append({c: len(own[c].expected) if is_measured and c in own else 0 for c in columns})
+            gains.append({c: paired[c][0] if is_measured else math.nan for c in columns})
+            gain_ns.append({c: paired[c][2] if is_measured else 0 for c in columns})
+            if is_measured:
+                by_index[key], gain_by_index[key] = own, own_gain
     names = ["backbone", "method", "source"] if paper else ["backbone", "method"]
     idx = pd.MultiIndex.from_tuples(index, names=names) if index else pd.MultiIndex.from_tuples([], names=names)
     mean = pd.DataFrame(means, index=idx, columns=columns, dtype=float)
     std = pd.DataFrame(stds, index=idx, columns=columns, dtype=float)
     n = pd.DataFrame(ns, index=idx, columns=columns).fillna(0).astype(int)
+    expected_frame = pd.DataFrame(expected, index=idx, columns=columns).fillna(0).astype(int)
     gain = pd.DataFrame(gains, index=idx, columns=columns, dtype=float)
-    best = _best(mean, paper, METRICS[metric].higher_is_better)
+    gain_n = pd.DataFrame(gain_ns, index=idx, columns=columns).fillna(0).astype(int)
+    best = _best(mean, by_index, METRICS[metric].higher_is_better)
+    all_cells = [c for own in by_index.values() for c in own.values()]
+    notes[:0] = _evidence_notes(by_index, all_cells, [label for _, label in layout.datasets])
+    if not_compared:
+        notes.append(f"Δ paper left out of {not_compared} cell(s): a published number is compared only with the "
+                     "published protocol (an i.i.d. stream) on the complete dataset (every run, no skipped image, "
+                     "the dataset card's image count)")
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
     return ReportTable(f"{layout.title}, {METRICS[metric].title}", columns, gain_columns, mean, std, n, gain, best,
-                       notes)
+                       notes, expected_frame, gain_n, by_index, gain_by_index)
 
 
-def _best(mean: pd.DataFrame, paper: bool, higher_is_better: bool) -> pd.DataFrame:
+def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list[evidence.Cell],
+                    dataset_columns: list[str]) -> list[str]:
+    """The caption's account of what the cells stand on: the spread, the counts, every incomplete cell's missing
+    runs and every cell short of samples."""
+    if not cells:
+        return []
+    notes = [f"mean ± std over {evidence.spread_over(cells)}; n: the runs a cell stands on (finished, all rows); "
+             "Δ CLIP: paired gain over zero-shot CLIP on the same seeds, orders and samples (n: pairs); best in "
+             "bold among complete cells of one backbone and stream protocol"]
+    missing, short = [], []
+    for key, own in by_index.items():
+        for col in dataset_columns:  # an average's missing runs are its datasets'
+            cell = own.get(col)
+            if cell is None:
+                continue
+            where = " · ".join([*map(str, key[:2]), col])
+            missing.extend((where, k, why) for k, why in cell.missing.items())
+            if cell.skipped:
+                short.append(f"  {where}: {cell.samples:,} of {cell.total:,} samples (unreadable images skipped)")
+    if missing:
+        notes.append(f"n=k of m: {len(missing)} run(s) missing or incomplete; those cells stand on the others:")
+        notes.extend(evidence.missing_lines(missing))
+    if short:
+        notes.append("cells on fewer samples than the dataset has:")
+        notes.extend(short[:evidence.MAX_LISTED] + ([f"  ... and {len(short) - evidence.MAX_LISTED} more"]
+                                                    if len(short) > evidence.MAX_LISTED else []))
+    return notes
+
+
+def _best(mean: pd.DataFrame, cells: dict[tuple, dict[str, evidence.Cell]], higher_is_better: bool) -> pd.DataFrame:
+    """The best complete measured cell per column among the rows of one backbone and one stream protocol (a
+    contaminated stream's accuracy is not comparable with an i.i.d. one's)."""
     best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
-    if mean.empty:
-        return best
-    measured = mean[mean.index.get_level_values(-1) == "measured"] if paper else mean
-    for _backbone, block in measured.groupby(level=0, sort=False):
-        for col in mean.columns:
-            top = block[col].max() if higher_is_better else block[col].min()
-            if not _is_missing(top):
-                best.loc[block.index[block[col] == top], col] = True
+    for col in mean.columns:
+        groups: dict[tuple, list[tuple]] = {}
+        for key, own in cells.items():
+            cell = own.get(col)
+            if cell is not None and cell.complete and not _is_missing(mean.at[key, col]):
+                groups.setdefault((key[0], tuple(sorted(cell.protocols))), []).append(key)
+        for keys in groups.values():
+            values = mean.loc[keys, col]
+            top = values.max() if higher_is_better else values.min()
+            best.loc[[k for k in keys if values[k] == top], col] = True
     return best
 
 
@@ -406,7 +511,7 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
     `results` is a ResultsDB or a results dir. `.to_frame()` gives the numbers, `.render()` a rich table.
     """
     db = results if isinstance(results, ResultsDB) else ResultsDB(results)
-    runs = finished_runs(db, sweep)
+    runs = recorded_runs(db, sweep)
     layout = generic_layout(list(runs["dataset"].unique()),
                             title or f"By method and dataset{f' — sweep {sweep}' if sweep else ''}")
     return build_table(db, layout, sweep=sweep, runs=runs, metric=metric)
@@ -419,7 +524,7 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
 
     runs: accuracy rows to tabulate (default: the finished runs, of `sweep` if given); include_empty: also the
     paper tables without measured cells, the published rows alone (default: with paper=True)."""
-    runs = finished_runs(db, sweep) if runs is None else runs
+    runs = recorded_runs(db, sweep) if runs is None else runs
     include_empty = paper if include_empty is None else include_empty
     keys = {registry.dataset_key(d) for d in runs["dataset"]}
     tables = []

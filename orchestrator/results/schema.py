@@ -109,6 +109,9 @@ METRIC_COLUMNS: tuple[Column, ...] = (
     Column("ood_auroc", pa.float64(), "DOUBLE", "AUROC of the confidence separating in- from out-of-distribution "
                                                 "samples, percent"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
+    Column("warmup_s", pa.float64(), "DOUBLE", "seconds of the first call of the run's code in its process (JIT "
+                                               "compilation, lazy set-up), on throwaway state; not in samples_per_s "
+                                               "or the stage times; 0 once warm"),
     *(Column(stage_column(s), pa.float64(), "DOUBLE", STAGE_DOCS[s]) for s in STAGES),
     Column("progress", pa.string(), "VARCHAR", "how far a running run got, e.g. 'encoding 120/500 images' or "
                                                "'adapting 3000/10000 samples' (null once it ends)"),

@@ -15,13 +15,17 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import statistics
+import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
 
+from orchestrator.data.streams import stream_label
 from orchestrator.sweep.plan import Run, Trial
 
 
@@ -164,9 +168,18 @@ class ProgressCallback(tune.Callback):
             self.sample_cost[method].append(1.0 / result["samples_per_s"])
 
     def _describe(self, plan: Trial) -> str:
+        """'bca tau=0.3 | synthetic synthetic-fine_grained iid seed=1 order=2': the stream and order tell apart
+        the runs of one configuration (a trial's runs share its stream)."""
         first = plan.runs[0]
         what = run_label(first, self.varying) if len(plan.runs) == 1 else f"pack of {len(plan.runs)} runs"
-        return f"{what} | {first.config['backbone']} {first.config['dataset']} seed={first.config['seed']}"
+        config = first.config
+        where = [config["backbone"], config["dataset"]]
+        if config.get("stream") is not None:
+            where.append(stream_label(config["stream"]))
+        where.append(f"seed={config['seed']}")
+        if config.get("order_index") is not None:
+            where.append(f"order={config['order_index']}")
+        return f"{what} | {' '.join(where)}"
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self.t0 is None:
@@ -235,6 +248,23 @@ class ProgressCallback(tune.Callback):
             self.on_failed(plan, error)
         self.out(f"[{self.done}/{self.total}] FAILED {self._describe(plan)}: {error}  ETA {self._eta()}")
 
+
+
+def bca_command() -> str:
+    """How to run `bca` from a fresh shell: this environment's script (`.venv/bin/bca` from the checkout, since a
+    new shell need not have the venv on its PATH), else the plain name."""
+    script = Path(sys.executable).with_name("bca")
+    if not script.is_file():
+        return "bca"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
+
+
+def dashboard_hint(results_dir: str | Path) -> str:
+    """The sweep's closing line: the command that opens the dashboard on its results, runnable as printed."""
+    return f"open the dashboard: {bca_command()} dashboard --results {shlex.quote(str(results_dir))}"
 
 
 def summary_table(results_dir: str, sweep: str) -> str:

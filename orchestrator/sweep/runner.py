@@ -43,7 +43,7 @@ from orchestrator.sweep.cost import sweep_cost
 from orchestrator.sweep.compaction import tune_callback as compaction_callback
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
-from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
+from orchestrator.sweep.progress import ProgressCallback, TrialProgress, dashboard_hint, summary_table
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
@@ -373,7 +373,7 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
     if finished < len(runs):
         out(f"continue with: {command} --resume   (finished runs are skipped, the others go on from their "
             f"last complete part)")
-    out(f"open the dashboard: bca dashboard --results {spec.results_dir}")
+    out(dashboard_hint(spec.results_dir))
     return outcome
 
 

@@ -281,7 +281,7 @@ class _Outcome:
 
 
 def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stream: Stream,
-            encode_s: float, peak: PeakMemory | None) -> dict[str, Any]:
+            encode_s: float, peak: PeakMemory | None, warmup_s: float = 0.0) -> dict[str, Any]:
     """Save the final state and stream order, mark the run finished with its metrics; return them."""
     n = len(stream)
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order),
@@ -294,7 +294,7 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                "top5_accuracy": 100 * measured.top5, "ece": 100 * measured.ece, "nll": measured.nll,
                "n_ood": int(is_ood.sum()),
                "ood_auroc": None if measured.ood_auroc is None else 100 * measured.ood_auroc,
-               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "warmup_s": warmup_s,
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
                "peak_mem_mb": None if peak is None else peak.mb(),
@@ -343,6 +343,31 @@ def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
     return hparams
 
 
+# Method code paths already run in this process (JIT-compiled, lazily initialised); see `warm_up`.
+_WARM: set[tuple] = set()
+# Samples a warm-up call runs: enough to take every code path's first call, few enough to cost nothing.
+WARMUP_SAMPLES = 4
+
+
+def _code_path(config: dict[str, Any], features: torch.Tensor) -> tuple:
+    """What decides which compiled code a run calls: its method, device, feature layout and its non-numeric
+    hparams (update rule, selection, dtype); numeric values run the same code."""
+    words = tuple(sorted((k, v) for k, v in config["hparams"].items() if isinstance(v, str)))
+    return config["method"], str(features.device), features.dim(), words
+
+
+def warm_up(keys: list[tuple], call: Callable[[], Any]) -> float:
+    """Seconds of `call` (the runs' code over a few samples, on throwaway state) if any of `keys` has not run in
+    this process yet, else 0: the first trial of a reused actor pays numba's compilation and torch's lazy
+    initialisation there, measured apart, so no run's samples/s or stage times count it."""
+    if all(key in _WARM for key in keys):
+        return 0.0
+    began = time.perf_counter()
+    call()
+    _WARM.update(keys)
+    return time.perf_counter() - began
+
+
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
                 peak: PeakMemory | None = None, progress: Progress = _silent) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
@@ -351,9 +376,15 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
     writer.mark("running", n_samples=len(stream))
     try:
         config = run.config
-        method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                             **_method_hparams(config, len(stream)))
+
+        def method_for_stream() -> Any:
+            return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                               **_method_hparams(config, len(stream)))
+
         features = _features_for(config, stream)
+        warmup_s = warm_up([_code_path(config, features)],
+                           lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
+        method = method_for_stream()
         sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
         outcome = _Outcome()
         for start in range(0, len(stream), settings.part_rows):
@@ -362,7 +393,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             labels = stream.labels[start:start + settings.part_rows]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
             progress("adapting", min(start + settings.part_rows, len(stream)), len(stream))
-        return _finish(run, writer, sink, outcome, stream, encode_s, peak)
+        return _finish(run, writer, sink, outcome, stream, encode_s, peak, warmup_s)
     except BaseException as exc:
         _mark_failed(writer, exc)
         raise
@@ -380,23 +411,31 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     try:
         # Runs that take views and runs that take their means go in two passes, each run given its own kind.
         traces: list[Any] = [None] * len(runs)
-        began = time.perf_counter()
+        passes = []
         for wants in (False, True):
             picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
             if picked:
                 configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
                            for i in picked]
-                features = _features_for(runs[picked[0]].config, stream)
-                for i, trace in zip(picked, run_traces_many(features, stream.class_embeddings, stream.class_ids,
-                                                            stream.num_classes, configs)):
-                    traces[i] = trace
+                passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
+
+        def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
+            return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+
+        warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
+                           lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
+        began = time.perf_counter()
+        for picked, configs, features in passes:
+            for i, trace in zip(picked, run_pass(configs, features)):
+                traces[i] = trace
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
             sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
             outcome = _Outcome()
             sink.offer(0, outcome.add(trace, stream.labels, share))
-            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak))
+            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak,
+                               warmup_s if i == 0 else 0.0))
         return out
     except BaseException as exc:
         for writer in writers:

@@ -1,0 +1,225 @@
+"""What each number of a table stands on, so that no number is read without its evidence.
+
+A table cell pools the runs of one configuration on one dataset (its seeds x stream orders). Its evidence:
+
+- n: the runs it stands on: finished, with all their rows (`usable`).
+- expected: the runs it should stand on. A sweep runs every configuration on the same seeds and orders, so the
+  (seed, order) pairs recorded for any run of the same sweep, backbone, dataset and stream are expected of every
+  configuration there. A run that failed, was interrupted, lost a part, or never started leaves the cell at
+  "n=2 of 3", never silently recomputed as if complete; `missing` says why per run.
+- samples: what its runs streamed against what the dataset has: a run that skipped unreadable images stands on
+  fewer samples ("30 of 40 samples"); only a complete dataset is set beside a published number.
+- gains are paired: each run against zero-shot CLIP on the same setting, seed, order and samples (same stream
+  length and data fingerprint), averaged over the pairs that exist, which are counted.
+- protocol: the stream protocol of its runs; "best" compares cells of one protocol only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import pandas as pd
+
+from orchestrator import registry
+from orchestrator.data.streams import stream_label
+
+# The stream values under which a real-dataset run is the published protocol (a seeded i.i.d. permutation).
+PAPER_STREAMS = (None, "iid")
+# Most incomplete runs a table's notes list one by one (a sweep of 10^5 runs may have thousands).
+MAX_LISTED = 10
+
+
+def order_of(runs: pd.DataFrame) -> pd.Series:
+    """Each run's stream order (0 where the configuration has a single one)."""
+    if "order_index" not in runs:
+        return pd.Series(0, index=runs.index)
+    return runs["order_index"].fillna(0).astype(int)
+
+
+def usable(runs: pd.DataFrame) -> pd.Series:
+    """The runs a number may stand on: finished, with all their rows (the accuracy view's `complete`)."""
+    complete = runs["complete"].astype("boolean").fillna(False).astype(bool) if "complete" in runs else False
+    return (runs["status"] == "finished") & complete
+
+
+def stream_value(value: Any) -> Any:
+    """The runs table's stream text as the spec's value: None, a word, or a mapping."""
+    if isinstance(value, str) and value.startswith("{"):
+        return json.loads(value)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def protocol(value: Any) -> str:
+    """A stream's display name for captions and grouping: 'iid', 'dirichlet(gamma=0.01)', 'dataset order'."""
+    value = stream_value(value)
+    return "dataset order" if value is None else stream_label(value)
+
+
+def why_unusable(run: pd.Series) -> str:
+    """Why a recorded run is not counted: its status, rows and error, in a few words."""
+    status = run.get("status")
+    if status == "finished":
+        rows, n = run.get("n_rows"), run.get("n_samples")
+        if pd.notna(rows) and pd.notna(n):
+            return f"finished but {int(rows)} of {int(n)} rows readable (a part lost or truncated)"
+        return "finished but its rows are incomplete"
+    if status == "running":
+        return "still running"
+    error = run.get("error")
+    error = error.strip().splitlines()[-1][:80] if isinstance(error, str) and error.strip() else "no error recorded"
+    return f"{status or 'unrecorded'} ({error})"
+
+
+def _peers(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run, what its peers share: sweep, backbone, dataset and stream (a sweep's runs there share seeds and
+    orders)."""
+    def text(column: str) -> pd.Series:  # None and NaN alike (a merge turns one into the other)
+        values = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+        return values.astype(object).where(values.notna(), "").astype(str)
+
+    return pd.DataFrame({"sweep": text("sweep"), "backbone": text("backbone_name" if "backbone_name" in runs
+                                                                   else "backbone"),
+                         "dataset": text("dataset"), "stream": text("stream")}, index=runs.index)
+
+
+def expected_keys(runs: pd.DataFrame) -> dict[tuple, set[tuple[int, int]]]:
+    """(sweep, backbone, dataset, stream) -> the (seed, order) pairs any run there was recorded with."""
+    frame = _peers(runs).assign(seed=runs["seed"].astype(int), order=order_of(runs))
+    return {tuple(key): set(zip(group["seed"], group["order"]))
+            for key, group in frame.groupby(["sweep", "backbone", "dataset", "stream"])}
+
+
+@dataclass
+class Cell:
+    """The evidence of one cell: runs used and expected, why the others are missing, samples, protocol."""
+
+    values: pd.Series                 # the metric per (seed, order) it stands on
+    expected: set[tuple[int, int]]
+    missing: dict[tuple[int, int], str]
+    samples: int | None = None        # fewest samples a used run streamed, when some skipped images
+    total: int | None = None          # what the dataset has (streamed + skipped)
+    protocols: frozenset[str] = frozenset()
+    paper_ok: bool = False            # the published protocol on the complete published dataset
+
+    @property
+    def n(self) -> int:
+        return int(self.values.notna().sum())
+
+    @property
+    def complete(self) -> bool:
+        return self.n >= len(self.expected) and not self.missing
+
+    @property
+    def skipped(self) -> bool:
+        return self.samples is not None
+
+
+def dataset_cell(cell_runs: pd.DataFrame, peers: dict[tuple, set], metric: str,
+                 no_value: str = "no value of the metric") -> Cell:
+    """The cell of one configuration on one dataset from its recorded runs (any status); `no_value` says why a
+    usable run without a value of `metric` is left out."""
+    frame = cell_runs.assign(_order=order_of(cell_runs))
+    fit = usable(frame)
+    ok = fit & frame[metric].notna()
+    used = frame[ok]
+    values = used.groupby(["seed", "_order"])[metric].mean()
+    values.index = pd.Index([(int(s), int(o)) for s, o in values.index])
+    expected: set[tuple[int, int]] = set()
+    for key in _peers(frame).drop_duplicates().itertuples(index=False):
+        expected |= peers.get(tuple(key), set())
+    have = set(values.index)
+    missing = {}
+    for key in sorted(expected - have):
+        own = frame[(frame["seed"] == key[0]) & (frame["_order"] == key[1])]
+        if own.empty:
+            missing[key] = "never ran"
+        else:
+            missing[key] = no_value if fit[own.index].any() else why_unusable(own.iloc[0])
+    samples = total = None
+    if len(used) and "n_skipped" in used:
+        skipped = used["n_skipped"].fillna(0)
+        if (skipped > 0).any():
+            worst = used.loc[skipped.idxmax()]
+            samples, total = int(worst["n_samples"]), int(worst["n_samples"] + worst["n_skipped"])
+    protocols = frozenset(protocol(v) for v in frame["stream"]) if "stream" in frame else frozenset({"dataset order"})
+    key = registry.dataset_key(str(frame["dataset"].iloc[0])) if len(frame) else None
+    card = registry.DATASETS[key] if key else None
+    paper_ok = (card is not None and len(used) > 0 and samples is None
+                and all(stream_value(v) in PAPER_STREAMS for v in used.get("stream", pd.Series([None])))
+                and "n_samples" in used and bool((used["n_samples"] == card.test_images).all()))
+    cell = Cell(values, expected, missing, samples, total, protocols, paper_ok)
+    cell.paper_ok = cell.paper_ok and cell.complete
+    return cell
+
+
+def average_cell(parts: list[Cell]) -> Cell | None:
+    """The cell of an average over datasets: per (seed, order), the mean over datasets, where every dataset has
+    that run; incomplete or short of samples when any of its datasets is."""
+    if not parts:
+        return None
+    per_key = pd.concat([p.values for p in parts], axis=1)
+    values = per_key.dropna().mean(axis=1)
+    expected = set().union(*(p.expected for p in parts))
+    missing = {k: "a dataset's run is missing" for k in expected - set(values.index)}
+    short = [p for p in parts if p.skipped]
+    return Cell(values, expected, missing, short[0].samples if short else None, short[0].total if short else None,
+                frozenset().union(*(p.protocols for p in parts)), all(p.paper_ok for p in parts))
+
+
+def paired_gain(values: pd.Series, baseline: pd.Series) -> tuple[float, int]:
+    """Mean difference to the baseline over the (seed, order) keys both have, and how many: a gain on the same
+    runs, never one mean over 2 seeds minus another over 3."""
+    both = pd.concat([values.rename("v"), baseline.rename("b")], axis=1).dropna()
+    if both.empty:
+        return math.nan, 0
+    return float((both["v"] - both["b"]).mean()), int(len(both))
+
+
+def cell_text(mean: float, std: float, n: int, expected: int | None = None, samples: int | None = None,
+              total: int | None = None, worst: float | None = None) -> str:
+    """'50.71 ± 1.70 (n=3)'; 'n=2 of 3' when runs are missing; '30 of 40 samples' when images were skipped;
+    '— (n=0 of 3)' when nothing is left. `worst`: OGA's worst-10% mean, in brackets."""
+    evidence = f"n={n}" + (f" of {expected}" if expected is not None and expected > n else "")
+    if samples is not None and total is not None:
+        evidence += f"; {samples:,} of {total:,} samples"
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return f"— ({evidence})" if expected else "—"
+    value = f"{mean:.2f}"
+    if n > 1 and std is not None and not (isinstance(std, float) and math.isnan(std)):
+        value += f" ± {std:.2f}"
+        if worst is not None and not (isinstance(worst, float) and math.isnan(worst)):
+            value += f" [{worst:.2f}]"
+    return f"{value} ({evidence})"
+
+
+def gain_text(gain: float, cell: Cell | None) -> str:
+    """'+4.98 (n=2)': a paired gain and the (seed, order) pairs it stands on; 'n=2 of 3' where the method's or
+    CLIP's run of a pair is missing or incomplete."""
+    if gain is None or (isinstance(gain, float) and math.isnan(gain)) or cell is None:
+        return "—"
+    return f"{gain:+.2f} (n={cell.n}" + (f" of {len(cell.expected)})" if len(cell.expected) > cell.n else ")")
+
+
+def spread_over(cells: Iterable[Cell]) -> str:
+    """What a table's ± is over: 'seeds', 'stream orders' or 'seeds x stream orders' (the runs its cells pool)."""
+    seeds = orders = 1
+    for cell in cells:
+        keys = list(cell.values.dropna().index)
+        if keys:
+            seeds = max(seeds, len({k[0] for k in keys}))
+            orders = max(orders, len({k[1] for k in keys}))
+    if orders > 1 and seeds > 1:
+        return "seeds x stream orders"
+    return "stream orders (one seed)" if orders > 1 else "seeds"
+
+
+def missing_lines(missing: list[tuple[str, tuple[int, int], str]]) -> list[str]:
+    """Notes naming each missing run (at most MAX_LISTED, then a count): 'RN50 · BCA · ImageNet-A: seed 3,
+    order 0: failed (KeyboardInterrupt)'."""
+    lines = [f"  {where}: seed {seed}, order {order}: {why}" for where, (seed, order), why in missing[:MAX_LISTED]]
+    if len(missing) > MAX_LISTED:
+        lines.append(f"  ... and {len(missing) - MAX_LISTED} more")
+    return lines
