@@ -15,7 +15,7 @@ from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.views import parse_views
 from orchestrator.data.datasets import DatasetLayoutError
 from orchestrator.features.cache import CorruptImageError, FeatureCache
-from orchestrator.registry import dataset_card
+from orchestrator.registry import ensure_dataset
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def jobs_from_args(
     spec = BackboneSpec(model, pretrained, quick_gelu)
     jobs: list[CacheJob] = []
     for name in datasets:
-        card = dataset_card(name)
+        card = ensure_dataset(name, data_root)
         ds = card.name
         ds_views = card.views if views == "protocol" else views
         parse_views(ds_views)  # fail on a bad value before any encoding

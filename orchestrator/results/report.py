@@ -378,10 +378,11 @@ def _best(mean: pd.DataFrame, paper: bool, higher_is_better: bool) -> pd.DataFra
 
 def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
     """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
+    paper = registry.paper_datasets()
+
     def order(d: str) -> tuple[int, str]:
         key = registry.dataset_key(d)
-        keys = [k for k, _ in _OOD + _CD]
-        return (keys.index(key), d) if key else (len(keys), d)
+        return (paper.index(key), d) if key in paper else (len(paper), d)
 
     ordered = sorted(dict.fromkeys(datasets), key=order)
     cols = tuple((d, registry.dataset_title(d)) for d in ordered)
@@ -405,7 +406,8 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
 def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
                   include_empty: bool | None = None, metric: str = "accuracy") -> list[ReportTable]:
     """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
-    cells, then a method x dataset table for datasets outside both (e.g. synthetic scenarios).
+    cells, then a method x dataset table for every other dataset (synthetic scenarios, registered and folder
+    datasets that are not the paper's).
 
     runs: accuracy rows to tabulate (default: the finished runs, of `sweep` if given); include_empty: also the
     paper tables without measured cells, the published rows alone (default: with paper=True)."""
@@ -416,7 +418,8 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
             tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs, metric=metric))
-    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) is None]
+    paper_keys = set(registry.paper_datasets())
+    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) not in paper_keys]
     if others:
         layout = generic_layout(others, "Other datasets, by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))

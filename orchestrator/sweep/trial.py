@@ -37,7 +37,7 @@ from orchestrator.data.streams import Contaminated
 from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
-from orchestrator.registry import load_plugins, method_card
+from orchestrator.registry import ensure_dataset, load_plugins, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
@@ -112,6 +112,7 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         return synthesize(source.synthetic, seed=source.seed, **source.params())
     from orchestrator.features import load_benchmark
 
+    ensure_dataset(dataset, settings.data_root)  # a folder dataset is registered in each trial process too
     if source.model_config is not None:
         from orchestrator.sweep.catalog import register_model_config
 
