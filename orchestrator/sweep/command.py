@@ -51,9 +51,9 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
         from orchestrator.sweep.dryrun import dry_run as plan_of
 
         try:
-            lines = plan_of(spec, runs)
-        except ValueError as exc:
-            print(f"error: {spec_path}: name: {exc}", file=sys.stderr)
+            lines = plan_of(spec, runs, source=str(spec_path), address=address)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         for line in lines:
             _say(line)

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from orchestrator.results.atomic import atomic_write, ensure_dir
 from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
+from orchestrator.sweep.dryrun import weights_issues
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, summary_table
@@ -241,6 +242,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     problem = check_sweep_record(spec, runs)
     if problem:
         raise SpecError(f"sweep {spec.name}", [("name", problem)])
+    missing = [] if address else weights_issues(spec)  # on a cluster, the workers hold the weights
+    if missing:
+        raise SpecError(f"sweep {spec.name}", missing)
     status = run_status(spec, runs)  # read-only: a refusal below leaves the results dir as it was
     changed = changed_data(spec, runs, status) if spec.has_real_datasets else {}
     todo = [r for r in runs if status[r.run_id] != "finished"]
@@ -254,7 +258,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
             what = "running them again" if rerun_changed else f"run them again with {command} --rerun-changed"
             out(f"warning: {len(stale)} finished run(s) of {dataset} were made on another version of its image list "
                 f"(images added, removed or relabelled since): {', '.join(r.run_id for r in stale[:5])}"
-                f"{' ...' if len(stale) > 5 else ''}; {what}")
+                f"{f' and {len(stale) - 5} more' if len(stale) > 5 else ''}; {what}")
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
             # Accepted so that scripts can always pass --resume (the README's main job does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
