@@ -126,3 +126,18 @@ def test_a_dry_run_that_joins_a_cluster_leaves_the_machine_checks_to_it(tmp_path
 def test_image_settings_on_a_synthetic_only_spec_are_refused(tmp_path, setting, field, words):
     err = refused(synthetic_spec(tmp_path, **setting))
     assert f"{field}: {words}: every dataset of this spec is synthetic" in err
+
+
+def test_an_address_where_no_head_answers_ends_after_a_bounded_wait(tmp_path, monkeypatch):
+    import time
+
+    from orchestrator.sweep.runner import JOIN_WAIT_S
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # --address sets it; restored after the test
+    path = synthetic_spec(tmp_path)
+    began = time.monotonic()
+    r = bca("sweep", str(path), "--address", "127.0.0.1:1")
+    assert r.exit_code == 2, r.output
+    assert time.monotonic() - began < JOIN_WAIT_S + 30
+    assert "--address 127.0.0.1:1: no Ray head answers there (Connection refused, retried for 20 s)" in r.stderr
+    assert not (tmp_path / "results").exists()

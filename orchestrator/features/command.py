@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
-from orchestrator.clip.prompts import class_embeddings
+from orchestrator.clip.prompts import class_embeddings, console_progress
 from orchestrator.clip.views import parse_views
 from orchestrator.data.datasets import DatasetLayoutError
 from orchestrator.features.cache import CorruptImageError, FeatureCache
@@ -81,8 +81,8 @@ def run_jobs(
                 echo(f"    skipped {skip['image_id']}: {skip['reason']}")
             for templates in job.templates:
                 emb, _ = class_embeddings(job.backbone, cached.class_names, templates, dataset=job.dataset,
-                                          data_root=job.data_root,
-                                          cache_dir=job.cache_dir, device=device, **load)
+                                          data_root=job.data_root, cache_dir=job.cache_dir, device=device,
+                                          progress=console_progress(f"text embeddings '{templates}'"), **load)
                 echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
     except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

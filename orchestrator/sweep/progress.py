@@ -86,7 +86,7 @@ def trial_error(trial: Any) -> str:
 
 
 PROGRESS_KEY = "progress"  # a result carrying it is a running trial's progress, not its final metrics
-_UNITS = {"encoding": "images", "adapting": "samples"}
+_UNITS = {"encoding": "images", "encoding prompts": "prompts", "adapting": "samples"}
 
 
 class TrialProgress:

@@ -50,9 +50,10 @@ FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
 _MEMO_SIZE = 2
 _MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
-# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images) or
-# 'adapting' (samples). The runner forwards it to the driver's progress lines.
+# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images),
+# TEXT_STAGE (prompts) or 'adapting' (samples). The runner forwards it to the driver's progress lines.
 Progress = Callable[[str, int, int], None]
+TEXT_STAGE = "encoding prompts"
 
 
 def _silent(stage: str, done: int, total: int) -> None:
@@ -120,7 +121,8 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
     return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
-                          progress=lambda done, total: progress("encoding", done, total))
+                          progress=lambda done, total: progress("encoding", done, total),
+                          text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
 
 
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
@@ -410,7 +412,7 @@ class _RecordProgress:
     """Also writes how far the trial got into its runs' runs-table rows (the dashboard's running runs), at most
     once per `every_s` seconds of a stage, after the driver's own progress call."""
 
-    _UNITS = {"encoding": "images", "adapting": "samples"}
+    _UNITS = {"encoding": "images", TEXT_STAGE: "prompts", "adapting": "samples"}
 
     def __init__(self, runs: list[Run], settings: Settings, forward: Progress,
                  clock: Callable[[], float] = time.monotonic) -> None:
