@@ -67,7 +67,9 @@ def _dataset_matches(entry: Mapping[str, Any], config: Mapping[str, Any]) -> boo
 
 def _backbone_matches(entry: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
     weights = entry.get("checkpoint") or entry.get("pretrained")
-    return entry.get("model") == config.get("backbone") and weights == config.get("pretrained")
+    # a checkpoint that is the published file is recorded as its tag, with the file under `checkpoint`
+    return entry.get("model") == config.get("backbone") and weights in (config.get("checkpoint"),
+                                                                         config.get("pretrained"))
 
 
 def reproduce_spec(record: Mapping[str, Any], config: Mapping[str, Any], run_id: str) -> dict[str, Any] | None:

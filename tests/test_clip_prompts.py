@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import orchestrator.clip.prompts as prompts
 from orchestrator.clip import BackboneSpec, class_embeddings, load_backbone, resolve_templates
 from orchestrator.clip.testing import TINY_VIT, build_dataset, register_tiny_models
-from orchestrator.registry import DATASETS
+from orchestrator.registry import paper_datasets
 
 CLASSES = ["cat", "dog", "school bus"]
 
@@ -36,7 +36,7 @@ def test_named_sets_come_from_open_clip():
 def test_dataset_templates_follow_the_public_protocol():
     expected = {"imagenet": 7, "imagenet-a": 7, "imagenet-v2": 7, "caltech101": 7, "cars": 7, "sun397": 7,
                 "imagenet-r": 80, "imagenet-sketch": 80}
-    for name in DATASETS:
+    for name in paper_datasets():
         tset = resolve_templates("dataset", dataset=name)
         assert len(tset.templates) == expected.get(name, 1), name
     assert resolve_templates("dataset", dataset="dtd").templates == ("{} texture.",)

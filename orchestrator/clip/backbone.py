@@ -28,7 +28,7 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -291,14 +291,18 @@ class Backbone:
         return F.normalize(feats.float(), dim=-1).cpu()
 
     @torch.no_grad()
-    def encode_texts(self, prompts: list[str], batch_size: int = 256) -> torch.Tensor:
-        """Prompts -> [P, d] float32, L2-normalised, on the CPU."""
+    def encode_texts(self, prompts: list[str], batch_size: int = 256,
+                     progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Prompts -> [P, d] float32, L2-normalised, on the CPU; `progress` hears (prompts done, prompts) after
+        each batch."""
         out = []
         for start in range(0, len(prompts), batch_size):
             tokens = self.tokenizer(prompts[start:start + batch_size]).to(self.device)
             with self._autocast():
                 feats = self.model.encode_text(tokens)
             out.append(F.normalize(feats.float(), dim=-1).cpu())
+            if progress is not None:
+                progress(min(start + batch_size, len(prompts)), len(prompts))
         return torch.cat(out)
 
 

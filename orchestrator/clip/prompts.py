@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -135,27 +135,49 @@ def resolve_templates(
     return TemplateSet("custom", templates, True if ensemble is None else ensemble)
 
 
-def _encode(backbone: Backbone, class_names: list[str], tset: TemplateSet) -> tuple[torch.Tensor, torch.Tensor]:
+TextProgress = Callable[[int, int], None] | None  # (prompts encoded, prompts)
+
+
+def console_progress(label: str) -> Callable[[int, int], None]:
+    """A console bar for text encoding (`bca cache`), opened at the first batch, when the total is known."""
+    from tqdm.auto import tqdm
+
+    bar = None
+
+    def report(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=label, unit="prompt", dynamic_ncols=True)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return report
+
+
+def _encode(backbone: Backbone, class_names: list[str], tset: TemplateSet, progress: TextProgress = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     if tset.extra:
-        return _encode_per_class(backbone, class_names, tset)
+        return _encode_per_class(backbone, class_names, tset, progress)
     K, t = len(class_names), len(tset.templates)
     # template-major order: row j*K + k is template j for class k, so class(m) = m % K
     prompts = [tmpl.replace("{}", name) for tmpl in tset.templates for name in class_names]
-    feats = backbone.encode_texts(prompts).view(t, K, -1)
+    feats = backbone.encode_texts(prompts, progress=progress).view(t, K, -1)
     if tset.ensemble:
         return F.normalize(feats.mean(dim=0), dim=-1), torch.arange(K, dtype=torch.int64)
     return feats.reshape(t * K, -1).contiguous(), torch.arange(t * K, dtype=torch.int64) % K
 
 
-def _encode_per_class(backbone: Backbone, class_names: list[str], tset: TemplateSet
+def _encode_per_class(backbone: Backbone, class_names: list[str], tset: TemplateSet, progress: TextProgress = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each class's templates and its own further prompts, each L2-normalised, averaged, renormalised (M = K)."""
     missing = [n for n in class_names if n.lower() not in tset.extra]
     if missing:
         raise ValueError(f"template set {tset.name}: no prompts for classes {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}; expected every class name as a key")
+                         f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}; expected every class name "
+                         f"as a key")
     prompts = [[t.replace("{}", n) for t in tset.templates] + list(tset.extra[n.lower()]) for n in class_names]
-    feats = F.normalize(backbone.encode_texts([p for group in prompts for p in group]), dim=-1)
+    feats = F.normalize(backbone.encode_texts([p for group in prompts for p in group], progress=progress), dim=-1)
     means = torch.stack([part.mean(dim=0) for part in torch.split(feats, [len(g) for g in prompts])])
     return F.normalize(means, dim=-1), torch.arange(len(class_names), dtype=torch.int64)
 
@@ -177,12 +199,15 @@ def class_embeddings(
     data_root: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
+    progress: TextProgress = None,
     **load_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Class embeddings [M, d] float32 (rows L2-normalised) and class_ids [M] int64 in [0, K).
 
     backbone may be a loaded Backbone or a BackboneSpec; with a spec and a cache hit no model is loaded.
-    cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache.
+    cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache. With a cache, one
+    process encodes a key while the others wait on its lock and then read its file (ImageNet x 80 templates
+    takes minutes on a CPU: two trials must not both pay). progress: hears (prompts done, prompts) per batch.
     """
     tset = resolve_templates(templates, dataset, ensemble, data_root)
     class_names = list(class_names)
@@ -194,17 +219,22 @@ def class_embeddings(
         resolved = resolve_weights(backbone, **{k: v for k, v in load_kwargs.items()
                                                 if k in ("weights_dir", "allow_download")})
         identity, precision = resolved.identity(), precision_for(auto_device(device))
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir) / "text" / f"{_text_key(identity, precision, class_names, tset)}.npz"
-        if path.is_file():
-            with np.load(path) as z:
-                return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])
-    model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs)
-    emb, ids = _encode(model, class_names, tset)
-    if path is not None:
+    if cache_dir is None:
+        model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs)
+        return _encode(model, class_names, tset, progress)
+    from filelock import FileLock
+
+    path = Path(cache_dir) / "text" / f"{_text_key(identity, precision, class_names, tset)}.npz"
+    if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, embeddings=emb.numpy(), class_ids=ids.numpy())
-        os.replace(tmp, path)  # readers never see a half-written file
-    return emb, ids
+        with FileLock(str(path.with_suffix(".lock"))):
+            if not path.is_file():  # not written by the process that held the lock before this one
+                model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device,
+                                                                                       **load_kwargs)
+                emb, ids = _encode(model, class_names, tset, progress)
+                tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+                np.savez(tmp, embeddings=emb.numpy(), class_ids=ids.numpy())
+                os.replace(tmp, path)  # readers never see a half-written file
+                return emb, ids
+    with np.load(path) as z:
+        return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from orchestrator.data.datasets import EUROSAT_RENAMES, imagenet_wnids
-from orchestrator.registry import DATASETS, canonical_dataset
+from orchestrator.registry import DATASETS, canonical_dataset, paper_datasets
 
 TINY_VIT = "bca-tiny-vit"  # 2-layer width-128 ViT at 64 px, patch 16, 64-d embeddings: ~7.2M parameters
 TINY_RN = "bca-tiny-rn"  # ModifiedResNet [1, 1, 1, 1] width 16 at 64 px: the RN50 code path, ~6.9M parameters
@@ -153,5 +153,5 @@ def build_dataset(name: str, data_root: str | Path, num_classes: int = 3, per_cl
 
 
 def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -> None:
-    for name in DATASETS:
+    for name in paper_datasets():
         build_dataset(name, data_root, num_classes, per_class)

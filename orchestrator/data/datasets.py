@@ -1,4 +1,5 @@
-"""Readers for the paper's datasets under a user's data root (REFERENCE.md section 4, TDA / CoOp layouts).
+"""Readers of datasets under a user's data root: the paper's (TDA / CoOp layouts) and the generic class-folder
+layout (`read_class_folders`); a dataset card names its reader (`orchestrator.registry.datasets`).
 
 A reader only lists the test images: (image id, label) pairs plus the class names. Images are decoded
 later, by the feature cache's DataLoader, where an unreadable file becomes a recorded skip (see
@@ -15,6 +16,7 @@ Differences from the public reader, on purpose:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from orchestrator.registry.datasets import DatasetCard, dataset_card
+from orchestrator.registry.datasets import CLASSNAMES_FILE, DatasetCard, ensure_dataset
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
@@ -135,8 +137,9 @@ def _folder_per_class(
     unknown = [f for f in folders if class_of_folder(f) is None]
     if unknown:
         raise DatasetLayoutError(
-            f"{info.title}: {base} holds folders that are not classes of this dataset: {unknown[:5]}"
-            f"{' ...' if len(unknown) > 5 else ''}. Expected layout: {info.layout}"
+            f"{info.title}: {base} holds {len(unknown)} folder(s) that are not classes of this dataset: "
+            f"{', '.join(unknown[:5])}{f' and {len(unknown) - 5} more' if len(unknown) > 5 else ''}. Expected "
+            f"layout: {info.layout}"
         )
     ordered = sorted(folders, key=lambda f: class_of_folder(f))  # class order, not string order
     ids: list[str] = []
@@ -168,7 +171,12 @@ def _read_wnid_folders(subset: str) -> Callable[[Path, DatasetCard], tuple[list[
     return read
 
 
-def _read_imagenet_v2(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+read_imagenet = _read_wnid_folders("imagenet")
+read_imagenet_a = _read_wnid_folders("imagenet-a")
+read_imagenet_r = _read_wnid_folders("imagenet-r")
+
+
+def read_imagenet_v2(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     base = data_root / info.folder / info.image_dir
     _require_dir(base, info)
 
@@ -179,7 +187,7 @@ def _read_imagenet_v2(data_root: Path, info: DatasetCard) -> tuple[list[str], li
     return ids, labels, imagenet_classnames()
 
 
-def _read_split_zhou(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+def read_split_zhou(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     """CoOp's split files: {"train": [...], "val": [...], "test": [[relative_path, label, classname], ...]}."""
     folder = data_root / info.folder
     _require_dir(folder, info)
@@ -205,6 +213,9 @@ def _read_split_zhou(data_root: Path, info: DatasetCard) -> tuple[list[str], lis
                 raise DatasetLayoutError(
                     f"{info.title}: {split_path} gives label {label} two class names: {names[int(label)]!r}, {cname!r}"
                 )
+    if not test:
+        raise DatasetLayoutError(f"{info.title}: {split_path} has an empty 'test' list; expected [relative_path, "
+                                 f"label, classname] entries for the test images")
     num_classes = max(names) + 1
     missing = sorted(set(range(num_classes)) - set(names))
     if missing:
@@ -215,7 +226,7 @@ def _read_split_zhou(data_root: Path, info: DatasetCard) -> tuple[list[str], lis
     return ids, labels, [names[k] for k in range(num_classes)]
 
 
-def _read_aircraft(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+def read_aircraft(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
     """FGVC-Aircraft: variants.txt (one class per line, class order) and images_variant_test.txt ('id variant')."""
     folder = data_root / info.folder
     _require_dir(folder, info)
@@ -241,28 +252,53 @@ def _read_aircraft(data_root: Path, info: DatasetCard) -> tuple[list[str], list[
     return ids, labels, class_names
 
 
+def read_class_folders(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+    """The generic layout: <folder>/classnames.txt names the classes of the sub-folders in sorted order (as
+    torchvision's ImageFolder numbers them); every image of sub-folder i is of class i."""
+    base = data_root / info.folder
+    _require_dir(base, info)
+    names_path = base / CLASSNAMES_FILE
+    _require_file(names_path, info)
+    class_names = [line.strip() for line in names_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    folders = _class_folders(base)
+    if len(folders) != len(class_names):
+        raise DatasetLayoutError(
+            f"{info.title}: {base} has {len(folders)} class sub-folders ({', '.join(folders) or 'none'}) but "
+            f"{names_path} lists {len(class_names)} class names; expected one name a line per sub-folder, in the "
+            f"sub-folders' sorted order")
+    index = {f: i for i, f in enumerate(folders)}
+    ids, labels = _folder_per_class(base, info, index.get, info.folder)
+    return ids, labels, class_names
+
+
 # ------------------------------------------------------------------------------------- reader per card
 
-_READERS: dict[str, Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]] = {
-    "wnid:imagenet": _read_wnid_folders("imagenet"),
-    "wnid:imagenet-a": _read_wnid_folders("imagenet-a"),
-    "wnid:imagenet-r": _read_wnid_folders("imagenet-r"),
-    "imagenet_v2": _read_imagenet_v2,
-    "aircraft": _read_aircraft,
-    "split_zhou": _read_split_zhou,
-}
+
+def _reader(info: DatasetCard) -> Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]:
+    if callable(info.reader):
+        return info.reader
+    module, _, function = info.reader.partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise DatasetLayoutError(f"{info.title}: its card's reader {info.reader!r} cannot be imported ({exc}); "
+                                 f"expected 'module:function' of a module on the Python path") from None
 
 
 def read_dataset(name: str, data_root: str | os.PathLike) -> ImageList:
     """List a dataset's test images under `data_root`; errors name the missing path and the expected layout."""
-    info = dataset_card(name)
+    info = ensure_dataset(name, data_root)
     root = Path(data_root).expanduser().resolve()
     if not root.is_dir():
         raise DatasetLayoutError(
             f"data root {root} does not exist (reading {info.title}; expected {root}/{info.layout})"
         )
-    ids, labels, class_names = _READERS[info.reader](root, info)
+    ids, labels, class_names = _reader(info)(root, info)
     if not ids:
         raise DatasetLayoutError(f"{info.title}: no test images found under {root / info.folder}. "
                                  f"Expected layout: {info.layout}")
+    bad = sorted({label for label in labels if not 0 <= label < len(class_names)})
+    if bad:
+        raise DatasetLayoutError(f"{info.title}: its reader gave labels {bad[:10]} outside [0, {len(class_names)}) "
+                                 f"for its {len(class_names)} class names")
     return ImageList(info.name, root, ids, labels, class_names)

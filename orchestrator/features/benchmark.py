@@ -62,6 +62,7 @@ def load_benchmark(
     progress: bool | Callable[[int, int], None] = False,
     weights_dir: str | None = None,
     allow_download: bool = False,
+    text_progress: Callable[[int, int], None] | None = None,
 ) -> RealBenchmark:
     """A real dataset as a Benchmark (a RealBenchmark) in dataset order.
 
@@ -70,6 +71,7 @@ def load_benchmark(
     (DATASET_PROTOCOL: the dataset's own protocol views, `orchestrator.registry.views`). reduce_views=True
     returns [n, d] instead: the confident-view mean (select_views) against this benchmark's class embeddings,
     computed without a float32 copy of every view. templates: a named set or a list (see orchestrator.clip.prompts).
+    progress / text_progress: hear (done, total) images and prompts as they are encoded.
     """
     name = dataset_card(dataset).name
     if views == DATASET_PROTOCOL:
@@ -80,8 +82,7 @@ def load_benchmark(
         spec, name, data_root, views, seed, device=device, batch_size=batch_size, num_workers=num_workers,
         corrupt=corrupt, progress=progress, **load_kwargs)
     emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, data_root=data_root,
-                                cache_dir=cache_dir,
-                                device=device, **load_kwargs)
+                                cache_dir=cache_dir, device=device, progress=text_progress, **load_kwargs)
     array = cached.array()
     if array.ndim == 3 and reduce_views:
         num_classes = len(cached.class_names)

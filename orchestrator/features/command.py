@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
-from orchestrator.clip.prompts import class_embeddings
+from orchestrator.clip.prompts import class_embeddings, console_progress
 from orchestrator.registry.views import DATASET_PROTOCOL, parse_views
 from orchestrator.data.datasets import DatasetLayoutError
 from orchestrator.features.cache import CorruptImageError, FeatureCache
-from orchestrator.registry import dataset_card
+from orchestrator.registry import ensure_dataset
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def jobs_from_args(
     spec = BackboneSpec(model, pretrained, quick_gelu)
     jobs: list[CacheJob] = []
     for name in datasets:
-        card = dataset_card(name)
+        card = ensure_dataset(name, data_root)
         ds = card.name
         ds_views = parse_views(card.views if views == DATASET_PROTOCOL else views).name  # fails before encoding
         for seed in (seeds[:1] if ds_views == "single" else seeds):
@@ -81,8 +81,8 @@ def run_jobs(
                 echo(f"    skipped {skip['image_id']}: {skip['reason']}")
             for templates in job.templates:
                 emb, _ = class_embeddings(job.backbone, cached.class_names, templates, dataset=job.dataset,
-                                          data_root=job.data_root,
-                                          cache_dir=job.cache_dir, device=device, **load)
+                                          data_root=job.data_root, cache_dir=job.cache_dir, device=device,
+                                          progress=console_progress(f"text embeddings '{templates}'"), **load)
                 echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
     except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

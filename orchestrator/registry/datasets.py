@@ -1,20 +1,38 @@
-"""The dataset registry: one record per benchmark dataset, every fact about it in one place.
+"""The dataset registry: one card per dataset, every fact about it in one place.
 
 Plain data (no torch, no open_clip): the readers in `orchestrator.data.datasets`, the prompts in
 `orchestrator.clip.prompts`, the report's paper tables, the methods' per-dataset defaults and the dashboard
-all ask these records. A name is looked up after lower-casing and dropping everything but letters and digits,
+all ask these cards. A name is looked up after lower-casing and dropping everything but letters and digits,
 so "ImageNet-A", "imagenet_a" and "imageneta" are one dataset; the aliases add the public code's short codes
 (TDA's `A`, `V`, `R`, `S`/`K`, `I`) and the usual folder and paper spellings. Run configs store `name`.
+
+The paper's 15 datasets are built in (`paper=True`: the report's Table 1 and Table 2 hold them). Others come in
+two ways (docs/adding-a-dataset.md):
+- a folder under the data root holding `classnames.txt`, `templates.txt` and one sub-folder of images per class
+  (CLIP_benchmark's self-describing layout): naming the folder in a spec registers it (`folder_dataset`), no code;
+- a card with a reader of its own, `register_dataset(card)` in a plugin module that a spec names under `plugins:`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
 
 OOD = "ood"
 CROSS_DOMAIN = "cross_domain"
-GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}
+OTHER = "other"
+GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}  # the paper's two tables
+GROUPS = (OOD, CROSS_DOMAIN, OTHER)
+VIEWS = ("single", "augmix")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_READER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+# The generic class-folder layout (`folder_dataset`): these two files beside one sub-folder per class.
+CLASSNAMES_FILE = "classnames.txt"
+TEMPLATES_FILE = "templates.txt"
+FOLDER_READER = "orchestrator.data.datasets:read_class_folders"
 
 # Template sets a card may name instead of listing templates (open_clip ships both).
 ENSEMBLE7 = "ensemble7"
@@ -23,63 +41,97 @@ CLIP80 = "clip80"
 
 @dataclass(frozen=True)
 class DatasetCard:
-    """One benchmark dataset (REFERENCE.md sections 3 and 4).
+    """One dataset.
 
-    name: canonical name (stored in run configs); title: as the paper's tables write it; group: OOD or
-    cross-domain benchmark; num_classes / test_images: the test split the public protocol uses; folder,
-    image_dir, split_file, layout: where the reader finds it under a data root (layout is for error messages);
-    reader: which reader of `orchestrator.data.datasets` lists it; templates: the public protocol's prompts
-    (a named set or the templates themselves); views: the public protocol's views ('augmix' or 'single');
-    cupl: the file name of its CuPL class descriptions as DPE's and DMN's repositories ship them.
+    name: canonical name (stored in run configs); title: as tables write it; group: OOD, cross-domain or other;
+    num_classes / test_images: the test split the protocol uses (test_images None: not known, e.g. a folder
+    dataset, whose completeness nothing can check); folder, image_dir, split_file, layout: where the reader
+    finds it under a data root (layout is for error messages); reader: the function that lists its test
+    images, `reader(data_root: Path, card) -> (image ids relative to the data root, labels, class names)`, as
+    "module:function" (imported when a run reads the dataset) or the function itself; templates: the
+    protocol's prompts (a named set or the templates themselves, one '{}' each); views: the protocol's views
+    ('augmix' or 'single'); cupl: the file name of its CuPL class descriptions as DPE's and DMN's repositories
+    ship them (None: the 'cupl' template set does not apply); paper: one of the paper's datasets, whose runs go
+    into the paper's tables beside the published numbers (built-in cards only).
     """
 
     name: str
     title: str
     group: str
     num_classes: int
-    test_images: int
+    test_images: int | None
     folder: str
     layout: str
-    reader: str
+    reader: str | Callable
     templates: str | tuple[str, ...]
     views: str = "single"
     image_dir: str = ""
     split_file: str | None = None
     aliases: tuple[str, ...] = ()
     cupl: str | None = None  # the CuPL prompt file DPE and DMN ship for it (template set 'cupl')
+    paper: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"dataset card {self.name!r}"
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(f"dataset card name {self.name!r}: expected letters, digits, '_', '.' or '-', starting "
+                             f"with a letter or digit")
+        if self.group not in GROUPS:
+            raise ValueError(f"{where}: group {self.group!r}; expected one of {', '.join(GROUPS)}")
+        if self.paper and self.group == OTHER:
+            raise ValueError(f"{where}: a paper dataset belongs to group {OOD!r} or {CROSS_DOMAIN!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 1:
+            raise ValueError(f"{where}: num_classes {self.num_classes!r}; expected an int >= 1")
+        if self.test_images is not None and (not isinstance(self.test_images, int) or self.test_images < 1):
+            raise ValueError(f"{where}: test_images {self.test_images!r}; expected an int >= 1, or None if unknown")
+        if self.views not in VIEWS:
+            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(VIEWS)}")
+        if isinstance(self.templates, str):
+            if self.templates not in (ENSEMBLE7, CLIP80):
+                raise ValueError(f"{where}: templates {self.templates!r}; expected {ENSEMBLE7!r}, {CLIP80!r} or a "
+                                 f"tuple of templates with one '{{}}' each")
+        else:
+            object.__setattr__(self, "templates", tuple(self.templates))
+            bad = [t for t in self.templates if not isinstance(t, str) or t.count("{}") != 1]
+            if not self.templates or bad:
+                raise ValueError(f"{where}: templates must be a non-empty tuple of strings with exactly one '{{}}' "
+                                 f"(the class name); bad: {bad}")
+        if not callable(self.reader) and not (isinstance(self.reader, str) and _READER_RE.match(self.reader)):
+            raise ValueError(f"{where}: reader {self.reader!r}; expected a function or 'module:function'")
 
 
+_R = "orchestrator.data.datasets:"  # the built-in readers
 _SPLIT_LAYOUT = "{folder}/{split} (CoOp split_zhou json) and the images under {folder}/{images}/"
 
 
 def _split(name: str, title: str, classes: int, images: int, folder: str, split: str, image_dir: str,
            templates: str | tuple[str, ...], aliases: tuple[str, ...], cupl: str) -> DatasetCard:
     return DatasetCard(name, title, CROSS_DOMAIN, classes, images, folder,
-                       _SPLIT_LAYOUT.format(folder=folder, split=split, images=image_dir or "."), "split_zhou",
+                       _SPLIT_LAYOUT.format(folder=folder, split=split, images=image_dir or "."), _R + "read_split_zhou",
                        templates, image_dir=image_dir, split_file=split, aliases=aliases,
                        cupl=f"CuPL_prompts_{cupl}.json")
 
 
-DATASET_CARDS: tuple[DatasetCard, ...] = (
+_PAPER_CARDS: tuple[DatasetCard, ...] = tuple(replace(card, paper=True) for card in (
     DatasetCard("imagenet", "ImageNet", OOD, 1000, 50000, "imagenet",
-                "imagenet/images/val/<wnid>/*.JPEG (1000 WordNet-id folders)", "wnid:imagenet", ENSEMBLE7,
+                "imagenet/images/val/<wnid>/*.JPEG (1000 WordNet-id folders)", _R + "read_imagenet", ENSEMBLE7,
                 image_dir="images/val", cupl="CuPL_prompts_imagenet.json", aliases=("i", "in1k", "imagenet1k", "ilsvrc2012")),
     DatasetCard("imagenet-a", "ImageNet-A", OOD, 200, 7500, "imagenet-adversarial",
-                "imagenet-adversarial/imagenet-a/<wnid>/*.jpg (200 WordNet-id folders)", "wnid:imagenet-a",
+                "imagenet-adversarial/imagenet-a/<wnid>/*.jpg (200 WordNet-id folders)", _R + "read_imagenet_a",
                 ENSEMBLE7, views="augmix", image_dir="imagenet-a", cupl="CuPL_prompts_imagenet.json", aliases=("a", "imagenetadversarial")),
     DatasetCard("imagenet-v2", "ImageNet-V2", OOD, 1000, 10000, "imagenetv2",
                 "imagenetv2/imagenetv2-matched-frequency-format-val/<0..999>/*.jpeg (class-index folders)",
-                "imagenet_v2", ENSEMBLE7, views="augmix", image_dir="imagenetv2-matched-frequency-format-val",
+                _R + "read_imagenet_v2", ENSEMBLE7, views="augmix", image_dir="imagenetv2-matched-frequency-format-val",
                 cupl="CuPL_prompts_imagenet.json", aliases=("v", "v2", "imagenetv2matchedfrequency")),
     DatasetCard("imagenet-r", "ImageNet-R", OOD, 200, 30000, "imagenet-rendition",
-                "imagenet-rendition/imagenet-r/<wnid>/*.jpg (200 WordNet-id folders)", "wnid:imagenet-r", CLIP80,
+                "imagenet-rendition/imagenet-r/<wnid>/*.jpg (200 WordNet-id folders)", _R + "read_imagenet_r", CLIP80,
                 views="augmix", image_dir="imagenet-r", cupl="CuPL_prompts_imagenet.json", aliases=("r", "imagenetrendition")),
     DatasetCard("imagenet-sketch", "ImageNet-Sketch", OOD, 1000, 50889, "imagenet-sketch",
-                "imagenet-sketch/images/<wnid>/*.JPEG (1000 WordNet-id folders)", "wnid:imagenet", CLIP80,
+                "imagenet-sketch/images/<wnid>/*.JPEG (1000 WordNet-id folders)", _R + "read_imagenet", CLIP80,
                 views="augmix", image_dir="images", cupl="CuPL_prompts_imagenet.json", aliases=("s", "k", "sketch", "imagenets")),
     DatasetCard("aircraft", "Aircraft", CROSS_DOMAIN, 100, 3333, "fgvc_aircraft",
                 "fgvc_aircraft/variants.txt, fgvc_aircraft/images_variant_test.txt ('<image id> <variant>' lines) "
-                "and fgvc_aircraft/images/<image id>.jpg", "aircraft", ("a photo of a {}, a type of aircraft.",),
+                "and fgvc_aircraft/images/<image id>.jpg", _R + "read_aircraft", ("a photo of a {}, a type of aircraft.",),
                 image_dir="images", cupl="CuPL_prompts_fgvcaircraft.json", aliases=("fgvc", "fgvcaircraft")),
     _split("caltech101", "Caltech101", 100, 2465, "caltech-101", "split_zhou_Caltech101.json",
            "101_ObjectCategories", ENSEMBLE7, ("caltech",), "caltech101"),
@@ -98,38 +150,62 @@ DATASET_CARDS: tuple[DatasetCard, ...] = (
     _split("sun397", "SUN397", 397, 19850, "sun397", "split_zhou_SUN397.json", "SUN397", ENSEMBLE7, ("sun",), "sun397"),
     _split("ucf101", "UCF101", 101, 3783, "ucf101", "split_zhou_UCF101.json", "UCF-101-midframes",
            ("a photo of a person doing {}.",), ("ucf",), "ucf101"),
-)
-DATASETS: dict[str, DatasetCard] = {card.name: card for card in DATASET_CARDS}
+))
+
+# Every registered card by canonical name, the paper's first and in the paper's order (a live view: plugins and
+# folder datasets add to it).
+DATASETS: dict[str, DatasetCard] = {}
+_LOOKUP: dict[str, str] = {}
 
 
 def _squash(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-def _lookup_table() -> dict[str, str]:
-    table: dict[str, str] = {}
-    for card in DATASET_CARDS:
-        for spelling in (card.name, card.title, card.folder, *card.aliases):
-            key = _squash(spelling)
-            if table.setdefault(key, card.name) != card.name:
-                raise ValueError(f"dataset registry: spelling {spelling!r} names both {table[key]!r} and {card.name!r}")
-    return table
+def register_dataset(card: DatasetCard) -> DatasetCard:
+    """Add a card. The same name twice is refused unless it is the same card (a module imported again); so is a
+    name, title, folder or alias that another dataset already answers to (a spelling names one dataset)."""
+    if not isinstance(card, DatasetCard):
+        raise TypeError(f"register_dataset takes a DatasetCard, got {type(card).__name__}")
+    old = DATASETS.get(card.name)
+    if old is not None:
+        if old != card:
+            raise ValueError(f"dataset {card.name!r} is already registered with another card; choose another name")
+        return old
+    if card.paper and card not in _PAPER_CARDS:
+        raise ValueError(f"dataset card {card.name!r}: paper=True is for the paper's datasets, whose published "
+                         f"numbers the report compares with; leave it False")
+    keys = {}
+    for spelling in (card.name, card.title, card.folder, *card.aliases):
+        key = _squash(spelling)
+        owner = _LOOKUP.get(key)
+        if owner is not None:
+            raise ValueError(f"dataset card {card.name!r}: the spelling {spelling!r} already names dataset {owner!r}; "
+                             f"choose another name, title, folder or alias")
+        if key:
+            keys[key] = card.name
+    _LOOKUP.update(keys)
+    DATASETS[card.name] = card
+    return card
 
 
-_LOOKUP = _lookup_table()
+for _card in _PAPER_CARDS:
+    register_dataset(_card)
 
 
 def dataset_key(name: str) -> str | None:
-    """The canonical name of a benchmark dataset in any known spelling, or None (e.g. a synthetic scenario)."""
+    """The canonical name of a registered dataset in any known spelling, or None (e.g. a synthetic scenario)."""
     return _LOOKUP.get(_squash(name)) if isinstance(name, str) else None
 
 
 def canonical_dataset(name: str) -> str:
-    """The canonical name of a benchmark dataset; an unknown name raises a ValueError listing the known ones."""
+    """The canonical name of a registered dataset; an unknown name raises a ValueError listing the known ones."""
     key = dataset_key(name)
     if key is None:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)} (any spelling of these, "
-                         f"or an alias: {', '.join(sorted(a for c in DATASET_CARDS for a in c.aliases))})")
+                         f"or an alias: {', '.join(sorted(a for c in DATASETS.values() for a in c.aliases))}), or a "
+                         f"folder <data_root>/{name}/ holding {CLASSNAMES_FILE}, {TEMPLATES_FILE} and one sub-folder "
+                         f"of images per class")
     return key
 
 
@@ -138,11 +214,62 @@ def dataset_card(name: str) -> DatasetCard:
 
 
 def dataset_title(name: str) -> str:
-    """The paper's spelling of a benchmark dataset; other names (synthetic scenarios) as they are."""
+    """A registered dataset's title; other names (synthetic scenarios, unregistered folders) as they are."""
     key = dataset_key(name)
     return DATASETS[key].title if key else name
 
 
 def group_datasets(group: str) -> tuple[str, ...]:
-    """The canonical names of one benchmark group, in the paper's column order."""
-    return tuple(card.name for card in DATASET_CARDS if card.group == group)
+    """The canonical names of one of the paper's benchmark groups, in the paper's column order."""
+    return tuple(card.name for card in DATASETS.values() if card.paper and card.group == group)
+
+
+def paper_datasets() -> tuple[str, ...]:
+    return tuple(card.name for card in DATASETS.values() if card.paper)
+
+
+def _lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def folder_dataset(name: str, data_root: str | Path) -> DatasetCard | None:
+    """The card of a dataset in the generic class-folder layout, <data_root>/<name>/ with `classnames.txt` (one
+    class name a line, in the sorted order of the class sub-folders) and `templates.txt` (one prompt a line, the
+    class name written {c} or {}); None when the folder has no classnames.txt. A file that is there but unusable
+    raises a ValueError naming it."""
+    folder = Path(data_root) / name
+    classnames, templates = folder / CLASSNAMES_FILE, folder / TEMPLATES_FILE
+    if not _NAME_RE.match(name) or not classnames.is_file():
+        return None
+    if not templates.is_file():
+        raise ValueError(f"dataset folder {folder}: {TEMPLATES_FILE} is missing; expected one prompt a line with "
+                         f"{{c}} for the class name (e.g. 'a photo of a {{c}}.') beside {CLASSNAMES_FILE}")
+    try:
+        names, prompts = _lines(classnames), [t.replace("{c}", "{}") for t in _lines(templates)]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"dataset folder {folder}: cannot read its {CLASSNAMES_FILE} or {TEMPLATES_FILE} ({exc})") \
+            from None
+    if not names:
+        raise ValueError(f"dataset folder {folder}: {classnames} lists no class; expected one class name a line")
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"dataset folder {folder}: {classnames} lists {', '.join(map(repr, twice))} more than once; "
+                         f"expected one line per class")
+    bad = [t for t in prompts if t.count("{}") != 1]
+    if not prompts or bad:
+        raise ValueError(f"dataset folder {folder}: {templates} must hold one prompt a line, each with exactly one "
+                         f"{{c}} for the class name; bad lines: {bad or 'none (the file is empty)'}")
+    return DatasetCard(name, name, OTHER, len(names), None, name,
+                       f"{name}/{CLASSNAMES_FILE}, {name}/{TEMPLATES_FILE} and {name}/<class folder>/<images> (one "
+                       f"folder per line of {CLASSNAMES_FILE}, in sorted order)", FOLDER_READER, tuple(prompts))
+
+
+def ensure_dataset(name: str, data_root: str | Path | None) -> DatasetCard:
+    """A registered dataset's card, else that of a folder dataset under `data_root` (registered here, so every
+    process that reads it, a Ray worker's included, knows it by the same card); a ValueError if neither."""
+    key = dataset_key(name)
+    if key is None and data_root is not None:
+        card = folder_dataset(name, data_root)
+        if card is not None:
+            return register_dataset(card)
+    return dataset_card(name)

@@ -8,9 +8,10 @@ when one method was run with several settings on a dataset (an hparam grid, seve
 that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
 same backbone (and same setting label, if CLIP has several).
 
-Runs with random weights (run config `pretrained: random`) are labelled so wherever they appear: their backbone
-reads "RN50 (random weights)" in the tables, so they are never set beside the published numbers of RN50, and
-the dashboard's series say "[random weights]".
+Only runs of the published weights (run config `pretrained: openai`, which a checkpoint gets only when its file
+is OpenAI's published one) are set beside the published numbers. Other weights are labelled so wherever they
+appear: their backbone reads "RN50 (random weights)", "RN50 (checkpoint x.pt)" or "ViT-B/16 (<tag>)" in the
+tables, and the dashboard's series say "[random weights]", "[checkpoint x.pt]" or "[<tag>]".
 """
 
 from __future__ import annotations
@@ -66,6 +67,20 @@ PAPER_LAYOUTS = (TABLE1, TABLE2)
 
 RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
 RANDOM_WEIGHTS_NOTE = "random weights"
+PUBLISHED_WEIGHTS = "openai"  # the tag of the weights the paper's numbers were measured with
+
+
+def weights_note(pretrained: Any) -> str | None:
+    """What a backbone's label says about its weights: nothing for the published ones (and for synthetic runs,
+    which have none), else 'random weights', 'checkpoint <file name>' or the tag."""
+    if not isinstance(pretrained, str) or pretrained == PUBLISHED_WEIGHTS:
+        return None
+    if pretrained == RANDOM_WEIGHTS:
+        return RANDOM_WEIGHTS_NOTE
+    if "/" in pretrained or "\\" in pretrained or Path(pretrained).suffix in (".pt", ".pth", ".bin", ".safetensors"):
+        return f"checkpoint {Path(pretrained).name}"
+    return pretrained
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -142,11 +157,11 @@ def _fmt_value(value: Any, column: str = "") -> str:
 def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
-    dashboard's series); a run with random weights says so."""
+    dashboard's series); a run of other than the published weights says which (`weights_note`)."""
     labels = _row_labels(runs, hparams, extra)[0]
     if "pretrained" in runs.columns:
-        random = runs["pretrained"] == RANDOM_WEIGHTS
-        labels = labels.where(~random, labels + f" [{RANDOM_WEIGHTS_NOTE}]")
+        notes = runs["pretrained"].map(weights_note)
+        labels = labels.where(notes.isna(), labels + " [" + notes.fillna("") + "]")
     return labels
 
 
@@ -196,8 +211,8 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     runs["backbone_name"] = runs["backbone"]
     runs["backbone"] = runs["backbone"].map(backbone_label)
     if "pretrained" in runs.columns:
-        random = runs["pretrained"] == RANDOM_WEIGHTS
-        runs.loc[random, "backbone"] = runs.loc[random, "backbone"] + f" ({RANDOM_WEIGHTS_NOTE})"
+        notes = runs["pretrained"].map(weights_note)
+        runs["backbone"] = runs["backbone"].where(notes.isna(), runs["backbone"] + " (" + notes.fillna("") + ")")
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
     return runs, split
 
@@ -493,10 +508,11 @@ def _best(mean: pd.DataFrame, cells: dict[tuple, dict[str, evidence.Cell]], high
 
 def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
     """Columns for the datasets given (benchmark order first, then by name), plus Average when there are several."""
+    paper = registry.paper_datasets()
+
     def order(d: str) -> tuple[int, str]:
         key = registry.dataset_key(d)
-        keys = [k for k, _ in _OOD + _CD]
-        return (keys.index(key), d) if key else (len(keys), d)
+        return (paper.index(key), d) if key in paper else (len(paper), d)
 
     ordered = sorted(dict.fromkeys(datasets), key=order)
     cols = tuple((d, registry.dataset_title(d)) for d in ordered)
@@ -520,7 +536,8 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
 def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
                   include_empty: bool | None = None, metric: str = "accuracy") -> list[ReportTable]:
     """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
-    cells, then a method x dataset table for datasets outside both (e.g. synthetic scenarios).
+    cells, then a method x dataset table for every other dataset (synthetic scenarios, registered and folder
+    datasets that are not the paper's).
 
     runs: accuracy rows to tabulate (default: the finished runs, of `sweep` if given); include_empty: also the
     paper tables without measured cells, the published rows alone (default: with paper=True)."""
@@ -531,7 +548,8 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
             tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs, metric=metric))
-    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) is None]
+    paper_keys = set(registry.paper_datasets())
+    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) not in paper_keys]
     if others:
         layout = generic_layout(others, "Other datasets, by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))

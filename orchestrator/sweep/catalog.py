@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 from orchestrator.clip.prompts import cupl_file, resolve_templates
@@ -46,6 +47,26 @@ def effective_templates(template_set: str, dataset: str, data_root: str | None) 
     return "dataset", (f"templates 'cupl' for {dataset}: {cupl_file(data_root, dataset)} is absent, so its runs use "
                        f"the dataset's own templates (recorded as templates=dataset); put the file from DPE's or "
                        f"DMN's repository there to use CuPL prompts")
+
+
+# The weights the paper's published numbers were measured with: OpenAI's CLIP files, whose download URLs (in
+# open_clip's pretrained configs) are named by the sha256 of the file.
+PUBLISHED_TAG = "openai"
+
+
+def published_tag(model: str, checkpoint: str) -> str | None:
+    """PUBLISHED_TAG when the checkpoint file is OpenAI's published file of this model (its sha256 is the one the
+    official URL records), else None: a checkpoint is comparable with the published numbers only when known to
+    be those weights."""
+    import open_clip
+
+    from orchestrator.clip.backbone import file_sha256
+
+    url = (open_clip.get_pretrained_cfg(model.replace("/", "-"), PUBLISHED_TAG) or {}).get("url", "")
+    recorded = re.search(r"/([0-9a-f]{64})/[^/]+$", url)
+    if recorded is None or not Path(checkpoint).is_file():
+        return None
+    return PUBLISHED_TAG if file_sha256(checkpoint) == recorded.group(1) else None
 
 
 def register_model_config(path: str) -> None:

@@ -47,6 +47,7 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues += _template_issues(spec)
     issues += _method_issues(spec)
     issues += _stream_issues(spec)
+    issues += _synthetic_only_issues(spec)
     seen = set()
     for i, seed in enumerate(spec.seeds):
         if seed in seen:
@@ -66,6 +67,28 @@ def _path_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         if blocker is not None and not blocker.is_dir():
             where = "is a file" if blocker == path else f"lies under {blocker}, which is a file"
             issues.append((field, f"{value} {where}; expected a directory (created if missing)"))
+    return issues
+
+
+def _synthetic_only_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """Settings that act on images, asked of a spec whose datasets are all synthetic (generated embeddings: no
+    image, no encoder, no prompt): they would change nothing, so a spec that names them is refused."""
+    if spec.has_real_datasets:
+        return []
+    why = "every dataset of this spec is synthetic (its embeddings are generated: no images, encoder or prompts)"
+    issues = []
+    if spec.views not in ("protocol", "single"):
+        issues.append(("views", f"views {spec.views!r} would change nothing: {why}; expected views: protocol or "
+                                f"single, or a real dataset to run it on"))
+    changed = [t for t in spec.templates if t != "dataset" and t in TEMPLATE_SET_NAMES]
+    if changed:
+        issues.append(("templates", f"template set(s) {', '.join(map(repr, changed))} would change nothing: {why}; "
+                                    f"expected templates: dataset (the default; a synthetic scenario sets "
+                                    f"templates_per_class instead), or a real dataset to run them on"))
+    if spec.backbones:
+        names = ", ".join(b.model for b in spec.backbones)
+        issues.append(("backbones", f"backbone(s) {names} would change nothing: {why}; expected no backbones, or a "
+                                    f"real dataset to encode with them"))
     return issues
 
 
@@ -177,8 +200,40 @@ def _protocol_issues(spec: SweepSpec, protocol: Protocol, synthetic: list[str]) 
             return [f"the continual stream starts with {protocol.datasets[0]!r}, which is not among the spec's "
                     f"datasets; expected it listed under datasets"]
         reads = list(protocol.datasets)
-    return [f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"
-            for name in reads if dataset_key(name) is None]
+    unknown = [f"unknown dataset {name!r}; expected a benchmark dataset (e.g. imagenet-v2)"
+               for name in reads if dataset_key(name) is None]
+    if isinstance(protocol, Continual) and not unknown:
+        unknown += _label_space_issues(spec, protocol)
+    return unknown
+
+
+def _label_space_issues(spec: SweepSpec, protocol: Continual) -> list[str]:
+    """Continual runs one method state over its datasets in turn: they must predict over the same classes, which
+    their image lists (under an existing data root) say before anything runs."""
+    if spec.data_root is None or not Path(spec.data_root).is_dir():
+        return []  # reported by the data root's own check
+    from orchestrator.sweep.catalog import dataset_listing
+
+    spaces = {}
+    for name in protocol.datasets:
+        try:
+            spaces[dataset_key(name)] = dataset_listing(dataset_key(name), spec.data_root).class_names
+        except (OSError, ValueError):
+            return []  # an unreadable dataset folder is reported by the dataset checks
+    first, classes = next(iter(spaces.items()))
+    issues = []
+    for name, other in spaces.items():
+        if len(other) != len(classes):
+            differ = f"{name} has {len(other)} classes where {first} has {len(classes)}"
+        elif other != classes:
+            k = next(k for k, (a, b) in enumerate(zip(other, classes)) if a != b)
+            differ = f"class {k} is {other[k]!r} in {name} but {classes[k]!r} in {first}"
+        else:
+            continue
+        issues.append(f"continual runs one method state over datasets that share a label space, but {differ}; "
+                      f"expected datasets with the same classes in the same order (e.g. imagenet, imagenet-v2, "
+                      f"imagenet-sketch)")
+    return issues
 
 
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:

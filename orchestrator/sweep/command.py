@@ -4,8 +4,8 @@ code.
 
 Exit codes: 0 every run finished (or the dry run's plan printed); 1 some runs failed or were left unfinished (the
 summary says which and how to resume), or the results dir cannot be written; 2 the spec is invalid (every
-problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, joins a cluster with a
-results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
+problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, joins a cluster whose head does
+not answer (after a bounded wait) or with a results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
 than LARGE_SWEEP runs lacks --yes; 130 Ctrl-C.
 """
 
@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from orchestrator.sweep.load import SpecError, load_spec
-from orchestrator.sweep.runner import NeedsConfirmation, NoGPU, SharedStorageError, SweepLocked, run_sweep
+from orchestrator.sweep.runner import (ClusterUnreachable, NeedsConfirmation, NoGPU, SharedStorageError, SweepLocked,
+                                       run_sweep)
 
 
 def _say(line: str) -> None:
@@ -51,9 +52,9 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
         from orchestrator.sweep.dryrun import dry_run as plan_of
 
         try:
-            lines = plan_of(spec, runs)
-        except ValueError as exc:
-            print(f"error: {spec_path}: name: {exc}", file=sys.stderr)
+            lines = plan_of(spec, runs, source=str(spec_path), address=address)
+        except SpecError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         for line in lines:
             _say(line)
@@ -62,7 +63,7 @@ def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None 
         outcome = run_sweep(spec, resume=resume, address=address, out=_say, command=f"bca sweep {spec_path}",
                             ray_dashboard=ray_dashboard, progress_every_s=progress_every_s, yes=yes,
                             rerun_changed=rerun_changed, runs=runs)
-    except (SpecError, NoGPU, SharedStorageError, SweepLocked, NeedsConfirmation) as exc:
+    except (SpecError, NoGPU, SharedStorageError, SweepLocked, NeedsConfirmation, ClusterUnreachable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the results dir cannot be written (read-only, full, a file in the way)

@@ -1,5 +1,10 @@
 """`bca sweep SPEC --dry-run`: what a sweep would do, without running or writing anything.
 
+Besides the spec's own checks (every value, the data root's dataset folders, label spaces of continual streams),
+it checks this machine where the sweep would run on it (no --address): the pretrained weights each backbone
+names are on disk, and the resources a trial asks for exist here (`machine_issues`). A problem is an error
+(exit 2), not a line of the plan.
+
 Runs and trials per backbone / dataset / method (with how many are finished already), the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
 through a method, summed over the runs to run) and images to encode. Cache entries are recognised by their
@@ -9,12 +14,14 @@ manifest (backbone, dataset, image-list fingerprint, views and seed), without lo
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
+from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import DataSource, Run, Trial, make_trials
 from orchestrator.sweep.record import check_sweep_record
-from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.spec import RANDOM_WEIGHTS, SweepSpec
 from orchestrator.sweep.cost import sweep_cost
 from orchestrator.sweep.status import recorded_rows, run_status
 
@@ -91,11 +98,55 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     return lines
 
 
-def dry_run(spec: SweepSpec, runs: list[Run]) -> list[str]:
-    """The plan of a sweep as `bca sweep` would run it now; raises ValueError when the sweep record refuses it."""
+def weights_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """(field, message) for each backbone whose pretrained tag's weights are not on this machine (the message says
+    where it looked and how to supply them)."""
+    if not spec.has_real_datasets:
+        return []
+    from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError, resolve_weights
+
+    issues = []
+    for i, backbone in enumerate(spec.backbones):
+        if backbone.checkpoint is not None or backbone.pretrained in (None, RANDOM_WEIGHTS):
+            continue  # a checkpoint's existence is a spec check; random weights need no file
+        try:
+            resolve_weights(BackboneSpec(backbone.model, backbone.pretrained, backbone.quick_gelu))
+        except (WeightsNotFoundError, ValueError) as exc:
+            issues.append((f"backbones[{i}].pretrained", str(exc)))
+    return issues
+
+
+def resource_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """What a trial asks for that this machine (a local Ray's only node) does not have: trials would wait forever."""
+    import torch
+
+    issues = []
+    gpus, cpus = torch.cuda.device_count(), os.cpu_count() or 1
+    if spec.resources.gpu > 0 and gpus == 0:
+        issues.append(("resources.gpu", f"each trial asks for {spec.resources.gpu:g} GPU but this machine has none; "
+                                        f"expected resources.gpu: 0 to run on the CPU, or --address of a cluster "
+                                        f"with GPUs"))
+    if spec.resources.cpus > cpus:
+        issues.append(("resources.cpus", f"each trial asks for {spec.resources.cpus:g} CPUs but this machine has "
+                                         f"{cpus}; expected resources.cpus <= {cpus}, or --address of a cluster with "
+                                         f"larger nodes"))
+    return issues
+
+
+def machine_issues(spec: SweepSpec, address: str | None) -> list[tuple[str, str]]:
+    """This machine's checks for a sweep that runs on it; none when joining a cluster (its workers hold the
+    weights, and its nodes' resources are checked once joined)."""
+    return [] if address else weights_issues(spec) + resource_issues(spec)
+
+
+def dry_run(spec: SweepSpec, runs: list[Run], source: str = "<spec>", address: str | None = None) -> list[str]:
+    """The plan of a sweep as `bca sweep` would run it now; raises SpecError (every problem) when the sweep record
+    refuses it or this machine cannot run it."""
     problem = check_sweep_record(spec, runs)
-    if problem:
-        raise ValueError(problem)
+    issues = [("name", problem)] if problem else []
+    issues += machine_issues(spec, address or os.environ.get("RAY_ADDRESS") or None)
+    if issues:
+        raise SpecError(source, issues)
     status = run_status(spec, runs)
     trials = make_trials([r for r in runs if status[r.run_id] != "finished"], spec.pack,
                          sweep_cost(spec, recorded_rows(spec, runs)))

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.registry import load_plugins, method_names
 from orchestrator.sweep.checks import semantic_issues
-from orchestrator.sweep.spec import SweepSpec, current_spec_model
+from orchestrator.sweep.spec import SweepSpec, current_spec_model, register_folder_datasets
 
 
 class SpecError(ValueError):
@@ -113,6 +113,9 @@ def validate_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path | N
         load_plugins(plugins if isinstance(plugins, list) else [plugins])
     except (ValueError, TypeError) as exc:
         raise SpecError(source, [("plugins", str(exc))]) from None
+    folder_issues = register_folder_datasets(data, Path(base_dir) if base_dir is not None else Path.cwd())
+    if folder_issues:
+        raise SpecError(source, folder_issues)
     try:
         spec = current_spec_model().model_validate(data)
     except ValidationError as exc:

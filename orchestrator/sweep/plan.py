@@ -304,7 +304,7 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
                   "num_templates": params.get("templates_per_class", 1), "views": "single",
                   "synthetic": {"scenario": dataset.synthetic, **params}, "stream_order": "scenario"}
         return [(source, fields)]
-    from orchestrator.sweep.catalog import effective_templates, template_counts
+    from orchestrator.sweep.catalog import effective_templates, published_tag, template_counts
 
     out = []
     for backbone, asked in itertools.product(spec.backbones, spec.templates):
@@ -313,7 +313,11 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
                             pretrained=tag, checkpoint=backbone.checkpoint,
                             model_config=backbone.config, quick_gelu=backbone.quick_gelu, templates=templates)
-        fields = {"backbone": backbone.model, "pretrained": source.weights or RANDOM_WEIGHTS, "templates": templates,
+        # a checkpoint that is the published file is recorded as its tag (and the file), so the report sets it
+        # beside the published numbers; any other checkpoint is recorded as its path, and never is
+        published = published_tag(backbone.model, backbone.checkpoint) if backbone.checkpoint else None
+        fields = {"backbone": backbone.model, "pretrained": published or source.weights or RANDOM_WEIGHTS,
+                  **({"checkpoint": backbone.checkpoint} if published else {}), "templates": templates,
                   "num_templates": template_counts(templates, dataset.name)[0], "views": views,
                   "stream_order": "permutation", **_backbone_extras(backbone)}
         out.append((source, fields))

@@ -75,7 +75,7 @@ def summarise_error(text: str | None) -> str:
         line = f"worker process died (killed, out of memory or crashed): {detail}"
     else:
         line = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[0] if lines else "unknown error")
-    return line if len(line) <= 300 else line[:297] + "..."
+    return line  # whole: a remedy cut short is no remedy
 
 
 def trial_error(trial: Any) -> str:
@@ -90,7 +90,7 @@ def trial_error(trial: Any) -> str:
 
 
 PROGRESS_KEY = "progress"  # a result carrying it is a running trial's progress, not its final metrics
-_UNITS = {"encoding": "images", "adapting": "samples"}
+_UNITS = {"encoding": "images", "encoding prompts": "prompts", "adapting": "samples"}
 
 
 class TrialProgress:

@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -39,8 +40,9 @@ from orchestrator.results.atomic import atomic_write, ensure_dir
 from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.compaction import Compactor
-from orchestrator.sweep.cost import sweep_cost
 from orchestrator.sweep.compaction import tune_callback as compaction_callback
+from orchestrator.sweep.cost import sweep_cost
+from orchestrator.sweep.dryrun import weights_issues
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, dashboard_hint, summary_table
@@ -151,6 +153,35 @@ class SharedStorageError(ValueError):
     """Joining a cluster with a results or cache dir its other nodes could not use."""
 
 
+class ClusterUnreachable(ValueError):
+    """--address / RAY_ADDRESS names a head that does not answer (Ray itself would retry forever)."""
+
+
+JOIN_WAIT_S = 20.0  # how long a head that does not accept connections is retried before the sweep gives up
+
+
+def check_reachable(address: str, wait_s: float = JOIN_WAIT_S) -> None:
+    """The head's port accepts a TCP connection within `wait_s`, else ClusterUnreachable naming the address.
+    'auto' (Ray finds a local head itself) is left to Ray."""
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    deadline, error = time.monotonic() + wait_s, None
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, wait_s)):
+                return
+        except OSError as exc:
+            error = exc.strerror or str(exc)
+        if time.monotonic() >= deadline:
+            raise ClusterUnreachable(
+                f"--address {address}: no Ray head answers there ({error}, retried for {wait_s:g} s); expected the "
+                f"address `ray start --head` printed (host:6379), with the head running and its port reachable "
+                f"from this machine, or no --address (and no RAY_ADDRESS) to run on a local Ray")
+        time.sleep(1.0)
+
+
 def check_shared_storage(spec: SweepSpec, address: str) -> None:
     """Every node of a cluster writes rows, Tune state and cache entries under these dirs, at the path the
     driver resolved: it must be absolute and writable (and, which no check here can see, the same storage on
@@ -239,11 +270,15 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     another version of their dataset; `runs`: the spec's expansion when the caller already has it."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        check_reachable(address)
         check_shared_storage(spec, address)
     runs = expand(spec) if runs is None else runs
     problem = check_sweep_record(spec, runs)
     if problem:
         raise SpecError(f"sweep {spec.name}", [("name", problem)])
+    missing = [] if address else weights_issues(spec)  # on a cluster, the workers hold the weights
+    if missing:
+        raise SpecError(f"sweep {spec.name}", missing)
     status = run_status(spec, runs)  # read-only: a refusal below leaves the results dir as it was
     changed = changed_data(spec, runs, status) if spec.has_real_datasets else {}
     todo = [r for r in runs if status[r.run_id] != "finished"]
@@ -257,7 +292,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
             what = "running them again" if rerun_changed else f"run them again with {command} --rerun-changed"
             out(f"warning: {len(stale)} finished run(s) of {dataset} were made on another version of its image list "
                 f"(images added, removed or relabelled since): {', '.join(r.run_id for r in stale[:5])}"
-                f"{' ...' if len(stale) > 5 else ''}; {what}")
+                f"{f' and {len(stale) - 5} more' if len(stale) > 5 else ''}; {what}")
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
             # Accepted so that scripts can always pass --resume (the README's main job does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
@@ -386,4 +421,4 @@ def _count(errors: Any) -> list[tuple[str, int]]:
 
 
 __all__ = ["run_sweep", "SweepOutcome", "NoGPU", "SharedStorageError", "SweepLocked", "NeedsConfirmation",
-           "LARGE_SWEEP"]
+           "ClusterUnreachable", "LARGE_SWEEP"]

@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
-from orchestrator.registry import canonical_dataset, dataset_key, method_card, method_names
+from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
 # A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
@@ -261,6 +261,29 @@ def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, meth
         return "single"
     choice = dataset.views or spec.views
     return method_card(method).protocol_views(dataset.name).name if choice == METHOD_PROTOCOL else choice
+
+
+def register_folder_datasets(data: dict[str, Any], base_dir: Any) -> list[tuple[str, str]]:
+    """Register the datasets of a parsed spec that are folders in the generic layout under its data_root
+    (relative to `base_dir`), before the spec is validated against the registry; returns (field, message) for
+    each such folder that cannot be used (a name that is neither registered nor a folder is the validation's
+    "unknown dataset")."""
+    from pathlib import Path
+
+    root, entries = data.get("data_root"), data.get("datasets")
+    if not isinstance(root, str) or not isinstance(entries, list):
+        return []
+    root_path = Path(base_dir) / Path(root).expanduser()
+    issues = []
+    for i, entry in enumerate(entries):
+        name = entry.get("name") if isinstance(entry, dict) and "synthetic" not in entry else entry
+        if isinstance(name, str) and dataset_key(name) is None:
+            try:
+                ensure_dataset(name, root_path)
+            except ValueError as exc:
+                if (root_path / name).is_dir():
+                    issues.append((f"datasets[{i}]", str(exc)))
+    return issues
 
 
 def spec_fingerprint(spec: SweepSpec) -> str:

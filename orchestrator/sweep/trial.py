@@ -37,7 +37,7 @@ from orchestrator.data.streams import Contaminated
 from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
-from orchestrator.registry import load_plugins, method_card
+from orchestrator.registry import ensure_dataset, load_plugins, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
@@ -50,9 +50,10 @@ FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
 # sources interleave on one actor. ImageNet with AugMix views is gigabytes, so no more than that.
 _MEMO_SIZE = 2
 _MEMO: OrderedDict[tuple[DataSource, bool], Stream] = OrderedDict()
-# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images) or
-# 'adapting' (samples). The runner forwards it to the driver's progress lines.
+# What a trial says about itself while it runs: (stage, done, total) with stage 'encoding' (images),
+# TEXT_STAGE (prompts) or 'adapting' (samples). The runner forwards it to the driver's progress lines.
 Progress = Callable[[str, int, int], None]
+TEXT_STAGE = "encoding prompts"
 
 
 def _silent(stage: str, done: int, total: int) -> None:
@@ -112,6 +113,7 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         return synthesize(source.synthetic, seed=source.seed, **source.params())
     from orchestrator.features import load_benchmark
 
+    ensure_dataset(dataset, settings.data_root)  # a folder dataset is registered in each trial process too
     if source.model_config is not None:
         from orchestrator.sweep.catalog import register_model_config
 
@@ -119,7 +121,8 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
     return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
-                          progress=lambda done, total: progress("encoding", done, total))
+                          progress=lambda done, total: progress("encoding", done, total),
+                          text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
 
 
 def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
@@ -448,7 +451,7 @@ class _RecordProgress:
     """Also writes how far the trial got into its runs' runs-table rows (the dashboard's running runs), at most
     once per `every_s` seconds of a stage, after the driver's own progress call."""
 
-    _UNITS = {"encoding": "images", "adapting": "samples"}
+    _UNITS = {"encoding": "images", TEXT_STAGE: "prompts", "adapting": "samples"}
 
     def __init__(self, runs: list[Run], settings: Settings, forward: Progress,
                  clock: Callable[[], float] = time.monotonic) -> None:
