@@ -1,4 +1,4 @@
-"""Readers for the paper's datasets under a user's data root (REFERENCE.md section 4, TDA / CoOp layouts).
+"""Readers for the paper's datasets under a user's data root (TDA / CoOp layouts, docs/real-data.md).
 
 A reader only lists the test images: (image id, label) pairs plus the class names. Images are decoded
 later, by the feature cache's DataLoader, where an unreadable file becomes a recorded skip (see

@@ -1,7 +1,7 @@
 """The built-in methods' cards (see `orchestrator.registry.methods` for what a card holds).
 
 The values are the official ones: BCA's from the paper (tau / n1 / n2 = 0.3 / 30000 / 10 on the OOD benchmark,
-0.35 / 50000 / 10 on the cross-domain one, REFERENCE.md section 1), TDA's positive-cache alpha / beta per dataset
+0.35 / 50000 / 10 on the cross-domain one), TDA's positive-cache alpha / beta per dataset
 from its public configs (section 3), the other methods' from their official code and configs (each card's
 `source`; where code and paper differ, the method module's docstring says which is followed).
 """
@@ -104,7 +104,7 @@ register_method(MethodCard(
             choices=("discarded", "mean_prob")), LOGIT_SCALE),
     inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)"))
 
-# Methods beyond the BCA paper (REFERENCE.md section 6): their official repositories' per-dataset configs.
+# Methods beyond the BCA paper (docs/methods.md): their official repositories' per-dataset configs.
 register_method(MethodCard(
     'dpe', 'DPE', 100, 'prototype', 'textual prototypes and a visual cache, one AdamW step per sample on their residuals',
     "orchestrator.methods.dpe:DPE",
@@ -146,7 +146,7 @@ register_method(MethodCard(
     ),
     inputs='views', views='crops', view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
     source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference)'))
-# DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (methods-spec.md section 4).
+# DOTA's configs/vit/*.yaml per dataset (epsilon, eta, rho); sigma is 0.002 everywhere (dota.py's default).
 _DOTA = {
     "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
     "imagenet-r": (1e-4, 0.3, 0.0025), "imagenet-sketch": (1e-4, 0.8, 0.03), "caltech101": (0.002, 0.3, 0.02),

@@ -23,7 +23,7 @@ CLIP80 = "clip80"
 
 @dataclass(frozen=True)
 class DatasetCard:
-    """One benchmark dataset (REFERENCE.md sections 3 and 4).
+    """One benchmark dataset (its protocol and layout: docs/real-data.md).
 
     name: canonical name (stored in run configs); title: as the paper's tables write it; group: OOD or
     cross-domain benchmark; num_classes / test_images: the test split the public protocol uses; folder,
