@@ -5,7 +5,7 @@ role, per-dataset defaults, when it matters), the inputs it needs (a single feat
 which view kind its official protocol uses), the state it exposes (a prior to draw, caches, ...), and where
 its implementation lives (`impl`, "module:Class", imported only when a run needs it). Spec validation, the
 results schema's hyperparameter columns, the report's and dashboard's labels, filters and prior view, and the
-README's methods table all derive from the cards; `orchestrator.methods` checks hparams through them.
+methods table of docs/methods.md all derive from the cards; `orchestrator.methods` checks hparams through them.
 
 The built-in cards are in `orchestrator.registry.cards`. A plugin declares a card in a module of its own
 (its `impl` may be the class itself) and calls `register_method(card)`; a sweep spec names such modules under
@@ -129,7 +129,7 @@ class MethodCard:
     """One method.
 
     name: the spec's and the results' key; label: as tables write it; order: display order (tables, legends);
-    family: methods that share a colour family in charts; summary: what adapts (the README's table);
+    family: methods that share a colour family in charts; summary: what adapts (the docs' methods table);
     impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
     (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
     used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
