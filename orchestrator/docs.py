@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from orchestrator import registry
 from orchestrator.registry.datasets import GROUP_TITLES, dataset_title, group_datasets
 from orchestrator.registry.methods import HParam, method_cards
 
@@ -62,8 +63,6 @@ def methods_table() -> str:
 def datasets_table() -> str:
     """One row per registered dataset: name, title, benchmark, classes, test images, where its files go,
     the public protocol's views and templates."""
-    from orchestrator import registry
-
     rows = ["| name | title | benchmark | classes | test images | layout under the data root | views (protocol) | templates |",
             "|---|---|---|---:|---:|---|---|---|"]
     for card in registry.DATASETS.values():
@@ -80,12 +79,23 @@ def _columns(columns) -> list[str]:
 
 
 def sample_columns() -> str:
-    """The `samples` view: every Parquet column of a part, then the partition columns of its path."""
-    from orchestrator.results import schema
+    """The `samples` view's columns as it shows them over a one-run results dir, each with the schema's words for
+    it (a sample column's own, else the runs table's)."""
+    import tempfile
 
-    rows = _columns(schema.SAMPLE_COLUMNS)
-    rows += [f"| `{key}` | VARCHAR | from the part's path (`{key}=...`) |" for key in schema.PARTITION_KEYS
-             if key not in {c.name for c in schema.SAMPLE_COLUMNS}]
+    from orchestrator.results import schema
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.testing import write_fake_run
+
+    words = {c.name: c.doc for c in schema.run_columns()}
+    words.update({c.name: c.doc for c in schema.SAMPLE_COLUMNS})
+    with tempfile.TemporaryDirectory() as tmp:
+        write_fake_run(tmp, {"sweep": "s", "backbone": "b", "dataset": "d", "method": registry.baseline_method(),
+                             "seed": 1}, n=4)
+        described = ResultsDB(tmp).df("DESCRIBE samples")
+    rows = ["| column | type | meaning |", "|---|---|---|"]
+    rows += [f"| `{name}` | {kind} | {words.get(name, 'from the part path')} |"
+             for name, kind in zip(described["column_name"], described["column_type"])]
     return "\n".join(rows)
 
 
