@@ -145,16 +145,18 @@ def demo(tmp_path_factory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def frames(demo) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The demo's sample rows and runs table read straight from the Parquet files, not through the views."""
-    results = demo[0] / "results"
-    rows = []
-    for part in sorted((results / "samples").rglob("*.parquet")):
-        keys = dict(p.split("=", 1) for p in part.relative_to(results / "samples").parts[:-1])
-        df = pq.read_table(part, columns=["run_id", "sample_idx", "correct", "is_ood"]).to_pandas()
-        rows.append(df.assign(dataset=keys["dataset"], method=keys["method"]))
-    runs = pd.concat([pq.read_table(p).to_pandas() for p in sorted((results / "runs").rglob("*.parquet"))])
-    return pd.concat(rows, ignore_index=True), runs
+def frames(demo, tmp_path_factory) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The demo's sample rows and runs table, exported whole: the SQL examples' answers are computed from them
+    in pandas, apart from the SQL."""
+    results, out = demo[0] / "results", tmp_path_factory.mktemp("docs_frames")
+    tables = []
+    for name, sql in (("samples", "SELECT run_id, sample_idx, correct, is_ood, dataset, method FROM samples"),
+                      ("runs", "SELECT * FROM runs")):
+        done = subprocess.run([bca_executable(), "query", sql, "--parquet", str(out / f"{name}.parquet"),
+                               "--results", str(results)], capture_output=True, text=True, timeout=300, env=WIDE)
+        assert done.returncode == 0, done.stdout + done.stderr
+        tables.append(pq.read_table(out / f"{name}.parquet").to_pandas())
+    return tables[0], tables[1]
 
 
 # ---------------------------------------------------------------------------------------- generated parts
