@@ -32,15 +32,17 @@ from dashboard_results import bca_executable
 from orchestrator import docs, registry
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
 WIDE = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
 # BCA_DOCS_REFRESH=1: rewrite the output blocks from what the commands print now, instead of checking them.
 REFRESH = os.environ.get("BCA_DOCS_REFRESH") == "1"
 USER_RESULTS = "/home/you/bca/results"  # where the docs' outputs say the reader's results are
 
-# Pages the other parts of the docs link to that are written on other branches: a link to one of them is
-# checked once the page exists.
+# Pages written on other branches, with tests of their own for their commands, code and specs (a plugin's files,
+# a spec naming a plugin method): here their links are checked once they exist, and their SQL must run.
 PARALLEL = {"adding-a-method.md", "adding-a-dataset.md", "results-store.md", "statistics.md"}
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+OWN = [page for page in PAGES if page.name not in PARALLEL]
 
 # Commands of bash blocks that run here, in a copy of the checkout holding the demo's results (exit code 0).
 RUN_HERE = {
@@ -71,15 +73,15 @@ def blocks(page: Path) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w*)\n(.*?)^```$", page.read_text(), re.S | re.M)
 
 
-def all_blocks(language: str) -> list[tuple[Path, str]]:
-    return [(page, text) for page in PAGES for lang, text in blocks(page) if lang == language]
+def all_blocks(language: str, pages: list[Path] = PAGES) -> list[tuple[Path, str]]:
+    return [(page, text) for page in pages for lang, text in blocks(page) if lang == language]
 
 
 def block_outputs(language: str) -> list[tuple[Path, str, str | None]]:
     """Each block of a language with its output: the untagged block right after it (nothing but blank lines
     between), if any."""
     out = []
-    for page in PAGES:
+    for page in OWN:
         text = page.read_text()
         found = list(re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M))
         for i, block in enumerate(found):
@@ -208,7 +210,7 @@ def test_a_log_becomes_its_tables_and_counted_checks(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- commands
 def test_every_bash_command_is_run_here_or_by_a_named_test():
-    shown = [c for _, text in all_blocks("bash") for c in commands(text)]
+    shown = [c for _, text in all_blocks("bash", OWN) for c in commands(text)]
     unknown = [c for c in shown if c not in RUN_HERE and c not in ELSEWHERE]
     assert unknown == [], "commands in the docs that no test runs: add them to RUN_HERE or ELSEWHERE"
     assert set(RUN_HERE) | set(ELSEWHERE) <= set(shown), "commands listed here that the docs no longer show"
@@ -240,7 +242,7 @@ def test_test_script_runs_pytest():
 @pytest.mark.slow
 def test_commands_run_and_print_what_the_docs_show(demo):
     root, _ = demo
-    sql = next(text for _, text in all_blocks("sql"))
+    sql = next(text for _, text in all_blocks("sql", OWN))
     (root / "q.sql").write_text(sql)
     shown = {c: (page, out) for page, text, out in block_outputs("bash") for c in commands(text) if out}
     for command in sorted(RUN_HERE):
@@ -411,7 +413,7 @@ def statements(sql: str) -> list[str]:
 def test_yaml_spec_examples_validate(tmp_path):
     from orchestrator.sweep.spec import current_spec_model
 
-    specs = [(page, yaml.safe_load(text)) for page, text in all_blocks("yaml")]
+    specs = [(page, yaml.safe_load(text)) for page, text in all_blocks("yaml", OWN)]
     assert specs
     for page, spec in specs:
         current_spec_model().model_validate(spec)
