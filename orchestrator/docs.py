@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from orchestrator import registry
-from orchestrator.registry.datasets import GROUP_TITLES, dataset_title, group_datasets
-from orchestrator.registry.methods import HParam, method_cards
+from orchestrator.registry import HParam, dataset_title, group_datasets, method_cards
+from orchestrator.registry.datasets import GROUP_TITLES
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = Path("benchmarks") / "logs"
