@@ -68,9 +68,12 @@ ELSEWHERE = {
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
+
+
 def blocks(page: Path) -> list[tuple[str, str]]:
     """The fenced code blocks of a page: (language, text), in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```$", page.read_text(), re.S | re.M)
+    return FENCE.findall(page.read_text())
 
 
 def all_blocks(language: str, pages: list[Path] = PAGES) -> list[tuple[Path, str]]:
@@ -83,7 +86,7 @@ def block_outputs(language: str) -> list[tuple[Path, str, str | None]]:
     out = []
     for page in OWN:
         text = page.read_text()
-        found = list(re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M))
+        found = list(FENCE.finditer(text))
         for i, block in enumerate(found):
             if block.group(1) == language:
                 after = found[i + 1] if i + 1 < len(found) else None
