@@ -53,6 +53,7 @@ def test_every_default_is_valid(method):
     (torch.cat([FEATS, torch.full((1, D), float("nan"))]), "non-finite values.*first at sample 5"),
     (torch.cat([FEATS, torch.tensor([[float("inf"), 0.0, 0.0, 0.0]])]), "non-finite values"),
     (torch.cat([FEATS, torch.zeros(1, D)]), "feature of sample 5 has zero norm"),
+    (torch.cat([FEATS, torch.full((1, D), 1e30)]), "feature of sample 5 has a norm beyond float32.s range"),
     (FEATS.to("meta"), "features are on meta but class_embeddings on cpu"),
 ])
 def test_bad_features(features, match):

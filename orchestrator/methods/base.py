@@ -188,10 +188,18 @@ def validate_features(method: str, features: Any, class_embeddings: torch.Tensor
     if features.device != class_embeddings.device:
         raise ValueError(f"{method}: features are on {features.device} but class_embeddings on "
                          f"{class_embeddings.device}")
-    if not bool(torch.isfinite(features).all()):
-        bad = int(torch.nonzero(~torch.isfinite(features).flatten(1).all(dim=1))[0])
-        raise ValueError(f"{method}: features contain non-finite values (nan or inf), first at sample {bad}")
-    zero_norm = torch.linalg.vector_norm(features, dim=-1) == 0
+    # One pass over the features: a nan or inf entry makes its vector's norm non-finite.
+    norms = torch.linalg.vector_norm(features, dim=-1)
+    unusable = ~torch.isfinite(norms)
+    if views:
+        unusable = unusable.any(dim=1)
+    if bool(unusable.any()):
+        bad = int(torch.nonzero(unusable)[0])
+        if not bool(torch.isfinite(features[bad]).all()):
+            raise ValueError(f"{method}: features contain non-finite values (nan or inf), first at sample {bad}")
+        raise ValueError(f"{method}: feature of sample {bad} has a norm beyond float32's range "
+                         f"(features are expected L2-normalised)")
+    zero_norm = norms == 0
     if views:
         zero_norm = zero_norm.any(dim=1)
     if bool(zero_norm.any()):

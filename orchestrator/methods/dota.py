@@ -62,14 +62,14 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
-from orchestrator.methods.views import lowest_entropy_views
+from orchestrator.methods.views import lowest_entropy_logit_views
 
 
 def kept_views(views: torch.Tensor, text: torch.Tensor, logit_scale: float,
                keep: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 for one sample's views [V, d]: the kept views X [b, d] and their logits [b, K]."""
     logits = logit_scale * (views @ text.T)
-    kept = lowest_entropy_views(torch.softmax(logits, dim=1)[None], keep)[0]
+    kept = lowest_entropy_logit_views(logits[None], keep)[0]
     return views[kept], logits[kept]
 
 

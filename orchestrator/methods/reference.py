@@ -63,7 +63,7 @@ from dataclasses import dataclass
 import torch
 
 from orchestrator.methods.base import StageTimer, Trace, empty_trace
-from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_views
+from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_logit_views
 from orchestrator.registry.cards import CLIP_LOGIT_SCALE
 
 SELECT_ON = ("likelihood", "posterior")
@@ -140,8 +140,8 @@ def normalise(v: torch.Tensor) -> torch.Tensor:
 
 def adaptive_view_sample(views: torch.Tensor, U32: torch.Tensor, logit_scale: float) -> tuple[torch.Tensor, ...]:
     """One sample's views [V, d] against the current U -> (feature [d], likelihood p [M]) (module docstring)."""
-    z = logit_scale * (views @ U32.T)
-    kept = lowest_entropy_views(torch.softmax(z, dim=1)[None], PROTOCOL_KEEP)[0]
+    z = (logit_scale * views) @ U32.T  # the public code's order: scale the [V, d] views, not the [V, M] logits
+    kept = lowest_entropy_logit_views(z[None], PROTOCOL_KEEP)[0]
     return views[kept].mean(dim=0), torch.softmax(z[kept].mean(dim=0), dim=0)
 
 

@@ -54,13 +54,17 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.reference import blend, update_weights
-from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_views
+from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_logit_views
 
 NEG_ENTROPY_BOUNDS = (0.2, 0.5)
 NEG_MASK_BOUNDS = (0.03, 1.0)
 
-def class_logits(logits: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """Per-class log-sum-exp of per-embedding logits [..., M] -> [..., K]; exact for single-embedding classes."""
+def class_logits(logits: torch.Tensor, class_ids: torch.Tensor | None, num_classes: int) -> torch.Tensor:
+    """Per-class log-sum-exp of per-embedding logits [..., M] -> [..., K]; exact for single-embedding classes.
+    `class_ids` None says row k is class k's only embedding: the logits are returned as they are (what the
+    log-sum-exp of one term gives, bit for bit, without its scatter over [..., M])."""
+    if class_ids is None:
+        return logits
     shape = (*logits.shape[:-1], num_classes)
     index = class_ids.expand(logits.shape)
     top = torch.full(shape, -math.inf, dtype=logits.dtype, device=logits.device)
@@ -160,7 +164,17 @@ class ClassCache:
         return out
 
 
-VIEW_CHUNK = 256  # samples per vectorised chunk of the view path: bounds the [chunk, V, M] logits in memory
+# The view path's [chunk, V, M] logits are streamed through half a dozen elementwise passes: on a CPU a
+# chunk that stays in cache (1M floats: 16 samples of 64 views at M = 1000) beats one large product
+# (benchmarks.methods, TDA's official column); a GPU wants large chunks.
+VIEW_CHUNK_FLOATS = {"cpu": 1 << 20}
+VIEW_CHUNK_FLOATS_OTHER = 1 << 26
+
+
+def view_chunk(features: torch.Tensor, num_embeddings: int) -> int:
+    """Samples per chunk of the view path for views [n, V, d] against M class embeddings."""
+    budget = VIEW_CHUNK_FLOATS.get(features.device.type, VIEW_CHUNK_FLOATS_OTHER)
+    return max(1, budget // (features.shape[1] * num_embeddings))
 
 
 class TDA(Method):
@@ -173,6 +187,9 @@ class TDA(Method):
                  **hparams: Any) -> None:
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         d, device = class_embeddings.shape[1], class_embeddings.device
+        identity = class_ids.shape[0] == num_classes and torch.equal(
+            class_ids, torch.arange(num_classes, device=class_ids.device))
+        self.logit_classes = None if identity else class_ids  # class_logits' argument
         self.pos = ClassCache(num_classes, hparams["pos_shot"], d, device, with_values=False)
         self.neg = ClassCache(num_classes, hparams["neg_shot"], d, device, with_values=True)
         if self.with_prior:
@@ -185,7 +202,7 @@ class TDA(Method):
         for f in features:
             with timer("logits"):
                 logits = self.hp["logit_scale"] * (self.class_embeddings @ f)
-                clip_logits = class_logits(logits, self.class_ids, self.num_classes)
+                clip_logits = class_logits(logits, self.logit_classes, self.num_classes)
                 prob_map = torch.softmax(clip_logits, dim=0)
                 loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
             yield f, logits, clip_logits, prob_map, loss_t
@@ -193,21 +210,22 @@ class TDA(Method):
     def view_queries(self, chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A chunk of samples' views [c, V, d] -> per sample (f, per-embedding logits, clip_logits, prob_map,
         loss) from its kept views (module docstring), each with a leading [c] axis."""
-        logits = self.hp["logit_scale"] * (chunk @ self.class_embeddings.T)           # [c, V, M]
-        view_logits = class_logits(logits, self.class_ids, self.num_classes)          # [c, V, K]
-        kept = lowest_entropy_views(torch.softmax(view_logits, dim=-1), PROTOCOL_KEEP)
+        logits = (self.hp["logit_scale"] * chunk) @ self.class_embeddings.T         # [c, V, M], as the code orders it
+        view_logits = class_logits(logits, self.logit_classes, self.num_classes)          # [c, V, K]
+        kept = lowest_entropy_logit_views(view_logits, PROTOCOL_KEEP)
         kept_logits = gather_views(view_logits, kept)
         f = gather_views(chunk, kept).mean(dim=1)
         mean_logits = gather_views(logits, kept).mean(dim=1)
-        clip_logits = class_logits(mean_logits, self.class_ids, self.num_classes)
+        clip_logits = class_logits(mean_logits, self.logit_classes, self.num_classes)
         prob_map = torch.softmax(kept_logits, dim=-1).mean(dim=1)
         return f, mean_logits, clip_logits, prob_map, avg_entropy(kept_logits)
 
     def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
-        """The same per sample from its kept views; stateless, so computed in chunks of VIEW_CHUNK."""
-        for start in range(0, features.shape[0], VIEW_CHUNK):
+        """The same per sample from its kept views; stateless, so computed in chunks (`view_chunk`)."""
+        chunk = view_chunk(features, self.class_embeddings.shape[0])
+        for start in range(0, features.shape[0], chunk):
             with timer("logits"):
-                queries = self.view_queries(features[start:start + VIEW_CHUNK])
+                queries = self.view_queries(features[start:start + chunk])
             yield from zip(*queries)
 
     def _run(self, features: torch.Tensor) -> Trace:

@@ -22,7 +22,7 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.lockstep.common import column, group_by, split_timings
-from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, VIEW_CHUNK, class_logits
+from orchestrator.methods.tda import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
@@ -210,13 +210,13 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
     feature [d] on [n, d]; on views [n, V, d] it is [H, d], each cache's mean of its kept views (the views
     kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one."""
     first = caches[0]
-    E, class_ids, K = first.class_embeddings, first.class_ids, first.num_classes
+    E, K = first.class_embeddings, first.num_classes
     if features.ndim == 2:
         scale = torch.tensor([[m.hp["logit_scale"]] for m in caches], dtype=torch.float32, device=features.device)
         for f in features:
             with timer("logits"):
                 logits = scale * (E @ f)[None, :]
-                clip_logits = class_logits(logits, class_ids, K)
+                clip_logits = class_logits(logits, first.logit_classes, K)
                 prob_map = torch.softmax(clip_logits, dim=1)
                 loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
             yield f, logits, clip_logits, prob_map, loss
@@ -224,9 +224,10 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
     scales = [m.hp["logit_scale"] for m in caches]
     distinct, index = group_by(scales)
     of_cache = torch.tensor(index, device=features.device)
-    for start in range(0, features.shape[0], VIEW_CHUNK):
+    step = view_chunk(features, caches[0].class_embeddings.shape[0])
+    for start in range(0, features.shape[0], step):
         with timer("logits"):
-            chunk = features[start:start + VIEW_CHUNK]
+            chunk = features[start:start + step]
             per_scale = [caches[scales.index(s)].view_queries(chunk) for s in distinct]
             queries = [torch.stack(parts, dim=1)[:, of_cache] for parts in zip(*per_scale)]   # each [c, H, ...]
         yield from zip(*queries)

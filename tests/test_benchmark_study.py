@@ -1,0 +1,43 @@
+"""`python -m benchmarks.study`: the study's projection from measured slices (quick mode on the CPU)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from benchmarks import study
+
+
+def test_view_count_of_each_protocol_kind():
+    assert [study.view_count(k) for k in ("single", "augmix", "crops", "crops31")] == [1, 64, 64, 32]
+
+
+def _unit(seconds: float, groups: int) -> study.Unit:
+    return study.Unit("dtd", "RN50", "bca", samples=int(seconds * 10), views=1, rate=10.0, peak_bytes=0,
+                      gemm_fraction=0.0, groups=groups)
+
+
+def test_makespan_splits_units_into_passes_of_g_orders():
+    # 100 orders in passes of 50: two passes of 50 s each; one device runs both, two devices one each.
+    units = [_unit(100.0, 50)]
+    assert study.makespan(units, 1, 100) == pytest.approx(100.0)
+    assert study.makespan(units, 2, 100) == pytest.approx(50.0)
+    # A pass cannot be split: 64 devices still take one pass's time.
+    assert study.makespan(units, 64, 100) == pytest.approx(50.0)
+    # Longest first onto the least loaded device: passes 60, 40, 30, 30 on two devices -> 60 + 30, 40 + 30.
+    units = [_unit(60.0, 100), _unit(40.0, 100), _unit(60.0, 50)]
+    assert study.makespan(units, 2, 100) == pytest.approx(90.0)
+
+
+def test_quick_study_prints_every_method_and_a_consistent_total(capsys):
+    study.main(["--quick", "--methods", "clip", "bca", "tda", "dota", "--backbones", "RN50"])
+    out = capsys.readouterr().out
+    rows = {m.group(1).strip(): float(m.group(2).replace(",", ""))
+            for m in re.finditer(r"^\| (\S[^|]*?)\s*\|\s*([\d,]+) \|", out, re.M)}
+    assert set(rows) == {"CLIP", "BCA", "TDA", "DOTA", "total"}
+    assert rows["total"] == pytest.approx(sum(v for k, v in rows.items() if k != "total"), abs=4)
+    hours = [float(h) for h in re.findall(r"projected on +\d+ device\(s\): ([\d.]+) h", out)]
+    assert len(hours) == 3 and hours[0] >= hours[1] >= hours[2] > 0
+    # 2 quick datasets (ImageNet-A 7,500 and DTD 1,692 test images) x 100 orders x 4 methods.
+    assert f"{(7500 + 1692) * 100 * 4:,} method-samples" in out
