@@ -1,4 +1,4 @@
-"""The figures of the README's Reliability section: run the fault-injection and bad-input tests, count what was
+"""The figures of docs/reliability.md: run the fault-injection and bad-input tests, count what was
 injected and survived, what bad input was tried, and how many rows were lost.
 
     python -m benchmarks.reliability            # tests/reliability plus the related tests of other modules
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = len(own_faults) + related["fault"]
     bad_inputs = len(own_bad) + related["bad_input"]
     print("\n" + "=" * 100)
-    print("Reliability figures (README 'Reliability' section)")
+    print("Reliability figures (docs/reliability.md)")
     print("=" * 100)
     print(f"faults injected and survived:     {faults}  ({len(own_faults)} in tests/reliability, "
           f"{related['fault']} in the modules' own tests)")

@@ -1,4 +1,4 @@
-"""The one Markdown table layout the benchmarks print (and the README quotes)."""
+"""The one Markdown table layout the benchmarks print (and docs/performance.md quotes)."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def cache_cmd(
     pretrained: str = typer.Option(None, "--pretrained", help="Tag (e.g. openai) or a checkpoint file; "
                                    "leave out for random weights."),
     dataset: list[str] = typer.Option(None, "--dataset", help="Dataset name (repeatable), e.g. imagenet-a."),
-    data_root: Path = typer.Option(None, "--data-root", help="Folder holding the datasets (REFERENCE layouts)."),
+    data_root: Path = typer.Option(None, "--data-root", help="Folder holding the datasets (docs/real-data.md)."),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Feature cache folder."),
     views: str = typer.Option(DATASET_PROTOCOL, "--views", help="dataset (each dataset's own protocol: augmix "
                               "for ImageNet-A/-V2/-R/-Sketch, single otherwise) | single | augmix | augmixN | crops "

@@ -164,7 +164,7 @@ class LocalCluster:
 
 
 def cluster_env(home: Path, repo: Path) -> dict[str, str]:
-    """The environment of the cluster's processes and of the `ray` CLI: HOME is the test's (so README's ~/bca
+    """The environment of the cluster's processes and of the `ray` CLI: HOME is the test's (so the cluster steps' ~/bca
     is its checkout), this environment's `ray` first on PATH, this checkout importable, nothing inherited that
     would point Ray at another cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

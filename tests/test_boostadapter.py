@@ -121,7 +121,7 @@ def test_matches_the_official_loop_with_the_original_view_query():
 def test_matches_the_official_loop_with_the_confident_mean_query():
     # At logit scale 100 these views are so confident that the mean of six views' probabilities is nearly a
     # mixture of one-hots, whose entropies recur across samples (5:1 -> 0.4506 nats, ...) and tie up to
-    # rounding, so the cache ranking is decided by rounding (methods-spec, "near ties"). A softer scale keeps
+    # rounding, so the cache ranking is decided by rounding. A softer scale keeps
     # the ranking decided by the numbers.
     views, emb, ids, k, labels = view_stream("iid", n=2000, num_classes=30, dim=64, seed=5, views=64, class_views=True)
     hp = {"pos_alpha": 2.0, "pos_beta": 5.0, "delta": 3, "logit_scale": 30.0}

@@ -241,7 +241,7 @@ def test_paper_rows(fake_results: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert {"measured", "paper", "Δ paper"} <= set(table["source"])
     paper_bca = table[table["method"].str.startswith("BCA") & (table["source"] == "paper")
                       & (table["backbone"] == "RN50")]
-    assert set(paper_bca["ImageNet"]) == {"61.81"}  # REFERENCE.md section 2, Table 1
+    assert set(paper_bca["ImageNet"]) == {"61.81"}  # the paper's Table 1
 
 
 def test_prior_panel_from_saved_state(fake_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:

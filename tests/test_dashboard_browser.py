@@ -2,7 +2,7 @@
 DevTools protocol. It opens the app (the comparison's rows), changes a filter by typing into it (the table and
 the URL follow), follows that shared link in a fresh load (the same view), opens every panel, a run's page and
 the two-run comparison, and checks that every chart has a plotting area; then once more at 1920 px in the dark
-theme. BCA_SCREENSHOTS=docs saves a full-page screenshot of each view there (the README's pictures).
+theme. BCA_SCREENSHOTS=docs saves a full-page screenshot of each view there (the pictures of docs/results.md).
 
 Needs Debian's chromium (/usr/bin/chromium; `.ci/run` installs it). Without it this test fails, on purpose.
 """
@@ -34,7 +34,7 @@ from orchestrator.results.testing import write_fake_run
 pytestmark = pytest.mark.slow
 
 CHROMIUM = os.environ.get("BCA_CHROMIUM", "/usr/bin/chromium")
-# The README's screenshots are refreshed only on request (BCA_SCREENSHOTS=docs), so a test run leaves the work
+# The docs' screenshots are refreshed only on request (BCA_SCREENSHOTS=docs), so a test run leaves the work
 # tree clean.
 SCREENSHOTS = Path(os.environ.get("BCA_SCREENSHOTS", ""))
 VIEW_HEIGHT = 1200

@@ -220,7 +220,7 @@ def test_select_on_posterior_maps_classes_to_permuted_rows(impl):
 
 
 def test_float16_state_rounds_updates_away(impl):
-    # REFERENCE.md section 1: with C1 = 30000, C1 * U[s] + f in float16 loses the feature's direction.
+    # With C1 = 30000, C1 * U[s] + f in float16 loses the feature's direction.
     gen = torch.Generator().manual_seed(0)
     d = 512
     emb = torch.nn.functional.normalize(torch.randn(4, d, generator=gen), dim=1)

@@ -3,8 +3,7 @@
 - a method registered from a plugin module of its own runs through spec validation, a Ray sweep trial, the
   results views, the report and the dashboard's labels and filters with no other file touched;
 - no method name, method label or dataset alias is spelled in the package outside the registry;
-- no import cycle among orchestrator packages or modules; the plain-data registries import without torch;
-- the README's methods table is the cards' table.
+- no import cycle among orchestrator packages or modules; the plain-data registries import without torch.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator import registry
-from orchestrator.registry.docs import readme_section
 
 REPO = Path(__file__).resolve().parents[1]
 BCA = str(Path(sys.executable).with_name("bca"))
@@ -303,17 +301,3 @@ def test_registries_results_and_dashboard_queries_import_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
-
-
-def test_readme_methods_table_is_the_cards():
-    assert readme_section() in (REPO / "README.md").read_text(), \
-        "the README's methods table differs from the cards: run python -m orchestrator.registry.docs"
-
-
-def test_docs_table_names_every_method_and_its_defaults():
-    section = readme_section()
-    for card in registry.method_cards():
-        assert f"| `{card.name}` | {card.label} |" in section
-        for h in card.hparams:
-            assert f"`{h.name}`" in section
-    assert "[0.35 on the cross-domain benchmark]" in section

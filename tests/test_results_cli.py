@@ -247,14 +247,3 @@ def test_query_the_paired_view_as_the_readme_does(results):
     assert len(rows) == 3 * 2  # one bca run per dataset and seed, each against its CLIP run
     assert all(r["misaligned"] == 0 and r["helped"] + r["hurt"] + r["both_right"] + r["both_wrong"] == 30
                for r in rows)
-
-
-def test_the_readme_methods_table_command_rewrites_a_stale_table(tmp_path):
-    from orchestrator.registry.docs import BEGIN, END, readme_section
-
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{BEGIN}\n| stale |\n{END}\noutro\n")
-    done = subprocess.run([sys.executable, "-m", "orchestrator.registry.docs", str(readme)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and "updated" in done.stdout
-    assert readme.read_text() == f"intro\n{readme_section()}\noutro\n"

@@ -1,6 +1,6 @@
-"""The README's cluster workflow on a real multi-node Ray cluster on this machine (tests/ray_cluster.py: a head
-with no CPUs or GPUs, two worker nodes with a fake GPU each), driven with Ray's own CLI as a user drives it:
-`ray job submit` of the README's command, `ray job logs --follow`, `ray job stop`, and faults: a worker node
+"""The cluster workflow of docs/clusters.md on a real multi-node Ray cluster on this machine (tests/ray_cluster.py:
+a head with no CPUs or GPUs, two worker nodes with a fake GPU each), driven with Ray's own CLI as a user drives
+it: `ray job submit` of its command, `ray job logs --follow`, `ray job stop`, and faults: a worker node
 killed mid-sweep, the job stopped and resubmitted after the head restarted.
 
 The layout is the one cluster.yaml builds: a checkout at ~/bca (HOME is the test's) whose results and cache
@@ -44,10 +44,8 @@ VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_
 
 
 def readme_submit_command() -> str:
-    """Step 4 of the README's cluster section, verbatim."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Sweeps on a Ray cluster", 1)[1].split("\n## ", 1)[0]
-    (command,) = re.findall(r"`(ray job submit [^`]+)`", section)
+    """Step 4 of the cluster steps (docs/clusters.md), verbatim."""
+    (command,) = re.findall(r"`(ray job submit [^`]+)`", (REPO / "docs" / "clusters.md").read_text())
     return command
 
 
@@ -86,8 +84,8 @@ def write_spec(checkout: Path, name: str) -> Path:
 
 
 def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None, env: dict | None = None) -> str:
-    """The README's `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
-    A failpoint or other environment reaches the job through Ray's runtime env, the one addition to the README's
+    """The docs' `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
+    A failpoint or other environment reaches the job through Ray's runtime env, the one addition to the docs'
     command."""
     command = readme_submit_command().replace("http://127.0.0.1:8265", cluster.dashboard)
     command = command.replace("experiments/paper_ood.yaml", f"experiments/{spec.name}")
@@ -101,7 +99,7 @@ def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None, env:
 
 
 def follow(cluster: LocalCluster, job: str) -> tuple[str, str]:
-    """README step 5: `ray job logs --follow` until the job ends; returns (its logs, its final status)."""
+    """Step 5: `ray job logs --follow` until the job ends; returns (its logs, its final status)."""
     from ray.job_submission import JobSubmissionClient
 
     logs = cluster.ray("job", "logs", "--address", cluster.dashboard, "--follow", job)

@@ -1,7 +1,7 @@
 """Prompt templates and class embeddings from the text encoder.
 
 Named template sets:
-- 'dataset': the dataset's own templates in the public protocol (its registry card; REFERENCE.md section 3);
+- 'dataset': the dataset's own templates in the public protocol (its registry card);
 - 'ensemble7': the 7-template ImageNet ensemble, 'clip80': CLIP's 80 ImageNet templates (both taken from
   open_clip.zero_shot_metadata);
 - 'handcrafted1'..'handcrafted4': the supplementary's M = K*t sets without ensembling ("a photo of a {}",

@@ -1,4 +1,4 @@
-"""Confident-view selection for augmented views (the public protocol, REFERENCE.md section 3).
+"""Confident-view selection for augmented views (the public protocol of TDA's and BCA's code).
 
 Done at run time, not at encode time, because it depends on the class embeddings (the prompts): for each
 sample the views' class posteriors are computed against the given class embeddings, the `keep` fraction

@@ -3,7 +3,7 @@
 Nothing here touches the network. The tiny models are ordinary open_clip configs registered with
 `open_clip.add_model_config`, so they run exactly the code path of the paper's backbones (random weights:
 pretrained=None, or a checkpoint file saved from one). The dataset builders write a few small images per
-class in each layout of REFERENCE.md section 4, for end-to-end tests of readers, cache and sweep.
+class in each layout of docs/real-data.md, for end-to-end tests of readers, cache and sweep.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A method is a pure tensor state machine over embeddings: no I/O, no Ray, no paths. Inputs are validated
 once at the edge (`make_method`, `Method.run`, `run_stream`); the math below the edge trusts its inputs.
 Inputs are expected to be L2-normalised, but norms are not enforced: an AugMix feature is the mean of the
-kept views' unit features and is deliberately not renormalised (REFERENCE.md section 3).
+kept views' unit features and is deliberately not renormalised (TDA's public protocol).
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ the logits alone. A tau / n1 / n2 sweep thus computes F U^T once per (tau, n1), 
 Threads. One configuration group (or one torch thread): blocks run one after another, the products on
 `product_threads` threads (default 1), the walk on the calling thread. One thread is the default because
 intra-op threads wait for each other at every product's barrier: with the other core busy, two product
-threads ran a single BCA config about ten times slower than one and twice as unevenly (README, Performance:
-`benchmarks.engine --repeat 7 --load`); they gain ~20% only on an idle machine. Several groups: they run side
+threads ran a single BCA config about ten times slower than one and twice as unevenly (`python -m
+benchmarks.engine --repeat 7 --load`); they gain ~20% only on an idle machine. Several groups: they run side
 by side, one thread each, with single-threaded products, so no thread waits at another's barrier. (Computing block b+1's products
 on a second thread while block b is walked was tried and measured slower: the walk then also corrects for
-block b's rows; see the README's Performance section and `python -m benchmarks.engine`.)
+block b's rows; see docs/performance.md and `python -m benchmarks.engine`.)
 Thread count and block length change only float rounding (products of other shapes); the tests hold
 every setting to the reference.
 
@@ -72,7 +72,7 @@ from orchestrator.stages import METHOD_STAGES
 
 # Block length: the walk's corrections cost O(B) per sample (rows changed since the block started), the
 # products get cheaper per sample with B (fewer packings of U and V, fewer thread barriers); 128 measured
-# best of 64 / 128 / 192 (README Performance, `python -m benchmarks.engine`).
+# best of 64 / 128 / 192 (`python -m benchmarks.engine`).
 DEFAULT_BLOCK = 128
 # A block restarts before a sample whose softmax normaliser fell below 1/_DRIFT of its block-start value
 # (keeps Q0's float32 error below ~2e-6 of the posterior) ...

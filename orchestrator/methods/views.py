@@ -1,7 +1,7 @@
 """Per-view posteriors and the confident-view rule, shared by Zero, TDA, the BCA family and the AugMix
 feature selection.
 
-The public protocol (REFERENCE.md section 3) keeps, for each sample, the `keep` fraction of its augmented
+The public protocol (TDA's pipeline, reused by BCA's code) keeps, for each sample, the `keep` fraction of its augmented
 views whose class posterior has the lowest softmax entropy; Zero votes over the same views.
 """
 

@@ -236,7 +236,7 @@ class MethodCard:
         return sorted(h.name for h in self.hparams)
 
     def defaults(self, dataset: str | None = None) -> dict[str, Any]:
-        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults (REFERENCE.md)."""
+        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults."""
         key = dataset_key(dataset) if dataset is not None else None
         return {h.name: h.per_dataset.get(key, h.default) for h in self.hparams}
 

@@ -6,7 +6,7 @@ which view kind its official protocol uses), the state it exposes (a prior to dr
 its implementation lives (`impl`, "module:Class", and its optional lockstep runner, `lockstep`,
 "module:function", each imported only when a run needs it). Spec validation, the results schema's
 hyperparameter columns, the report's and dashboard's labels, filters and prior view, the routing of a pack's
-configs (`orchestrator.methods.many`) and the README's methods table all derive from the cards;
+configs (`orchestrator.methods.many`) and the methods table of docs/methods.md all derive from the cards;
 `orchestrator.methods` checks hparams through them.
 
 A method is one folder: `card.py` (plain data: `CARDS`, a tuple of `MethodCard`s, importing only

@@ -146,7 +146,7 @@ def report_cmd(
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's runs."),
     paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
     metric: str = typer.Option("accuracy", "--metric", help="accuracy, last50_accuracy, top5_accuracy, ece, nll "
-                               "or ood_auroc (see the README's metrics)."),
+                               "or ood_auroc (see docs/streams-and-metrics.md)."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
     """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds and

@@ -121,7 +121,7 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     if spec.data_root is None:
         issues.append(("data_root", "required when a real dataset is named; expected the directory that "
-                                    "holds the dataset folders (see the README's data layout)"))
+                                    "holds the dataset folders (see docs/real-data.md for the layouts)"))
     elif not Path(spec.data_root).is_dir():
         issues.append(("data_root", f"directory {spec.data_root} does not exist; expected the directory "
                                     f"that holds the dataset folders"))

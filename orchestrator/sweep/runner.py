@@ -294,7 +294,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
                 f"(images added, removed or relabelled since): {', '.join(r.run_id for r in stale[:5])}"
                 f"{f' and {len(stale) - 5} more' if len(stale) > 5 else ''}; {what}")
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
-            # Accepted so that scripts can always pass --resume (the README's main job does).
+            # Accepted so that scripts can always pass --resume (scripts/demo.sh does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
         write_sweep_record(spec, runs)
         for stale in changed.values() if rerun_changed else ():

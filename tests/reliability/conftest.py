@@ -1,7 +1,7 @@
 """Shared pieces of the fault-injection and bad-input suite (issue 7).
 
 - `ledger`: what each test injected or tried and how many rows it checked, written as JSON to the path in
-  BCA_RELIABILITY_LEDGER (set by `python -m benchmarks.reliability`, which prints the README's counts).
+  BCA_RELIABILITY_LEDGER (set by `python -m benchmarks.reliability`, which prints docs/reliability.md's counts).
   Tests record an entry only after its assertions passed, so the counts are of faults survived.
 - Small synthetic sweep specs, reading every row back, and exactness against a reference computed by a plain
   loop over `execute_trial` (no Ray), the same code a trial runs.

@@ -3,7 +3,7 @@
 This is the readable implementation that tests and benchmarks compare the blocked engine against; it is
 the paper's own implementation style (one sample, one softmax, one optional row update).
 
-State (REFERENCE.md section 1, Algorithm 1): class embeddings U [M, d] (initialised from the prompt
+State (the paper's Algorithm 1, docs/methods.md): class embeddings U [M, d] (initialised from the prompt
 embeddings), prior V [M, K] (row m one-hot at class_ids[m]), counters C1 = n1 and C2 = n2 [M].
 Per sample f, in stream order:
 
@@ -50,9 +50,9 @@ P_x_um (equal to logit_scale * U f up to float rounding). The engine cannot batc
 depend on every earlier update), so it runs here, per sample.
 
 Precision (state_dtype): U and V are stored in that dtype and every update operation runs on tensors of
-that dtype (torch rounds after each op: C * r, + x, / (C + 1), normalise), so float16 reproduces the
-effect in REFERENCE.md section 1 where C1 * U[s] rounds the feature away. Counters are float32 in both
-cases; the scalar weights (C, m, decay * C) are Python floats. Logits and posteriors are computed in
+that dtype (torch rounds after each op: C * r, + x, / (C + 1), normalise), so float16 reproduces what a
+float16 copy of the public code does: with C1 = 30000, C1 * U[s] + f rounds the feature away. Counters are
+float32 in both cases; the scalar weights (C, m, decay * C) are Python floats. Logits and posteriors are computed in
 float32 from the stored values.
 """
 

@@ -1,9 +1,9 @@
 """BoostAdapter (Zhang et al., NeurIPS 2024): TDA's caches plus a per-sample boosting cache built from the
 sample's own confident views.
 
-As the official `run_test_tda` in boostadapter mode (taolinzhang/BoostAdapter runner.py; methods-spec
-section 3), per sample with view features F [V, d] (view 0 the original image), class embeddings T [K, d]
-and view logits L_v = logit_scale * T F_v, view entropies e_v = H(softmax(L_v)) in nats:
+As the official `run_test_tda` in boostadapter mode (taolinzhang/BoostAdapter runner.py), per
+sample with view features F [V, d] (view 0 the original image), class embeddings T [K, d] and view
+logits L_v = logit_scale * T F_v, view entropies e_v = H(softmax(L_v)) in nats:
 
 1. query: with one view, or query='original', f = F_0, l = L_0, H = e_0, pm = softmax(L_0); with
    query='confident' and V > 1, over the int(keep V) lowest-entropy views S: f = mean F_S (not

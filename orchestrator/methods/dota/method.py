@@ -1,5 +1,5 @@
 """DOTA (Han et al., NeurIPS 2025): distributional test-time adaptation, ONLINE, as `skylineeeeen/DOTA`
-dota.py runs it (methods-spec.md section 4): per-class Gaussian means and covariances estimated from the
+dota.py runs it: per-class Gaussian means and covariances estimated from the
 zero-shot soft labels, scored through one shared precision.
 
 State (one model for the whole stream, never reset): mu [K, d] = 0.001 everywhere; counts c [K] = 1;

@@ -1,7 +1,7 @@
 """MTA (Zanella & Ben Ayed, CVPR 2024): MeanShift over a sample's augmented views with inlierness scores.
 
 Episodic: every sample is solved from scratch from its own views; nothing carries across samples. As the
-official `solve_mta` (MaxZanella/MTA mta.py; methods-spec section 2), per sample with view features
+official `solve_mta` (MaxZanella/MTA mta.py), per sample with view features
 F [V, d] (view 0 the original image) and class embeddings T [K, d]:
 
 1. bandwidths: h_j = sqrt(0.5 * mean of the squared distances from view j to its k = int(0.3 (V - 1))

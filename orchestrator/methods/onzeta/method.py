@@ -1,6 +1,5 @@
 """OnZeta (Qian & Hu, ECCV 2024): online label learning (a dual variable on class proportions) plus online
-proxy learning (vision-space class proxies), single view, as `idstcv/OnZeta` main_online.py runs it
-(methods-spec.md section 1).
+proxy learning (vision-space class proxies), single view, as `idstcv/OnZeta` main_online.py runs it.
 
 State: proxies W [K, d] (rows; the official holds the transpose), initialised to the text embeddings T;
 rho [K] = 0; the step counter i (global over `run` calls). Per sample x, with N = n_total:
@@ -26,7 +25,7 @@ Differences from the official code, all deliberate:
 Paper vs code: the spec was written from the code; this module follows the code. The official repository
 ships ImageNet only, so the same hyperparameters serve every dataset (no per-dataset configs exist).
 The step (cw / tau_i)(p - q) is sized for K ~ 1000: at K ~ 20 the proxies jump and float32 and float64
-runs of the same loop can disagree on a few percent of predictions (methods-spec.md); at K >= 100 they agree.
+runs of the same loop can disagree on a few percent of predictions; at K >= 100 they agree.
 
 Trace: `selected` -1 and `gated` False (no gate); state 'W' [K, d], 'rho' [K], 'step' (samples seen).
 Hyperparameters are on its registry card (`card.py` in this folder).

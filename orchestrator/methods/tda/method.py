@@ -1,7 +1,7 @@
 """TDA (Karmanov et al., CVPR 2024): training-free dynamic adapter with positive and negative caches,
 and `tda_pa`: TDA's likelihood with BCA's prior adaptation (the supplementary's "TDA + PA").
 
-TDA, per sample f, exactly as the public code (REFERENCE.md section 3):
+TDA, per sample f, exactly as the public code (kdiAAA/TDA) runs it:
 
 1. clip_logits = logit_scale * U f per class; prob_map = softmax(clip_logits); pred = argmax;
    loss = softmax entropy of clip_logits (nats); gating entropy = loss / log2(K) (the code's own mix of bases).
