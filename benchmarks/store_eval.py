@@ -45,7 +45,15 @@ def _delta_writer(path: str, configs: list[dict], n: int) -> None:
     from deltalake import write_deltalake
 
     for config in configs:
-        write_deltalake(path, _table(config, n)[1], mode="append")
+        table = _table(config, n)[1]
+        for attempt in range(50):  # delta-rs retries a lost commit race a few times itself; past that, again here
+            try:
+                write_deltalake(path, table, mode="append")
+                break
+            except Exception:  # noqa: BLE001 - CommitFailedError
+                time.sleep(0.05 * (attempt + 1))
+        else:
+            raise RuntimeError("delta: commit kept failing")
 
 
 def _iceberg_catalog(root: str):
@@ -128,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         from deltalake import DeltaTable
 
         path = work / "delta"
+        from deltalake import write_deltalake
+
+        write_deltalake(str(path), _table(configs[0], 1)[1].slice(0, 0))  # created once: concurrent creates conflict
         append_s = _appends(_delta_writer, str(path), configs, n, args.writers)
         files = _files(path)
         t0 = time.perf_counter()
