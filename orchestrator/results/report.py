@@ -1,12 +1,16 @@
 """Tables from stored results: the paper's Table 1 (OOD) and Table 2 (cross-domain), and a generic
 method x dataset table for any sweep (synthetic scenarios included).
 
-Cells are mean ± std over seeds of finished runs with all their rows (the accuracy view's `complete`). An average column is computed per seed
-over the seeds that cover all of its datasets, then mean ± std over those seeds; if no seed covers them all
-it is missing. Missing cells are NaN in frames and "—" when rendered, never zero. Rows are (backbone, method);
-when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
-that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
-same backbone (and same setting label, if CLIP has several).
+Every number says what it stands on (orchestrator.results.evidence): a cell is mean ± std over the finished runs
+with all their rows (seeds x orders), "(n=3)"; where some of the runs it should stand on failed, were interrupted,
+lost a part or never ran, "(n=2 of 3)" and the caption names each; where runs skipped images, "30 of 40 samples".
+An average column is computed per (seed, order) over those that cover all of its datasets. Gains over CLIP are
+paired: each run minus zero-shot CLIP on the same setting, seed, order and samples, averaged over the pairs.
+"Best" compares complete cells of one backbone and one stream protocol; a published number is compared only with
+a cell on the published protocol and the complete dataset (the dataset card's image count). Missing cells are NaN
+in frames and "—" when rendered, never zero. Rows are (backbone, method); when one method was run with several
+settings on a dataset (an hparam grid, several sweeps, streams), the settings that vary label separate rows, e.g.
+"BCA (tau=0.3)"; a stream that differs anywhere in the table is named on every row.
 
 Runs with random weights (run config `pretrained: random`) are labelled so wherever they appear: their backbone
 reads "RN50 (random weights)" in the tables, so they are never set beside the published numbers of RN50, and
@@ -103,13 +107,6 @@ def load_paper_results() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- data
-def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
-    """One row per finished, complete run with its accuracy (accuracy view), optionally for one sweep."""
-    where = "status = 'finished' AND complete" + (" AND sweep = $sweep" if sweep is not None else "")
-    params = {"sweep": sweep} if sweep is not None else None
-    return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
-
-
 # Columns of the runs view a table's evidence needs besides the accuracy view's.
 _EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
 
