@@ -10,6 +10,7 @@ Filter semantics: an empty selection means "all"; a run whose column is NULL pas
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -394,8 +395,10 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         values = mean[column]
         cells = []
         for series in mean.index:
-            if column == "Average":
-                cells.append("—" if pd.isna(values[series]) else f"{values[series]:.2f}")
+            if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
+                fewest, most = n.loc[series, datasets].min(), expected.loc[series, datasets].max()
+                cells.append(evidence.cell_text(values[series], math.nan, _int_or_none(fewest) or 0,
+                                                _int_or_none(most)))
                 continue
             count = n[column][series]
             cells.append(evidence.cell_text(
