@@ -10,6 +10,7 @@ Filter semantics: an empty selection means "all"; a run whose column is NULL pas
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -352,20 +353,25 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     stats = (finished.groupby(["series", "dataset"], as_index=False)
              .agg(mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"), worst10=(metric, worst10)))
     out = out.merge(stats, on=["series", "dataset"], how="left").fillna({"n": 0})
+    prepared = evidence.prepare(labelled.reset_index(drop=True))
+    arrays, values = evidence.columns(prepared), pd.to_numeric(prepared[metric], errors="coerce").to_numpy(float)
+    config = prepared["group_id"].fillna(prepared["run_id"]) if "group_id" in prepared else prepared["run_id"]
+    configs_of: dict[tuple, list] = {}
+    # a series may pool several configurations: each expects its own seeds x orders
+    for (series, dataset, _), at in prepared.groupby(["series", "dataset", config]).indices.items():
+        configs_of.setdefault((series, dataset), []).append(evidence.cell_at(prepared, arrays, values, at, peers))
+    usable_rows = prepared[prepared["_fit"] & prepared[metric].notna()]
+    setting = usable_rows["setting_id"] if "setting_id" in usable_rows else usable_rows["dataset"]
+    paired = usable_rows.groupby([usable_rows["series"], usable_rows["dataset"], setting, usable_rows["seed"],
+                                  usable_rows["_order"]])[metric].mean()
+    paired_by = {key: group.droplevel([0, 1]) for key, group in paired.groupby(level=[0, 1])}
     extra = []
-    for (series, dataset), part in labelled.groupby(["series", "dataset"]):
-        # a series may pool several configurations: each expects its own seeds x orders
-        configs = [evidence.dataset_cell(group, peers, metric)
-                   for _, group in part.groupby(part["group_id"].fillna(part["run_id"]) if "group_id" in part
-                                                else part["run_id"])]
+    for (series, dataset), configs in configs_of.items():
         short = [c for c in configs if c.skipped]
-        pairing = part.assign(_order=evidence.order_of(part))
-        pairing = pairing[evidence.usable(pairing) & pairing[metric].notna()]
-        setting = pairing["setting_id"] if "setting_id" in pairing else pairing["dataset"]
-        values = pairing.groupby([setting, pairing["seed"], pairing["_order"]])[metric].mean()
+        own = paired_by.get((series, dataset), pd.Series(dtype=float))
         extra.append({"series": series, "dataset": dataset, "expected": sum(len(c.expected) for c in configs),
                       "samples": short[0].samples if short else None, "total": short[0].total if short else None,
-                      "protocols": frozenset().union(*(c.protocols for c in configs)), "values": values})
+                      "protocols": frozenset().union(*(c.protocols for c in configs)), "values": own})
     out = out.merge(pd.DataFrame(extra), on=["series", "dataset"], how="left")
     out["rank"] = out["method"].map(lambda m: registry.method_rank(m))
     out = out.sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank").reset_index(drop=True)
@@ -397,8 +403,10 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         values = mean[column]
         cells = []
         for series in mean.index:
-            if column == "Average":
-                cells.append("—" if pd.isna(values[series]) else f"{values[series]:.2f}")
+            if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
+                fewest, most = n.loc[series, datasets].min(), expected.loc[series, datasets].max()
+                cells.append(evidence.cell_text(values[series], math.nan, _int_or_none(fewest) or 0,
+                                                _int_or_none(most)))
                 continue
             count = n[column][series]
             cells.append(evidence.cell_text(

@@ -197,6 +197,7 @@ def test_incomplete_finished_runs_never_reach_a_table(tmp_path):
     part.unlink()  # one finished run loses half its rows
     t = report.build_table(db, report.TABLE1)
     assert t.n.at[("RN50", "CLIP"), "ImageNet"] == 1
+    assert t.formatted().at[("RN50", "CLIP"), "ImageNet"].endswith("(n=1 of 2)")  # marked, not silently dropped
     # also when the caller hands in its own (stale) selection of accuracy rows
     stale = runs.assign(complete=[True, False])
     assert report.build_table(db, report.TABLE1, runs=stale).n.at[("RN50", "CLIP"), "ImageNet"] == 1
@@ -205,7 +206,7 @@ def test_incomplete_finished_runs_never_reach_a_table(tmp_path):
 def test_any_metric_of_the_accuracy_view_makes_a_table_lower_ece_is_best(tmp_path):
     make_fake_results(tmp_path, datasets=("dtd",), seeds=(1, 2), n=40)
     db = ResultsDB(tmp_path)
-    runs = report.finished_runs(db)
+    runs = db.df("SELECT * FROM accuracy WHERE status = 'finished' AND complete")
     table = report.report_tables(db, metric="ece")[0]
     assert table.title.endswith("expected calibration error (%, 15 bins)")
     expected = runs.groupby("method")["ece"].mean()

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from orchestrator import registry
@@ -85,18 +86,33 @@ def _peers(runs: pd.DataFrame) -> pd.DataFrame:
                          "dataset": text("dataset"), "stream": text("stream")}, index=runs.index)
 
 
-def expected_keys(runs: pd.DataFrame) -> dict[tuple, set[tuple[int, int]]]:
-    """(sweep, backbone, dataset, stream) -> the (seed, order) pairs any run there was recorded with."""
-    frame = _peers(runs).assign(seed=runs["seed"].astype(int), order=order_of(runs))
-    return {tuple(key): set(zip(group["seed"], group["order"]))
-            for key, group in frame.groupby(["sweep", "backbone", "dataset", "stream"])}
+def prepare(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs with what the cells read, computed once for a whole table: `_order`, `_fit` (usable), `_peer`
+    (sweep, backbone, dataset and stream, as one key), `_protocol` and `_paper_stream`."""
+    if "_fit" in runs:
+        return runs
+    peers = _peers(runs)
+    streams = runs["stream"] if "stream" in runs else pd.Series(None, index=runs.index, dtype=object)
+    labels = {text: protocol(text or None) for text in peers["stream"].unique()}
+    return runs.assign(_order=order_of(runs), _fit=usable(runs),
+                       _peer=peers["sweep"] + "\x1f" + peers["backbone"] + "\x1f" + peers["dataset"] + "\x1f"
+                       + peers["stream"],
+                       _protocol=peers["stream"].map(labels),
+                       _paper_stream=[stream_value(v) in PAPER_STREAMS for v in streams])
+
+
+def expected_keys(runs: pd.DataFrame) -> dict[str, set[tuple[int, int]]]:
+    """Peer key (`prepare`) -> the (seed, order) pairs any run there was recorded with."""
+    frame = prepare(runs)
+    return {peer: set(zip(group["seed"].astype(int), group["_order"]))
+            for peer, group in frame.groupby("_peer")}
 
 
 @dataclass
 class Cell:
     """The evidence of one cell: runs used and expected, why the others are missing, samples, protocol."""
 
-    values: pd.Series                 # the metric per (seed, order) it stands on
+    values: dict[tuple[int, int], float]  # the metric per (seed, order) it stands on
     expected: set[tuple[int, int]]
     missing: dict[tuple[int, int], str]
     samples: int | None = None        # fewest samples a used run streamed, when some skipped images
@@ -106,7 +122,7 @@ class Cell:
 
     @property
     def n(self) -> int:
-        return int(self.values.notna().sum())
+        return len(self.values)
 
     @property
     def complete(self) -> bool:
@@ -116,43 +132,69 @@ class Cell:
     def skipped(self) -> bool:
         return self.samples is not None
 
+    def stats(self) -> tuple[float, float, int]:
+        """(mean, std with ddof 1 (NaN for one run), n) over the runs it stands on; NaN mean for none."""
+        values = np.fromiter(self.values.values(), float, len(self.values))
+        if not len(values):
+            return math.nan, math.nan, 0
+        return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan, len(values)
 
-def dataset_cell(cell_runs: pd.DataFrame, peers: dict[tuple, set], metric: str,
-                 no_value: str = "no value of the metric") -> Cell:
-    """The cell of one configuration on one dataset from its recorded runs (any status); `no_value` says why a
-    usable run without a value of `metric` is left out."""
-    frame = cell_runs.assign(_order=order_of(cell_runs))
-    fit = usable(frame)
-    ok = fit & frame[metric].notna()
-    used = frame[ok]
-    values = used.groupby(["seed", "_order"])[metric].mean()
-    values.index = pd.Index([(int(s), int(o)) for s, o in values.index])
+
+# The run columns a cell reads, as arrays (`columns`).
+_CELL_COLUMNS = ("seed", "_order", "_fit", "_peer", "_protocol", "_paper_stream", "dataset", "n_samples", "n_skipped")
+
+
+def columns(runs: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A `prepare`d frame's cell columns as numpy arrays, taken once for a whole table."""
+    return {c: runs[c].to_numpy() for c in _CELL_COLUMNS if c in runs}
+
+
+def cell_at(runs: pd.DataFrame, arrays: dict[str, np.ndarray], values: np.ndarray, at: np.ndarray,
+            peers: dict[str, set], no_value: str = "no value of the metric") -> Cell:
+    """The cell of the runs at positions `at` of a `prepare`d frame (one configuration on one dataset, any status),
+    with `values` the metric of every run of the frame; `no_value` says why a usable run without a value is left
+    out. Plain Python over the cell's few runs: a table of 10^5 runs calls this once per cell."""
+    seeds, orders = arrays["seed"][at].astype(int), arrays["_order"][at].astype(int)
+    fit = arrays["_fit"][at].astype(bool)
+    mine = values[at].astype(float)
+    ok = fit & ~np.isnan(mine)
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for seed, order, value in zip(seeds[ok], orders[ok], mine[ok]):
+        pooled.setdefault((int(seed), int(order)), []).append(float(value))
+    means = {k: sum(v) / len(v) for k, v in sorted(pooled.items())}
     expected: set[tuple[int, int]] = set()
-    for key in _peers(frame).drop_duplicates().itertuples(index=False):
-        expected |= peers.get(tuple(key), set())
-    have = set(values.index)
+    for peer in set(arrays["_peer"][at]):
+        expected |= peers.get(peer, set())
     missing = {}
-    for key in sorted(expected - have):
-        own = frame[(frame["seed"] == key[0]) & (frame["_order"] == key[1])]
-        if own.empty:
+    for key in sorted(expected - set(means)):
+        hit = np.flatnonzero((seeds == key[0]) & (orders == key[1]))
+        if not len(hit):
             missing[key] = "never ran"
         else:
-            missing[key] = no_value if fit[own.index].any() else why_unusable(own.iloc[0])
+            missing[key] = no_value if fit[hit].any() else why_unusable(runs.iloc[int(at[hit[0]])])
     samples = total = None
-    if len(used) and "n_skipped" in used:
-        skipped = used["n_skipped"].fillna(0)
+    if ok.any() and "n_skipped" in arrays:
+        skipped = pd.to_numeric(pd.Series(arrays["n_skipped"][at][ok])).fillna(0).to_numpy()
         if (skipped > 0).any():
-            worst = used.loc[skipped.idxmax()]
-            samples, total = int(worst["n_samples"]), int(worst["n_samples"] + worst["n_skipped"])
-    protocols = frozenset(protocol(v) for v in frame["stream"]) if "stream" in frame else frozenset({"dataset order"})
-    key = registry.dataset_key(str(frame["dataset"].iloc[0])) if len(frame) else None
+            worst = int(np.argmax(skipped))
+            streamed = int(arrays["n_samples"][at][ok][worst])
+            samples, total = streamed, streamed + int(skipped[worst])
+    key = registry.dataset_key(str(arrays["dataset"][at[0]])) if len(at) else None
     card = registry.DATASETS[key] if key else None
-    paper_ok = (card is not None and len(used) > 0 and samples is None
-                and all(stream_value(v) in PAPER_STREAMS for v in used.get("stream", pd.Series([None])))
-                and "n_samples" in used and bool((used["n_samples"] == card.test_images).all()))
-    cell = Cell(values, expected, missing, samples, total, protocols, paper_ok)
+    paper_ok = (card is not None and bool(ok.any()) and samples is None
+                and bool(arrays["_paper_stream"][at][ok].all()) and "n_samples" in arrays
+                and bool((arrays["n_samples"][at][ok] == card.test_images).all()))
+    cell = Cell(means, expected, missing, samples, total, frozenset(arrays["_protocol"][at]), paper_ok)
     cell.paper_ok = cell.paper_ok and cell.complete
     return cell
+
+
+def dataset_cell(cell_runs: pd.DataFrame, peers: dict[str, set], metric: str,
+                 no_value: str = "no value of the metric") -> Cell:
+    """The cell of one configuration on one dataset from its recorded runs (any status; `cell_at` for many)."""
+    frame = prepare(cell_runs)
+    values = pd.to_numeric(frame[metric], errors="coerce").to_numpy(dtype=float)
+    return cell_at(frame, columns(frame), values, np.arange(len(frame)), peers, no_value)
 
 
 def average_cell(parts: list[Cell]) -> Cell | None:
@@ -160,22 +202,24 @@ def average_cell(parts: list[Cell]) -> Cell | None:
     that run; incomplete or short of samples when any of its datasets is."""
     if not parts:
         return None
-    per_key = pd.concat([p.values for p in parts], axis=1)
-    values = per_key.dropna().mean(axis=1)
+    keys = sorted(set.intersection(*(set(p.values) for p in parts)))
+    values = {k: sum(p.values[k] for p in parts) / len(parts) for k in keys}
     expected = set().union(*(p.expected for p in parts))
-    missing = {k: "a dataset's run is missing" for k in expected - set(values.index)}
+    missing = {k: "a dataset's run is missing" for k in expected - set(values)}
     short = [p for p in parts if p.skipped]
     return Cell(values, expected, missing, short[0].samples if short else None, short[0].total if short else None,
                 frozenset().union(*(p.protocols for p in parts)), all(p.paper_ok for p in parts))
 
 
-def paired_gain(values: pd.Series, baseline: pd.Series) -> tuple[float, int]:
-    """Mean difference to the baseline over the (seed, order) keys both have, and how many: a gain on the same
-    runs, never one mean over 2 seeds minus another over 3."""
-    both = pd.concat([values.rename("v"), baseline.rename("b")], axis=1).dropna()
-    if both.empty:
+def paired_gain(values: Any, baseline: Any) -> tuple[float, int]:
+    """Mean difference to the baseline over the keys both have ((seed, order), or (setting, seed, order)), and how
+    many: a gain on the same runs, never one mean over 2 seeds minus another over 3."""
+    mine = dict(values.items())
+    theirs = dict(baseline.items())
+    both = [k for k in mine if k in theirs and not math.isnan(mine[k]) and not math.isnan(theirs[k])]
+    if not both:
         return math.nan, 0
-    return float((both["v"] - both["b"]).mean()), int(len(both))
+    return sum(mine[k] - theirs[k] for k in both) / len(both), len(both)
 
 
 def cell_text(mean: float, std: float, n: int, expected: int | None = None, samples: int | None = None,
@@ -207,7 +251,7 @@ def spread_over(cells: Iterable[Cell]) -> str:
     """What a table's ± is over: 'seeds', 'stream orders' or 'seeds x stream orders' (the runs its cells pool)."""
     seeds = orders = 1
     for cell in cells:
-        keys = list(cell.values.dropna().index)
+        keys = list(cell.values)
         if keys:
             seeds = max(seeds, len({k[0] for k in keys}))
             orders = max(orders, len({k[1] for k in keys}))

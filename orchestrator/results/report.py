@@ -1,12 +1,16 @@
 """Tables from stored results: the paper's Table 1 (OOD) and Table 2 (cross-domain), and a generic
 method x dataset table for any sweep (synthetic scenarios included).
 
-Cells are mean ± std over seeds of finished runs with all their rows (the accuracy view's `complete`). An average column is computed per seed
-over the seeds that cover all of its datasets, then mean ± std over those seeds; if no seed covers them all
-it is missing. Missing cells are NaN in frames and "—" when rendered, never zero. Rows are (backbone, method);
-when one method was run with several settings on a dataset (an hparam grid, several sweeps), the settings
-that vary label separate rows, e.g. "BCA (tau=0.3)". Gain over CLIP compares a row with the CLIP row of the
-same backbone (and same setting label, if CLIP has several).
+Every number says what it stands on (orchestrator.results.evidence): a cell is mean ± std over the finished runs
+with all their rows (seeds x orders), "(n=3)"; where some of the runs it should stand on failed, were interrupted,
+lost a part or never ran, "(n=2 of 3)" and the caption names each; where runs skipped images, "30 of 40 samples".
+An average column is computed per (seed, order) over those that cover all of its datasets. Gains over CLIP are
+paired: each run minus zero-shot CLIP on the same setting, seed, order and samples, averaged over the pairs.
+"Best" compares complete cells of one backbone and one stream protocol; a published number is compared only with
+a cell on the published protocol and the complete dataset (the dataset card's image count). Missing cells are NaN
+in frames and "—" when rendered, never zero. Rows are (backbone, method); when one method was run with several
+settings on a dataset (an hparam grid, several sweeps, streams), the settings that vary label separate rows, e.g.
+"BCA (tau=0.3)"; a stream that differs anywhere in the table is named on every row.
 
 Only runs of the published weights (run config `pretrained: openai`, which a checkpoint gets only when its file
 is OpenAI's published one) are set beside the published numbers. Other weights are labelled so wherever they
@@ -118,13 +122,6 @@ def load_paper_results() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- data
-def finished_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
-    """One row per finished, complete run with its accuracy (accuracy view), optionally for one sweep."""
-    where = "status = 'finished' AND complete" + (" AND sweep = $sweep" if sweep is not None else "")
-    params = {"sweep": sweep} if sweep is not None else None
-    return db.df(f"SELECT * FROM accuracy WHERE {where} ORDER BY backbone, method, dataset, seed", params)
-
-
 # Columns of the runs view a table's evidence needs besides the accuracy view's.
 _EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
 
@@ -325,13 +322,13 @@ def _with_clip_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Each run with `_clip`: zero-shot CLIP's value on the very same samples: the usable CLIP run of the same
     setting (backbone, data, templates, views, stream), seed and order, with the same stream length and data
     fingerprint (NaN where there is none)."""
-    runs = runs.assign(_order=evidence.order_of(runs), _ok=evidence.usable(runs))
+    runs = evidence.prepare(runs)
     if "setting_id" not in runs:
         return runs.assign(_clip=math.nan)
     keys = ["setting_id", "seed", "_order", "_n", "_fp"]
     keyed = runs.assign(_n=runs["n_samples"].fillna(-1),
                         _fp=runs["data_fingerprint"].fillna("") if "data_fingerprint" in runs else "")
-    clip = keyed[keyed["_ok"] & (keyed["method"] == registry.baseline_method())]
+    clip = keyed[keyed["_fit"] & (keyed["method"] == registry.baseline_method())]
     values = clip.groupby(keys)[metric].mean().rename("_clip").reset_index()
     return keyed.merge(values, on=keys, how="left").set_axis(runs.index).drop(columns=["_n", "_fp"])
 
@@ -345,32 +342,26 @@ def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
     cells: dict[tuple[str, str, str], dict[str, evidence.Cell]] = {}
     gains: dict[tuple[str, str, str], dict[str, evidence.Cell]] = {}
     label_of = dict(layout.datasets)
+    runs = evidence.prepare(runs)
     peers = evidence.expected_keys(runs)
     runs = _with_clip_values(runs, metric)
-    runs = runs.assign(_gain=runs[metric] - runs["_clip"])
-    for (backbone, method, row), part in runs.groupby(["backbone", "method", "row"], sort=False):
-        own, own_gain = {}, {}
-        for key, label in label_of.items():
-            cell_runs = part[part["key"] == key]
-            if cell_runs.empty:
-                continue
-            own[label] = evidence.dataset_cell(cell_runs, peers, metric)
-            own_gain[label] = evidence.dataset_cell(cell_runs, peers, "_gain",
-                                                    "no complete CLIP run on the same samples to pair with")
+    arrays = evidence.columns(runs)
+    values = pd.to_numeric(runs[metric], errors="coerce").to_numpy(dtype=float)
+    paired = values - runs["_clip"].to_numpy(dtype=float)
+    for (backbone, method, row, key), at in runs.groupby(["backbone", "method", "row", "key"], sort=False).indices.items():
+        cells.setdefault((backbone, method, row), {})[label_of[key]] = evidence.cell_at(runs, arrays, values, at, peers)
+        gains.setdefault((backbone, method, row), {})[label_of[key]] = evidence.cell_at(
+            runs, arrays, paired, at, peers, "no complete CLIP run on the same samples to pair with")
+    for row_key, own in cells.items():
         for label, keys in layout.averages:
             if all(label_of[k] in own for k in keys):
                 own[label] = evidence.average_cell([own[label_of[k]] for k in keys])
-                own_gain[label] = evidence.average_cell([own_gain[label_of[k]] for k in keys])
-        cells[(backbone, method, row)] = own
-        gains[(backbone, method, row)] = own_gain
+                gains[row_key][label] = evidence.average_cell([gains[row_key][label_of[k]] for k in keys])
     return cells, gains
 
 
 def _stats(cell: evidence.Cell | None) -> tuple[float, float, int]:
-    if cell is None or cell.n == 0:
-        return math.nan, math.nan, 0
-    values = cell.values.dropna()
-    return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan, int(len(values))
+    return (math.nan, math.nan, 0) if cell is None else cell.stats()
 
 
 def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: bool = False,

@@ -268,8 +268,9 @@ def dashboard_hint(results_dir: str | Path) -> str:
 
 
 def summary_table(results_dir: str, sweep: str) -> str:
-    """The sweep's method x dataset accuracy table (mean ± std over seeds, gain over CLIP) as plain text,
-    from the results module's report (finished runs only)."""
+    """The sweep's method x dataset accuracy table as plain text, from the results module's report: each cell
+    with the runs it stands on ('n=2 of 3' and the caption's list where runs failed, were interrupted or lost
+    rows; '30 of 40 samples' where images were skipped), gains over CLIP paired on the same runs."""
     import io
 
     from orchestrator.results.report import method_dataset_table, wide_console
