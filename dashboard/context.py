@@ -89,6 +89,14 @@ def reproduce_spec(record: Mapping[str, Any], config: Mapping[str, Any], run_id:
         out["templates"] = [config["templates"]]
     out["methods"] = [{"method": config["method"], **config.get("hparams", {})}]
     out["seeds"] = [config["seed"]]
+    # the run's own stream and order: a spec's list of streams and its `orders` multiply the runs
+    out.pop("stream", None)
+    if "stream" in config:
+        out["stream"] = config["stream"]
+    if "order_index" in config:
+        out["order"] = config["order_index"]
+    else:
+        out.pop("orders", None)
     out["results_dir"] = f"reproduce-{run_id}"
     out["pack"] = 1
     return out

@@ -42,6 +42,19 @@ def test_local_cluster_config_passes_ray_validation():
     assert any("mount -t nfs" in c for c in config["setup_commands"])
 
 
+@pytest.mark.parametrize("name", ["cluster.yaml", "cluster-local.yaml"])
+def test_cluster_files_run_ray_with_token_authentication(name):
+    """Every node starts Ray with RAY_AUTH_MODE=token and gets the user's token file (docs/clusters.md)."""
+    config = prepared(name)
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in config[key] if " ray start" in f" {c.split('/')[-1]}" or "bin/ray start" in c]
+        assert starts and all("RAY_AUTH_MODE=token" in c for c in starts), (key, config[key])
+    mounts = {Path(k).as_posix().replace("/home/ubuntu", "~"): v for k, v in config["file_mounts"].items()}
+    assert mounts.get("~/.ray/auth_token") == "~/.ray/auth_token", config["file_mounts"]
+    guide = (REPO / "docs" / "clusters.md").read_text()
+    assert "`ray get-auth-token --generate`" in guide and "authenticates nobody" not in guide
+
+
 def test_ray_validation_rejects_a_broken_config():
     raw = yaml.safe_load((REPO / "cluster.yaml").read_text())
     raw["available_node_types"]["head"]["resourcez"] = {}
@@ -51,7 +64,7 @@ def test_ray_validation_rejects_a_broken_config():
 
 @pytest.mark.parametrize("name", ["cluster.yaml", "cluster-local.yaml"])
 def test_cluster_files_keep_the_dashboard_on_the_heads_loopback(name):
-    """Ray has no authentication: a dashboard reachable from the network accepts anyone's jobs (any code)."""
+    """Whoever holds the token runs any code through the dashboard's Jobs API: it stays off the network."""
     config = prepared(name)
     text = (REPO / name).read_text()
     assert "0.0.0.0" not in text
@@ -69,8 +82,10 @@ def test_cluster_files_install_what_the_readme_flow_needs(name):
 
 
 def test_joining_a_cluster_with_an_unwritable_results_dir_fails_at_start(tmp_path):
-    """Exit 2 before Ray is contacted (no cluster listens at this address), naming the path and what it needs.
-    /proc takes no new directories, whoever runs the test (root ignores permission bits)."""
+    """Exit 2 before Ray is contacted (a plain socket listens at the address, so it passes the reachability
+    check), naming the path and what it needs. /proc takes no new directories, whoever runs the test (root
+    ignores permission bits)."""
+    import socket
     import subprocess
     import sys
 
@@ -79,11 +94,15 @@ def test_joining_a_cluster_with_an_unwritable_results_dir_fails_at_start(tmp_pat
     spec.write_text(yaml.safe_dump({"name": "s", "results_dir": results, "seeds": [1],
                                     "datasets": [{"synthetic": "label_shift", "n": 50}],
                                     "methods": [{"method": "clip"}]}))
-    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--address",
-                           "127.0.0.1:9"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(spec), "--address", address],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"error: results_dir: {results} cannot be written" in done.stderr
-    assert "every node mounts at that same path" in done.stderr and "127.0.0.1:9" in done.stderr
+    assert "every node mounts at that same path" in done.stderr and address in done.stderr
 
 
 def test_joining_a_cluster_with_a_relative_results_dir_is_refused(tmp_path):

@@ -1,6 +1,8 @@
-"""The cluster workflow of docs/clusters.md on a real multi-node Ray cluster on this machine (tests/ray_cluster.py:
-a head with no CPUs or GPUs, two worker nodes with a fake GPU each), driven with Ray's own CLI as a user drives
-it: `ray job submit` of its command, `ray job logs --follow`, `ray job stop`, and faults: a worker node
+"""docs/clusters.md's workflow on a real multi-node Ray cluster on this machine (tests/ray_cluster.py: a head
+with no CPUs or GPUs, two worker nodes with a fake GPU each), driven with Ray's own CLI as a user drives it, with
+Ray's token authentication as the cluster files set it up: the token made by `ray get-auth-token --generate` in a
+clean HOME, every node and the user's shell with RAY_AUTH_MODE=token; `ray job submit` of the guide's command,
+`ray job logs --follow`, `ray job stop`, a submission without the token (refused), and faults: a worker node
 killed mid-sweep, the job stopped and resubmitted after the head restarted.
 
 The layout is the one cluster.yaml builds: a checkout at ~/bca (HOME is the test's) whose results and cache
@@ -43,9 +45,14 @@ VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_
             "host", "versions", "started_at", "finished_at", "updated_at"}
 
 
-def readme_submit_command() -> str:
-    """Step 4 of the cluster steps (docs/clusters.md), verbatim."""
-    (command,) = re.findall(r"`(ray job submit [^`]+)`", (REPO / "docs" / "clusters.md").read_text())
+def guide_steps() -> str:
+    text = (REPO / "docs" / "clusters.md").read_text()
+    return text.split("## Step by step", 1)[1].split("\n## ", 1)[0]
+
+
+def guide_command(prefix: str) -> str:
+    """The one command of docs/clusters.md's steps that starts with `prefix`, verbatim."""
+    (command,) = re.findall(rf"`({re.escape(prefix)}[^`]*)`", guide_steps())
     return command
 
 
@@ -60,7 +67,12 @@ def cluster():
         (shared / name).mkdir(parents=True)
         (checkout / name).symlink_to(shared / name)
     (checkout / ".venv").symlink_to(sys.prefix)
-    ray_cluster = LocalCluster(root / "ray", cluster_env(home, REPO))
+    # every node starts Ray with RAY_AUTH_MODE=token (the cluster files), the user's shell exports it (step 4)
+    assert "`export RAY_AUTH_MODE=token`" in guide_steps()
+    env = {**cluster_env(home, REPO), "RAY_AUTH_MODE": "token"}
+    ray_cluster = LocalCluster(root / "ray", env)
+    made = ray_cluster.ray(*guide_command("ray get-auth-token").split()[1:], timeout=60)  # step 1, in a clean HOME
+    assert made.returncode == 0 and (home / ".ray" / "auth_token").is_file(), made.stdout + made.stderr
     try:
         ray_cluster.start_head()
         ray_cluster.add_worker()
@@ -84,10 +96,10 @@ def write_spec(checkout: Path, name: str) -> Path:
 
 
 def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None, env: dict | None = None) -> str:
-    """The docs' `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
-    A failpoint or other environment reaches the job through Ray's runtime env, the one addition to the docs'
+    """The guide's `ray job submit` for this spec (and this cluster's dashboard port); returns the job id.
+    A failpoint or other environment reaches the job through Ray's runtime env, the one addition to the guide's
     command."""
-    command = readme_submit_command().replace("http://127.0.0.1:8265", cluster.dashboard)
+    command = guide_command("ray job submit").replace("http://127.0.0.1:8265", cluster.dashboard)
     command = command.replace("experiments/paper_ood.yaml", f"experiments/{spec.name}")
     env = {**(env or {}), **({FAILPOINT_ENV: failpoint} if failpoint else {})}
     if env:
@@ -100,10 +112,13 @@ def submit(cluster: LocalCluster, spec: Path, failpoint: str | None = None, env:
 
 def follow(cluster: LocalCluster, job: str) -> tuple[str, str]:
     """Step 5: `ray job logs --follow` until the job ends; returns (its logs, its final status)."""
-    from ray.job_submission import JobSubmissionClient
-
     logs = cluster.ray("job", "logs", "--address", cluster.dashboard, "--follow", job)
-    return logs.stdout, str(JobSubmissionClient(cluster.dashboard).get_job_status(job).value)
+    status = cluster.ray("job", "status", "--address", cluster.dashboard, job)
+    # `ray job status` says "Job '<id>' succeeded / failed / was stopped" once a job ended
+    found = re.search(r"Job '[^']+' (?:was )?(succeeded|failed|stopped)|Status for job '[^']+': (\w+)",
+                      status.stdout + status.stderr)
+    assert found, status.stdout + status.stderr
+    return logs.stdout, (found.group(1) or found.group(2)).upper()
 
 
 def wait_for(path: Path, timeout: float = 180) -> str:
@@ -164,7 +179,7 @@ def assert_same_as_local(spec_path: Path, shared_results: Path, tmp_path: Path) 
     assert {r.run_id for r in expand(spec)} <= set(final_results(shared_results, spec.name))
 
 
-def test_readme_job_submit_runs_the_sweep_on_the_worker_nodes(cluster, tmp_path):
+def test_the_guides_job_submit_runs_the_sweep_on_the_worker_nodes(cluster, tmp_path):
     ray_cluster, checkout = cluster
     spec = write_spec(checkout, "flow")
     logs, status = follow(ray_cluster, submit(ray_cluster, spec))
@@ -174,6 +189,19 @@ def test_readme_job_submit_runs_the_sweep_on_the_worker_nodes(cluster, tmp_path)
     assert_same_as_local(spec, results, tmp_path)
     ran_on = {r["node_id"] for r in final_results(results, "flow").values()}
     assert ran_on <= {w.node_id for w in ray_cluster.workers} and ray_cluster.head.node_id not in ran_on
+
+
+def test_a_submission_without_the_token_is_refused(cluster, tmp_path):
+    ray_cluster, checkout = cluster
+    spec = write_spec(checkout, "notoken")
+    command = guide_command("ray job submit").replace("http://127.0.0.1:8265", ray_cluster.dashboard)
+    command = command.replace("experiments/paper_ood.yaml", f"experiments/{spec.name}")
+    (tmp_path / "home").mkdir()
+    env = {**ray_cluster.env, "HOME": str(tmp_path / "home")}  # another user: no token file, no RAY_AUTH_MODE
+    env.pop("RAY_AUTH_MODE")
+    done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "raysubmit_" not in done.stdout, done.stdout + done.stderr
+    assert not (checkout / "results" / "sweeps" / "notoken.json").exists()
 
 
 def test_a_worker_node_killed_mid_sweep_loses_and_duplicates_nothing(cluster, tmp_path):

@@ -141,6 +141,13 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
             why = (r["error"] or "").strip().splitlines()
             report.problems.append(Problem("missing_rows", r["run_id"], f"{r['status']}: no rows written"
                                                                        + (f" ({why[-1]})" if why else "")))
+    # every run not finished is named, also one with all its rows (a sweep stopped before it was recorded finished)
+    named = {problem.where for problem in report.problems}
+    for r in runs:
+        if r["status"] != "finished" and r["run_id"] not in named:
+            why = (r["error"] or "").strip().splitlines()
+            report.problems.append(Problem("not_finished", r["run_id"], f"{r['status'] or 'no status'}"
+                                                                        + (f": {why[-1]}" if why else "")))
     return report
 
 

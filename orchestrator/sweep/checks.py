@@ -48,6 +48,9 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues += _method_issues(spec)
     issues += _stream_issues(spec)
     issues += _synthetic_only_issues(spec)
+    if spec.order is not None and spec.order >= spec.orders:
+        issues.append(("order", f"order {spec.order} is not one of the {spec.orders} orders; expected 0 to "
+                                f"{spec.orders - 1}"))
     seen = set()
     for i, seed in enumerate(spec.seeds):
         if seed in seen:

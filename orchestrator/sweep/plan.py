@@ -279,7 +279,7 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
                 source = replace(source, stream=canonical_json(value), others=_others(protocol))
                 if isinstance(protocol, Continual):
                     stream["dataset"] = "+".join(protocol.datasets)
-            for k in range(spec.orders):
+            for k in range(spec.orders) if spec.order is None else (spec.order,):
                 order = {"order_index": k} if spec.orders > 1 else {}
                 out.append((replace(source, order_index=k), {**fields, **stream, **order}))
     return out

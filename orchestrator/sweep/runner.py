@@ -29,8 +29,11 @@ import datetime as dt
 import json
 import logging
 import os
+import re
+import signal
 import socket
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,16 +210,20 @@ def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[s
 
     if ray.is_initialized():
         return
+    token = "it asks for the token that `ray get-auth-token` prints"
     if address:
         context = ray.init(address=address, logging_level=logging.WARNING)
         if dashboard:
             out(f"Ray dashboard: http://{context.dashboard_url} on the head (from your machine: "
-                f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265)")
+                f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265; {token})")
         return  # a cluster's autoscaler may still add GPU nodes: no check
+    # A local Ray with token authentication, like the clusters (Ray makes ~/.ray/auth_token if there is none), so
+    # no other user of this machine can run code in it through its ports; RAY_AUTH_MODE=disabled opts out.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     context = ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING, include_dashboard=dashboard,
                        dashboard_host="127.0.0.1")
     if dashboard:
-        out(f"Ray dashboard: http://{context.dashboard_url} (this machine only; it closes with the sweep)")
+        out(f"Ray dashboard: http://{context.dashboard_url} (this machine only; it closes with the sweep; {token})")
     if gpu > 0 and ray.cluster_resources().get("GPU", 0) < gpu:
         ray.shutdown()
         raise NoGPU(f"resources.gpu: each trial asks for {gpu} GPU but this machine has none; expected "
@@ -249,14 +256,53 @@ def _mark(writer: RunWriter, error: str, out: Callable[[str], None]) -> None:
         out(f"warning: cannot record run {writer.run_id} as failed: {exc}")
 
 
-def _mark_failed(settings: Settings, out: Callable[[str], None]) -> Callable[[Trial, str], None]:
-    """Record a trial's final error on each of its runs that did not finish (a killed worker cannot)."""
+# A trial's error when the sweep was stopped under it (Ctrl-C, `ray job stop`), not a failure of the run.
+_STOPPED_ERROR = re.compile(r"^(SystemExit|KeyboardInterrupt)\b")
+_INTERRUPTED = "interrupted after "
+
+
+def _mark_stopped(writer: RunWriter, command: str, out: Callable[[str], None]) -> None:
+    """Record a run the sweep was stopped under: how far it got (its complete rows) and how to go on."""
+    rows = writer.rows_done()
+    n = (writer.read_row() or {}).get("n_samples")
+    got = f"all {rows:,} rows (not yet recorded finished)" if n and rows >= n else \
+        f"{rows:,}{f' of {n:,}' if n else ''} complete rows"
+    try:
+        writer.mark("failed", error=f"{_INTERRUPTED}{got}; resume with {command} --resume",
+                    progress=f"stopped at {rows:,}{f'/{n:,}' if n else ''} rows")
+    except OSError as exc:
+        out(f"warning: cannot record run {writer.run_id} as interrupted: {exc}")
+
+
+def _mark_failed(settings: Settings, command: str, out: Callable[[str], None]) -> Callable[[Trial, str], None]:
+    """Record a trial's final error on each of its runs that did not finish (a killed worker cannot); a trial
+    ended by the sweep's own stop is recorded as interrupted, with how far each run got."""
     def mark(trial: Trial, error: str) -> None:
         for run in trial.runs:
             writer = RunWriter(settings.results_dir, run.config)
             if writer.status() != "finished":
-                _mark(writer, error, out)
+                if _STOPPED_ERROR.match(error):
+                    _mark_stopped(writer, command, out)
+                else:
+                    _mark(writer, error, out)
     return mark
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm(record: Callable[[], Any]):
+    """SIGTERM (`ray job stop`, a scheduler's stop) records the running runs as interrupted at once (a SIGKILL
+    follows within seconds), then ends the sweep like Ctrl-C."""
+    def stop(signum: int, frame: Any) -> None:
+        record()
+        raise KeyboardInterrupt
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = None,
@@ -312,9 +358,10 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         not_started: list[str] = []
         errors: dict[str, str] = {}
         if todo:
-            errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
-                           skipped, address, out,
-                           dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
+            with _stop_on_sigterm(lambda: _record_interrupted(spec, todo, command, out)):
+                errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
+                               skipped, address, out, command=command,
+                               dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
                            and RunWriter(spec.results_dir, r.config).status() is None]
@@ -328,14 +375,15 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
     for run in todo:
         writer = RunWriter(spec.results_dir, run.config)
         if writer.status() == "running":
-            _mark(writer, f"interrupted after {writer.rows_done()} complete rows; resume with {command} --resume",
-                  out)
+            _mark_stopped(writer, command, out)
             stopped.append(run.run_id)
+        elif str((writer.read_row() or {}).get("error") or "").startswith(_INTERRUPTED):
+            stopped.append(run.run_id)  # recorded so by the failure callback
     return stopped
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
-          out: Callable[[str], None], *, dashboard: bool, settings: Settings) -> dict[str, str]:
+          out: Callable[[str], None], *, command: str, dashboard: bool, settings: Settings) -> dict[str, str]:
     """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good."""
     # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -343,7 +391,7 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
 
     _init_ray(address, spec.resources.gpu, dashboard, out)
     _check_cpus(spec.resources.cpus)
-    callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, out))
+    callback = ProgressCallback(trials, runs, already_done=skipped, out=out, on_failed=_mark_failed(settings, command, out))
     compactor = Compactor(spec.results_dir, out)
     trainable = tune.with_resources(
         tune.with_parameters(_trainable, plan={"trials": {t.key: t for t in trials}, "settings": settings}),

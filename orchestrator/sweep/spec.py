@@ -228,6 +228,8 @@ class SweepSpec(_Strict):
     stream: Union[StrictStr, dict[StrictStr, Any], Annotated[list[Union[StrictStr, dict[StrictStr, Any]]],
                                                              Field(min_length=1)]] | None = None
     orders: PositiveInt = 1
+    # only this one of the `orders` (0-based), e.g. the dashboard's "Reproduce this run"; None: all of them
+    order: Annotated[StrictInt, Field(ge=0)] | None = None
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
 
     @property
