@@ -72,6 +72,24 @@ def datasets_table() -> str:
     return "\n".join(rows)
 
 
+# ---------------------------------------------------------------------------------------------- synthetic
+def synthetic_parameters() -> str:
+    """Every synthetic generator parameter a spec may set, with the kinds that take it and their defaults."""
+    from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
+
+    table: dict[str, dict[str, object]] = {}
+    for kind in SYNTHETIC_KINDS:
+        for name, default in synthetic_defaults(kind).items():
+            table.setdefault(name, {})[kind] = default
+    rows = ["| parameter | kinds (default) |", "|---|---|"]
+    for name, by_kind in table.items():
+        by_value: dict[str, list[str]] = {}
+        for kind, default in by_kind.items():
+            by_value.setdefault(_value(default), []).append(f"`{kind}`")
+        rows.append(f"| `{name}` | " + "; ".join(f"{', '.join(kinds)} ({v})" for v, kinds in by_value.items()) + " |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------------ results
 def _columns(columns) -> list[str]:
     rows = ["| column | type | meaning |", "|---|---|---|"]
@@ -207,6 +225,7 @@ def benchmark_logs() -> str:
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods-table": ("docs/methods.md", methods_table),
     "datasets-table": ("docs/real-data.md", datasets_table),
+    "synthetic-parameters": ("docs/reference-spec.md", synthetic_parameters),
     "sample-columns": ("docs/reference-results.md", sample_columns),
     "run-columns": ("docs/reference-results.md", run_columns),
     "cli-options": ("docs/reference-cli.md", cli_options),
