@@ -292,41 +292,29 @@ class ResultsDB:
 
 
 def _accuracy_sql(carried: Sequence[str]) -> str:
-    """Per run, from its samples: rows, completeness and the metrics (orchestrator.results.metrics has their
-    definitions in numpy and SQL; accuracy-type metrics over in-distribution rows only)."""
+    """Per run, from its samples: rows, completeness and every metric of the registry (metrics.RUN_METRICS: its
+    definitions in numpy and SQL), stored as the trial stores them (x scale)."""
     r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
-    inside = "(SELECT * FROM samples WHERE NOT coalesce(is_ood, false))"
-    with_ood = "(SELECT * FROM samples WHERE run_id IN (SELECT run_id FROM samples WHERE is_ood))"
+    m = metrics.run_metrics_sql()
     return f"""
 CREATE OR REPLACE VIEW accuracy AS
 WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
-per_run AS (
-    -- one pass over the samples; last 50% = stream positions i >= n // 2 (numpy's correct[n // 2:]) with
-    -- n the run's n_samples (NULL when the run has no runs-table row to say how long its stream is)
+p AS (
+    -- one pass over the samples; e.n_samples is NULL when the run has no runs-table row
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false)) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2
-                                                AND NOT coalesce(s.is_ood, false)) AS last50_accuracy,
-           100 * avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL
-                                                                     AND NOT coalesce(s.is_ood, false)) AS top5_accuracy
+           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows{m.aggregates}
     FROM samples s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
-),
-ece AS ({metrics.ece_sql(inside)}),
-nll AS ({metrics.nll_sql(f"(SELECT * FROM {inside} WHERE prob_true IS NOT NULL)")}),
-auroc AS ({metrics.auroc_sql(with_ood)})
+){m.ctes}
 SELECT p.run_id,
        coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, p.n_ood_rows AS n_ood,
-       100 * auroc.ood_auroc AS ood_auroc, {r_cols}
-FROM per_run p LEFT JOIN runs r USING (run_id) LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id)
-     LEFT JOIN auroc USING (run_id)
+       {m.values}, p.n_ood_rows AS n_ood, {r_cols}
+FROM p LEFT JOIN runs r USING (run_id){m.joins}
 """
 
 

@@ -31,6 +31,7 @@ from rich.text import Text
 
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
+from orchestrator.results import metrics
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
@@ -66,22 +67,8 @@ PAPER_LAYOUTS = (TABLE1, TABLE2)
 RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
 RANDOM_WEIGHTS_NOTE = "random weights"
 
-@dataclass(frozen=True)
-class Metric:
-    """A per-run metric of the accuracy view a table can show (definitions: orchestrator.results.metrics)."""
-
-    title: str
-    higher_is_better: bool
-
-
-METRICS = {
-    "accuracy": Metric("top-1 accuracy (%)", True),
-    "last50_accuracy": Metric("accuracy over the last 50% of the stream (%)", True),
-    "top5_accuracy": Metric("top-5 accuracy (%)", True),
-    "ece": Metric("expected calibration error (%, 15 bins)", False),
-    "nll": Metric("negative log-likelihood (nats)", False),
-    "ood_auroc": Metric("OOD AUROC of the confidence (%)", True),
-}
+# The per-run metrics a table can show (the registry: orchestrator.results.metrics).
+METRICS = {m.name: m for m in metrics.RUN_METRICS}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
@@ -359,7 +346,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     best = _best(mean, paper, METRICS[metric].higher_is_better)
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
-    return ReportTable(f"{layout.title}, {METRICS[metric].title}", columns, gain_columns, mean, std, n, gain, best,
+    return ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
                        notes)
 
 
