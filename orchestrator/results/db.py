@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, metrics, safety, schema
+from orchestrator.results import files, metrics, safety, schema, stats
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -105,6 +105,7 @@ class ResultsDB:
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
         self._con = duckdb.connect(":memory:")
+        stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
         # allowed_directories: a private empty one keeps whatever lies in ./.tmp out of reach.
         self._spill = tempfile.TemporaryDirectory(prefix="bca-duckdb-")
@@ -183,8 +184,11 @@ class ResultsDB:
                     self._build_runs([table for _, _, table in rows])
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
+                baseline = _sql_str(registry.baseline_method())
+                self._con.execute(_PAIRED_SQL)
+                self._con.execute(f"CREATE OR REPLACE VIEW paired AS SELECT * FROM paired_against({baseline})")
+                self._con.execute(_GAINS_SQL)
                 self._con.execute(_summary_sql(hparams))
-                self._con.execute(_PAIRED_SQL.format(baseline=_sql_str(registry.baseline_method())))
                 self._samples_key, self._runs_key = samples_key, runs_key
             self._bad = s_bad + r_bad
             return self.bad_files
@@ -318,30 +322,66 @@ FROM p LEFT JOIN runs r USING (run_id){m.joins}
 """
 
 
-# Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
-# setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
+# Each run against a baseline method on the very same samples in the very same order: the baseline's run of the
+# same setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps, or a
+# baseline with several configurations): the first by run_id. `paired` is this against zero-shot CLIP. The
+# statistics are orchestrator.results.stats' (DuckDB functions bca_*), in points like accuracy, and NULL when the
+# two runs' rows are not the same images (misaligned > 0): no number at all rather than a wrong one.
 _PAIRED_SQL = """
-CREATE OR REPLACE VIEW paired AS
+CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE
 WITH baseline AS (
     SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
-    FROM runs WHERE method = {baseline} GROUP BY ALL
+    FROM runs WHERE method = baseline_method GROUP BY ALL
 ),
 pairs AS (
     SELECT r.run_id, b.baseline_run FROM runs r
     JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
-    WHERE r.method <> {baseline}
+    WHERE r.method <> baseline_method
+),
+counts AS (
+    SELECT p.run_id, p.baseline_run,
+           count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
+           count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
+           count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
+           count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
+           count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned,
+           count(*) AS n
+    FROM pairs p
+    JOIN samples s ON s.run_id = p.run_id
+    JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+    WHERE NOT coalesce(s.is_ood, false)
+    GROUP BY ALL
 )
-SELECT p.run_id, p.baseline_run,
-       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
-       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
-       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
-       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
-       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
-FROM pairs p
-JOIN samples s ON s.run_id = p.run_id
-JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
-WHERE NOT coalesce(s.is_ood, false)
-GROUP BY ALL
+SELECT run_id, baseline_run, baseline_method AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
+       CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
+       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_low(helped, hurt, n) END AS gain_ci_low,
+       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_high(helped, hurt, n) END AS gain_ci_high,
+       CASE WHEN misaligned = 0 THEN bca_mcnemar_p(helped, hurt) END AS p_mcnemar
+FROM counts
+"""
+
+# Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's
+# finished complete runs on the same seed and order (paired_against), then the mean gain, a 95% interval and a
+# p-value across those runs (orchestrator.results.stats: a t interval and test from MIN_RUNS_FOR_T runs on, else
+# the counts pooled over the runs: bootstrap interval and exact McNemar).
+_GAINS_SQL = f"""
+CREATE OR REPLACE MACRO gains_against(baseline_method) AS TABLE
+WITH ok AS (SELECT run_id, group_id FROM accuracy WHERE status = 'finished' AND complete AND group_id IS NOT NULL),
+g AS (
+    SELECT ok.group_id, count(*) AS k, avg(p.gain) AS m, stddev_samp(p.gain) AS sd,
+           sum(p.helped)::BIGINT AS h, sum(p.hurt)::BIGINT AS u, sum(p.n)::BIGINT AS nn
+    FROM paired_against(baseline_method) p JOIN ok USING (run_id)
+    WHERE p.gain IS NOT NULL AND p.baseline_run IN (SELECT run_id FROM ok)
+    GROUP BY ok.group_id
+)
+SELECT group_id, baseline_method AS baseline, k AS gain_runs, m AS paired_gain,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m - bca_t_halfwidth(sd, k)
+            ELSE 100 * bca_gain_ci_low(h, u, nn) END AS gain_ci_low,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m + bca_t_halfwidth(sd, k)
+            ELSE 100 * bca_gain_ci_high(h, u, nn) END AS gain_ci_high,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN bca_t_test_p(m, sd, k) ELSE bca_mcnemar_p(h, u) END AS gain_p,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN '{stats.T_TEST}' ELSE '{stats.POOLED_MCNEMAR}' END AS gain_test
+FROM g
 """
 
 
@@ -378,6 +418,8 @@ clip AS (
            AND complete
     GROUP BY setting_id
 )
-SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain
+SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain,
+       paired.gain_runs, paired.paired_gain, paired.gain_ci_low, paired.gain_ci_high, paired.gain_p, paired.gain_test
 FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
+     LEFT JOIN gains_against({_sql_str(registry.baseline_method())}) paired USING (group_id)
 """
