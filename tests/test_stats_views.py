@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -111,3 +112,67 @@ def test_misaligned_runs_get_no_statistics(tmp_path):
     with ResultsDB(tmp_path) as db:
         row = db.df("SELECT misaligned, gain, gain_ci_low, p_mcnemar FROM paired").iloc[0]
     assert row["misaligned"] == 2 and all(math.isnan(row[c]) for c in ("gain", "gain_ci_low", "p_mcnemar"))
+
+
+def _holm(p):
+    """Holm by its definition: the i-th smallest of m p-values times (m - i), kept non-decreasing, capped at 1."""
+    order = np.argsort(p)
+    out, running = np.empty(len(p)), 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (len(p) - i) * p[j]))
+        out[j] = running
+    return out
+
+
+@pytest.fixture(scope="module")
+def strong(tmp_path_factory):
+    """Longer streams and five seeds: gains of a few points are significant here."""
+    root = tmp_path_factory.mktemp("strong")
+    runs = make_fake_results(root, datasets=("imagenet", "dtd"), methods={"clip": {}, "bca": {"tau": 0.3}, "tda": {}},
+                             seeds=(1, 2, 3, 4, 5), n=3000, part_size=3000)
+    return root, runs
+
+
+def test_report_marks_cells_significant_after_holm_with_a_legend_and_intervals(strong):
+    from dashboard import export
+    from orchestrator.results import report
+
+    root, runs = strong
+    with ResultsDB(root) as db:
+        tables = report.report_tables(db)
+    tested = [(t, key, col) for t in tables for key in t.mean.index for col in t.columns
+              if key[1] != "CLIP" and t.n.at[key, col] > 0 and col in ("ImageNet", "DTD")]
+    assert len(tested) == 4
+    raw = {}
+    for t, key, col in tested:
+        dataset = {"ImageNet": "imagenet", "DTD": "dtd"}[col]
+        mine = [r for r in runs if r.config["dataset"] == dataset and report.registry.method_label(r.config["method"])
+                == key[1]]
+        raw[(id(t), key, col)] = sps.ttest_rel([r.accuracy for r in mine], [_pair(runs, r).accuracy for r in mine])
+    for t in tables:
+        cells = [(key, col) for tt, key, col in tested if tt is t]
+        expected = _holm(np.array([raw[(id(t), k, c)].pvalue for k, c in cells]))
+        text, numbers = t.formatted(), t.to_frame()
+        for (key, col), p in zip(cells, expected):
+            assert t.p_holm.at[key, col] == pytest.approx(p, rel=1e-9)
+            assert text.at[key, col].endswith(report.SIGNIFICANT) == (p <= 0.05)
+            ci = raw[(id(t), key, col)].confidence_interval(0.95)
+            assert (numbers.at[key, f"Δ CLIP ({col}) low"], numbers.at[key, f"Δ CLIP ({col}) high"]) == \
+                pytest.approx((ci.low, ci.high), rel=1e-9)
+        legend = [n for n in t.notes if n.startswith(report.SIGNIFICANT)]
+        assert legend == [f"* gain over CLIP significant at 0.05 after Holm's correction over this table's "
+                          f"{len(cells)} tested cells; [low, high]: its 95% interval (docs/statistics.md)"]
+    assert any(t.p_holm.le(0.05).any().any() for t in tables)  # the fake methods differ: some cell is marked
+    # the interval goes into the Markdown and LaTeX exports with the text
+    generic = report.method_dataset_table(root)
+    text = generic.formatted()
+    assert any("[" in cell and "]" in cell for cell in text["Δ CLIP (Average)"])
+    assert "[" in export.to_markdown(text) and "[" in export.to_latex(text)
+
+
+def test_bca_report_prints_the_marker_legend(strong):
+    out = runner.invoke(app, ["report", "--results", str(strong[0])], env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    assert "* gain over CLIP significant at 0.05 after Holm's correction" in out.output
+    assert "[low, high]: its 95% interval" in out.output
+    assert re.search(r"\d\.\d\d\*", out.output)  # a marked cell

@@ -31,10 +31,11 @@ from rich.text import Text
 
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
-from orchestrator.results import metrics
+from orchestrator.results import metrics, stats
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
+SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant (`_significance`)
 PAPER_FILE = "paper_results.json"
 
 
@@ -169,6 +170,14 @@ class ReportTable:
     gain: pd.DataFrame
     best: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    # the gain over the row's baseline with evidence (accuracy tables; `_significance`): its 95% interval and
+    # Holm-adjusted p-value per cell, NaN where not tested
+    gain_low: pd.DataFrame | None = None
+    gain_high: pd.DataFrame | None = None
+    p_holm: pd.DataFrame | None = None
+
+    def significant(self, key: Any, col: str) -> bool:
+        return self.p_holm is not None and bool(self.p_holm.at[key, col] <= stats.ALPHA)
 
     @property
     def empty(self) -> bool:
@@ -183,6 +192,11 @@ class ReportTable:
             out[f"{col} n"] = self.n[col]
         for col in self.gain_columns:
             out[f"Δ CLIP ({col})"] = self.gain[col]
+        if self.p_holm is not None:
+            for col in self.columns:
+                out[f"Δ CLIP ({col}) low"] = self.gain_low[col]
+                out[f"Δ CLIP ({col}) high"] = self.gain_high[col]
+                out[f"Δ CLIP ({col}) p Holm"] = self.p_holm[col]
         return out
 
     def formatted(self) -> pd.DataFrame:
@@ -193,10 +207,11 @@ class ReportTable:
         for col in self.columns:
             cells = []
             for key, source in zip(self.mean.index, sources):
-                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source))
+                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source)
+                             + (SIGNIFICANT if self.significant(key, col) else ""))
             out[col] = cells
         for col in self.gain_columns:
-            out[f"Δ CLIP ({col})"] = [_signed(v) for v in self.gain[col]]
+            out[f"Δ CLIP ({col})"] = [_signed(v) + _interval(self, key, col) for key, v in self.gain[col].items()]
         return out
 
     def render(self) -> Table:
@@ -218,7 +233,7 @@ class ReportTable:
                 cells.append(Text(row[col], style="bold green" if bold else ""))
             table.add_row(*cells)
         if self.notes:
-            table.caption = "\n".join(self.notes)
+            table.caption = Text("\n".join(self.notes))  # Text: "[low, high]" is not rich markup
             table.caption_justify = "left"
         return table
 
@@ -239,6 +254,12 @@ def _cell(mean: Any, std: Any, n: Any, source: str) -> str:
 
 def _signed(value: Any) -> str:
     return MISSING if _is_missing(value) else f"{value:+.2f}"
+
+
+def _interval(table: ReportTable, key: Any, col: str) -> str:
+    if table.gain_low is None or _is_missing(table.gain_low.at[key, col]):
+        return ""
+    return f" [{table.gain_low.at[key, col]:+.2f}, {table.gain_high.at[key, col]:+.2f}]"
 
 
 def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
@@ -346,8 +367,57 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     best = _best(mean, paper, METRICS[metric].higher_is_better)
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
-    return ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
-                       notes)
+    table = ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
+                        notes)
+    if metric == "accuracy":  # the tests are of top-1 accuracy: helped against hurt on the same samples
+        _significance(db, table, runs, layout)
+    return table
+
+
+def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout: Layout) -> None:
+    """Each measured cell's gain over CLIP with evidence, from the paired view's runs (each against CLIP on the
+    same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, and for
+    an average column over its per-(seed, order) means of the datasets' gains. The p-values are Holm-adjusted
+    over the table's tested cells, and the legend says so."""
+    cols = table.columns
+    low = pd.DataFrame(math.nan, index=table.mean.index, columns=cols)
+    high, p = low.copy(), low.copy()
+    table.gain_low, table.gain_high, table.p_holm = low, high, p
+    if runs.empty:
+        return
+    ids = set(runs["run_id"])
+    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
+    pairs = pairs[pairs["run_id"].isin(ids) & pairs["baseline_run"].isin(ids)]
+    paired = runs.merge(pairs, on="run_id").assign(order=lambda f: f["order_index"].fillna(0))
+    if paired.empty:
+        return
+    label_of = dict(layout.datasets)
+    rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
+    raw: dict[tuple[Any, str], float] = {}
+    for (backbone, row), part in paired.groupby(["backbone", "row"], sort=False):
+        key = rows.get((backbone, row))
+        if key is None:
+            continue
+        # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells
+        per_seed = part.groupby(["key", "seed", "order"])["gain"].mean().unstack("key")
+        groups = [(label_of[k], (k,)) for k in per_seed.columns if k in label_of]
+        groups += [(label, keys) for label, keys in layout.averages if all(k in per_seed.columns for k in keys)]
+        for label, keys in groups:
+            values = per_seed[list(keys)].dropna().mean(axis=1)
+            if not len(values):
+                continue
+            used = part[part["key"].isin(keys)].set_index(["seed", "order"]).loc[lambda f: f.index.isin(values.index)]
+            # gains in points here, fractions in stats
+            summary = stats.across_runs(values.to_numpy() / 100, used["helped"], used["hurt"], used["n"])
+            low.at[key, label], high.at[key, label] = 100 * summary.ci_low, 100 * summary.ci_high
+            raw[(key, label)] = summary.p
+    adjusted = stats.holm(list(raw.values()))
+    for (key, label), value in zip(raw, adjusted):
+        p.at[key, label] = value
+    if raw:
+        table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
+                           f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
+                           "(docs/statistics.md)")
 
 
 def _best(mean: pd.DataFrame, paper: bool, higher_is_better: bool) -> pd.DataFrame:
