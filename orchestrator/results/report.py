@@ -388,7 +388,9 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     ids = set(runs["run_id"])
     pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
     pairs = pairs[pairs["run_id"].isin(ids) & pairs["baseline_run"].isin(ids)]
-    paired = runs.merge(pairs, on="run_id").assign(order=lambda f: f["order_index"].fillna(0))
+    own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
+        order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
+    paired = own.merge(pairs, on="run_id")
     if paired.empty:
         return
     label_of = dict(layout.datasets)
