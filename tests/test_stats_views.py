@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,3 +177,17 @@ def test_bca_report_prints_the_marker_legend(strong):
     assert "* gain over CLIP significant at 0.05 after Holm's correction" in out.output
     assert "[low, high]: its 95% interval" in out.output
     assert re.search(r"\d\.\d\d\*", out.output)  # a marked cell
+
+
+def test_the_statistics_docs_queries_run_as_written(fake):
+    root, _ = fake
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "statistics.md").read_text()
+    queries = [line for block in re.findall(r"```sql\n(.*?)```", doc, re.S) for line in block.splitlines() if line]
+    assert len(queries) == 3
+    for sql in queries:
+        assert _query(root, sql), sql  # each returns rows on these results
+
+
+def test_the_statistics_docs_compare_dry_run_runs(tmp_path):
+    out = runner.invoke(app, ["compare", "bca", "--dry-run", "--results", str(tmp_path / "r")])
+    assert out.exit_code == 0 and "sweep compare-bca (dry run: nothing is run or written)" in out.output, out.output
