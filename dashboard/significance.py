@@ -10,6 +10,7 @@ from __future__ import annotations
 import altair as alt
 import pandas as pd
 
+from orchestrator import registry
 from orchestrator.results import stats
 from orchestrator.results.db import ResultsDB
 
@@ -33,6 +34,9 @@ def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.Dat
                      "gain": 100 * s.mean, "low": 100 * s.ci_low, "high": 100 * s.ci_high, "test": s.test, "p": s.p})
     out = pd.DataFrame(rows, columns=GAIN_COLUMNS)
     if not out.empty:
+        rank = out["method"].map(registry.method_rank)
+        out = out.assign(rank=rank).sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank")
+        out = out.reset_index(drop=True)
         out["p_holm"] = stats.holm(out["p"].to_numpy())
         out["significant"] = out["p_holm"] <= stats.ALPHA
     return out
