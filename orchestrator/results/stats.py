@@ -58,9 +58,9 @@ def binom_half_cdf(k: int, m: int) -> float:
         return 0.0
     if k >= m:
         return 1.0
-    i = np.arange(k + 1, dtype=np.float64)
-    log_pmf = (math.lgamma(m + 1) - np.array([math.lgamma(x + 1) + math.lgamma(m - x + 1) for x in i])
-               - m * math.log(2.0))
+    i = np.arange(1, k + 1, dtype=np.float64)
+    # ln C(m, i) by the running product C(m, i) = C(m, i - 1) (m - i + 1) / i, from C(m, 0) = 1
+    log_pmf = np.concatenate(([0.0], np.cumsum(np.log(m - i + 1) - np.log(i)))) - m * math.log(2.0)
     top = log_pmf.max()
     return float(min(1.0, math.exp(top) * np.exp(log_pmf - top).sum()))
 
