@@ -113,6 +113,8 @@ def compare_cmd(
                                    "of the synthetic presets."),
     dataset: list[str] = typer.Option(None, "--dataset", help="Dataset under --data-root (repeatable)."),
     cache_dir: Path = typer.Option(None, "--cache-dir", help="Feature cache folder for real datasets."),
+    backbone: str = typer.Option("ViT-B-16", "--backbone", help="open_clip model for real datasets."),
+    pretrained: str = typer.Option("openai", "--pretrained", help="Its pretrained tag."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the suite's plan; run nothing."),
     resume: bool = typer.Option(True, "--resume", hidden=True, help="Always on: a compare goes on from the runs "
                                 "it finished (the hint an interrupted sweep prints names this flag)."),
@@ -123,7 +125,7 @@ def compare_cmd(
 
     raise typer.Exit(compare_command(method, results_dir=results, orders=orders, samples=samples,
                                      data_root=data_root, datasets=dataset or [], cache_dir=cache_dir,
-                                     dry_run=dry_run))
+                                     backbone=backbone, pretrained=pretrained, dry_run=dry_run))
 
 
 @app.command("cache")

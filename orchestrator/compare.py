@@ -48,7 +48,8 @@ def resolve_method(method: str) -> tuple[str, list[str], list[str]]:
 
 def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, results_dir: str | Path, orders: int = DEFAULT_ORDERS,
                samples: int = DEFAULT_SAMPLES, data_root: str | Path | None = None,
-               datasets: Sequence[str] = (), cache_dir: str | Path | None = None) -> dict[str, Any]:
+               datasets: Sequence[str] = (), cache_dir: str | Path | None = None,
+               backbone: str = "ViT-B-16", pretrained: str = "openai") -> dict[str, Any]:
     """The suite as a sweep spec document (validated by the sweep's own loader)."""
     synthetic = data_root is None
     builtins = list(field)
@@ -73,9 +74,10 @@ def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, res
     if synthetic:
         spec["stream"] = list(STREAMS)
     else:
-        spec["data_root"] = str(Path(data_root).resolve())
-        if cache_dir is not None:
-            spec["cache_dir"] = str(Path(cache_dir).resolve())
+        if cache_dir is None:
+            raise ValueError("--data-root needs --cache-dir, the feature cache's folder (created if missing)")
+        spec.update(data_root=str(Path(data_root).resolve()), cache_dir=str(Path(cache_dir).resolve()),
+                    backbones=[{"model": backbone, "pretrained": pretrained}])
         if orders > 1:
             spec["stream"] = "iid"
     return spec
@@ -164,7 +166,7 @@ def render(board: pd.DataFrame, sweep: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------- command
 def compare_command(method: str, *, results_dir: Path, orders: int, samples: int, data_root: Path | None,
-                    datasets: Sequence[str], cache_dir: Path | None, dry_run: bool,
+                    datasets: Sequence[str], cache_dir: Path | None, backbone: str, pretrained: str, dry_run: bool,
                     out: Callable[[str], None] = print) -> int:
     from orchestrator.results.db import ResultsDB
     from orchestrator.results.report import wide_console
@@ -176,7 +178,8 @@ def compare_command(method: str, *, results_dir: Path, orders: int, samples: int
     try:
         name, plugins, field = resolve_method(method)
         document = suite_spec(name, plugins, field, results_dir=results_dir, orders=orders, samples=samples,
-                              data_root=data_root, datasets=datasets, cache_dir=cache_dir)
+                              data_root=data_root, datasets=datasets, cache_dir=cache_dir, backbone=backbone,
+                              pretrained=pretrained)
         spec = validate_spec(document, source=f"bca compare {method}")
         runs = expand(spec)
     except (ValueError, SpecError) as exc:

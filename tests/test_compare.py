@@ -112,6 +112,7 @@ def test_dry_run_plans_the_suite_with_the_plugin_and_every_single_view_builtin(t
     (["no_such_module_xyz"], "plugin module 'no_such_module_xyz' cannot be imported"),
     (["zero"], "METHOD 'zero' takes augmented views on every dataset"),
     (["bca", "--data-root", "."], "--data-root needs at least one --dataset"),
+    (["bca", "--data-root", ".", "--dataset", "dtd"], "--data-root needs --cache-dir"),
 ])
 def test_bad_method_or_suite_exits_2_with_a_message(tmp_path, args, message):
     out = runner.invoke(app, ["compare", *args, "--dry-run", "--results", str(tmp_path)])
