@@ -1,4 +1,5 @@
-"""DuckDB over the results' Parquet files: views samples, runs, accuracy, summary.
+"""DuckDB over the results' Parquet files: views samples, runs, accuracy, summary, paired, and the table macros
+paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats).
 
 An in-memory connection takes no file lock, so any number of readers run while sweeps write. Every query
 through ResultsDB (sql, df, query, cursor) first re-scans the results dir (one stat per file; a footer is
@@ -419,7 +420,7 @@ clip AS (
     GROUP BY setting_id
 )
 SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain,
-       paired.gain_runs, paired.paired_gain, paired.gain_ci_low, paired.gain_ci_high, paired.gain_p, paired.gain_test
+       gains.gain_runs, gains.paired_gain, gains.gain_ci_low, gains.gain_ci_high, gains.gain_p, gains.gain_test
 FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
-     LEFT JOIN gains_against({_sql_str(registry.baseline_method())}) paired USING (group_id)
+     LEFT JOIN gains_against({_sql_str(registry.baseline_method())}) gains USING (group_id)
 """
