@@ -385,9 +385,11 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     table.gain_low, table.gain_high, table.p_holm = low, high, p
     if runs.empty:
         return
-    ids = set(runs["run_id"])
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
-    pairs = pairs[pairs["run_id"].isin(ids) & pairs["baseline_run"].isin(ids)]
+    ids = sorted(set(runs["run_id"]))
+    # only the table's runs: DuckDB pushes a list_contains filter down to the pairs before their samples are joined
+    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
+                  "WHERE gain IS NOT NULL AND list_contains($ids::VARCHAR[], run_id)", {"ids": ids})
+    pairs = pairs[pairs["baseline_run"].isin(ids)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     paired = own.merge(pairs, on="run_id")
