@@ -135,3 +135,15 @@ def test_bad_counts_are_refused():
         stats.mcnemar_p(-1, 3)
     with pytest.raises(ValueError, match=r"helped \+ hurt \(5 \+ 6\) must be at most n = 10"):
         stats.gain(5, 6, 10)
+
+
+def test_stats_benchmark_quick_run_prints_agreeing_rows(capsys):
+    from benchmarks import stats as benchmark
+
+    benchmark.main(["--quick"])
+    rows = [line.strip("|").split("|") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("|") and line.split("|")[1].strip()[:1].isdigit()]
+    assert [r[0].strip() for r in rows] == ["200", "400"]
+    for n, *cells in rows:
+        gap, step, se = float(cells[3]), 100 / int(n.replace(",", "")), float(cells[4])
+        assert gap <= step + 4 * se, (n, cells)  # one grid step of the discrete gain plus Monte Carlo error
