@@ -1,45 +1,25 @@
-"""The metrics the dashboard can show: display names and which way is better, in one place.
+"""The metrics the dashboard can show: display names and which way is better, from the metric registry
+(orchestrator.results.metrics).
 
 Tables and charts take any numeric metric column the runs / accuracy views carry (`metric_columns`). A column
 named here gets its display name and direction; a new numeric column of the views that is not named here
-still appears, under its own name, higher taken as better, until a line is added below.
+still appears, under its own name, higher taken as better, until the registry names it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import pandas as pd
 
 from orchestrator.results import schema
-from orchestrator.stages import STAGE_COLUMNS
+from orchestrator.results.metrics import COST_METRICS, METRICS as REGISTERED, RUN_METRICS, Metric
 
 
-@dataclass(frozen=True)
-class Metric:
-    column: str
-    label: str
-    higher_is_better: bool = True
-    percent: bool = False
-
-
-# Display order: accuracy first (the paper's metric), then the protocol issue's metrics, then costs.
-METRICS: tuple[Metric, ...] = (
-    Metric("accuracy", "accuracy (%)", percent=True),
-    Metric("last50_accuracy", "accuracy, last half of the stream (%)", percent=True),
-    Metric("top5_accuracy", "top-5 accuracy (%)", percent=True),
-    Metric("ece", "expected calibration error (%)", higher_is_better=False, percent=True),
-    Metric("nll", "negative log-likelihood", higher_is_better=False),
-    Metric("ood_auroc", "OOD AUROC (%)", percent=True),
-    Metric("helped", "samples right where CLIP is wrong (same samples, same order)"),
-    Metric("hurt", "samples wrong where CLIP is right (same samples, same order)", higher_is_better=False),
-    Metric("samples_per_s", "samples / s"),
-    Metric("warmup_s", "warm-up s (first call in its process: compilation; not in the costs)", higher_is_better=False),
-    *(Metric(c, c.replace("_", " "), higher_is_better=False) for c in STAGE_COLUMNS),
-    Metric("peak_mem_mb", "peak memory (MB)", higher_is_better=False),
-)
-_BY_COLUMN = {m.column: m for m in METRICS}
+# Display order: the registry's per-run metrics (accuracy first, the paper's metric), the paired counts
+# against CLIP, then costs.
+METRICS: tuple[Metric, ...] = (*RUN_METRICS, REGISTERED["helped"], REGISTERED["hurt"], *COST_METRICS)
+_BY_COLUMN = {m.name: m for m in METRICS}
 
 # Numeric columns of the views that describe a run rather than measure it.
 NOT_METRICS = frozenset({"seed", "num_templates", "n_samples", "n_rows", "n_distinct", "n_skipped", "n_ood", "win",
@@ -48,7 +28,7 @@ NOT_METRICS = frozenset({"seed", "num_templates", "n_samples", "n_rows", "n_dist
 
 def metric(column: str) -> Metric:
     """The metric of a column: its registered entry, or one named after the column (higher is better)."""
-    return _BY_COLUMN.get(column, Metric(column, column))
+    return _BY_COLUMN.get(column, Metric(column, column, "", True))
 
 
 def label(column: str) -> str:
@@ -62,7 +42,7 @@ def metric_columns(runs: pd.DataFrame, hparams: Sequence[str]) -> list[str]:
         return (c in runs.columns and pd.api.types.is_numeric_dtype(runs[c]) and not pd.api.types.is_bool_dtype(runs[c])
                 and runs[c].notna().any())
 
-    known = [m.column for m in METRICS if usable(m.column)]
+    known = [m.name for m in METRICS if usable(m.name)]
     skip = {*known, *hparams, *NOT_METRICS}
     return known + sorted(c for c in runs.columns if c not in skip and usable(c))
 

@@ -8,7 +8,7 @@ from typing import Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, context, metrics, queries
+from dashboard import charts, context, metrics, queries, significance
 from dashboard.components import (STREAM_ROWS, chart, dataframe, id_selectbox, link, load_curves, load_pair,
                                   load_run, prior_view)
 from orchestrator import registry
@@ -173,6 +173,11 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
     for col, (name, value) in zip(cols, [("both right", both), ("only A right", only_a), ("only B right", only_b),
                                          ("neither", neither)]):
         col.metric(name, value)
+    table, p_value = significance.mcnemar(pair["correct_a"], pair["correct_b"])
+    st.markdown(f"**McNemar's test** (exact, on the {only_a + only_b} samples only one run gets right): "
+                f"p = {p_value:.3g}" + (f", significant at {significance.stats.ALPHA:g}"
+                                        if p_value <= significance.stats.ALPHA else ", not significant"))
+    st.table(table)
     diff = queries.disagreements(pair)
     if diff.empty:
         st.info("The two runs get the same samples right.")

@@ -9,7 +9,7 @@ from typing import Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, context, importance, metrics, queries
+from dashboard import charts, context, importance, metrics, queries, significance
 from dashboard.components import (URL, chart, dataframe, id_selectbox, link, load_curves, load_importance,
                                   load_per_class, prior_view, table_exports)
 from dashboard.queries import Filters
@@ -96,6 +96,24 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
             for note in table.notes:
                 st.caption(note)
             table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
+    gain_section(db, view)
+
+
+def gain_section(db: ResultsDB, view: View) -> None:
+    """Each series' gain over CLIP with its interval and a significance column (dashboard.significance)."""
+    gains = significance.gain_summary(db, view.runs, view.labels)
+    if gains.empty:
+        return
+    st.markdown("**Gain over CLIP, with evidence** — each run paired with CLIP on the same samples in the same "
+                f"order; 95% interval; significance at {significance.stats.ALPHA:g} after Holm's correction over "
+                "the rows (docs/statistics.md)")
+    text = significance.gain_text(gains)
+    st.table(text)
+    table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
+    in_focus = gains[gains["dataset"] == view.focus[1]]
+    if not in_focus.empty:
+        chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
+              f"gain_{view.focus[1]}", "gain_intervals")
 
 
 def stream_panel(results_dir: str, stamp: tuple, view: View) -> None:

@@ -104,6 +104,32 @@ def sweep_cmd(
                                    rerun_changed=rerun_changed))
 
 
+@app.command("compare")
+def compare_cmd(
+    method: str = typer.Argument(..., help="A registered method name, or a plugin module that registers one."),
+    results: Path = typer.Option(Path("results"), "--results", help="Results directory (the suite is a sweep "
+                                 "named compare-METHOD there: run again, it resumes; with more --orders, it grows)."),
+    orders: int = typer.Option(3, "--orders", min=1, help="Independent stream orders per configuration."),
+    samples: int = typer.Option(1000, "--samples", min=100, help="Samples per synthetic stream."),
+    data_root: Path = typer.Option(None, "--data-root", help="Compare on your datasets (with --dataset) instead "
+                                   "of the synthetic presets."),
+    dataset: list[str] = typer.Option(None, "--dataset", help="Dataset under --data-root (repeatable)."),
+    cache_dir: Path = typer.Option(None, "--cache-dir", help="Feature cache folder for real datasets."),
+    backbone: str = typer.Option("ViT-B-16", "--backbone", help="open_clip model for real datasets."),
+    pretrained: str = typer.Option("openai", "--pretrained", help="Its pretrained tag."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the suite's plan; run nothing."),
+    resume: bool = typer.Option(True, "--resume", hidden=True, help="Always on: a compare goes on from the runs "
+                                "it finished (the hint an interrupted sweep prints names this flag)."),
+) -> None:
+    """Run METHOD and every built-in method on a standard suite and print a leaderboard: gain over CLIP with its
+    interval, worst 10%, ECE, samples/s, and which differences to the best are significant."""
+    from orchestrator.compare import compare_command
+
+    raise typer.Exit(compare_command(method, results_dir=results, orders=orders, samples=samples,
+                                     data_root=data_root, datasets=dataset or [], cache_dir=cache_dir,
+                                     backbone=backbone, pretrained=pretrained, dry_run=dry_run))
+
+
 @app.command("cache")
 def cache_cmd(
     spec: Path = typer.Argument(None, help="Sweep spec YAML: pre-encode every real (backbone, dataset, views, "

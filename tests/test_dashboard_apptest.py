@@ -112,7 +112,7 @@ def test_sensitivity_log_axis_and_clip_reference(sweep_results: Path, monkeypatc
 def test_metric_selection(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_app(sweep_results, monkeypatch)
     options = at.selectbox(key="select_metric").options
-    assert {"accuracy (%)", "top-5 accuracy (%)", "expected calibration error (%)", "negative log-likelihood"} <= set(
+    assert {"top-1 accuracy (%)", "top-5 accuracy (%)", "expected calibration error (%)", "negative log-likelihood (nats)"} <= set(
         options), options
     before = comparison(at)
     at.selectbox(key="select_metric").set_value("ece").run()
@@ -210,7 +210,7 @@ def test_configuration_page(sweep_results: Path, monkeypatch: pytest.MonkeyPatch
         sweep_runs.loc[sweep_runs["group_id"] == run["group_id"], "run_id"])
     summary = at.dataframe[1].value.set_index("metric")
     seeds = sweep_runs[sweep_runs["group_id"] == run["group_id"]]["accuracy"]
-    assert summary.at["accuracy (%)", "mean"] == pytest.approx(seeds.mean())
+    assert summary.at["top-1 accuracy (%)", "mean"] == pytest.approx(seeds.mean())
     assert len(specs(at)) == 1  # its online curve with the band over seeds
 
 

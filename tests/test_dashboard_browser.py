@@ -273,7 +273,7 @@ def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
     with page(results, tmp_path, "light") as (url, cdp):
         cdp.call("Emulation.setDeviceMetricsOverride", width=1280, height=VIEW_HEIGHT, deviceScaleFactor=1,
                  mobile=False)
-        navigate(cdp, url, "Comparison: accuracy")
+        navigate(cdp, url, "Comparison: top-1 accuracy")
         cells = comparison_cells(cdp)
         missing = [m for m in CONFIG_ROWS if m not in cells]
         assert not missing, f"comparison table lacks rows {missing}; it shows {sorted(cells)}"
@@ -284,18 +284,18 @@ def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
         choose_in_multiselect(cdp, "filter_method", "bca")
         wait_until("the URL to carry the method filter",
                    lambda: "filter_method=bca" in cdp.evaluate("location.href"), RENDER_WAIT_S)
-        wait_for(cdp, "Comparison: accuracy")
+        wait_for(cdp, "Comparison: top-1 accuracy")
         filtered = {c for c in comparison_cells(cdp) if c.startswith(("CLIP", "TDA", "BCA"))}
         assert filtered and all(c.startswith("BCA") for c in filtered), filtered
         shared = cdp.evaluate("location.href")
 
         # follow the shared link in a fresh page load: the same view
         cdp.call("Page.navigate", url="about:blank")
-        navigate(cdp, shared, "Comparison: accuracy")
+        navigate(cdp, shared, "Comparison: top-1 accuracy")
         assert {c for c in comparison_cells(cdp) if c.startswith(("CLIP", "TDA", "BCA"))} == filtered
 
         for panel in PANELS[1:]:
-            navigate(cdp, f"{url}/?{urlencode({'panel': panel})}", "Comparison: accuracy")
+            navigate(cdp, f"{url}/?{urlencode({'panel': panel})}", "Comparison: top-1 accuracy")
             wait_for(cdp, PANEL_TEXT[panel])
             plot_areas(cdp, f"{panel} panel", at_least=1)
             screenshot(cdp, f"dashboard-{panel.lower().replace(' ', '-')}", 1280)

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 
 from orchestrator.results.metrics import (
-    HelpedHurt, across_orders, across_orders_sql, ece, ece_sql, in_distribution, last_half_accuracy, nll, nll_sql,
-    ood_auroc, run_metrics, top1, top5, top5_sql, windowed_accuracy, worst_count,
+    METRICS, RUN_METRICS, HelpedHurt, across_orders, across_orders_sql, ece, last_half_accuracy, nll, ood_auroc,
+    run_metrics, run_metrics_sql, stored_run_metrics, top1, top5, windowed_accuracy, worst_count,
 )
 
 
@@ -135,20 +135,34 @@ def _by_run(con, sql: str) -> dict[str, float]:
     return {row[0]: row[1] for row in con.execute(sql).fetchall()}
 
 
-def test_sql_equals_numpy():
+def test_every_registered_metric_is_the_same_in_sql_and_numpy():
     table = _samples()
+    per_run = len(table) // 3
+    table = table.append_column("sample_idx", pa.array(np.tile(np.arange(per_run), 3)))
     con = duckdb.connect()
     con.register("samples", table)
+    con.execute(f"CREATE TABLE expected AS SELECT run_id, {per_run} AS n_samples FROM samples GROUP BY run_id")
+    m = run_metrics_sql()
+    sql = (f"WITH p AS (SELECT s.run_id{m.aggregates} FROM samples s LEFT JOIN expected e USING (run_id) "
+           f"GROUP BY s.run_id){m.ctes} SELECT p.run_id, {m.values} FROM p{m.joins} ORDER BY p.run_id")
+    got = con.execute(sql).df().set_index("run_id")
     d = table.to_pydict()
-    rel = in_distribution("samples")
-    got = {"ece": _by_run(con, ece_sql(rel)), "nll": _by_run(con, nll_sql(rel)), "top5": _by_run(con, top5_sql(rel))}
     for run in ("r0", "r1", "r2"):
-        rows = [i for i, (r, o) in enumerate(zip(d["run_id"], d["is_ood"])) if r == run and not o]
-        conf = table["confidence"].to_numpy()[rows]
-        assert got["ece"][run] == pytest.approx(ece(conf, table["correct"].to_numpy()[rows]), abs=1e-12)
-        assert got["nll"][run] == pytest.approx(nll(table["prob_true"].to_numpy()[rows]), rel=1e-12)
-        top = np.array(d["top5"], dtype=np.int64)[rows]
-        assert got["top5"][run] == pytest.approx(top5(top, table["label"].to_numpy()[rows]), abs=1e-12)
+        rows = [i for i, r in enumerate(d["run_id"]) if r == run]
+        col = {k: table[k].to_numpy(zero_copy_only=False)[rows] for k in ("correct", "confidence", "label", "is_ood")}
+        measured = run_metrics(correct=col["correct"], confidence=col["confidence"], labels=col["label"],
+                               top5_classes=np.array(d["top5"], dtype=np.int64)[rows],
+                               prob_true=table["prob_true"].to_numpy()[rows], is_ood=col["is_ood"])
+        for name, value in stored_run_metrics(measured).items():
+            assert got.at[run, name] == pytest.approx(value, rel=1e-12, abs=1e-12), (run, name)
+    assert list(got.columns) == [metric.name for metric in RUN_METRICS]
+
+
+def test_registry_entries_are_complete():
+    for metric in RUN_METRICS:
+        assert metric.numpy is not None and (metric.sql_aggregate or metric.sql_query), metric.name
+        assert metric.label.startswith(metric.title) and metric.unit in metric.label
+    assert METRICS["ece"].higher_is_better is False and METRICS["accuracy"].label == "top-1 accuracy (%)"
 
 
 def test_across_orders_sql_equals_numpy():

@@ -17,6 +17,7 @@ from typing import Any, Optional
 import typer
 
 from orchestrator.results import schema
+from orchestrator.results.metrics import RUN_METRICS
 
 # Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
 REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
@@ -145,8 +146,8 @@ def query_cmd(
 def report_cmd(
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep's runs."),
     paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
-    metric: str = typer.Option("accuracy", "--metric", help="accuracy, last50_accuracy, top5_accuracy, ece, nll "
-                               "or ood_auroc (see docs/streams-and-metrics.md)."),
+    metric: str = typer.Option("accuracy", "--metric", help=f"{', '.join(m.name for m in RUN_METRICS)} (the metric "
+                               "registry, orchestrator.results.metrics)."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
     """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds and

@@ -1,4 +1,5 @@
-"""DuckDB over the results' Parquet files: views samples, runs, accuracy, summary.
+"""DuckDB over the results' Parquet files: views samples, runs, accuracy, summary, paired, and the table macros
+paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats).
 
 An in-memory connection takes no file lock, so any number of readers run while sweeps write. Every query
 through ResultsDB (sql, df, query, cursor) first re-scans the results dir (one stat per file; a footer is
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, metrics, safety, schema, store
+from orchestrator.results import files, metrics, safety, schema, stats, store
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -113,6 +114,7 @@ class ResultsDB:
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
         self._con = duckdb.connect(":memory:")
+        stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
         # allowed_directories: a private empty one keeps whatever lies in ./.tmp out of reach.
         self._spill = tempfile.TemporaryDirectory(prefix="bca-duckdb-")
@@ -206,9 +208,11 @@ class ResultsDB:
                 self._build_metrics(segments)
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
+                baseline = _sql_str(registry.baseline_method())
+                self._con.execute(_PAIRED_SQL)
+                self._con.execute(_paired_sql(baseline, _MATERIALISED_PAIRS if self._fresh else None))
+                self._con.execute(_GAINS_SQL)
                 self._con.execute(_summary_sql(hparams))
-                self._con.execute(_paired_sql(_sql_str(registry.baseline_method()),
-                                              _MATERIALISED_PAIRS if self._fresh else None))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())
             return self.bad_files
@@ -402,40 +406,29 @@ class ResultsDB:
 
 def run_metrics_sql(samples: str, runs: str) -> str:
     """Per run, from its rows in `samples` (a relation with the samples view's columns) and its n_samples in
-    `runs`: row counts and the metrics (orchestrator.results.metrics has their definitions in numpy and SQL;
-    accuracy-type metrics over in-distribution rows only). The one definition: the accuracy view computes it
-    over live rows, compaction materialises it per segment, `bca verify` recomputes it to compare."""
-    inside = f"(SELECT * FROM {samples} WHERE NOT coalesce(is_ood, false))"
-    with_ood = f"(SELECT * FROM {samples} WHERE run_id IN (SELECT run_id FROM {samples} WHERE is_ood))"
+    `runs`: row counts and every metric of the registry (metrics.RUN_METRICS: definitions in numpy and SQL),
+    stored as the trial stores them (x scale). The one definition: the accuracy view computes it over live rows,
+    compaction materialises it per segment, `bca verify` recomputes it to compare."""
+    m = metrics.run_metrics_sql(samples)
     return f"""
 WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM {runs} GROUP BY run_id),
-per_run AS (
-    -- one pass over the samples; last 50% = stream positions i >= n // 2 (numpy's correct[n // 2:]) with
-    -- n the run's n_samples (NULL when the run has no runs-table row to say how long its stream is)
+p AS (
+    -- one pass over the samples; e.n_samples is NULL when the run has no runs-table row
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           count(*) FILTER (WHERE s.is_ood) AS n_ood,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false)) AS accuracy,
-           100 * avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2
-                                                AND NOT coalesce(s.is_ood, false)) AS last50_accuracy,
-           100 * avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL
-                                                                     AND NOT coalesce(s.is_ood, false)) AS top5_accuracy
+           count(*) FILTER (WHERE s.is_ood) AS n_ood{m.aggregates}
     FROM {samples} s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
-),
-ece AS ({metrics.ece_sql(inside)}),
-nll AS ({metrics.nll_sql(f"(SELECT * FROM {inside} WHERE prob_true IS NOT NULL)")}),
-auroc AS ({metrics.auroc_sql(with_ood)})
-SELECT p.run_id, p.s_sweep, p.s_backbone, p.s_dataset, p.s_method, p.n_rows, p.n_distinct, p.n_ood,
-       p.accuracy, p.last50_accuracy, p.top5_accuracy, 100 * ece.ece AS ece, nll.nll, 100 * auroc.ood_auroc AS ood_auroc
-FROM per_run p LEFT JOIN ece USING (run_id) LEFT JOIN nll USING (run_id) LEFT JOIN auroc USING (run_id)
+){m.ctes}
+SELECT p.run_id, p.s_sweep, p.s_backbone, p.s_dataset, p.s_method, p.n_rows, p.n_distinct, p.n_ood, {m.values}
+FROM p{m.joins}
 """
 
 
 # What run_metrics_sql gives per run, besides run_id: materialised per segment under these names.
 RUN_METRICS_COLUMNS = ("s_sweep", "s_backbone", "s_dataset", "s_method", "n_rows", "n_distinct", "n_ood",
-                       "accuracy", "last50_accuracy", "top5_accuracy", "ece", "nll", "ood_auroc")
+                       *(m.name for m in metrics.RUN_METRICS))
 
 
 def _accuracy_sql(carried: Sequence[str]) -> str:
@@ -449,7 +442,7 @@ SELECT p.run_id,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       p.accuracy, p.last50_accuracy, p.top5_accuracy, p.ece, p.nll, p.n_ood, p.ood_auroc, {r_cols}
+       {", ".join(f"p.{m.name}" for m in metrics.RUN_METRICS)}, p.n_ood, {r_cols}
 FROM {_RUN_METRICS} p LEFT JOIN runs r USING (run_id)
 """
 
@@ -478,7 +471,8 @@ SELECT p.run_id, p.baseline_run,
        count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
        count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
        count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
-       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned,
+       count(*) AS n
 FROM {pairs} p
 JOIN {samples} s ON s.run_id = p.run_id
 JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
@@ -486,20 +480,70 @@ WHERE NOT coalesce(s.is_ood, false)
 GROUP BY ALL"""
 
 
-PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
+PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned", "n")
 # A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
 SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+
+
+def _with_statistics(counts: str, baseline: str) -> str:
+    """Each pair of `counts` (paired_rows_sql's columns) with its statistics (orchestrator.results.stats' DuckDB
+    functions bca_*), in points like accuracy, and NULL when the two runs' rows are not the same images
+    (misaligned > 0): no number at all rather than a wrong one."""
+    return f"""
+SELECT run_id, baseline_run, {baseline} AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
+       CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
+       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_low(helped, hurt, n) END AS gain_ci_low,
+       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_high(helped, hurt, n) END AS gain_ci_high,
+       CASE WHEN misaligned = 0 THEN bca_mcnemar_p(helped, hurt) END AS p_mcnemar
+FROM ({counts})"""
+
+
+# Each run against any baseline method, computed from the rows (`paired` is this against zero-shot CLIP, read
+# from what compaction materialised where it can).
+_PAIRED_SQL = ("CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE "
+               + _with_statistics(paired_rows_sql(f"({baseline_pairs_sql('runs', 'baseline_method')})", "samples",
+                                                  "samples"), "baseline_method"))
 
 
 def _paired_sql(baseline: str, materialised: str | None) -> str:
     """paired: materialised by compaction where its baseline was compacted then, else computed from the rows."""
     pairs = f"({baseline_pairs_sql('runs', baseline)})"
-    if materialised is None:
-        return f"CREATE OR REPLACE VIEW paired AS {paired_rows_sql(pairs, 'samples', 'samples')}"
-    cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
-    rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
-    return (f"CREATE OR REPLACE VIEW paired AS SELECT {cols} FROM {materialised} UNION ALL BY NAME "
-            f"{paired_rows_sql(rest, 'samples', 'samples')}")
+    counts = paired_rows_sql(pairs, "samples", "samples")
+    if materialised is not None:
+        cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+        rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
+        counts = f"SELECT {cols} FROM {materialised} UNION ALL BY NAME {paired_rows_sql(rest, 'samples', 'samples')}"
+    return f"CREATE OR REPLACE VIEW paired AS {_with_statistics(counts, baseline)}"
+
+
+# Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's
+# finished complete runs on the same seed and order (paired_against), then the mean gain, a 95% interval and a
+# p-value across those runs (orchestrator.results.stats: a t interval and test from MIN_RUNS_FOR_T runs on, else
+# the counts pooled over the runs: bootstrap interval and exact McNemar).
+def _gains_sql(pairs: str, baseline: str) -> str:
+    """The per-configuration gains over `baseline` (a SQL expression) from `pairs` (paired_against's columns)."""
+    return f"""
+WITH ok AS (SELECT run_id, group_id FROM accuracy WHERE status = 'finished' AND complete AND group_id IS NOT NULL),
+g AS (
+    SELECT ok.group_id, count(*) AS k, avg(p.gain) AS m, stddev_samp(p.gain) AS sd,
+           sum(p.helped)::BIGINT AS h, sum(p.hurt)::BIGINT AS u, sum(p.n)::BIGINT AS nn
+    FROM {pairs} p JOIN ok USING (run_id)
+    WHERE p.gain IS NOT NULL AND p.baseline_run IN (SELECT run_id FROM ok)
+    GROUP BY ok.group_id
+)
+SELECT group_id, {baseline} AS baseline, k AS gain_runs, m AS paired_gain,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m - bca_t_halfwidth(sd, k)
+            ELSE 100 * bca_gain_ci_low(h, u, nn) END AS gain_ci_low,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m + bca_t_halfwidth(sd, k)
+            ELSE 100 * bca_gain_ci_high(h, u, nn) END AS gain_ci_high,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN bca_t_test_p(m, sd, k) ELSE bca_mcnemar_p(h, u) END AS gain_p,
+       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN '{stats.T_TEST}' ELSE '{stats.POOLED_MCNEMAR}' END AS gain_test
+FROM g
+"""
+
+
+_GAINS_SQL = ("CREATE OR REPLACE MACRO gains_against(baseline_method) AS TABLE "
+              + _gains_sql("paired_against(baseline_method)", "baseline_method"))
 
 
 def _summary_sql(hparams: Sequence[str]) -> str:
@@ -535,6 +579,8 @@ clip AS (
            AND complete
     GROUP BY setting_id
 )
-SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain
+SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain,
+       gains.gain_runs, gains.paired_gain, gains.gain_ci_low, gains.gain_ci_high, gains.gain_p, gains.gain_test
 FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
+     LEFT JOIN ({_gains_sql('paired', _sql_str(registry.baseline_method()))}) gains USING (group_id)
 """

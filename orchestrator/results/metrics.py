@@ -1,8 +1,9 @@
 """Per-run metrics from the stored per-sample rows, and their summary across stream orders (numpy; no torch).
 
 Every metric is a function of arrays in stream order, so it can be recomputed from the results at any
-time, and the DuckDB views compute the same numbers with the SQL the ``*_sql`` functions return (tests
-check SQL == numpy). Accuracy-type metrics (top-1, top-5, ECE, NLL, last-half and windowed accuracy) are
+time. The registry at the end of this module (RUN_METRICS) is the one place a metric is declared: name,
+title, unit, direction, numpy definition and SQL definition; the trial, the views, the schema docs, the report
+and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE, NLL, last-half and windowed accuracy) are
 over in-distribution samples only: a caller passes those rows (``run_metrics`` filters them by ``is_ood``).
 
 Definitions:
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from orchestrator.stages import STAGE_COLUMNS
 
 ECE_BINS = 15
 TOP_K = 5
@@ -242,15 +245,6 @@ SELECT {keys}, sum(abs(gap)) / sum(cnt) AS ece FROM (
 ) GROUP BY {keys}"""
 
 
-def nll_sql(relation: str, keys: str = "run_id") -> str:
-    return (f"SELECT {keys}, avg(-ln(greatest(prob_true::DOUBLE, {PROB_FLOOR!r}))) AS nll "
-            f"FROM {relation} GROUP BY {keys}")
-
-
-def top5_sql(relation: str, keys: str = "run_id") -> str:
-    return f"SELECT {keys}, avg(list_contains(top5, label)::DOUBLE) AS top5 FROM {relation} GROUP BY {keys}"
-
-
 def auroc_sql(relation: str, keys: str = "run_id") -> str:
     """OOD AUROC of the confidence (in-distribution positive, midranks for ties) per ``keys`` that have both kinds."""
     return f"""
@@ -277,3 +271,122 @@ FROM (
            count(*) OVER (PARTITION BY {keys}) AS n
     FROM {relation}
 ) GROUP BY {keys}"""
+
+
+# ------------------------------------------------------------------------------------- the registry
+# One entry per metric: what the trial stores, the views compute, the schema documents and the report and the
+# dashboard title and rank by. A stored value is `scale` x the definition (percent for fractions).
+
+@dataclass(frozen=True)
+class Metric:
+    name: str               # the column of the runs and accuracy views
+    title: str              # for tables, charts and the schema docs
+    unit: str               # "%", "nats", "samples", "samples/s", ...
+    higher_is_better: bool
+    scale: float = 1.0
+    # numpy: the definition's value from a run's RunMetrics (None when the run lacks its inputs)
+    numpy: Any = None
+    # SQL over one run's sample rows `s` (with e.n_samples, the run's stream length), grouped by run_id: an
+    # aggregate expression computed in the accuracy view's single pass over the samples ...
+    sql_aggregate: str | None = None
+    # ... or, for metrics that need their own grouping, a function of a samples relation's name giving a query
+    # of (run_id, value) over it
+    sql_query: Any = None
+    note: str = ""          # what the title leaves out, for the schema docs
+
+    @property
+    def percent(self) -> bool:
+        return self.unit == "%"
+
+    @property
+    def label(self) -> str:
+        """Title and unit, e.g. 'top-1 accuracy (%)': table titles, chart axes, the schema docs."""
+        return f"{self.title} ({self.unit})" if self.unit else self.title
+
+    @property
+    def doc(self) -> str:
+        return f"{self.label}: {self.note}" if self.note else self.label
+
+    def stored(self, measured: RunMetrics) -> float | None:
+        value = self.numpy(measured)
+        return None if value is None else self.scale * value
+
+
+_INSIDE = "NOT coalesce(s.is_ood, false)"
+
+RUN_METRICS: tuple[Metric, ...] = (
+    Metric("accuracy", "top-1 accuracy", "%", True, 100.0, lambda m: m.top1,
+           sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE {_INSIDE})"),
+    # the last half of the stream = positions i >= n // 2 (numpy's correct[n // 2:]), n the run's n_samples
+    Metric("last50_accuracy", "accuracy over the last 50% of the stream", "%", True, 100.0, lambda m: m.last_half,
+           sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2 AND {_INSIDE})"),
+    Metric("top5_accuracy", "top-5 accuracy", "%", True, 100.0, lambda m: m.top5,
+           sql_aggregate=f"avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
+    Metric("ece", "expected calibration error", "%", False, 100.0, lambda m: m.ece,
+           sql_query=lambda rows: f"SELECT run_id, ece AS value FROM ({ece_sql(f'(SELECT * FROM {rows} s WHERE {_INSIDE})')})",
+           note=f"{ECE_BINS} equal-width confidence bins"),
+    Metric("nll", "negative log-likelihood", "nats", False, 1.0, lambda m: m.nll,
+           sql_aggregate=f"avg(-ln(greatest(s.prob_true::DOUBLE, {PROB_FLOOR!r}))) "
+                         f"FILTER (WHERE s.prob_true IS NOT NULL AND {_INSIDE})",
+           note="mean negative log posterior of the true class"),
+    Metric("ood_auroc", "OOD AUROC", "%", True, 100.0, lambda m: m.ood_auroc,
+           sql_query=lambda rows: "SELECT run_id, ood_auroc AS value FROM ("
+                                  + auroc_sql(f"(SELECT * FROM {rows} WHERE run_id IN (SELECT run_id FROM {rows} "
+                                         "WHERE is_ood))") + ")",
+           note="of the confidence, separating in- from out-of-distribution samples"),
+)
+
+# Against the baseline on the same samples in the same order (the paired view; orchestrator.results.stats).
+PAIRED_METRICS: tuple[Metric, ...] = (
+    Metric("helped", "samples right where CLIP is wrong (same samples, same order)", "samples", True),
+    Metric("hurt", "samples wrong where CLIP is right (same samples, same order)", "samples", False),
+    Metric("gain", "accuracy gain over CLIP on the same samples", "points", True),
+    Metric("p_mcnemar", "exact McNemar p-value of the gain over CLIP", "p", False),
+)
+
+# Measured by the trial as it runs, not from the rows.
+COST_METRICS: tuple[Metric, ...] = (
+    Metric("samples_per_s", "throughput of the online loop", "samples/s", True),
+    Metric("warmup_s", "warm-up", "s", False,
+           note="the first call of the run's code in its process (compilation); not in the costs"),
+    *(Metric(c, c.replace("_", " "), "", False) for c in STAGE_COLUMNS),
+    Metric("peak_mem_mb", "peak memory", "MB", False),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in (*RUN_METRICS, *PAIRED_METRICS, *COST_METRICS)}
+
+
+def metric(name: str) -> Metric:
+    """The registered metric called `name`; a clear error naming the known ones otherwise."""
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ValueError(f"unknown metric {name!r}; expected one of: {', '.join(METRICS)}") from None
+
+
+@dataclass(frozen=True)
+class RunMetricsSQL:
+    """The registry's per-run metrics as pieces of one query over `samples s LEFT JOIN <expected> e`, grouped by
+    run_id, into a CTE named `p` (the accuracy view adds its own bookkeeping to that single pass)."""
+
+    aggregates: str  # ", <aggregate> AS <name>, ..." for p's select list
+    ctes: str        # ", m_<name> AS (<query>), ..." to follow p in the WITH clause
+    joins: str       # " LEFT JOIN m_<name> USING (run_id) ..." after FROM p
+    values: str      # "<scale> * ... AS <name>, ...": the stored values
+
+
+def run_metrics_sql(rows: str = "samples") -> RunMetricsSQL:
+    """The registry's per-run metrics over the sample rows of relation `rows`."""
+    one_pass = [m for m in RUN_METRICS if m.sql_aggregate]
+    own = [m for m in RUN_METRICS if not m.sql_aggregate]
+    return RunMetricsSQL(
+        aggregates="".join(f", {m.sql_aggregate} AS {m.name}" for m in one_pass),
+        ctes="".join(f", m_{m.name} AS ({m.sql_query(rows)})" for m in own),
+        joins="".join(f" LEFT JOIN m_{m.name} USING (run_id)" for m in own),
+        values=", ".join(f"{m.scale!r} * " + (f"p.{m.name}" if m.sql_aggregate else f"m_{m.name}.value")
+                         + f" AS {m.name}" for m in RUN_METRICS))
+
+
+def stored_run_metrics(measured: RunMetrics) -> dict[str, float | None]:
+    """The runs table's metric columns of one run, as the trial writes them."""
+    return {m.name: m.stored(measured) for m in RUN_METRICS}

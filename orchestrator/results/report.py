@@ -36,10 +36,11 @@ from rich.text import Text
 
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
-from orchestrator.results import evidence
+from orchestrator.results import evidence, metrics, stats
 from orchestrator.results.db import ResultsDB
 
 MISSING = "—"
+SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant (`_significance`)
 PAPER_FILE = "paper_results.json"
 
 
@@ -86,22 +87,8 @@ def weights_note(pretrained: Any) -> str | None:
     return pretrained
 
 
-@dataclass(frozen=True)
-class Metric:
-    """A per-run metric of the accuracy view a table can show (definitions: orchestrator.results.metrics)."""
-
-    title: str
-    higher_is_better: bool
-
-
-METRICS = {
-    "accuracy": Metric("top-1 accuracy (%)", True),
-    "last50_accuracy": Metric("accuracy over the last 50% of the stream (%)", True),
-    "top5_accuracy": Metric("top-5 accuracy (%)", True),
-    "ece": Metric("expected calibration error (%, 15 bins)", False),
-    "nll": Metric("negative log-likelihood (nats)", False),
-    "ood_auroc": Metric("OOD AUROC of the confidence (%)", True),
-}
+# The per-run metrics a table can show (the registry: orchestrator.results.metrics).
+METRICS = {m.name: m for m in metrics.RUN_METRICS}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
@@ -238,6 +225,14 @@ class ReportTable:
     gain_n: pd.DataFrame | None = None
     cells: dict[tuple, dict[str, evidence.Cell]] = field(default_factory=dict)
     gain_cells: dict[tuple, dict[str, evidence.Cell]] = field(default_factory=dict)
+    # the gain over the row's baseline with evidence (accuracy tables; `_significance`): its 95% interval and
+    # Holm-adjusted p-value per cell, NaN where not tested
+    gain_low: pd.DataFrame | None = None
+    gain_high: pd.DataFrame | None = None
+    p_holm: pd.DataFrame | None = None
+
+    def significant(self, key: Any, col: str) -> bool:
+        return self.p_holm is not None and bool(self.p_holm.at[key, col] <= stats.ALPHA)
 
     @property
     def empty(self) -> bool:
@@ -257,6 +252,11 @@ class ReportTable:
             out[f"Δ CLIP ({col})"] = self.gain[col]
             if self.gain_n is not None:
                 out[f"Δ CLIP ({col}) n"] = self.gain_n[col]
+        if self.p_holm is not None:
+            for col in self.columns:
+                out[f"Δ CLIP ({col}) low"] = self.gain_low[col]
+                out[f"Δ CLIP ({col}) high"] = self.gain_high[col]
+                out[f"Δ CLIP ({col}) p Holm"] = self.p_holm[col]
         return out
 
     def formatted(self) -> pd.DataFrame:
@@ -269,11 +269,12 @@ class ReportTable:
             cells = []
             for key, source in zip(self.mean.index, sources):
                 cell = self.cells.get(key, {}).get(col)
-                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source, cell))
+                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source, cell)
+                             + (SIGNIFICANT if self.significant(key, col) else ""))
             out[col] = cells
         for col in self.gain_columns:
             out[f"Δ CLIP ({col})"] = [evidence.gain_text(v, self.gain_cells.get(key, {}).get(col))
-                                      for key, v in zip(self.gain.index, self.gain[col])]
+                                      + _interval(self, key, col) for key, v in self.gain[col].items()]
         return out
 
     def render(self) -> Table:
@@ -295,7 +296,7 @@ class ReportTable:
                 cells.append(Text(row[col], style="bold green" if bold else ""))
             table.add_row(*cells)
         if self.notes:
-            table.caption = "\n".join(self.notes)
+            table.caption = Text("\n".join(self.notes))  # Text: "[low, high]" is not rich markup
             table.caption_justify = "left"
         return table
 
@@ -331,6 +332,10 @@ def _with_clip_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     clip = keyed[keyed["_fit"] & (keyed["method"] == registry.baseline_method())]
     values = clip.groupby(keys)[metric].mean().rename("_clip").reset_index()
     return keyed.merge(values, on=keys, how="left").set_axis(runs.index).drop(columns=["_n", "_fp"])
+def _interval(table: ReportTable, key: Any, col: str) -> str:
+    if table.gain_low is None or _is_missing(table.gain_low.at[key, col]):
+        return ""
+    return f" [{table.gain_low.at[key, col]:+.2f}, {table.gain_high.at[key, col]:+.2f}]"
 
 
 def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
@@ -447,8 +452,61 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
                      "the dataset card's image count)")
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
-    return ReportTable(f"{layout.title}, {METRICS[metric].title}", columns, gain_columns, mean, std, n, gain, best,
-                       notes, expected_frame, gain_n, by_index, gain_by_index)
+    table = ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
+                        notes, expected_frame, gain_n, by_index, gain_by_index)
+    if metric == "accuracy":  # the tests are of top-1 accuracy: helped against hurt on the same samples
+        _significance(db, table, runs, layout)
+    return table
+
+
+def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout: Layout) -> None:
+    """Each measured cell's gain over CLIP with evidence, from the paired view's runs (each against CLIP on the
+    same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, and for
+    an average column over its per-(seed, order) means of the datasets' gains. The p-values are Holm-adjusted
+    over the table's tested cells, and the legend says so."""
+    cols = table.columns
+    low = pd.DataFrame(math.nan, index=table.mean.index, columns=cols)
+    high, p = low.copy(), low.copy()
+    table.gain_low, table.gain_high, table.p_holm = low, high, p
+    if runs.empty:
+        return
+    ids = sorted(set(runs["run_id"]))
+    # only the table's runs: DuckDB pushes a list_contains filter down to the pairs before their samples are joined
+    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
+                  "WHERE gain IS NOT NULL AND list_contains($ids::VARCHAR[], run_id)", {"ids": ids})
+    pairs = pairs[pairs["baseline_run"].isin(ids)]
+    own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
+        order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
+    paired = own.merge(pairs, on="run_id")
+    if paired.empty:
+        return
+    label_of = dict(layout.datasets)
+    rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
+    raw: dict[tuple[Any, str], float] = {}
+    for (backbone, row), part in paired.groupby(["backbone", "row"], sort=False):
+        key = rows.get((backbone, row))
+        if key is None:
+            continue
+        # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells
+        per_seed = part.groupby(["key", "seed", "order"])["gain"].mean().unstack("key")
+        groups = [(label_of[k], (k,)) for k in per_seed.columns if k in label_of]
+        groups += [(label, keys) for label, keys in layout.averages if all(k in per_seed.columns for k in keys)]
+        for label, keys in groups:
+            values = per_seed[list(keys)].dropna().mean(axis=1)
+            if not len(values):
+                continue
+            used = part[part["key"].isin(keys)].set_index(["seed", "order"]).loc[lambda f: f.index.isin(values.index)]
+            # gains in points here, fractions in stats
+            summary = stats.across_runs(values.to_numpy() / 100, used["helped"], used["hurt"], used["n"])
+            low.at[key, label], high.at[key, label] = 100 * summary.ci_low, 100 * summary.ci_high
+            raw[(key, label)] = summary.p
+    adjusted = stats.holm(list(raw.values()))
+    for (key, label), value in zip(raw, adjusted):
+        p.at[key, label] = value
+    if raw:
+        table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
+                           f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
+                           "(docs/statistics.md)")
 
 
 def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list[evidence.Cell],

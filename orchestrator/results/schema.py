@@ -33,6 +33,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from orchestrator import registry
+from orchestrator.results.metrics import RUN_METRICS
 from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
 SCHEMA_VERSION = "1"
@@ -100,14 +101,11 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
 METRIC_COLUMNS: tuple[Column, ...] = (
     Column("n_samples", pa.int64(), "BIGINT", "length of the run's stream"),
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
-    Column("accuracy", pa.float64(), "DOUBLE", "top-1 accuracy in percent"),
-    Column("last50_accuracy", pa.float64(), "DOUBLE", "accuracy over the last half of the stream, percent"),
-    Column("top5_accuracy", pa.float64(), "DOUBLE", "top-5 accuracy in percent"),
-    Column("ece", pa.float64(), "DOUBLE", "expected calibration error (15 equal-width bins), percent"),
-    Column("nll", pa.float64(), "DOUBLE", "mean negative log posterior of the true class (nats)"),
+    # the registry's metrics (orchestrator.results.metrics); n_ood keeps its place before ood_auroc, the order
+    # files have always had
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name != "ood_auroc"),
     Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
-    Column("ood_auroc", pa.float64(), "DOUBLE", "AUROC of the confidence separating in- from out-of-distribution "
-                                                "samples, percent"),
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name == "ood_auroc"),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     Column("warmup_s", pa.float64(), "DOUBLE", "seconds of the first call of the run's code in its process (JIT "
                                                "compilation, lazy set-up), on throwaway state; not in samples_per_s "

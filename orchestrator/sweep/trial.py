@@ -38,7 +38,7 @@ from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import ensure_dataset, load_plugins, method_card
-from orchestrator.results.metrics import TOP_K, run_metrics
+from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
@@ -293,10 +293,7 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
     measured = run_metrics(correct=outcome.column("pred") == labels, confidence=outcome.column("confidence"),
                            labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
                            is_ood=is_ood)
-    metrics = {"n_samples": n, "accuracy": 100 * measured.top1, "last50_accuracy": 100 * measured.last_half,
-               "top5_accuracy": 100 * measured.top5, "ece": 100 * measured.ece, "nll": measured.nll,
-               "n_ood": int(is_ood.sum()),
-               "ood_auroc": None if measured.ood_auroc is None else 100 * measured.ood_auroc,
+    metrics = {"n_samples": n, **stored_run_metrics(measured), "n_ood": int(is_ood.sum()),
                "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "warmup_s": warmup_s,
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
