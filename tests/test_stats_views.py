@@ -176,7 +176,7 @@ def test_bca_report_prints_the_marker_legend(strong):
     assert out.exit_code == 0, out.output
     assert "* gain over CLIP significant at 0.05 after Holm's correction" in out.output
     assert "[low, high]: its 95% interval" in out.output
-    assert re.search(r"\d\.\d\d\*", out.output)  # a marked cell
+    assert re.search(r"\d\.\d\d( ± \d+\.\d\d)?( \(n=[^)]*\))?\*", out.output)  # a marked cell (after its evidence)
 
 
 def test_the_statistics_docs_queries_run_as_written(fake):
