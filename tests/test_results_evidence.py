@@ -49,7 +49,7 @@ def test_stopped_sweep_gain_is_paired_and_cells_count_their_runs(tmp_path):
     assert table.gain_n.at[key, "ImageNet"] == 2
     text = table.formatted()
     assert text.at[key, "ImageNet"].endswith("(n=2 of 3)")
-    assert text.at[key, "Δ CLIP (ImageNet)"] == f"{paired:+.2f} (n=2 of 3)"
+    assert text.at[key, "Δ CLIP (ImageNet)"].startswith(f"{paired:+.2f} (n=2 of 3) [")  # then its interval
     assert text.at[("RN50", "CLIP"), "ImageNet"].endswith("(n=3)")
     assert any("seed 3, order 0: failed (RuntimeError: injected failure (fake run))" in n for n in table.notes)
     # an incomplete cell is never "best"

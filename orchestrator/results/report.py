@@ -468,6 +468,8 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     low = pd.DataFrame(math.nan, index=table.mean.index, columns=cols)
     high, p = low.copy(), low.copy()
     table.gain_low, table.gain_high, table.p_holm = low, high, p
+    runs = evidence.prepare(runs)
+    runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
         return
     ids = sorted(set(runs["run_id"]))
