@@ -185,9 +185,8 @@ class ResultsDB:
                     self._build_runs([table for _, _, table in rows])
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
-                baseline = _sql_str(registry.baseline_method())
-                self._con.execute(_PAIRED_SQL)
-                self._con.execute(f"CREATE OR REPLACE VIEW paired AS SELECT * FROM paired_against({baseline})")
+                for statement in _paired_sql(_sql_str(registry.baseline_method())):
+                    self._con.execute(statement)
                 self._con.execute(_GAINS_SQL)
                 self._con.execute(_summary_sql(hparams))
                 self._samples_key, self._runs_key = samples_key, runs_key
@@ -296,70 +295,95 @@ class ResultsDB:
         return self._con.cursor()
 
 
-def _accuracy_sql(carried: Sequence[str]) -> str:
-    """Per run, from its samples: rows, completeness and every metric of the registry (metrics.RUN_METRICS: its
-    definitions in numpy and SQL), stored as the trial stores them (x scale)."""
-    r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
-    m = metrics.run_metrics_sql()
+def run_metrics_sql(samples: str, runs: str) -> str:
+    """Per run, from its rows in `samples` (a relation with the samples view's columns) and its n_samples in
+    `runs`: row counts and every metric of the registry (metrics.RUN_METRICS: definitions in numpy and SQL;
+    accuracy-type metrics over in-distribution rows only), stored as the trial stores them (x scale)."""
+    m = metrics.run_metrics_sql(samples)
     return f"""
-CREATE OR REPLACE VIEW accuracy AS
-WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM runs GROUP BY run_id),
+WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM {runs} GROUP BY run_id),
 p AS (
     -- one pass over the samples; e.n_samples is NULL when the run has no runs-table row
     SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
            any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
            count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           count(*) FILTER (WHERE s.is_ood) AS n_ood_rows{m.aggregates}
-    FROM samples s LEFT JOIN expected e USING (run_id)
+           count(*) FILTER (WHERE s.is_ood) AS n_ood{m.aggregates}
+    FROM {samples} s LEFT JOIN expected e USING (run_id)
     GROUP BY s.run_id
 ){m.ctes}
+SELECT p.run_id, p.s_sweep, p.s_backbone, p.s_dataset, p.s_method, p.n_rows, p.n_distinct, p.n_ood, {m.values}
+FROM p{m.joins}"""
+
+
+def _accuracy_sql(carried: Sequence[str]) -> str:
+    """Per run: its metrics (run_metrics_sql) with the runs table's status, completeness and configuration."""
+    r_cols = ", ".join(f"r.{_ident(c)}" for c in carried)
+    values = ", ".join(f"p.{_ident(m.name)}" for m in metrics.RUN_METRICS)
+    return f"""
+CREATE OR REPLACE VIEW accuracy AS
 SELECT p.run_id,
        coalesce(r.sweep, p.s_sweep) AS sweep, coalesce(r.backbone, p.s_backbone) AS backbone,
        coalesce(r.dataset, p.s_dataset) AS dataset, coalesce(r.method, p.s_method) AS method,
        r.status, r.n_samples, p.n_rows, p.n_distinct,
        coalesce(r.n_samples = p.n_rows AND p.n_distinct = p.n_rows, false) AS complete,
-       {m.values}, p.n_ood_rows AS n_ood, {r_cols}
-FROM p LEFT JOIN runs r USING (run_id){m.joins}
+       {values}, p.n_ood, {r_cols}
+FROM ({run_metrics_sql("samples", "runs")}) p LEFT JOIN runs r USING (run_id)
 """
 
 
 # Each run against a baseline method on the very same samples in the very same order: the baseline's run of the
 # same setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps, or a
-# baseline with several configurations): the first by run_id. `paired` is this against zero-shot CLIP. The
-# statistics are orchestrator.results.stats' (DuckDB functions bca_*), in points like accuracy, and NULL when the
-# two runs' rows are not the same images (misaligned > 0): no number at all rather than a wrong one.
-_PAIRED_SQL = """
-CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE
+# baseline with several configurations): the first by run_id.
+def baseline_pairs_sql(runs: str, baseline: str, among: str | None = None) -> str:
+    """(run_id, baseline_run) of each run of `among` (default `runs`) that is not the baseline method, its baseline
+    chosen among `runs`; `baseline` is SQL (a quoted name, or a macro's parameter)."""
+    return f"""
 WITH baseline AS (
     SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
-    FROM runs WHERE method = baseline_method GROUP BY ALL
-),
-pairs AS (
-    SELECT r.run_id, b.baseline_run FROM runs r
-    JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
-    WHERE r.method <> baseline_method
-),
-counts AS (
-    SELECT p.run_id, p.baseline_run,
-           count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
-           count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
-           count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
-           count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
-           count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned,
-           count(*) AS n
-    FROM pairs p
-    JOIN samples s ON s.run_id = p.run_id
-    JOIN samples c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
-    WHERE NOT coalesce(s.is_ood, false)
-    GROUP BY ALL
+    FROM {runs} WHERE method = {baseline} GROUP BY ALL
 )
-SELECT run_id, baseline_run, baseline_method AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
+SELECT r.run_id, b.baseline_run FROM {among or runs} r
+JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
+WHERE r.method <> {baseline}"""
+
+
+def paired_rows_sql(pairs: str, samples: str, baseline_samples: str) -> str:
+    """Helped / hurt / ... of each (run_id, baseline_run) in `pairs`, from the run's rows in `samples` and the
+    baseline's in `baseline_samples`."""
+    return f"""
+SELECT p.run_id, p.baseline_run,
+       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
+       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
+       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
+       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
+FROM {pairs} p
+JOIN {samples} s ON s.run_id = p.run_id
+JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
+WHERE NOT coalesce(s.is_ood, false)
+GROUP BY ALL"""
+
+
+def paired_statistics_sql(counts: str, baseline: str) -> str:
+    """The paired counts of `counts` (paired_rows_sql's columns) with n and the statistics of
+    orchestrator.results.stats (DuckDB functions bca_*), in points like accuracy; NULL when the two runs' rows
+    are not the same images (misaligned > 0): no number at all rather than a wrong one."""
+    return f"""
+SELECT run_id, baseline_run, {baseline} AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
        CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
        CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_low(helped, hurt, n) END AS gain_ci_low,
        CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_high(helped, hurt, n) END AS gain_ci_high,
        CASE WHEN misaligned = 0 THEN bca_mcnemar_p(helped, hurt) END AS p_mcnemar
-FROM counts
-"""
+FROM (SELECT *, helped + hurt + both_right + both_wrong AS n FROM ({counts}))"""
+
+
+def _paired_sql(baseline: str) -> list[str]:
+    """paired_against(method): every run against that method's; the paired view: against zero-shot CLIP."""
+    pairs = f"({baseline_pairs_sql('runs', 'baseline_method')})"
+    return [f"CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE "
+            f"{paired_statistics_sql(paired_rows_sql(pairs, 'samples', 'samples'), 'baseline_method')}",
+            f"CREATE OR REPLACE VIEW paired AS SELECT * FROM paired_against({baseline})"]
+
 
 # Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's
 # finished complete runs on the same seed and order (paired_against), then the mean gain, a 95% interval and a

@@ -289,7 +289,7 @@ class Metric:
     # SQL over one run's sample rows `s` (with e.n_samples, the run's stream length), grouped by run_id: an
     # aggregate expression computed in the accuracy view's single pass over the samples ...
     sql_aggregate: str | None = None
-    # ... or, for metrics that need their own grouping, a query of (run_id, value) over a samples relation
+    # ... or, for metrics that need their own grouping, a function of a samples relation giving (run_id, value)
     sql_query: Any = None
     note: str = ""          # what the title leaves out, for the schema docs
 
@@ -312,7 +312,14 @@ class Metric:
 
 
 _INSIDE = "NOT coalesce(s.is_ood, false)"
-_IN_DIST = f"(SELECT * FROM samples s WHERE {_INSIDE})"
+
+
+def _in_distribution(samples: str) -> str:
+    return f"(SELECT * FROM {samples} s WHERE {_INSIDE})"
+
+
+def _with_ood(samples: str) -> str:
+    return f"(SELECT * FROM {samples} WHERE run_id IN (SELECT run_id FROM {samples} WHERE is_ood))"
 
 RUN_METRICS: tuple[Metric, ...] = (
     Metric("accuracy", "top-1 accuracy", "%", True, 100.0, lambda m: m.top1,
@@ -323,16 +330,14 @@ RUN_METRICS: tuple[Metric, ...] = (
     Metric("top5_accuracy", "top-5 accuracy", "%", True, 100.0, lambda m: m.top5,
            sql_aggregate=f"avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
     Metric("ece", "expected calibration error", "%", False, 100.0, lambda m: m.ece,
-           sql_query=lambda: f"SELECT run_id, ece AS value FROM ({ece_sql(_IN_DIST)})",
+           sql_query=lambda samples: f"SELECT run_id, ece AS value FROM ({ece_sql(_in_distribution(samples))})",
            note=f"{ECE_BINS} equal-width confidence bins"),
     Metric("nll", "negative log-likelihood", "nats", False, 1.0, lambda m: m.nll,
            sql_aggregate=f"avg(-ln(greatest(s.prob_true::DOUBLE, {PROB_FLOOR!r}))) "
                          f"FILTER (WHERE s.prob_true IS NOT NULL AND {_INSIDE})",
            note="mean negative log posterior of the true class"),
     Metric("ood_auroc", "OOD AUROC", "%", True, 100.0, lambda m: m.ood_auroc,
-           sql_query=lambda: "SELECT run_id, ood_auroc AS value FROM ("
-                             + auroc_sql("(SELECT * FROM samples WHERE run_id IN (SELECT run_id FROM samples "
-                                         "WHERE is_ood))") + ")",
+           sql_query=lambda samples: f"SELECT run_id, ood_auroc AS value FROM ({auroc_sql(_with_ood(samples))})",
            note="of the confidence, separating in- from out-of-distribution samples"),
 )
 
@@ -364,8 +369,8 @@ def metric(name: str) -> Metric:
 
 @dataclass(frozen=True)
 class RunMetricsSQL:
-    """The registry's per-run metrics as pieces of one query over `samples s LEFT JOIN <expected> e`, grouped by
-    run_id, into a CTE named `p` (the accuracy view adds its own bookkeeping to that single pass)."""
+    """The registry's per-run metrics as pieces of one query over `<samples> s LEFT JOIN <expected> e`, grouped by
+    run_id, into a CTE named `p` (the caller adds its own bookkeeping to that single pass)."""
 
     aggregates: str  # ", <aggregate> AS <name>, ..." for p's select list
     ctes: str        # ", m_<name> AS (<query>), ..." to follow p in the WITH clause
@@ -373,12 +378,13 @@ class RunMetricsSQL:
     values: str      # "<scale> * ... AS <name>, ...": the stored values
 
 
-def run_metrics_sql() -> RunMetricsSQL:
+def run_metrics_sql(samples: str = "samples") -> RunMetricsSQL:
+    """The pieces over the rows of `samples` (a relation with the samples view's columns)."""
     one_pass = [m for m in RUN_METRICS if m.sql_aggregate]
     own = [m for m in RUN_METRICS if not m.sql_aggregate]
     return RunMetricsSQL(
         aggregates="".join(f", {m.sql_aggregate} AS {m.name}" for m in one_pass),
-        ctes="".join(f", m_{m.name} AS ({m.sql_query()})" for m in own),
+        ctes="".join(f", m_{m.name} AS ({m.sql_query(samples)})" for m in own),
         joins="".join(f" LEFT JOIN m_{m.name} USING (run_id)" for m in own),
         values=", ".join(f"{m.scale!r} * " + (f"p.{m.name}" if m.sql_aggregate else f"m_{m.name}.value")
                          + f" AS {m.name}" for m in RUN_METRICS))
