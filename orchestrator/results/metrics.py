@@ -3,8 +3,9 @@
 Every metric is a function of arrays in stream order, so it can be recomputed from the results at any
 time. The registry at the end of this module (RUN_METRICS) is the one place a metric is declared: name,
 title, unit, direction, numpy definition and SQL definition; the trial, the views, the schema docs, the report
-and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE, NLL, last-half and windowed accuracy) are
-over in-distribution samples only: a caller passes those rows (``run_metrics`` filters them by ``is_ood``).
+and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE,
+NLL, last-half and windowed accuracy) are over in-distribution samples only: a caller passes those rows
+(``run_metrics`` filters them by ``is_ood``).
 
 Definitions:
 - top-1: mean of ``correct``; top-5: mean of "the label is among the stored top-5 classes" (the top-min(5, K)
@@ -328,7 +329,8 @@ RUN_METRICS: tuple[Metric, ...] = (
     Metric("last50_accuracy", "accuracy over the last 50% of the stream", "%", True, 100.0, lambda m: m.last_half,
            sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2 AND {_INSIDE})"),
     Metric("top5_accuracy", "top-5 accuracy", "%", True, 100.0, lambda m: m.top5,
-           sql_aggregate=f"avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
+           sql_aggregate="avg(list_contains(s.top5, s.label)::DOUBLE) "
+                         f"FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
     Metric("ece", "expected calibration error", "%", False, 100.0, lambda m: m.ece,
            sql_query=lambda samples: f"SELECT run_id, ece AS value FROM ({ece_sql(_in_distribution(samples))})",
            note=f"{ECE_BINS} equal-width confidence bins"),
