@@ -3,7 +3,7 @@
 The suite is an ordinary sweep (named compare-<method>, in the results dir like any other, so it grows and
 resumes as sweeps do): the CLIP-like synthetic presets under an i.i.d., a label-correlated (Dirichlet) and a
 class-by-class (separate) stream, `orders` independent orders each; or, given a data root, the user's datasets
-under their own orders. Every method runs with its card's defaults. The leaderboard ranks the methods by their
+in `orders` i.i.d. orders. Every method runs with its card's defaults. The leaderboard ranks the methods by their
 mean gain over CLIP across the suite's runs, each run paired with CLIP on the same samples in the same order,
 and says which differences to the best method are significant (orchestrator.results.stats; docs/statistics.md).
 """
@@ -46,8 +46,8 @@ def resolve_method(method: str) -> tuple[str, list[str], list[str]]:
     return added[0], [method], before
 
 
-def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, results_dir: str | Path, orders: int = DEFAULT_ORDERS,
-               samples: int = DEFAULT_SAMPLES, data_root: str | Path | None = None,
+def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, results_dir: str | Path,
+               orders: int = DEFAULT_ORDERS, samples: int = DEFAULT_SAMPLES, data_root: str | Path | None = None,
                datasets: Sequence[str] = (), cache_dir: str | Path | None = None,
                backbone: str = "ViT-B-16", pretrained: str = "openai") -> dict[str, Any]:
     """The suite as a sweep spec document (validated by the sweep's own loader)."""
@@ -97,9 +97,10 @@ def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
     ids = set(runs["run_id"])
 
     def against(method: str) -> pd.DataFrame:
-        pairs = db.df("SELECT p.run_id, p.helped, p.hurt, p.n, p.gain FROM paired_against($b) p "
+        """The sweep's runs paired with `method`'s finished complete run of the sweep on the same samples."""
+        pairs = db.df("SELECT p.run_id, p.baseline_run, p.helped, p.hurt, p.n, p.gain FROM paired_against($b) p "
                       "WHERE p.gain IS NOT NULL", {"b": method})
-        return runs.merge(pairs[pairs["run_id"].isin(ids)], on="run_id")
+        return runs.merge(pairs[pairs["run_id"].isin(ids) & pairs["baseline_run"].isin(ids)], on="run_id")
 
     over_clip = against(baseline)
     rows = []

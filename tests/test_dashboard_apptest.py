@@ -112,8 +112,8 @@ def test_sensitivity_log_axis_and_clip_reference(sweep_results: Path, monkeypatc
 def test_metric_selection(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = run_app(sweep_results, monkeypatch)
     options = at.selectbox(key="select_metric").options
-    assert {"top-1 accuracy (%)", "top-5 accuracy (%)", "expected calibration error (%)", "negative log-likelihood (nats)"} <= set(
-        options), options
+    assert {"top-1 accuracy (%)", "top-5 accuracy (%)", "expected calibration error (%)",
+            "negative log-likelihood (nats)"} <= set(options), options
     before = comparison(at)
     at.selectbox(key="select_metric").set_value("ece").run()
     assert_clean(at)

@@ -471,8 +471,7 @@ SELECT p.run_id, p.baseline_run,
        count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
        count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
        count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
-       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned,
-       count(*) AS n
+       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
 FROM {pairs} p
 JOIN {samples} s ON s.run_id = p.run_id
 JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
@@ -480,28 +479,28 @@ WHERE NOT coalesce(s.is_ood, false)
 GROUP BY ALL"""
 
 
-PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned", "n")
+PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
 # A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
 SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
 
 
-def _with_statistics(counts: str, baseline: str) -> str:
-    """Each pair of `counts` (paired_rows_sql's columns) with its statistics (orchestrator.results.stats' DuckDB
-    functions bca_*), in points like accuracy, and NULL when the two runs' rows are not the same images
-    (misaligned > 0): no number at all rather than a wrong one."""
+def paired_statistics_sql(counts: str, baseline: str) -> str:
+    """The paired counts of `counts` (paired_rows_sql's columns) with n and the statistics of
+    orchestrator.results.stats (DuckDB functions bca_*), in points like accuracy; NULL when the two runs' rows
+    are not the same images (misaligned > 0): no number at all rather than a wrong one."""
     return f"""
 SELECT run_id, baseline_run, {baseline} AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
        CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
        CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_low(helped, hurt, n) END AS gain_ci_low,
        CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_high(helped, hurt, n) END AS gain_ci_high,
        CASE WHEN misaligned = 0 THEN bca_mcnemar_p(helped, hurt) END AS p_mcnemar
-FROM ({counts})"""
+FROM (SELECT *, helped + hurt + both_right + both_wrong AS n FROM ({counts}))"""
 
 
 # Each run against any baseline method, computed from the rows (`paired` is this against zero-shot CLIP, read
 # from what compaction materialised where it can).
 _PAIRED_SQL = ("CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE "
-               + _with_statistics(paired_rows_sql(f"({baseline_pairs_sql('runs', 'baseline_method')})", "samples",
+               + paired_statistics_sql(paired_rows_sql(f"({baseline_pairs_sql('runs', 'baseline_method')})", "samples",
                                                   "samples"), "baseline_method"))
 
 
@@ -513,7 +512,7 @@ def _paired_sql(baseline: str, materialised: str | None) -> str:
         cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
         rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
         counts = f"SELECT {cols} FROM {materialised} UNION ALL BY NAME {paired_rows_sql(rest, 'samples', 'samples')}"
-    return f"CREATE OR REPLACE VIEW paired AS {_with_statistics(counts, baseline)}"
+    return f"CREATE OR REPLACE VIEW paired AS {paired_statistics_sql(counts, baseline)}"
 
 
 # Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's

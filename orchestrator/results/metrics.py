@@ -3,8 +3,9 @@
 Every metric is a function of arrays in stream order, so it can be recomputed from the results at any
 time. The registry at the end of this module (RUN_METRICS) is the one place a metric is declared: name,
 title, unit, direction, numpy definition and SQL definition; the trial, the views, the schema docs, the report
-and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE, NLL, last-half and windowed accuracy) are
-over in-distribution samples only: a caller passes those rows (``run_metrics`` filters them by ``is_ood``).
+and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE,
+NLL, last-half and windowed accuracy) are over in-distribution samples only: a caller passes those rows
+(``run_metrics`` filters them by ``is_ood``).
 
 Definitions:
 - top-1: mean of ``correct``; top-5: mean of "the label is among the stored top-5 classes" (the top-min(5, K)
@@ -289,8 +290,7 @@ class Metric:
     # SQL over one run's sample rows `s` (with e.n_samples, the run's stream length), grouped by run_id: an
     # aggregate expression computed in the accuracy view's single pass over the samples ...
     sql_aggregate: str | None = None
-    # ... or, for metrics that need their own grouping, a function of a samples relation's name giving a query
-    # of (run_id, value) over it
+    # ... or, for metrics that need their own grouping, a function of a samples relation giving (run_id, value)
     sql_query: Any = None
     note: str = ""          # what the title leaves out, for the schema docs
 
@@ -314,6 +314,14 @@ class Metric:
 
 _INSIDE = "NOT coalesce(s.is_ood, false)"
 
+
+def _in_distribution(samples: str) -> str:
+    return f"(SELECT * FROM {samples} s WHERE {_INSIDE})"
+
+
+def _with_ood(samples: str) -> str:
+    return f"(SELECT * FROM {samples} WHERE run_id IN (SELECT run_id FROM {samples} WHERE is_ood))"
+
 RUN_METRICS: tuple[Metric, ...] = (
     Metric("accuracy", "top-1 accuracy", "%", True, 100.0, lambda m: m.top1,
            sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE {_INSIDE})"),
@@ -321,18 +329,17 @@ RUN_METRICS: tuple[Metric, ...] = (
     Metric("last50_accuracy", "accuracy over the last 50% of the stream", "%", True, 100.0, lambda m: m.last_half,
            sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2 AND {_INSIDE})"),
     Metric("top5_accuracy", "top-5 accuracy", "%", True, 100.0, lambda m: m.top5,
-           sql_aggregate=f"avg(list_contains(s.top5, s.label)::DOUBLE) FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
+           sql_aggregate="avg(list_contains(s.top5, s.label)::DOUBLE) "
+                         f"FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
     Metric("ece", "expected calibration error", "%", False, 100.0, lambda m: m.ece,
-           sql_query=lambda rows: f"SELECT run_id, ece AS value FROM ({ece_sql(f'(SELECT * FROM {rows} s WHERE {_INSIDE})')})",
+           sql_query=lambda samples: f"SELECT run_id, ece AS value FROM ({ece_sql(_in_distribution(samples))})",
            note=f"{ECE_BINS} equal-width confidence bins"),
     Metric("nll", "negative log-likelihood", "nats", False, 1.0, lambda m: m.nll,
            sql_aggregate=f"avg(-ln(greatest(s.prob_true::DOUBLE, {PROB_FLOOR!r}))) "
                          f"FILTER (WHERE s.prob_true IS NOT NULL AND {_INSIDE})",
            note="mean negative log posterior of the true class"),
     Metric("ood_auroc", "OOD AUROC", "%", True, 100.0, lambda m: m.ood_auroc,
-           sql_query=lambda rows: "SELECT run_id, ood_auroc AS value FROM ("
-                                  + auroc_sql(f"(SELECT * FROM {rows} WHERE run_id IN (SELECT run_id FROM {rows} "
-                                         "WHERE is_ood))") + ")",
+           sql_query=lambda samples: f"SELECT run_id, ood_auroc AS value FROM ({auroc_sql(_with_ood(samples))})",
            note="of the confidence, separating in- from out-of-distribution samples"),
 )
 
@@ -366,8 +373,8 @@ def metric(name: str) -> Metric:
 
 @dataclass(frozen=True)
 class RunMetricsSQL:
-    """The registry's per-run metrics as pieces of one query over `samples s LEFT JOIN <expected> e`, grouped by
-    run_id, into a CTE named `p` (the accuracy view adds its own bookkeeping to that single pass)."""
+    """The registry's per-run metrics as pieces of one query over `<samples> s LEFT JOIN <expected> e`, grouped by
+    run_id, into a CTE named `p` (the caller adds its own bookkeeping to that single pass)."""
 
     aggregates: str  # ", <aggregate> AS <name>, ..." for p's select list
     ctes: str        # ", m_<name> AS (<query>), ..." to follow p in the WITH clause
@@ -375,13 +382,13 @@ class RunMetricsSQL:
     values: str      # "<scale> * ... AS <name>, ...": the stored values
 
 
-def run_metrics_sql(rows: str = "samples") -> RunMetricsSQL:
-    """The registry's per-run metrics over the sample rows of relation `rows`."""
+def run_metrics_sql(samples: str = "samples") -> RunMetricsSQL:
+    """The pieces over the rows of `samples` (a relation with the samples view's columns)."""
     one_pass = [m for m in RUN_METRICS if m.sql_aggregate]
     own = [m for m in RUN_METRICS if not m.sql_aggregate]
     return RunMetricsSQL(
         aggregates="".join(f", {m.sql_aggregate} AS {m.name}" for m in one_pass),
-        ctes="".join(f", m_{m.name} AS ({m.sql_query(rows)})" for m in own),
+        ctes="".join(f", m_{m.name} AS ({m.sql_query(samples)})" for m in own),
         joins="".join(f" LEFT JOIN m_{m.name} USING (run_id)" for m in own),
         values=", ".join(f"{m.scale!r} * " + (f"p.{m.name}" if m.sql_aggregate else f"m_{m.name}.value")
                          + f" AS {m.name}" for m in RUN_METRICS))

@@ -242,4 +242,5 @@ def _udf(fn, arity: int):
 def register(con: Any) -> None:
     """Make the SQL_FUNCTIONS callable in a DuckDB connection's SQL (NULL in, NULL out)."""
     for name, (fn, types) in SQL_FUNCTIONS.items():
-        con.create_function(name, _udf(fn, len(types)), types, "DOUBLE", type="arrow", null_handling="special", side_effects=False)
+        con.create_function(name, _udf(fn, len(types)), types, "DOUBLE", type="arrow", null_handling="special",
+                            side_effects=False)
