@@ -333,25 +333,33 @@ def _sql_checks(frames, scratch: Path):
     stream = runs.set_index("run_id")["stream"]
 
     def ranking(rows):
+        """Each row is one configuration (its runs over the orders): its mean and its gain over CLIP."""
         assert rows and all(r["n"] == 3 for r in rows)
-        acc = runs[(runs.dataset == "synthetic-imagenet_like")].groupby(["method", "stream"])["accuracy"].mean()
-        for r in rows:
-            assert r["acc"] == pytest.approx(round(acc[(r["method"], r["stream"])], 2), abs=0.006)
-            assert r["gain"] == pytest.approx(round(acc[(r["method"], r["stream"])] - acc[("clip", r["stream"])], 2),
-                                              abs=0.011)
+        mine = runs[runs.dataset == "synthetic-imagenet_like"]
+        means = mine.groupby("group_id").agg(method=("method", "first"), stream=("stream", "first"),
+                                             mean=("accuracy", "mean"))
+        clip = means[means.method == registry.baseline_method()].set_index("stream")["mean"]
+        want = sorted((g.method, g.stream, g.mean, g.mean - clip[g.stream]) for g in means.itertuples())
+        got = sorted((r["method"], r["stream"], r["acc"], r["gain"]) for r in rows)
+        assert [w[:2] for w in want] == [g[:2] for g in got]
+        for w, g in zip(want, got):
+            assert g[2] == pytest.approx(w[2], abs=0.006) and g[3] == pytest.approx(w[3], abs=0.011)
         assert [r["acc"] for r in rows] == sorted((r["acc"] for r in rows), reverse=True)
 
     def windowed(rows):
+        """In-distribution rows only, each stream protocol and each BCA setting (n1) apart."""
+        n1 = runs.set_index("run_id")["n1"]
         bca = samples[samples.method == "bca"].assign(stream=lambda d: d.run_id.map(stream),
+                                                      n1=lambda d: d.run_id.map(n1),
                                                       win=lambda d: d.sample_idx // 500)
         assert bca.is_ood.any(), "the demo has contaminated streams: the claim about OOD rows is tested on them"
         inside = bca[~bca.is_ood]
-        want = inside.groupby(["dataset", "stream", "win"]).agg(acc=("correct", "mean"), n=("correct", "size"))
+        want = inside.groupby(["dataset", "stream", "n1", "win"]).agg(acc=("correct", "mean"),
+                                                                      n=("correct", "size"))
         assert len(rows) == len(want)
         for r in rows:
-            w = want.loc[(r["dataset"], r["stream"], r["win"])]
+            w = want.loc[(r["dataset"], r["stream"], r["n1"], r["win"])]
             assert r["samples"] == w.n and r["accuracy"] == pytest.approx(round(100 * w.acc, 2), abs=0.006)
-        # the rows are in-distribution only, and each stream has its own rows
         assert sum(r["samples"] for r in rows) == len(inside) < len(bca)
         assert len({r["stream"] for r in rows}) == runs.stream.nunique()
 
