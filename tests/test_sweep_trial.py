@@ -86,6 +86,20 @@ def test_a_pack_writes_what_its_runs_write_one_by_one(tmp_path):
         assert a[run_id] == b[run_id]
 
 
+def test_a_pack_of_view_methods_and_view_selecting_methods_on_single_features(tmp_path):
+    """On a single-view stream BCA (adaptive view selection: it wants views) takes [n, d] and DOTA (views only)
+    [n, 1, d]: one pack holds both, each run given its own kind, rows as run one by one."""
+    methods = [{"method": "bca", "n1": 20}, {"method": "dota"}, {"method": "clip"}]
+    single = spec_in(tmp_path / "single", methods=methods)
+    packed = spec_in(tmp_path / "packed", methods=methods, pack=3)
+    run_all(single)
+    assert len(run_all(packed, pack=3)) == 3
+    a, b = rows(single.results_dir), rows(packed.results_dir)
+    assert a.keys() == b.keys() and len(a) == 3
+    for run_id in a:
+        assert [r["pred"] for r in a[run_id]] == [r["pred"] for r in b[run_id]]
+
+
 def test_failpoint_strings_are_checked():
     assert parse_failpoint(None) is None
     assert parse_failpoint("sigkill:2:/tmp/flag") == "sigkill:2:/tmp/flag"

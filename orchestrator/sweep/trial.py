@@ -308,13 +308,20 @@ def _wants_views(config: dict[str, Any]) -> bool:
     return method_card(config["method"]).wants_views(config["hparams"])
 
 
+def _feature_kind(config: dict[str, Any], stream: Stream) -> str:
+    """What `_features_for` hands the run: 'views', 'one view' (a view method on a single-view stream) or
+    'features'; the runs of a pack's pass share one kind."""
+    if stream.view_features is not None and _wants_views(config):
+        return "views"
+    return "one view" if method_card(config["method"]).takes_views else "features"
+
+
 def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
     """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
     stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
     means)."""
-    if stream.view_features is not None and _wants_views(config):
-        return stream.view_features
-    return stream.features[:, None] if method_card(config["method"]).takes_views else stream.features
+    kind = _feature_kind(config, stream)
+    return {"views": stream.view_features, "one view": stream.features[:, None]}.get(kind, stream.features)
 
 
 def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) -> str | None:
@@ -409,15 +416,16 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
     for writer in writers:
         writer.mark("running", n_samples=len(stream))
     try:
-        # Runs that take views and runs that take their means go in two passes, each run given its own kind.
+        # One pass per kind of features the runs take (views, a view axis over single features, or features),
+        # each run given its own kind.
         traces: list[Any] = [None] * len(runs)
         passes = []
-        for wants in (False, True):
-            picked = [i for i, run in enumerate(runs) if _wants_views(run.config) == wants]
-            if picked:
-                configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
-                           for i in picked]
-                passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
+        kinds = [_feature_kind(run.config, stream) for run in runs]
+        for kind in dict.fromkeys(kinds):
+            picked = [i for i, k in enumerate(kinds) if k == kind]
+            configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
+                       for i in picked]
+            passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
 
         def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
             return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
