@@ -177,8 +177,16 @@ def _measure(kind: str, root: str) -> dict:
         at.run()
         out["seconds"] = time.perf_counter() - t0
         out["errors"] = [str(e.value)[:200] for e in at.exception]
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_mb"] = peak_mb()
     return out
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from the parent across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _child(args: list[str]) -> dict:
@@ -194,11 +202,12 @@ def _child(args: list[str]) -> dict:
 
 def _report_child(root: str) -> dict:
     """`bca report` end to end, its own peak memory read back through a wrapper."""
-    code = ("import resource, sys, json\n"
+    code = ("import sys, json\n"
+            "from benchmarks.scale import peak_mb\n"
             "from orchestrator.cli import app\n"
             "try:\n    app(['report', '--results', sys.argv[1]])\n"
             "except SystemExit as e:\n    code = e.code\n"
-            "print(json.dumps({'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+            "print(json.dumps({'peak_mb': peak_mb()}))\n")
     out = _child(["-c", code, root])
     out["seconds"] = out.get("wall_s")
     return out

@@ -55,8 +55,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     # pack: auto (the default): each seed's stream is one trial of its three runs
     assert "sweep s (dry run: nothing is run or written): 6 runs, 0 finished, 6 to run in 2 trials (pack auto)" in r.stdout
     lines = [ln.split() for ln in r.stdout.splitlines()]
-    assert ["synthetic", "synthetic-label_shift", "clip", "2", "0", "2"] in lines
-    assert ["synthetic", "synthetic-label_shift", "bca", "4", "0", "4"] in lines
+    assert ["synthetic", "synthetic-label_shift", "clip", "2", "0", "2"] in lines  # a pack counts under its first
+    assert ["synthetic", "synthetic-label_shift", "bca", "4", "0", "0"] in lines  # run's method
     assert "estimated cost: 360 online steps" in r.stdout  # 6 runs x 60 samples
     assert not (tmp_path / "results").exists()
 

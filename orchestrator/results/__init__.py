@@ -1,4 +1,5 @@
-"""Results: the Parquet schema and layout, the run writer, DuckDB views, query safety, reports, verification.
+"""Results: the Parquet schema and layout, the run writer, the compacted store (segments listed by one manifest,
+docs/results-store.md), DuckDB views, query safety, reports, verification.
 
     from orchestrator.results import RunWriter, ResultsDB
     w = RunWriter(results_dir, run_config); w.mark("running", n_samples=n); w.write_part(w.rows_done(), cols)
@@ -26,6 +27,7 @@ _EXPORTS = {
     "read_run": "orchestrator.results.writer",
     "method_dataset_table": "orchestrator.results.report",
     "verify_results": "orchestrator.results.verify",
+    "compact": "orchestrator.results.store",
 }
 __all__ = sorted(_EXPORTS)
 
