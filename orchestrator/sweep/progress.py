@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable
 
@@ -252,10 +253,15 @@ class ProgressCallback(tune.Callback):
 
 def bca_command() -> str:
     """How to run `bca` from a fresh shell: this environment's script (`.venv/bin/bca` from the checkout, since a
-    new shell need not have the venv on its PATH), else the plain name."""
-    script = Path(sys.executable).with_name("bca")
+    new shell need not have the venv on its PATH), else the plain name. The name is the package's console script
+    (pyproject's [project.scripts]), found by its entry point."""
+    from orchestrator.cli import app
+
+    name = next((ep.name for ep in entry_points(group="console_scripts") if ep.value == "orchestrator.cli:main"),
+                app.info.name)
+    script = Path(sys.executable).with_name(name)
     if not script.is_file():
-        return "bca"
+        return name
     try:
         return str(script.relative_to(Path.cwd()))
     except ValueError:
