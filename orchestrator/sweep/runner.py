@@ -288,10 +288,11 @@ def _mark_failed(settings: Settings, command: str, out: Callable[[str], None]) -
 @contextlib.contextmanager
 def _stop_on_sigterm(record: Callable[[], Any]):
     """SIGTERM (`ray job stop`, a scheduler's stop) records the running runs as interrupted at once (a SIGKILL
-    follows within seconds), then ends the sweep like Ctrl-C."""
+    may follow within seconds), then stops the sweep as Ctrl-C does (SIGINT: Tune's own orderly stop, which keeps
+    its experiment state)."""
     def stop(signum: int, frame: Any) -> None:
         record()
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)
     if threading.current_thread() is not threading.main_thread():
         yield
         return
