@@ -88,7 +88,7 @@ def test_sigterm_records_the_running_runs_as_interrupted(tmp_path):
     statuses = [row["status"] for row in rows if row is not None]
     assert "running" not in statuses, statuses
     stalled = [row for row in rows if row is not None and row["status"] == "failed"]
-    assert stalled and all(row["error"].startswith("interrupted after 50 of 200 complete rows") for row in stalled)
+    assert stalled and all(row["error"].startswith("interrupted after 50 complete rows (of 200)") for row in stalled)
 
 
 def test_reproduce_this_run_runs_exactly_that_run(tmp_path):

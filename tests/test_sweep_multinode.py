@@ -176,7 +176,8 @@ def assert_same_as_local(spec_path: Path, shared_results: Path, tmp_path: Path) 
     assert outcome(spec_path, shared_results) == local_reference(spec_path, tmp_path / "local")
     report = verify_results(shared_results)
     assert report.ok, report.problems
-    assert {r.run_id for r in expand(spec)} <= set(final_results(shared_results, spec.name))
+    tune = sorted(str(p.relative_to(shared_results)) for p in (shared_results / "tune").glob(f"{spec.name}_*/*/*"))
+    assert {r.run_id for r in expand(spec)} <= set(final_results(shared_results, spec.name)), tune
 
 
 def test_the_guides_job_submit_runs_the_sweep_on_the_worker_nodes(cluster, tmp_path):
@@ -229,6 +230,10 @@ def test_job_stopped_then_resubmitted_after_a_head_restart_resumes(cluster, tmp_
     stopped = ray_cluster.ray("job", "stop", "--address", ray_cluster.dashboard, job)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert follow(ray_cluster, job)[1] == "STOPPED"
+    # the stop (SIGTERM to the job's driver) left no run "running": each says how far it got
+    records = [read_run(checkout / "results", "stopped", run.run_id) for run in expand(load_spec(spec))]
+    assert [r["status"] for r in records if r and r["status"] == "running"] == [], records
+    assert any(r and str(r["error"]).startswith(f"interrupted after {PART} complete rows") for r in records)
     ray_cluster.restart(workers=1)
     logs, status = follow(ray_cluster, submit(ray_cluster, spec))  # the same command again
     assert status == "SUCCEEDED", logs

@@ -217,9 +217,9 @@ def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[s
             out(f"Ray dashboard: http://{context.dashboard_url} on the head (from your machine: "
                 f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265; {token})")
         return  # a cluster's autoscaler may still add GPU nodes: no check
-    # A local Ray with token authentication, like the clusters (Ray makes ~/.ray/auth_token if there is none), so
-    # no other user of this machine can run code in it through its ports; RAY_AUTH_MODE=disabled opts out.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # A new local Ray runs with token authentication unless RAY_AUTH_MODE says otherwise (Ray's own default, which
+    # makes ~/.ray/auth_token if there is none; setting the variable here, after Ray read its config, would not
+    # reach this process), so no other user of this machine can run code in it through its ports.
     context = ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING, include_dashboard=dashboard,
                        dashboard_host="127.0.0.1")
     if dashboard:
@@ -265,11 +265,11 @@ def _mark_stopped(writer: RunWriter, command: str, out: Callable[[str], None]) -
     """Record a run the sweep was stopped under: how far it got (its complete rows) and how to go on."""
     rows = writer.rows_done()
     n = (writer.read_row() or {}).get("n_samples")
-    got = f"all {rows:,} rows (not yet recorded finished)" if n and rows >= n else \
-        f"{rows:,}{f' of {n:,}' if n else ''} complete rows"
+    got = f"all {rows} rows (not yet recorded finished)" if n and rows >= n else \
+        f"{rows} complete rows{f' (of {n})' if n else ''}"
     try:
         writer.mark("failed", error=f"{_INTERRUPTED}{got}; resume with {command} --resume",
-                    progress=f"stopped at {rows:,}{f'/{n:,}' if n else ''} rows")
+                    progress=f"stopped at {rows}{f'/{n}' if n else ''} rows")
     except OSError as exc:
         out(f"warning: cannot record run {writer.run_id} as interrupted: {exc}")
 
@@ -291,10 +291,11 @@ def _mark_failed(settings: Settings, command: str, out: Callable[[str], None]) -
 @contextlib.contextmanager
 def _stop_on_sigterm(record: Callable[[], Any]):
     """SIGTERM (`ray job stop`, a scheduler's stop) records the running runs as interrupted at once (a SIGKILL
-    follows within seconds), then ends the sweep like Ctrl-C."""
+    may follow within seconds), then stops the sweep as Ctrl-C does (SIGINT: Tune's own orderly stop, which keeps
+    its experiment state)."""
     def stop(signum: int, frame: Any) -> None:
         record()
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -358,10 +359,10 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         not_started: list[str] = []
         errors: dict[str, str] = {}
         if todo:
-            with _stop_on_sigterm(lambda: _record_interrupted(spec, todo, command, out)):
-                errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
-                               skipped, address, out, command=command,
-                               dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s))
+            errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
+                           skipped, address, out, command=command,
+                           dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s),
+                           on_stop=lambda: _record_interrupted(spec, todo, command, out))
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
                            and RunWriter(spec.results_dir, r.config).status() is None]
@@ -383,8 +384,10 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
 
 
 def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, address: str | None,
-          out: Callable[[str], None], *, command: str, dashboard: bool, settings: Settings) -> dict[str, str]:
-    """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good."""
+          out: Callable[[str], None], *, command: str, dashboard: bool, settings: Settings,
+          on_stop: Callable[[], Any]) -> dict[str, str]:
+    """Run the trials on Tune; returns run_id -> error for the runs of trials that failed for good. SIGTERM
+    during the run calls `on_stop`, then ends it like Ctrl-C."""
     # The legacy console output honours verbose=0; Tune's trial tracebacks are summarised by ProgressCallback.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from ray import tune
@@ -418,7 +421,8 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
     for log in quiet:
         log.setLevel(logging.CRITICAL)
     try:
-        tuner.fit()
+        with _stop_on_sigterm(on_stop):  # after ray.init, whose own SIGTERM handler aborts the process
+            tuner.fit()
     except (OSError, EOFError) as exc:
         # Tune's own bookkeeping under <results>/tune failed, e.g. reading back an error file truncated when the
         # disk filled up. Nothing reads that state to resume: the results dir says what finished.
