@@ -70,7 +70,7 @@ def _cell(value: Any) -> str:
 
 
 def query_cmd(
-    sql: Optional[str] = typer.Argument(None, help="One SELECT over the views samples, runs, accuracy, summary."),
+    sql: Optional[str] = typer.Argument(None, help="One SELECT over the views samples, runs, accuracy, summary, paired."),
     file: Optional[Path] = typer.Option(None, "--file", "-f", help="Read the SQL from this file instead."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
     csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout."),

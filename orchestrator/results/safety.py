@@ -15,6 +15,10 @@ import json
 
 import duckdb
 
+# What a query may read, for the refusals (orchestrator.results.db defines them).
+READABLE = ("the views samples, runs, accuracy, summary and paired and the macros paired_against(method) and "
+            "gains_against(method)")
+
 # Table functions that read nothing but their arguments or the in-memory catalog.
 ALLOWED_TABLE_FUNCTIONS = frozenset({
     "range", "generate_series", "unnest", "repeat", "repeat_row", "json_each", "json_tree", "summary",
@@ -108,24 +112,23 @@ def check_query(sql: str) -> str:
         kind = words[0].upper() if words and words[0].isalpha() else stmt.type.name
         hint = " (PIVOT needs an explicit IN list here)" if stmt.type.name == "MULTI" else ""
         raise QueryRefused(f"{kind} statements are not allowed{hint}: the results are read-only; use SELECT "
-                           "(WITH, FROM, DESCRIBE, SUMMARIZE, SHOW) over the views samples, runs, accuracy, summary")
+                           f"(WITH, FROM, DESCRIBE, SUMMARIZE, SHOW) over {READABLE}")
     if _TABLE_FUNCTIONS is None:
         _TABLE_FUNCTIONS = _table_function_names()
     for name in _called_names(stmt.query):
         denied = name in DENIED_FUNCTIONS or name.startswith(DENIED_PREFIXES) or (
             name in _TABLE_FUNCTIONS and name not in ALLOWED_TABLE_FUNCTIONS)
         if denied:
-            raise QueryRefused(f"function {name}() is not allowed: queries may read only the views samples, runs, "
-                               "accuracy and summary, not files or other sources")
+            raise QueryRefused(f"function {name}() is not allowed: queries may read only {READABLE}, not files or "
+                               "other sources")
     # A file path or URL in FROM ('x.csv', "dir/*.parquet") is opened by a replacement scan. The connection only
     # allows the results dir, but DuckDB checks that lexically: results/<symlink>/../x is "inside" the results
     # while the OS resolves it outside. So no table name may look like a path.
     names = _table_names(stmt.query)
     if names is None:
-        raise QueryRefused("this statement cannot be checked; write it as a plain SELECT over the views samples, "
-                           "runs, accuracy, summary")
+        raise QueryRefused(f"this statement cannot be checked; write it as a plain SELECT over {READABLE}")
     for name in names:
         if any(c in name for c in _PATH_CHARS):
-            raise QueryRefused(f"table {name!r} looks like a file or URL: queries may read only the views samples, "
-                               "runs, accuracy and summary, not files")
+            raise QueryRefused(f"table {name!r} looks like a file or URL: queries may read only {READABLE}, not "
+                               "files")
     return stmt.query
