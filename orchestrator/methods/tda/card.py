@@ -25,7 +25,8 @@ _TDA = (
     LOGIT_SCALE,
 )
 TDA_STATE = ("pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values")
-_TDA_SOURCE = "kdiAAA/TDA (tda_runner.py, utils.py, configs/)"
+_TDA_SOURCE = ("kdiAAA/TDA@e697fb0 (tda_runner.py, utils.py, configs/); views: utils.py:127-139 "
+               "build_test_data_loader, get_ood_preprocess() (utils.py:94-103, 63 AugMix views) on ImageNet-A/-V2/-R/-Sketch")
 
 _TDA_LOCKSTEP = "orchestrator.methods.tda.lockstep:run_tda_lockstep"
 FAMILY = "tda"  # the chart colour family of TDA and the methods built on its caches
