@@ -212,6 +212,12 @@ class MethodCard:
     def takes_views(self) -> bool:
         return self.inputs == "views"
 
+    @property
+    def views_everywhere(self) -> bool:
+        """Whether its protocol gives it augmented views on every dataset (it cannot run on single-view data)."""
+        return (self.takes_views and self.view_scope == "all" and not self.single_view_datasets
+                and "single" not in self.group_views.values())
+
     def protocol_views(self, dataset: str) -> ViewConfig:
         """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
         `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
