@@ -28,7 +28,7 @@ DEFAULT_SAMPLES = 1000  # per synthetic stream: long enough for the adaptive met
 
 def _runs_on_one_view(card: registry.MethodCard) -> bool:
     """Whether a method runs on the synthetic presets, which have a single view per sample."""
-    return not (card.takes_views and card.view_scope == "all" and not card.single_view_datasets)
+    return not card.views_everywhere
 
 
 def resolve_method(method: str) -> tuple[str, list[str], list[str]]:

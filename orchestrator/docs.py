@@ -52,8 +52,7 @@ def methods_table() -> str:
     """One row per registered method: name, label, what adapts, inputs, hyperparameters with defaults."""
     rows = ["| method | label | what adapts | inputs | hyperparameters (defaults) |", "|---|---|---|---|---|"]
     for card in method_cards():
-        inputs = {"single": "one feature", "views": f"views ({card.views})",
-                  "either": f"one feature or views ({card.views})"}[card.inputs]
+        inputs = {"single": "one feature", "views": "views", "either": "one feature or views"}[card.inputs]
         rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | "
                     f"{', '.join(_default(h) for h in card.hparams)} |")
     return "\n".join(rows)
@@ -221,9 +220,26 @@ def benchmark_logs() -> str:
     return "\n\n".join(log_summary(p) for p in logs) if logs else "_No benchmark logs yet._"
 
 
+def protocols_table() -> str:
+    """The views each method's `views: protocol` gives it on ImageNet, its four variants and the cross-domain
+    sets (from its card, which tests/test_official_protocols.py holds to the official loaders), with its source."""
+    from orchestrator.registry.datasets import CROSS_DOMAIN, OOD
+
+    variants = [d for d in group_datasets(OOD) if d != "imagenet"]
+    rows = ["| method | ImageNet | ImageNet-A/-V2/-R/-Sketch | cross-domain | official code |", "|---|---|---|---|---|"]
+    for card in sorted(method_cards(), key=lambda c: c.order):
+        cells = []
+        for datasets in (["imagenet"], variants, list(group_datasets(CROSS_DOMAIN))):
+            names = {card.protocol_views(d).name for d in datasets}
+            cells.append(f"`{names.pop()}`" if len(names) == 1 else "per dataset")
+        rows.append(f"| `{card.name}` | {' | '.join(cells)} | {card.source} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------------- pages
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods-table": ("docs/methods.md", methods_table),
+    "protocols-table": ("docs/methods.md", protocols_table),
     "datasets-table": ("docs/real-data.md", datasets_table),
     "synthetic-parameters": ("docs/reference-spec.md", synthetic_parameters),
     "sample-columns": ("docs/reference-results.md", sample_columns),

@@ -45,6 +45,11 @@ def test_dataset_templates_follow_the_public_protocol():
     assert resolve_templates("dataset", dataset="ucf101").templates == ("a photo of a person doing {}.",)
 
 
+def test_tpt1_is_the_single_prompt_of_tpt_derived_code():
+    # MTA's official runs: CoOp's prompt learner with ctx_init "a_photo_of_a" joins it, the class name and "."
+    assert resolve_templates("tpt1").templates == ("a photo of a {}.",)
+
+
 def test_handcrafted_sets_grow_one_template_at_a_time():
     assert resolve_templates("handcrafted1").templates == ("a photo of a {}",)
     four = resolve_templates("handcrafted4")

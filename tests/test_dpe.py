@@ -12,7 +12,7 @@ from orchestrator.methods import make_method, run_stream
 from tests.view_streams import accuracy, softmax, unit, view_stream
 
 DEFAULTS = {"alpha": 6.0, "beta": 5.0, "lr_text": 6e-4, "lr_image": 6e-4, "align": 0.5, "shot": 3, "keep": 0.1,
-            "tau_global": 0.1, "logit_scale": 100.0, "predict_views": "original"}
+            "tau_global": 0.1, "logit_scale": 100.0, "predict_views": "original", "state_dtype": "float32"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,6 +25,19 @@ def adamw_first_step(grad: torch.Tensor, lr: float, eps: float, weight_decay: fl
     m_hat = (1 - b1) * grad / (1 - b1)
     v_hat = (1 - b2) * grad ** 2 / (1 - b2)
     return param - lr * m_hat / (v_hat.sqrt() + eps)
+
+
+def adamw_first_step_float16(grad: torch.Tensor, lr: float, eps: float, weight_decay: float) -> torch.Tensor:
+    """torch's single-tensor AdamW first step on a float16 parameter, operation by operation, each result rounded
+    to float16 (the official residuals' dtype): (1 - beta2) g^2 underflows to 0 for |g| below about 5e-3, and the
+    step becomes lr g / eps."""
+    b1, b2, half = 0.9, 0.999, torch.float16
+    g = grad.to(half).float()
+    m = ((1 - b1) * g).to(half).float()                                     # exp_avg.lerp_(grad, 1 - beta1)
+    v = ((1 - b2) * g * g).to(half).float()                                 # exp_avg_sq.addcmul_(grad, grad, 1 - b2)
+    denom = ((v.sqrt().to(half).float() / math.sqrt(1 - b2)).to(half).float() + eps).to(half).float()
+    param = torch.zeros_like(g) * (1 - lr * weight_decay)
+    return (param - lr / (1 - b1) * (m / denom)).to(half)
 
 
 def entropy_of_mean_prob(logits: torch.Tensor) -> torch.Tensor:
@@ -88,8 +101,9 @@ def dpe_reference(views: torch.Tensor, class_embeddings: torch.Tensor, **hp):
         sims = keys_new.T @ W_new[:, classes] / 0.01
         loss = loss + hp["align"] * torch.nn.functional.cross_entropy(sims, torch.arange(len(classes)))
         g_t, g_v = torch.autograd.grad(loss, [r_t, r_v])
-        r_t = adamw_first_step(g_t, hp["lr_text"], 1e-3, 0.1)
-        r_v = adamw_first_step(g_v, hp["lr_image"], 1e-3, 0.1)
+        step = adamw_first_step_float16 if hp["state_dtype"] == "float16" else adamw_first_step
+        r_t = step(g_t, hp["lr_text"], 1e-3, 0.1).double()
+        r_v = step(g_v, hp["lr_image"], 1e-3, 0.1).double()
 
         W_new = (W_local + r_t) / (W_local + r_t).norm(dim=0)
         if hp["predict_views"] == "original":
@@ -152,6 +166,37 @@ def test_matches_the_reference_at_the_official_scale_within_float32_amplificatio
     feats, emb, ids, k, _ = view_stream("label_shift", num_classes=10, dim=32, n=400, views=10, seed=3)
     _, stepped, updates = check_against_reference(feats, emb, ids, k, atol=5e-4, keep=0.2)
     assert updates > 0 and int(stepped.sum()) > 0
+
+
+def test_float16_residuals_follow_the_official_float16_step():
+    """state_dtype float16 (the official residuals' dtype): the reference's residuals take torch's float16 AdamW
+    step operation by operation; the float32 default differs from it."""
+    feats, emb, ids, k, _ = view_stream("label_shift", num_classes=10, dim=32, n=400, views=10, seed=3)
+    trace, _, updates = check_against_reference(feats, emb, ids, k, keep=0.2, state_dtype="float16", **SCALE_20)
+    default = make_method("dpe", emb, ids, k, keep=0.2, **SCALE_20).run(feats)
+    assert updates > 0 and not torch.equal(trace.posteriors, default.posteriors)
+    assert int((trace.predictions != default.predictions).sum()) >= 1
+
+
+def test_a_float16_step_underflows_to_lr_times_g_over_eps():
+    grad = torch.tensor([1e-3, -2e-3, 0.5])
+    step = adamw_first_step_float16(grad, 6e-4, 1e-3, 0.1).float()
+    # |g| = 1e-3, 2e-3: (1 - beta2) g^2 is below float16's smallest subnormal, so the step is lr g / eps (up to
+    # float16 rounding), as large as lr and 2 lr; |g| = 0.5 keeps its second moment and steps by about lr
+    torch.testing.assert_close(step, torch.tensor([-6e-4, 1.2e-3, -6e-4]), atol=0, rtol=2e-3)
+    assert float(adamw_first_step(grad.double(), 6e-4, 1e-3, 0.1)[0]) == pytest.approx(-6e-4 * 1e-3 / (1e-3 + 1e-3))
+
+
+def test_the_lockstep_runs_float16_configs_on_their_own_loop():
+    from orchestrator.methods.dpe.lockstep import run_dpe_lockstep
+
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=6, dim=16, n=60, views=8, seed=2)
+    configs = [{"keep": 0.25}, {"keep": 0.25, "state_dtype": "float16"}, {"lr_text": 1e-3}]
+    traces = run_dpe_lockstep([make_method("dpe", emb, ids, k, **c) for c in configs], feats)
+    alone = run_dpe_lockstep([make_method("dpe", emb, ids, k, **c) for c in configs[::2]], feats)
+    assert torch.equal(traces[1].posteriors, make_method("dpe", emb, ids, k, **configs[1]).run(feats).posteriors)
+    assert torch.equal(traces[0].posteriors, alone[0].posteriors)
+    assert torch.equal(traces[2].posteriors, alone[1].posteriors)
 
 
 # ------------------------------------------------------------------------------------------- by hand (K = d = 2)

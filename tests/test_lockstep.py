@@ -18,7 +18,7 @@ TDA_CONFIGS = [
     {},
     {"pos_alpha": 1.0, "pos_beta": 8.0, "neg_alpha": 0.3, "neg_beta": 2.0},
     {"pos_shot": 1, "neg_shot": 3, "logit_scale": 50.0},
-    {"pos_shot": 0, "neg_shot": 1, "pos_alpha": 4.0},
+    {"pos_shot": 1, "neg_shot": 1, "pos_alpha": 0.0},
 ]
 PRIORS = [{"tau": 0.3, "n2": 10}, {"tau": 0.5, "n2": 5}, {"tau": 0.2, "n2": 50}, {"tau": 0.95, "n2": 10}]
 ONZETA_CONFIGS = [{}, {"tau_i": 0.05, "cw": 0.3}, {"cr": 5.0, "alpha": 0.5, "beta": 0.5}, {"tau_t": 0.02, "n_total": 3000}]

@@ -118,8 +118,9 @@ def test_bad_num_classes(num_classes):
     ("bca", {"decay": 0.0}, r"hparam 'decay' must be a number in \(0, 1\]"),
     ("bca", {"decay": 1.5}, "hparam 'decay' must be a number"),
     ("bca", {"state_dtype": "bfloat16"}, r"hparam 'state_dtype' must be one of \['float32', 'float16'\]"),
-    ("tda", {"pos_shot": -1}, "tda: hparam 'pos_shot' must be an integer >= 0"),
-    ("tda", {"neg_shot": 2.5}, "hparam 'neg_shot' must be an integer >= 0"),
+    ("tda", {"pos_shot": 0}, r"tda: hparam 'pos_shot' must be an integer >= 1 \(positive cache entries per class "
+                             r"\(at least 1: the official code keeps one even at 0"),
+    ("tda", {"neg_shot": 2.5}, "hparam 'neg_shot' must be an integer >= 1"),
     ("tda", {"pos_alpha": -1.0}, "hparam 'pos_alpha' must be a number"),
     ("tda", {"neg_beta": float("inf")}, "hparam 'neg_beta' must be a number"),
     ("tda_pa", {"tau": -0.5}, "tda_pa: hparam 'tau' must be a number"),

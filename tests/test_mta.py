@@ -84,6 +84,16 @@ def test_matches_the_official_loop_over_a_stream():
     assert not trace.gated.any() and bool((trace.selected == -1).all()) and trace.state == {}
 
 
+def test_float32_against_float64_at_k_100():
+    # The docstring's statement, measured: on this stream the same predictions and posteriors within 1e-5 of the
+    # float64 loop. No bound in general: on CLIP features at K = 100, 3 of 600 samples were reported 5.3e-4 away.
+    views, emb, ids, k, _ = view_stream("iid", n=600, num_classes=100, dim=64, seed=3, views=64, view_noise=1.0)
+    trace = make_method("mta", emb, ids, k).run(views)
+    ref = mta_reference(views, emb)
+    assert torch.equal(trace.predictions, ref.argmax(1))
+    torch.testing.assert_close(trace.posteriors, ref.softmax(1).float(), atol=1e-5, rtol=0)
+
+
 def test_matches_the_official_loop_at_imagenet_scale():
     gen = torch.Generator().manual_seed(0)
     text = F.normalize(torch.randn(1000, 64, generator=gen), dim=1)

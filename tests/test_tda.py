@@ -15,7 +15,7 @@ from orchestrator.registry import method_card
 
 EYE2 = torch.eye(2)
 IDS2 = torch.tensor([0, 1])
-NO_NEG = {"neg_shot": 0}
+NO_NEG = {"neg_alpha": 0.0}  # the negative cache weighs nothing
 
 
 def unit(xs: list[float]) -> list[float]:
@@ -137,9 +137,9 @@ def test_posteriors_are_distributions_and_chunks_continue_the_state():
         assert all(torch.equal(parts[1].state[key], whole.state[key]) for key in whole.state)
 
 
-def test_disabled_caches_give_clip():
+def test_caches_weighing_nothing_give_clip():
     feats, emb, ids, k = _stream(n=100)
-    tda = run_stream("tda", feats, emb, ids, k, pos_shot=0, neg_shot=0)
+    tda = run_stream("tda", feats, emb, ids, k, pos_alpha=0.0, neg_alpha=0.0)
     # clip's blocked products and TDA's per-sample ones round differently (by thread count and kernel): 1e-5 is
     # the methods' agreement contract
     torch.testing.assert_close(tda, run_stream("clip", feats, emb, ids, k), atol=1e-5, rtol=0)
@@ -290,3 +290,20 @@ def test_cache_products_over_filled_entries_equal_the_full_capacity_products(met
         assert int(trace.predictions[0]) == int(full.argmax())
         filled.append(int(torch.isfinite(st["neg_entropy"]).sum()))
     assert filled[0] <= 1 < filled[-1]                  # partly filled caches at first, fuller later
+
+
+def test_a_zero_capacity_is_refused_because_the_official_code_runs_it_as_one():
+    """kdiAAA/TDA's update_cache gives a class its first entry whatever the capacity (tda_runner.py:39-40,
+    `else: cache[pred] = [item]`): its transcription with pos_shot / neg_shot 0 holds one entry per class and
+    predicts as capacity 1, which `tda` reproduces; 0 itself is refused, naming the hparam."""
+    feats, emb, ids, k = _view_stream()
+    zero, pos, neg = official_tda(feats, emb, {**VIEW_HP, "pos_shot": 0, "neg_shot": 0})
+    one, _, _ = official_tda(feats, emb, {**VIEW_HP, "pos_shot": 1, "neg_shot": 1})
+    assert pos and all(len(entries) == 1 for entries in (*pos.values(), *neg.values()))
+    assert torch.equal(zero, one)
+    ours = make_method("tda", emb, ids, k, **{**VIEW_HP, "pos_shot": 1, "neg_shot": 1}).run(feats).posteriors
+    torch.testing.assert_close(ours, zero, atol=2e-6, rtol=0)
+    for name in ("pos_shot", "neg_shot"):
+        with pytest.raises(ValueError, match=rf"tda: hparam '{name}' must be an integer >= 1 .*official code keeps "
+                                             rf"one even at 0.*got 0"):
+            method_card("tda").resolve({name: 0})

@@ -4,6 +4,7 @@ Named template sets:
 - 'dataset': the dataset's own templates in the public protocol (its registry card);
 - 'ensemble7': the 7-template ImageNet ensemble, 'clip80': CLIP's 80 ImageNet templates (both taken from
   open_clip.zero_shot_metadata);
+- 'tpt1': "a photo of a {}.", the one prompt TPT-derived code (MTA's official runs) embeds per class;
 - 'handcrafted1'..'handcrafted4': the supplementary's M = K*t sets without ensembling ("a photo of a {}",
   "a origami {}", "art of the {}", "itap of a {}": the first t of them); embedding m is template m // K
   for class m % K.
@@ -38,6 +39,7 @@ from orchestrator.registry import dataset_card
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
+TPT1 = ("a photo of a {}.",)  # CoOp's prompt learner: ctx_init "a_photo_of_a" + " " + class name + "."
 
 _TEXT_CACHE_VERSION = 1
 
@@ -124,6 +126,8 @@ def resolve_templates(
             return TemplateSet(name, ensemble7(), True)
         if name == "clip80":
             return TemplateSet(name, clip80(), True)
+        if name == "tpt1":
+            return TemplateSet(name, TPT1, True)
         if name.startswith("handcrafted") and name[len("handcrafted"):] in ("1", "2", "3", "4"):
             return TemplateSet(name, HANDCRAFTED[: int(name[-1])], False)
         raise ValueError(f"unknown template set {templates!r}; named sets: {', '.join(TEMPLATE_SET_NAMES)}, "

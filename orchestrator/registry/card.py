@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from orchestrator.registry.datasets import canonical_dataset, dataset_card, dataset_key
+from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
 from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
 from orchestrator.registry.views import ViewConfig, parse_views
 
@@ -132,6 +132,9 @@ class MethodCard:
     view_count how many (the original included);
     view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
     has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
+    group_views: the views of its official loader on a dataset group where they differ from the above
+    ({"ood": "crops"}: TPT-derived code takes crops on ImageNet and its variants, AugMix elsewhere; a kind
+    takes `view_count` views, 'single' the original alone);
     single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
     ImageNet); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
     hparam its counter C2 starts from; baseline: zero-shot
@@ -157,6 +160,7 @@ class MethodCard:
     views: str | None = None
     view_count: int = 64
     view_scope: str = "all"
+    group_views: Mapping[str, str] = field(default_factory=dict)
     single_view_datasets: tuple[str, ...] = ()
     prior: bool = False
     prior_count: str | None = None
@@ -179,6 +183,11 @@ class MethodCard:
                              f"got {self.lockstep_inputs!r}")
         if self.view_scope not in ("all", "protocol"):
             raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
+        bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in ("single", *VIEW_KINDS)}
+        if bad:
+            raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to 'single' or one "
+                             f"of {VIEW_KINDS}, got {bad}")
+        object.__setattr__(self, "group_views", MappingProxyType(dict(self.group_views)))
         names = [h.name for h in self.hparams]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")
@@ -203,19 +212,32 @@ class MethodCard:
     def takes_views(self) -> bool:
         return self.inputs == "views"
 
+    @property
+    def views_everywhere(self) -> bool:
+        """Whether its protocol gives it augmented views on every dataset (it cannot run on single-view data)."""
+        return (self.takes_views and self.view_scope == "all" and not self.single_view_datasets
+                and "single" not in self.group_views.values())
+
     def protocol_views(self, dataset: str) -> ViewConfig:
         """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
         `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
-        otherwise) or the single view. Methods taking one feature get the dataset's own protocol (AugMix on
-        ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean)."""
-        own = parse_views(dataset_card(dataset).views)
-        if not self.takes_views or (self.view_scope == "protocol" and own.kind == "single"):
+        otherwise), its `group_views` for the dataset's group, or the single view. Methods taking one feature get
+        the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean).
+        tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
+        card = dataset_card(dataset)
+        own = parse_views(card.views)
+        if not self.takes_views:
             return own
-        if dataset_card(dataset).name in {canonical_dataset(d) for d in self.single_view_datasets}:
+        if card.name in {canonical_dataset(d) for d in self.single_view_datasets}:
             return parse_views("single")
-        if self.views is None:
-            return own
-        return ViewConfig(self.views, n_aug=self.view_count - 1, seed=1)
+        kind = self.group_views.get(card.group)
+        if kind is None:
+            if self.views is None or (self.view_scope == "protocol" and own.kind == "single"):
+                return own
+            kind = self.views
+        if kind == "single":
+            return parse_views("single")
+        return ViewConfig(kind, n_aug=self.view_count - 1, seed=1)
 
     def wants_views(self, hparams: Mapping[str, Any]) -> bool:
         """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views

@@ -2,4 +2,4 @@
 spec's `templates` is checked without importing the CLIP stack."""
 
 TEMPLATE_SET_NAMES = ("dataset", "ensemble7", "clip80", "handcrafted1", "handcrafted2", "handcrafted3", "handcrafted4",
-                      "cupl")
+                      "cupl", "tpt1")

@@ -265,10 +265,10 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
-        if card.takes_views and card.view_scope == "all" and not card.single_view_datasets and "single" in views:
+        if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
-                                                   f"protocol ({card.views}), augmix or crops"))
+                                                   "protocol (its official views), augmix or crops"))
     return issues
 
 

@@ -28,7 +28,7 @@ CARDS = (
                 high=1.0, low_open=True),
          LOGIT_SCALE),
         inputs="views", views="augmix", view_scope="protocol", state=("mu", "sigma", "counts", "precision"),
-        source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); 64 AugMix views on ImageNet-A/-V2/-R/-Sketch, "
-               "the original view elsewhere",
+        source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); views: utils.py:156-168 build_test_data_loader, 64 "
+               "AugMix views on ImageNet-A/-V2/-R/-Sketch, the original view elsewhere",
         lockstep="orchestrator.methods.dota.lockstep:run_dota_lockstep"),
 )

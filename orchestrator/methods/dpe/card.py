@@ -19,9 +19,10 @@ CARDS = (
             HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views kept', 'threshold', low=0.0, high=1.0, low_open=True),
             HParam('tau_global', 'float', 0.1, 'normalised-entropy threshold of the global text-prototype update', 'threshold', low=0.0),
             LOGIT_SCALE,
+            HParam('state_dtype', 'str', 'float32', 'dtype of the residuals and their AdamW step: float32 (default: float16\'s underflow belongs to the dtype, not the method) or float16 as the official code (main_dpe.py:163, 171, 177; its AdamW second moment underflows, a step reaches about 5 lr)', 'choice', choices=('float32', 'float16')),
             HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
         ),
-        inputs='views', views='augmix', view_scope='protocol', state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
-        source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/',
+        inputs='views', views='augmix', view_scope='protocol', group_views={'ood': 'augmix'}, state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+        source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/; views: utils.py:201-210 build_test_data_loader gives ImageNet and its variants get_preprocess() (utils.py:177, 63 AugMix views + the original), the cross-domain sets the plain preprocess (utils.py:212-215)',
         lockstep="orchestrator.methods.dpe.lockstep:run_dpe_lockstep"),
 )

@@ -124,6 +124,11 @@ class _Text:
 def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
                      block_rows: int = BLOCK_ROWS) -> list[Trace]:
     """G DPE streams over one stream of views [n, V, d]; trace g equals `methods[g].run(features)`."""
+    if any(m.hp["state_dtype"] == "float16" for m in methods):
+        # the closed-form step below is float32's AdamW; float16 residuals run torch's float16 AdamW, one loop each
+        fast = [m for m in methods if m.hp["state_dtype"] == "float32"]
+        done = iter(run_dpe_lockstep(fast, features, block_rows=block_rows) if fast else [])
+        return [m.run(features) if m.hp["state_dtype"] == "float16" else next(done) for m in methods]
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=True)
     (n, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device

@@ -29,10 +29,15 @@ Where the official code differs from the paper, this follows the code:
   mean confident feature f.
 - The visual prototypes do not evolve themselves: R_v is rebuilt from zero every sample and acts on that
   sample's prediction only; the cache contents (TDA's rule) are what persists.
-- The official code runs in fp16 under autocast; this runs in float32 with torch.optim.AdamW.
+- The official code runs in fp16 under autocast, and its residuals are float16 Parameters (main_dpe.py:163,
+  171, 177) that AdamW steps in float16: there the second moment (1 - beta2) g^2 underflows for |g| below
+  about 5e-3, the denominator falls to eps, and a step reaches up to about 5 lr instead of at most lr. This
+  runs in float32 with torch.optim.AdamW's arithmetic by default (float16's underflow is a property of the
+  dtype, not of the method); `state_dtype: float16` keeps the residuals in float16 and steps them with
+  torch's float16 AdamW (the gradients reach them rounded to float16; the rest stays float32, no autocast).
 - InfoNCE normalises its inputs again; they are unit vectors already, so this skips that no-op.
 Views: the official protocol uses AugMix (63 + the original) on ImageNet and its variants and the single
-original view on the ten cross-domain sets. Text: the official class prototypes average the dataset's
+original view on the ten cross-domain sets (utils.py:201-215; the card's `views: protocol`). Text: the official class prototypes average the dataset's
 templates and its CuPL prompts (gpt3_prompts/CuPL_prompts_<dataset>.json), one unit embedding per prompt:
 pass them as several rows per class (M > K), which are averaged and renormalised here.
 """
@@ -87,8 +92,9 @@ class DPE(Method):
                    cached: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One AdamW step from zero on the text and cache residuals (the official per-sample optimizer)."""
         hp = self.hp
-        r_text = torch.zeros_like(self.text, requires_grad=True)
-        r_image = torch.zeros_like(keys, requires_grad=True)
+        dtype = torch.float16 if hp["state_dtype"] == "float16" else self.text.dtype
+        r_text = torch.zeros_like(self.text, dtype=dtype, requires_grad=True)
+        r_image = torch.zeros_like(keys, dtype=dtype, requires_grad=True)
         optimizer = torch.optim.AdamW([{"params": [r_text], "lr": hp["lr_text"]},
                                        {"params": [r_image], "lr": hp["lr_image"]}],
                                       eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)

@@ -17,6 +17,7 @@ CARDS = (
             LOGIT_SCALE,
         ),
         inputs='views', views='crops', state=(),
-        source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py',
+        source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py; views: main.py:172-173 AugMixAugmenter(n_views=batch_size - 1, '
+               'augmix=len(set_id) > 1 and args.tpt): crops on every dataset (AugMix only with --tpt)',
         lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
 )

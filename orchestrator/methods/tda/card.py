@@ -13,6 +13,10 @@ _TDA_POSITIVE = {
     "aircraft": (2.0, 2.0), "food101": (1.0, 1.0), "flowers102": (1.0, 5.0), "pets": (2.0, 7.0),
     "cars": (1.0, 7.0), "sun397": (2.0, 3.0), "ucf101": (3.0, 8.0),
 }
+# At least 1: the official update_cache (tda_runner.py:30-40) gives a class its first entry whatever the capacity,
+# so a capacity of 0 runs as 1 there; 0 is refused rather than run as a second spelling of 1.
+_SHOT = ("{} cache entries per class (at least 1: the official code keeps one even at 0; {}_alpha 0 switches "
+         "the cache off)")
 _TDA = (
     HParam("pos_alpha", "float", 2.0, "weight of the positive cache's logits", "weight", low=0.0,
            per_dataset={k: a for k, (a, _) in _TDA_POSITIVE.items()}),
@@ -20,12 +24,13 @@ _TDA = (
            per_dataset={k: b for k, (_, b) in _TDA_POSITIVE.items()}),
     HParam("neg_alpha", "float", 0.117, "weight of the negative cache's logits", "weight", low=0.0),
     HParam("neg_beta", "float", 1.0, "sharpness of the negative cache's affinities", "scale", low=0.0),
-    HParam("pos_shot", "int", 3, "positive cache entries per class", "size", low=0),
-    HParam("neg_shot", "int", 2, "negative cache entries per class", "size", low=0),
+    HParam("pos_shot", "int", 3, _SHOT.format("positive", "pos"), "size", low=1),
+    HParam("neg_shot", "int", 2, _SHOT.format("negative", "neg"), "size", low=1),
     LOGIT_SCALE,
 )
 TDA_STATE = ("pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values")
-_TDA_SOURCE = "kdiAAA/TDA (tda_runner.py, utils.py, configs/)"
+_TDA_SOURCE = ("kdiAAA/TDA@e697fb0 (tda_runner.py, utils.py, configs/); views: utils.py:127-139 "
+               "build_test_data_loader, get_ood_preprocess() (utils.py:94-103, 63 AugMix views) on ImageNet-A/-V2/-R/-Sketch")
 
 _TDA_LOCKSTEP = "orchestrator.methods.tda.lockstep:run_tda_lockstep"
 FAMILY = "tda"  # the chart colour family of TDA and the methods built on its caches

@@ -28,7 +28,7 @@ TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
 
 
 class _Caches:
-    """H TDA caches of `shot[h]` entries per class (shot 0: a disabled cache), stepped together. A `fifo` cache
+    """H TDA caches of `shot[h]` (>= 1) entries per class, stepped together. A `fifo` cache
     (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst. Losses are kept in
     `loss_dtype`: float64 where the single-stream cache ranks Python floats that are not float32 values (DPE's
     entropy / log2 K); the state reports them in float32, as `ClassCache.entropy` stores them."""
@@ -36,7 +36,7 @@ class _Caches:
     def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool,
                  fifo: bool = False, loss_dtype: torch.dtype = torch.float32):
         H, K = len(shots), num_classes
-        S = max(max(shots), 1)
+        S = max(shots)
         P = K * S  # pool rows; row P is a dump that non-entering writes go to
         self.K, self.S, self.P = K, S, P
         self.rows = torch.arange(H, device=device)
@@ -64,7 +64,7 @@ class _Caches:
         filled = self.slots[None, :] < count[:, None]
         room = count < self.shot
         if self.fifo:
-            enter = gate & (self.shot > 0)
+            enter = gate
             victim = torch.where(filled, row_time, torch.iinfo(torch.int64).max).argmin(dim=1)
         else:
             ranked = torch.where(filled, row_loss, -math.inf)

@@ -108,8 +108,6 @@ class ClassCache:
 
     def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
         """TDA's update_cache: append while there is room, else replace the worst if strictly better."""
-        if self.shot == 0:
-            return False
         ranking = self.ranking[k]
         if len(ranking) < self.shot:
             slot, row = len(ranking), self.new_row(k)

@@ -14,6 +14,8 @@ CARDS = (
          HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
                 "(official code), mean_prob = the higher mean probability of the kept views", "choice",
                 choices=("discarded", "mean_prob")), LOGIT_SCALE),
-        inputs="views", views="augmix", source="FarinaMatteo/zero (ttas/zero.py)",
+        inputs="views", views="crops",
+        source="FarinaMatteo/zero (ttas/zero.py); views: data/augs.py:57-67 get_transforms gives every dataset "
+               "MultiViewCropAndFlip (data/augs.py:43, 63 random resized crops + flips and the original)",
         lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
 )

@@ -1,0 +1,57 @@
+"""What each method's official data loader feeds it on each of the 15 benchmark datasets, written from the loaders
+themselves (plain data; `tests/test_official_protocols.py` holds every registered card to it, so a new method
+needs its row here and a card cannot drift from its code).
+
+A value is a views name (`orchestrator.registry.views`): 'single' (the CLIP eval transform alone), 'augmix' /
+'crops' (63 augmented views + the original) or 'augmix31' / 'crops31' (31 + the original). Methods that take
+one feature per sample name the views their features come from (AugMix views reduced to the confident views'
+mean on ImageNet-A/-V2/-R/-Sketch).
+"""
+
+from __future__ import annotations
+
+IMAGENET = ("imagenet",)
+VARIANTS = ("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")
+CROSS_DOMAIN = ("caltech101", "dtd", "eurosat", "aircraft", "food101", "flowers102", "pets", "cars", "sun397",
+                "ucf101")
+DATASETS = (*IMAGENET, *VARIANTS, *CROSS_DOMAIN)
+
+
+def _by_group(imagenet: str, variants: str, cross_domain: str) -> dict[str, str]:
+    return {**dict.fromkeys(IMAGENET, imagenet), **dict.fromkeys(VARIANTS, variants),
+            **dict.fromkeys(CROSS_DOMAIN, cross_domain)}
+
+
+# TDA's loader (kdiAAA/TDA@e697fb0 utils.py:127-139 build_test_data_loader): 'I' and the cross-domain sets the
+# CLIP preprocess, 'A'/'V'/'R'/'S' get_ood_preprocess() (utils.py:94-103, AugMixAugmenter n_views=63 augmix=True).
+# The BCA code and DOTA (skylineeeeen/DOTA@bc67d44 utils.py:156-168) use the same loader.
+_TDA_LOADER = _by_group("single", "augmix", "single")
+
+# TPT's rule `AugMixAugmenter(n_views=batch_size - 1, augmix=len(set_id) > 1)`: the one-letter set ids (ImageNet
+# and its variants) get random resized crops + flips, the cross-domain sets AugMix.
+OFFICIAL = {
+    # CLIP zero-shot: the baseline of the BCA code, on its loader.
+    "clip": ("BCA code, TDA's loader", _TDA_LOADER),
+    "la": ("BCA code, TDA's loader", _TDA_LOADER),
+    "pa": ("BCA code, TDA's loader", _TDA_LOADER),
+    "bca": ("BCA code, TDA's loader", _TDA_LOADER),
+    "tda": ("kdiAAA/TDA utils.py:127-139", _TDA_LOADER),
+    "tda_pa": ("kdiAAA/TDA utils.py:127-139 (TDA's caches, BCA's prior)", _TDA_LOADER),
+    "dota": ("skylineeeeen/DOTA utils.py:156-168", _TDA_LOADER),
+    # OnZeta's code runs ImageNet only (main_online.py:218-224: clip.load's preprocess); elsewhere the dataset's own.
+    "onzeta": ("idstcv/OnZeta main_online.py:218-224 (ImageNet only)", _TDA_LOADER),
+    # DPE: utils.py:201-215 build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' call get_preprocess() (utils.py:166-177,
+    # AugMixAugmenter n_views=63 augmix=True); the cross-domain sets keep the CLIP preprocess.
+    "dpe": ("zhangce01/DPE-CLIP@fecae5a utils.py:201-215", _by_group("augmix", "augmix", "single")),
+    # TPS: shift_classification.py:98-99, TPT's rule with batch_size 64.
+    "tps": ("elaine-sui/TPS@556db0f shift_classification.py:98-99", _by_group("crops", "crops", "augmix")),
+    # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
+    "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
+    # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
+    "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
+    # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)
+    # (utils.py:122 and 131).
+    "boostadapter": ("taolinzhang/BoostAdapter@9983e1a utils.py:122,131,155-168", _by_group("single", "crops", "crops")),
+    # Zero: data/augs.py:57-67 get_transforms, MultiViewCropAndFlip (augs.py:43) on every dataset.
+    "zero": ("FarinaMatteo/zero data/augs.py:43,57-67", _by_group("crops", "crops", "crops")),
+}
