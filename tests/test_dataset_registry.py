@@ -15,7 +15,8 @@ import pytest
 
 from orchestrator import registry
 from orchestrator.clip.testing import TINY_VIT, write_image, write_model_config
-from orchestrator.data.datasets import DatasetLayoutError, read_dataset
+from orchestrator.data.datasets import DatasetLayoutError
+from orchestrator.data.listing import read_dataset
 from orchestrator.registry.datasets import DatasetCard, folder_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def test_class_names_and_folders_must_agree(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"group": "paper-ish"}, "group 'paper-ish'; expected one of ood, cross_domain, other"),
     ({"templates": ("no slot",)}, "exactly one '{}'"),
-    ({"reader": "not a function"}, "expected a function or 'module:function'"),
+    ({"reader": "not a function"}, "expected a function, 'module:function' or a built-in reader's name"),
     ({"num_classes": 0}, "num_classes 0"),
     ({"paper": True}, "a paper dataset belongs to group"),
 ])

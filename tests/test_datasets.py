@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator.clip.testing import build_dataset
-from orchestrator.data.datasets import DatasetLayoutError, imagenet_classnames, imagenet_wnids, read_dataset
+from orchestrator.data.datasets import DatasetLayoutError, imagenet_classnames, imagenet_wnids
+from orchestrator.data.listing import read_dataset
 from orchestrator.registry import CROSS_DOMAIN, OOD, canonical_dataset, dataset_card, group_datasets, paper_datasets
 
 

@@ -19,7 +19,7 @@ import orchestrator.features.cache as cache_module
 from orchestrator.clip import BackboneSpec, class_embeddings, load_backbone, select_views
 from orchestrator.clip.backbone import Backbone
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, build_dataset, register_tiny_models, write_corrupt_image
-from orchestrator.data.datasets import read_dataset
+from orchestrator.data.listing import read_dataset
 from orchestrator.features import CorruptImageError, FeatureCache, load_benchmark
 
 SPEC = BackboneSpec(TINY_VIT, None)

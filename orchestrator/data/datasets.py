@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from orchestrator.registry.datasets import CLASSNAMES_FILE, DatasetCard, ensure_dataset
+from orchestrator.registry.dataset_card import CLASSNAMES_FILE, DatasetCard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
 
@@ -274,9 +274,21 @@ def read_class_folders(data_root: Path, info: DatasetCard) -> tuple[list[str], l
 # ------------------------------------------------------------------------------------- reader per card
 
 
+# The readers the built-in cards name (a card names a reader of this module by its name).
+BUILTIN_READERS = {"read_imagenet": read_imagenet, "read_imagenet_a": read_imagenet_a, "read_imagenet_r": read_imagenet_r,
+                   "read_imagenet_v2": read_imagenet_v2, "read_split_zhou": read_split_zhou,
+                   "read_aircraft": read_aircraft, "read_class_folders": read_class_folders}
+
+
 def _reader(info: DatasetCard) -> Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]:
     if callable(info.reader):
         return info.reader
+    if ":" not in info.reader:  # a built-in reader, by name
+        found = BUILTIN_READERS.get(info.reader)
+        if found is None:
+            raise DatasetLayoutError(f"{info.title}: its card's reader {info.reader!r} is not a built-in reader; "
+                                     f"expected one of {', '.join(BUILTIN_READERS)} or 'module:function'")
+        return found
     module, _, function = info.reader.partition(":")
     try:
         return getattr(importlib.import_module(module), function)
@@ -285,9 +297,9 @@ def _reader(info: DatasetCard) -> Callable[[Path, DatasetCard], tuple[list[str],
                                  f"expected 'module:function' of a module on the Python path") from None
 
 
-def read_dataset(name: str, data_root: str | os.PathLike) -> ImageList:
-    """List a dataset's test images under `data_root`; errors name the missing path and the expected layout."""
-    info = ensure_dataset(name, data_root)
+def read_images(info: DatasetCard, data_root: str | os.PathLike) -> ImageList:
+    """List the test images of the dataset of card `info` under `data_root` (`orchestrator.data.listing.read_dataset`
+    looks the card up by name); errors name the missing path and the expected layout."""
     root = Path(data_root).expanduser().resolve()
     if not root.is_dir():
         raise DatasetLayoutError(

@@ -53,7 +53,8 @@ from orchestrator.clip.backbone import (
     shared_backbone,
 )
 from orchestrator.clip.views import ViewConfig, ViewTransform, parse_views
-from orchestrator.data.datasets import ImageList, read_dataset
+from orchestrator.data.datasets import ImageList
+from orchestrator.data.listing import read_dataset
 from orchestrator.device import auto_device
 
 log = logging.getLogger(__name__)

@@ -170,6 +170,9 @@ class MethodCard:
     source: str = ""
     lockstep: Any = None
     lockstep_inputs: str | None = None
+    # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
+    # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
+    samples_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):

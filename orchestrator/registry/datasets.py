@@ -16,122 +16,45 @@ two ways (docs/adding-a-dataset.md):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
-OOD = "ood"
-CROSS_DOMAIN = "cross_domain"
-OTHER = "other"
-GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}  # the paper's two tables
-GROUPS = (OOD, CROSS_DOMAIN, OTHER)
-VIEWS = ("single", "augmix")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_READER_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, ENSEMBLE7, GROUP_TITLES, GROUPS,
+                                                  OOD, OTHER, TEMPLATES_FILE, VIEWS, DatasetCard, _NAME_RE)
 
-# The generic class-folder layout (`folder_dataset`): these two files beside one sub-folder per class.
-CLASSNAMES_FILE = "classnames.txt"
-TEMPLATES_FILE = "templates.txt"
-FOLDER_READER = "orchestrator.data.datasets:read_class_folders"
+FOLDER_READER = "read_class_folders"  # built-in readers are named, not imported: see dataset_card
 
-# Template sets a card may name instead of listing templates (open_clip ships both).
-ENSEMBLE7 = "ensemble7"
-CLIP80 = "clip80"
-
-
-@dataclass(frozen=True)
-class DatasetCard:
-    """One dataset.
-
-    name: canonical name (stored in run configs); title: as tables write it; group: OOD, cross-domain or other;
-    num_classes / test_images: the test split the protocol uses (test_images None: not known, e.g. a folder
-    dataset, whose completeness nothing can check); folder, image_dir, split_file, layout: where the reader
-    finds it under a data root (layout is for error messages); reader: the function that lists its test
-    images, `reader(data_root: Path, card) -> (image ids relative to the data root, labels, class names)`, as
-    "module:function" (imported when a run reads the dataset) or the function itself; templates: the
-    protocol's prompts (a named set or the templates themselves, one '{}' each); views: the protocol's views
-    ('augmix' or 'single'); cupl: the file name of its CuPL class descriptions as DPE's and DMN's repositories
-    ship them (None: the 'cupl' template set does not apply); paper: one of the paper's datasets, whose runs go
-    into the paper's tables beside the published numbers (built-in cards only).
-    """
-
-    name: str
-    title: str
-    group: str
-    num_classes: int
-    test_images: int | None
-    folder: str
-    layout: str
-    reader: str | Callable
-    templates: str | tuple[str, ...]
-    views: str = "single"
-    image_dir: str = ""
-    split_file: str | None = None
-    aliases: tuple[str, ...] = ()
-    cupl: str | None = None  # the CuPL prompt file DPE and DMN ship for it (template set 'cupl')
-    paper: bool = False
-
-    def __post_init__(self) -> None:
-        where = f"dataset card {self.name!r}"
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(f"dataset card name {self.name!r}: expected letters, digits, '_', '.' or '-', starting "
-                             f"with a letter or digit")
-        if self.group not in GROUPS:
-            raise ValueError(f"{where}: group {self.group!r}; expected one of {', '.join(GROUPS)}")
-        if self.paper and self.group == OTHER:
-            raise ValueError(f"{where}: a paper dataset belongs to group {OOD!r} or {CROSS_DOMAIN!r}")
-        if not isinstance(self.num_classes, int) or self.num_classes < 1:
-            raise ValueError(f"{where}: num_classes {self.num_classes!r}; expected an int >= 1")
-        if self.test_images is not None and (not isinstance(self.test_images, int) or self.test_images < 1):
-            raise ValueError(f"{where}: test_images {self.test_images!r}; expected an int >= 1, or None if unknown")
-        if self.views not in VIEWS:
-            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(VIEWS)}")
-        if isinstance(self.templates, str):
-            if self.templates not in (ENSEMBLE7, CLIP80):
-                raise ValueError(f"{where}: templates {self.templates!r}; expected {ENSEMBLE7!r}, {CLIP80!r} or a "
-                                 f"tuple of templates with one '{{}}' each")
-        else:
-            object.__setattr__(self, "templates", tuple(self.templates))
-            bad = [t for t in self.templates if not isinstance(t, str) or t.count("{}") != 1]
-            if not self.templates or bad:
-                raise ValueError(f"{where}: templates must be a non-empty tuple of strings with exactly one '{{}}' "
-                                 f"(the class name); bad: {bad}")
-        if not callable(self.reader) and not (isinstance(self.reader, str) and _READER_RE.match(self.reader)):
-            raise ValueError(f"{where}: reader {self.reader!r}; expected a function or 'module:function'")
-
-
-_R = "orchestrator.data.datasets:"  # the built-in readers
 _SPLIT_LAYOUT = "{folder}/{split} (CoOp split_zhou json) and the images under {folder}/{images}/"
 
 
 def _split(name: str, title: str, classes: int, images: int, folder: str, split: str, image_dir: str,
            templates: str | tuple[str, ...], aliases: tuple[str, ...], cupl: str) -> DatasetCard:
     return DatasetCard(name, title, CROSS_DOMAIN, classes, images, folder,
-                       _SPLIT_LAYOUT.format(folder=folder, split=split, images=image_dir or "."), _R + "read_split_zhou",
+                       _SPLIT_LAYOUT.format(folder=folder, split=split, images=image_dir or "."), "read_split_zhou",
                        templates, image_dir=image_dir, split_file=split, aliases=aliases,
                        cupl=f"CuPL_prompts_{cupl}.json")
 
 
 _PAPER_CARDS: tuple[DatasetCard, ...] = tuple(replace(card, paper=True) for card in (
     DatasetCard("imagenet", "ImageNet", OOD, 1000, 50000, "imagenet",
-                "imagenet/images/val/<wnid>/*.JPEG (1000 WordNet-id folders)", _R + "read_imagenet", ENSEMBLE7,
+                "imagenet/images/val/<wnid>/*.JPEG (1000 WordNet-id folders)", "read_imagenet", ENSEMBLE7,
                 image_dir="images/val", cupl="CuPL_prompts_imagenet.json", aliases=("i", "in1k", "imagenet1k", "ilsvrc2012")),
     DatasetCard("imagenet-a", "ImageNet-A", OOD, 200, 7500, "imagenet-adversarial",
-                "imagenet-adversarial/imagenet-a/<wnid>/*.jpg (200 WordNet-id folders)", _R + "read_imagenet_a",
+                "imagenet-adversarial/imagenet-a/<wnid>/*.jpg (200 WordNet-id folders)", "read_imagenet_a",
                 ENSEMBLE7, views="augmix", image_dir="imagenet-a", cupl="CuPL_prompts_imagenet.json", aliases=("a", "imagenetadversarial")),
     DatasetCard("imagenet-v2", "ImageNet-V2", OOD, 1000, 10000, "imagenetv2",
                 "imagenetv2/imagenetv2-matched-frequency-format-val/<0..999>/*.jpeg (class-index folders)",
-                _R + "read_imagenet_v2", ENSEMBLE7, views="augmix", image_dir="imagenetv2-matched-frequency-format-val",
+                "read_imagenet_v2", ENSEMBLE7, views="augmix", image_dir="imagenetv2-matched-frequency-format-val",
                 cupl="CuPL_prompts_imagenet.json", aliases=("v", "v2", "imagenetv2matchedfrequency")),
     DatasetCard("imagenet-r", "ImageNet-R", OOD, 200, 30000, "imagenet-rendition",
-                "imagenet-rendition/imagenet-r/<wnid>/*.jpg (200 WordNet-id folders)", _R + "read_imagenet_r", CLIP80,
+                "imagenet-rendition/imagenet-r/<wnid>/*.jpg (200 WordNet-id folders)", "read_imagenet_r", CLIP80,
                 views="augmix", image_dir="imagenet-r", cupl="CuPL_prompts_imagenet.json", aliases=("r", "imagenetrendition")),
     DatasetCard("imagenet-sketch", "ImageNet-Sketch", OOD, 1000, 50889, "imagenet-sketch",
-                "imagenet-sketch/images/<wnid>/*.JPEG (1000 WordNet-id folders)", _R + "read_imagenet", CLIP80,
+                "imagenet-sketch/images/<wnid>/*.JPEG (1000 WordNet-id folders)", "read_imagenet", CLIP80,
                 views="augmix", image_dir="images", cupl="CuPL_prompts_imagenet.json", aliases=("s", "k", "sketch", "imagenets")),
     DatasetCard("aircraft", "Aircraft", CROSS_DOMAIN, 100, 3333, "fgvc_aircraft",
                 "fgvc_aircraft/variants.txt, fgvc_aircraft/images_variant_test.txt ('<image id> <variant>' lines) "
-                "and fgvc_aircraft/images/<image id>.jpg", _R + "read_aircraft", ("a photo of a {}, a type of aircraft.",),
+                "and fgvc_aircraft/images/<image id>.jpg", "read_aircraft", ("a photo of a {}, a type of aircraft.",),
                 image_dir="images", cupl="CuPL_prompts_fgvcaircraft.json", aliases=("fgvc", "fgvcaircraft")),
     _split("caltech101", "Caltech101", 100, 2465, "caltech-101", "split_zhou_Caltech101.json",
            "101_ObjectCategories", ENSEMBLE7, ("caltech",), "caltech101"),

@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 
 from orchestrator.clip.prompts import cupl_file, resolve_templates
-from orchestrator.data.datasets import ImageList, read_dataset
+from orchestrator.data.datasets import ImageList
+from orchestrator.data.listing import read_dataset
 
 
 def template_counts(template_set: str, dataset: str) -> tuple[int, int]:

@@ -13,17 +13,16 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Callable
 
+from orchestrator.registry import find_method
+
 if TYPE_CHECKING:
     from orchestrator.sweep.plan import Run
 
 TRIAL_TARGET_S = 5.0
 TRIAL_MAX_S = 60.0
-# Single-stream samples/s of each method on one CPU core at K = M = 1000, d = 512 (benchmarks/logs/
-# methods-cpu-2026-11-26.txt): slower than most real settings on a GPU, so trials start small rather than large.
-PRIOR_SAMPLES_PER_S = {"clip": 27783.0, "la": 25731.0, "pa": 22292.0, "bca": 19314.0, "tda": 2816.0,
-                       "tda_pa": 1471.0, "zero": 6064.0, "dota": 5.0, "onzeta": 2522.0, "dpe": 106.0, "tps": 589.0,
-                       "dmn_zs": 325.0, "mta": 5914.0, "boostadapter": 780.0}
-UNKNOWN_SAMPLES_PER_S = 5.0  # a method without a prior (a plugin): as slow as the slowest known, one run a trial
+# A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
+# rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
+UNKNOWN_SAMPLES_PER_S = 5.0
 UNKNOWN_LENGTH = 50_000      # a real dataset the driver cannot list: ImageNet's size, so trials stay small
 
 
@@ -45,7 +44,8 @@ def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None 
     def cost(run: Run) -> float:
         per_sample = measured.get(run.method)
         if per_sample is None:
-            per_sample = 1.0 / PRIOR_SAMPLES_PER_S.get(run.method, UNKNOWN_SAMPLES_PER_S)
+            card = find_method(run.method)
+            per_sample = 1.0 / ((card.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
         if run.source not in memo:
             memo[run.source] = lengths(run.source)
         return per_sample * memo[run.source]

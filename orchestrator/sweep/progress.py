@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from importlib.metadata import entry_points
+from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 from typing import Any, Callable
 
@@ -250,18 +250,15 @@ class ProgressCallback(tune.Callback):
         self.out(f"[{self.done}/{self.total}] FAILED {self._describe(plan)}: {error}  ETA {self._eta()}")
 
 
-
 def bca_command() -> str:
     """How to run `bca` from a fresh shell: this environment's script (`.venv/bin/bca` from the checkout, since a
-    new shell need not have the venv on its PATH), else the plain name. The name is the package's console script
-    (pyproject's [project.scripts]), found by its entry point."""
-    from orchestrator.cli import app
-
-    name = next((ep.name for ep in entry_points(group="console_scripts") if ep.value == "orchestrator.cli:main"),
-                app.info.name)
-    script = Path(sys.executable).with_name(name)
-    if not script.is_file():
-        return name
+    new shell need not have the venv on its PATH), else the plain name, else the module. The name is the console
+    script of this package's distribution (pyproject's [project.scripts])."""
+    name = next((ep.name for dist in packages_distributions().get(__name__.split(".")[0], [])
+                 for ep in distribution(dist).entry_points if ep.group == "console_scripts"), None)
+    script = Path(sys.executable).with_name(name) if name else None
+    if script is None or not script.is_file():
+        return name or "python -m orchestrator.cli"  # not installed: the module runs the same CLI
     try:
         return str(script.relative_to(Path.cwd()))
     except ValueError:

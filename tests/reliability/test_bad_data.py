@@ -20,7 +20,8 @@ from PIL import Image
 
 from orchestrator.clip import BackboneSpec
 from orchestrator.clip.testing import TINY_VIT, build_dataset, register_tiny_models
-from orchestrator.data.datasets import DatasetLayoutError, read_dataset
+from orchestrator.data.datasets import DatasetLayoutError
+from orchestrator.data.listing import read_dataset
 from orchestrator.features import CorruptImageError, FeatureCache, load_benchmark
 
 SPEC = BackboneSpec(TINY_VIT, None)

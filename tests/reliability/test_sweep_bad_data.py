@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from orchestrator.clip.testing import TINY_CONFIGS, TINY_VIT, build_dataset, register_tiny_models
-from orchestrator.data.datasets import read_dataset
+from orchestrator.data.listing import read_dataset
 from orchestrator.features import load_benchmark
 from orchestrator.methods import run_stream
 from orchestrator.results.verify import verify_results
