@@ -19,33 +19,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator import registry
+from plugin_sources import SHARPEN as PLUGIN
 
 REPO = Path(__file__).resolve().parents[1]
 BCA = str(Path(sys.executable).with_name("bca"))
 
-PLUGIN = '''
-"""A user's method outside orchestrator/methods: CLIP with its own softmax scale."""
-import torch
-
-from orchestrator.methods.base import Method, Trace, empty_trace
-from orchestrator.registry import HParam, MethodCard, register_method
-
-
-class Sharpen(Method):
-    name = "sharpen"
-
-    def _run(self, features):
-        n, k = features.shape[0], self.num_classes
-        posteriors, selected, gated, gated_prior = empty_trace(n, k, features.device)
-        p = torch.softmax(self.hp["scale"] * features @ self.class_embeddings.T, dim=1)
-        posteriors.index_add_(1, self.class_ids, p)
-        return Trace(posteriors, selected, gated, gated_prior)
-
-
-register_method(MethodCard(
-    "sharpen", "Sharpened CLIP", 95, "toy", "nothing: CLIP with its own scale", Sharpen,
-    (HParam("scale", "float", 50.0, "softmax scale of the cosines", "scale", low=0.0, low_open=True, log=True),)))
-'''
 
 SPEC = {
     "name": "plugin", "results_dir": "results", "plugins": ["toy_plugin"],
