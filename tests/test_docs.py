@@ -178,11 +178,14 @@ def test_the_generator_rewrites_a_stale_section(tmp_path):
         shutil.copy(REPO / page, tmp_path / page)
     page = tmp_path / docs.SECTIONS["methods-table"][0]
     begin, end = docs.markers("methods-table")
-    page.write_text(f"intro\n{begin}\n| stale |\n{end}\noutro\n")
+    fresh = page.read_text()
+    stale = fresh.replace(docs.section("methods-table"), f"{begin}\n| stale |\n{end}")
+    assert stale != fresh
+    page.write_text(stale)
     done = subprocess.run([sys.executable, "-m", "orchestrator.docs", str(tmp_path)], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("updated: ") and str(page) in done.stdout
-    assert page.read_text() == f"intro\n{docs.section('methods-table')}\noutro\n"
+    assert page.read_text() == fresh
     again = subprocess.run([sys.executable, "-m", "orchestrator.docs", str(tmp_path)], capture_output=True,
                            text=True, timeout=120)
     assert again.stdout.strip() == "every generated section is up to date"
