@@ -41,15 +41,6 @@ QUICK = {"slice": 12, "groups": 3, "orders": 100, "max_classes": 12, "dim": 16}
 QUICK_DATASETS = ("imagenet-a", "dtd")
 
 
-def view_count(kind: str) -> int:
-    """Views per sample of a protocol kind: 'single' one, 'augmix' / 'crops' 64, 'crops31' 32 (the suffix
-    counts the augmented views; the original view comes on top)."""
-    if kind == "single":
-        return 1
-    digits = kind.lstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(digits) + 1 if digits else 64
-
-
 @dataclass
 class Unit:
     """One (dataset, backbone, method) of the study and what its measured slice projects to."""
@@ -116,9 +107,8 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
 
     K = min(dataset.num_classes, preset["max_classes"] or dataset.num_classes)
     d = preset["dim"] or BACKBONES[backbone]
-    kind = card.protocol_views(dataset.name)
     hparams = card.defaults(dataset.name)
-    views = view_count(kind) if card.wants_views(hparams) else 1
+    views = card.protocol_views(dataset.name).num_views if card.wants_views(hparams) else 1
     m = min(preset["slice"], dataset.test_images)
     feats, emb, ids = study_inputs(K, d, m, views, device)
     if card.takes_views and views == 1:
@@ -177,8 +167,7 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from orchestrator.registry import dataset_card, method_cards
-    from orchestrator.registry.datasets import DATASET_CARDS
+    from orchestrator.registry import dataset_card, method_cards, paper_datasets
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -195,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     for key in ("slice", "groups", "orders"):
         if getattr(args, key):
             preset[key] = getattr(args, key)
-    names = args.datasets or (QUICK_DATASETS if args.quick else [c.name for c in DATASET_CARDS])
+    names = args.datasets or (QUICK_DATASETS if args.quick else paper_datasets())
     datasets = [dataset_card(name) for name in names]
     cards = [c for c in method_cards() if args.methods is None or c.name in args.methods]
     gemm = measured_gemm_rate(args.device, 256 if args.quick else 4096)

@@ -234,8 +234,19 @@ def most_different_classes(table: pd.DataFrame, top: int) -> list[int]:
 
 # ------------------------------------------------------------------------------- hyperparameter views
 def sensitivity_params(runs: pd.DataFrame, hparams: Sequence[str]) -> list[str]:
-    """The numeric hyperparameters a sensitivity curve can be drawn for: those with several values among `runs`."""
-    return varying_numeric(runs, hparams)
+    """The numeric hyperparameters a sensitivity curve can be drawn for: those with several values among `runs`,
+    less any that equals an earlier one in every run (a gate left null follows tau: one curve, tau's)."""
+    out: list[str] = []
+    for h in varying_numeric(runs, hparams):
+        if not any(_follows(runs, h, p) for p in out):
+            out.append(h)
+    return out
+
+
+def _follows(runs: pd.DataFrame, column: str, param: str) -> bool:
+    """Whether `column` equals `param` in every run that has both: it varies with it, not on its own."""
+    both = runs[[column, param]].dropna()
+    return not both.empty and bool((both[column] == both[param]).all())
 
 
 def varying_numeric(runs: pd.DataFrame, columns: Sequence[str]) -> list[str]:
@@ -260,7 +271,8 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
     finished = runs[evidence.usable(runs) & runs[param].notna()]
     held = {}
     for other in others:
-        if other == param or other not in finished.columns or finished[other].nunique(dropna=True) < 2:
+        if other == param or other not in finished.columns or finished[other].nunique(dropna=True) < 2 \
+                or _follows(finished, other, param):
             continue
         counts = finished[other].value_counts()
         value = _clean(min(counts.index[counts == counts.max()]))

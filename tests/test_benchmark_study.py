@@ -9,10 +9,6 @@ import pytest
 from benchmarks import study
 
 
-def test_view_count_of_each_protocol_kind():
-    assert [study.view_count(k) for k in ("single", "augmix", "crops", "crops31")] == [1, 64, 64, 32]
-
-
 def _unit(seconds: float, groups: int) -> study.Unit:
     return study.Unit("dtd", "RN50", "bca", samples=int(seconds * 10), views=1, rate=10.0, peak_bytes=0,
                       gemm_fraction=0.0, groups=groups)
