@@ -18,7 +18,12 @@ def test_the_table_covers_the_fifteen_benchmark_datasets():
 
 
 def test_every_card_has_an_official_protocol_row():
-    assert sorted(registry.method_names()) == sorted(OFFICIAL)
+    # the built-in cards (a plugin another test registered in this process has no official loader)
+    def module(impl):
+        return impl.partition(":")[0] if isinstance(impl, str) else impl.__module__
+
+    builtin = [c.name for c in registry.method_cards() if module(c.impl).startswith("orchestrator.methods.")]
+    assert sorted(builtin) == sorted(OFFICIAL)
 
 
 @pytest.mark.parametrize("method", sorted(OFFICIAL))
