@@ -15,14 +15,19 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def isolated_registry(monkeypatch):
-    """Method cards a test registers in this process (an in-process plugin) are gone after it: later tests
-    see the built-in cards only."""
-    from orchestrator.registry import methods
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """A method or dataset a test registers in this process (an in-process plugin, a folder dataset named in a
+    spec) is gone after it: every test starts from the registries as collection left them. Restored in place,
+    since modules hold the registries' dicts."""
+    from orchestrator.registry import datasets, methods
 
-    methods.method_cards()  # the built-ins in the copy
-    monkeypatch.setattr(methods, "_CARDS", dict(methods._CARDS))
-    monkeypatch.setattr(methods, "_PLUGINS_LOADED", set(methods._PLUGINS_LOADED))
-    monkeypatch.setattr(methods, "_KINDS_CACHE", [None, {}])
+    methods.method_cards()  # the built-in cards loaded before the snapshot
+    live = (methods._CARDS, methods._PLUGINS_LOADED, datasets.DATASETS, datasets._LOOKUP)
+    saved = [type(x)(x) for x in live]
+    yield
+    for registry, copy in zip(live, saved):
+        registry.clear()
+        registry.update(copy)
+    methods._KINDS_CACHE[:] = [None, {}]
 

@@ -99,7 +99,7 @@ def test_the_dashboard_shows_the_plugin_method(plugin_sweep, monkeypatch):
     assert "Tempered CLIP (temp_scale=10)" in shown and "Tempered CLIP (temp_scale=100)" in shown
 
 
-def test_a_pack_sends_the_plugin_configs_to_its_lockstep_runner(tmp_path, monkeypatch, isolated_registry):
+def test_a_pack_sends_the_plugin_configs_to_its_lockstep_runner(tmp_path, monkeypatch):
     """In process: run_traces_many hands both temp configs to the card's runner in one call, and its traces
     equal the single-stream runs."""
     import torch

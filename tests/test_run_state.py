@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_spec(directory: Path, **overrides) -> Path:
-    spec = {"name": "st", "results_dir": "results", "part_rows": 50,
+    # pack: 1: the stall fault stops one run after its first part, and the test follows each run
+    spec = {"name": "st", "results_dir": "results", "part_rows": 50, "pack": 1,
             "datasets": [{"synthetic": "label_shift", "n": 200, "num_classes": 4, "dim": 16}],
             "methods": [{"method": "clip"}, {"method": "bca", "tau": [0.2, 0.4], "n1": 50}], "seeds": [1, 2],
             **overrides}
