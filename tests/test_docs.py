@@ -279,7 +279,7 @@ def test_the_readme_shows_the_demo_as_it_prints(demo):
     root, printed = demo
     got = [line.replace(str(root / "results"), USER_RESULTS) for line in table_lines(printed)]
     progress = [line for line in got if re.match(r"^\[\d+/\d+\] ", line)]
-    readme = next(text for lang, text in blocks(REPO / "README.md") if lang == "" and "\n[1/" in text)
+    readme = next(text for lang, text in blocks(REPO / "README.md") if lang == "" and " runs finished, " in text)
     example = next(text for lang, text in blocks(REPO / "docs" / "sweeps.md") if lang == "" and "ETA" in text)
     if REFRESH:
         rows = [line for line in got if line.startswith("│")]
