@@ -16,7 +16,6 @@ import yaml
 from orchestrator import registry
 from orchestrator.results import schema
 
-SWEEPS_DIR = "sweeps"
 CACHE_MANIFEST_GLOB = "features/*/manifest.json"
 
 
@@ -28,7 +27,7 @@ def results_fingerprint(results_dir: str | Path) -> tuple[int, int, int]:
     count = newest = size = 0
     root = Path(results_dir)
     manifest = schema.manifest_file(root).relative_to(root).as_posix()
-    for pattern in (schema.SAMPLES_GLOB, schema.RUNS_GLOB, f"{SWEEPS_DIR}/*.json", manifest):
+    for pattern in (schema.SAMPLES_GLOB, schema.RUNS_GLOB, schema.sweeps_root(root).relative_to(root).as_posix() + "/*.json", manifest):
         for path in root.glob(pattern):
             try:
                 stat = path.stat()
@@ -41,7 +40,7 @@ def results_fingerprint(results_dir: str | Path) -> tuple[int, int, int]:
 def sweep_record(results_dir: str | Path, sweep: str) -> dict[str, Any] | None:
     """<results>/sweeps/<sweep>.json (name, run_ids, spec), or None when missing or unreadable."""
     try:
-        return json.loads((Path(results_dir) / SWEEPS_DIR / f"{sweep}.json").read_text())
+        return json.loads((schema.sweeps_root(results_dir) / f"{sweep}.json").read_text())
     except (OSError, ValueError):
         return None
 

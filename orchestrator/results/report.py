@@ -38,6 +38,7 @@ from orchestrator import registry
 from orchestrator.data.streams import stream_label
 from orchestrator.results import evidence, metrics, stats
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.schema import RANDOM_WEIGHTS
 
 MISSING = "—"
 SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant (`_significance`)
@@ -70,7 +71,6 @@ TABLE2 = Layout("cross_domain", "Table 2: cross-domain benchmark", _CD,
                 (("Average", tuple(k for k, _ in _CD)),))
 PAPER_LAYOUTS = (TABLE1, TABLE2)
 
-RANDOM_WEIGHTS = "random"  # the run config's `pretrained` of a backbone run with random weights on purpose
 RANDOM_WEIGHTS_NOTE = "random weights"
 PUBLISHED_WEIGHTS = "openai"  # the tag of the weights the paper's numbers were measured with
 

@@ -143,6 +143,9 @@ _KIND_TYPES = {"float": (pa.float64(), "DOUBLE"), "int": (pa.int64(), "BIGINT"),
                "bool": (pa.bool_(), "BOOLEAN")}
 
 
+# The `pretrained` a run stores for a backbone with random weights on purpose (a spec's `pretrained: random`).
+RANDOM_WEIGHTS = "random"
+
 def hparam_columns() -> tuple[Column, ...]:
     """One column per hparam of every registered method, typed by its card (methods sharing a name share it)."""
     docs = registry.hparam_docs()
@@ -344,6 +347,11 @@ def run_file(results_dir: Path, sweep: str, run_id: str) -> Path:
 
 def state_file(results_dir: Path, run_id: str) -> Path:
     return artifacts_root(results_dir) / check_run_id(run_id) / "state.npz"
+
+
+def sweeps_root(results_dir: str | Path) -> Path:
+    """<results>/sweeps: each sweep's record (<name>.json) and its driver's lock."""
+    return Path(results_dir) / "sweeps"
 
 
 def catalog_root(results_dir: Path) -> Path:

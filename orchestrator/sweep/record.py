@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.results import schema
 from orchestrator.results.atomic import atomic_write
 from orchestrator.sweep.plan import Run
 from orchestrator.sweep.spec import SweepSpec, spec_fingerprint
@@ -22,7 +23,7 @@ _SHOWN_CHANGES = 5
 
 def sweep_record_path(results_dir: str | Path, name: str) -> Path:
     """<results>/sweeps/<name>.json: the run_ids a sweep name stands for in this results dir."""
-    return Path(results_dir) / "sweeps" / f"{name}.json"
+    return schema.sweeps_root(results_dir) / f"{name}.json"
 
 
 def _changes(old: Any, new: Any, path: str = "") -> list[str]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from orchestrator.results import schema
 from orchestrator.results.atomic import atomic_write, ensure_dir
 from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
@@ -122,7 +123,7 @@ def sweep_lock(spec: SweepSpec):
     <name>.owner.json. A second driver gets SweepLocked at once and writes nothing."""
     from filelock import FileLock, Timeout
 
-    folder = Path(spec.results_dir) / "sweeps"
+    folder = schema.sweeps_root(spec.results_dir)
     lock_path, owner_path = folder / f"{spec.name}.lock", folder / f"{spec.name}.owner.json"
     if not folder.is_dir():
         ensure_dir(folder, "sweep record")

@@ -31,12 +31,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
+from orchestrator.results.schema import RANDOM_WEIGHTS
 from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
-# A backbone's `pretrained: random` asks for random weights on purpose (leaving out both pretrained and checkpoint
-# is refused: it used to run random weights without a word). Runs store it as their `pretrained`.
-RANDOM_WEIGHTS = "random"
+# A backbone's `pretrained: random` (RANDOM_WEIGHTS) asks for random weights on purpose; leaving out both pretrained
+# and checkpoint is refused: it used to run random weights without a word.
 
 
 # ------------------------------------------------------------------------------------------ model helpers
