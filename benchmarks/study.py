@@ -162,7 +162,8 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
            f"device {device}; measured fp32 GEMM {gemm / 1e9:,.1f} Gflop/s; {samples:,} method-samples "
            f"({orders} orders)"]
     for n in (1, 8, 64):
-        out.append(f"projected on {n:>2} device(s): {makespan(units, n, orders) / 3600:.2f} h")
+        seconds = makespan(units, n, orders)
+        out.append(f"projected on {n:>2} device(s): {seconds / 3600:.2f} h ({seconds:.3g} s)")
     return "\n".join(out)
 
 

@@ -33,7 +33,7 @@ def test_quick_study_prints_every_method_and_a_consistent_total(capsys):
             for m in re.finditer(r"^\| (\S[^|]*?)\s*\|\s*([\d,]+) \|", out, re.M)}
     assert set(rows) == {"CLIP", "BCA", "TDA", "DOTA", "total"}
     assert rows["total"] == pytest.approx(sum(v for k, v in rows.items() if k != "total"), abs=4)
-    hours = [float(h) for h in re.findall(r"projected on +\d+ device\(s\): ([\d.]+) h", out)]
-    assert len(hours) == 3 and hours[0] >= hours[1] >= hours[2] > 0
+    seconds = [float(s) for s in re.findall(r"projected on +\d+ device\(s\): [\d.]+ h \(([\d.e+-]+) s\)", out)]
+    assert len(seconds) == 3 and seconds[0] >= seconds[1] >= seconds[2] > 0
     # 2 quick datasets (ImageNet-A 7,500 and DTD 1,692 test images) x 100 orders x 4 methods.
     assert f"{(7500 + 1692) * 100 * 4:,} method-samples" in out
