@@ -92,20 +92,16 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         if check is not None and not check.ok:
             report.problems.append(Problem("bad_run_file", str(path), check.error or "bad file"))
     now = time.time()
-    for path in files.temp_files(root):
-        try:
-            age = now - path.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        if age >= temp_grace_s:
-            report.problems.append(Problem("temp_file", str(path), f"unfinished write, {age:.0f} s old"))
-    for path in store.orphan_files(root):
-        try:
-            age = now - path.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        if age >= temp_grace_s:
-            report.problems.append(Problem("orphan_segment", str(path), f"not in the manifest, {age:.0f} s old"))
+    # leftovers of a write, past the grace a writer still working on them could need
+    for kind, paths, what in (("temp_file", files.temp_files(root), "unfinished write"),
+                              ("orphan_segment", store.orphan_files(root), "not in the manifest")):
+        for path in paths:
+            try:
+                age = now - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age >= temp_grace_s:
+                report.problems.append(Problem(kind, str(path), f"{what}, {age:.0f} s old"))
 
     with ResultsDB(root) as db:
         source = _rows_source(good, [seg.path(root, "samples") for seg in segments])
