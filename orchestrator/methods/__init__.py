@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"Method": "base", "Trace": "base", "make_method": "base", "run_stream": "base",
+_EXPORTS = {"Method": "base", "BatchMethod": "base", "Trace": "base", "make_method": "base", "run_stream": "base",
             "run_stream_many": "many", "run_traces_many": "many"}
 
 __all__ = sorted(_EXPORTS)

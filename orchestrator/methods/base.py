@@ -86,6 +86,8 @@ class Method(ABC):
     """
 
     name: ClassVar[str]
+    # samples per adaptation step: 1 for a per-sample method; a BatchMethod's is set by `make_method`
+    batch_size: int = 1
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
                  **hparams: Any) -> None:
@@ -127,6 +129,32 @@ class Method(ABC):
         validate_features(self.name, features, self.class_embeddings,
                           views=True if inputs == "views" else None if inputs == "either" else False)
         return self._run(features)
+
+
+def concat_traces(traces: list[Trace]) -> Trace:
+    """Consecutive traces of one stream as one: rows in order, the last trace's state, timings summed."""
+    timings = dict.fromkeys(METHOD_STAGES, 0.0)
+    for t in traces:
+        for stage, seconds in t.timings.items():
+            timings[stage] += seconds
+    return Trace(torch.cat([t.posteriors for t in traces]), torch.cat([t.selected for t in traces]),
+                 torch.cat([t.gated for t in traces]), torch.cat([t.gated_prior for t in traces]),
+                 state=traces[-1].state, timings=timings)
+
+
+class BatchMethod(Method):
+    """A method whose official code adapts on batches (its card's `batch_size` is the official size): each batch of
+    `batch_size` consecutive samples is predicted with the state before it, then the state is updated from the
+    whole batch. A run's last batch may be shorter; a caller that runs a stream in parts keeps the parts at
+    multiples of `batch_size` so that the batches are the same as in one run."""
+
+    @abstractmethod
+    def _batch(self, features: torch.Tensor) -> Trace:
+        """Predict one batch ([b, d] or [b, V, d], 1 <= b <= batch_size) with the current state, then update it."""
+
+    def _run(self, features: torch.Tensor) -> Trace:
+        b = self.batch_size
+        return concat_traces([self._batch(features[s:s + b]) for s in range(0, features.shape[0], b)])
 
 
 # -------------------------------------------------------------------------------------------- validation
@@ -209,19 +237,35 @@ def validate_features(method: str, features: Any, class_embeddings: torch.Tensor
 
 # ----------------------------------------------------------------------------------------------- the edge
 
+def check_batch_size(method: str, batch_size: Any) -> int:
+    """The batch size a method runs at: any integer >= 1 for a BatchMethod, 1 for a per-sample method."""
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"{method}: batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size != 1 and method_card(method).batch_size is None:
+        raise ValueError(f"{method}: batch_size must be 1 (the method adapts per sample; its official code has no "
+                         f"batch rule), got {batch_size}")
+    return int(batch_size)
+
+
 def make_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                **hparams: Any) -> Method:
+                batch_size: int = 1, **hparams: Any) -> Method:
     """Validate everything but the features and build the method's initial state (hparams not given take the
-    card's defaults; per-dataset defaults are the sweep's business: `method_card(m).defaults(dataset)`)."""
+    card's defaults; per-dataset defaults are the sweep's business: `method_card(m).defaults(dataset)`).
+    batch_size: samples per adaptation step (`BatchMethod`; a per-sample method takes 1 only)."""
     card = method_card(method)
     resolved = card.resolve(hparams)
     validate_class_inputs(class_embeddings, class_ids, num_classes)
+    batch_size = check_batch_size(method, batch_size)
     cls = card.implementation()
     checked = cls.check_hparams(resolved, class_embeddings.shape[0], int(num_classes))
-    return cls(class_embeddings, class_ids, int(num_classes), **checked)
+    built = cls(class_embeddings, class_ids, int(num_classes), **checked)
+    built.batch_size = batch_size
+    return built
 
 
 def run_stream(method: str, features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-               num_classes: int, **hparams: Any) -> torch.Tensor:
-    """Each sample's posterior [n, K] (float32, rows sum to 1) in stream order; the prediction is its argmax."""
-    return make_method(method, class_embeddings, class_ids, num_classes, **hparams).run(features).posteriors
+               num_classes: int, batch_size: int = 1, **hparams: Any) -> torch.Tensor:
+    """Each sample's posterior [n, K] (float32, rows sum to 1) in stream order; the prediction is its argmax.
+    batch_size: a BatchMethod's samples per step (`method_card(m).batch_size` is its official size)."""
+    return make_method(method, class_embeddings, class_ids, num_classes, batch_size=batch_size,
+                       **hparams).run(features).posteriors

@@ -173,6 +173,9 @@ class MethodCard:
     # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
     # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
     samples_per_s: float | None = None
+    # the batch size its official code adapts on (predict a batch with the state before it, then update from the
+    # whole batch; `orchestrator.methods.base.BatchMethod`); None: a per-sample method, which runs at batch size 1
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -184,6 +187,8 @@ class MethodCard:
         if self.lockstep_inputs is not None and self.lockstep_inputs not in INPUTS:
             raise ValueError(f"method {self.name!r}: lockstep_inputs must be one of {INPUTS} or None, "
                              f"got {self.lockstep_inputs!r}")
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"method {self.name!r}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
         if self.view_scope not in ("all", "protocol"):
             raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
         bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in ("single", *VIEW_KINDS)}
