@@ -143,14 +143,15 @@ def concat_traces(traces: list[Trace]) -> Trace:
 
 
 class BatchMethod(Method):
-    """A method whose official code adapts on batches (its card's `batch_size` is the official size): each batch of
-    `batch_size` consecutive samples is predicted with the state before it, then the state is updated from the
-    whole batch. A run's last batch may be shorter; a caller that runs a stream in parts keeps the parts at
-    multiples of `batch_size` so that the batches are the same as in one run."""
+    """A method whose official code adapts on batches (its card's `batch_size` is the official size): the stream is
+    cut into batches of `batch_size` consecutive samples and each is handed whole to `_batch`, which applies the
+    official rule and order (predict then update, update then predict, or solve the batch on its own). A run's
+    last batch may be shorter; a caller that runs a stream in parts keeps the parts at multiples of `batch_size`
+    so that the batches are the same as in one run."""
 
     @abstractmethod
     def _batch(self, features: torch.Tensor) -> Trace:
-        """Predict one batch ([b, d] or [b, V, d], 1 <= b <= batch_size) with the current state, then update it."""
+        """One batch ([b, d] or [b, V, d], 1 <= b <= batch_size): its rows, continuing from the current state."""
 
     def _run(self, features: torch.Tensor) -> Trace:
         b = self.batch_size

@@ -173,8 +173,8 @@ class MethodCard:
     # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
     # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
     samples_per_s: float | None = None
-    # the batch size its official code adapts on (predict a batch with the state before it, then update from the
-    # whole batch; `orchestrator.methods.base.BatchMethod`); None: a per-sample method, which runs at batch size 1
+    # the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees the
+    # stream a batch at a time); None: a per-sample method, which runs at batch size 1
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
