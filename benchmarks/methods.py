@@ -3,7 +3,7 @@
 On one synthetic stream (K classes, M = K class embeddings, dimension d; view methods get V views per sample,
 view 0 the feature, the others the feature plus noise), in one process and the same run:
 
-- single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults (the BCA family runs
+- single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults and official batch size (the BCA family runs
   on the blocked engine here: its multi-config path is `benchmarks.engine`);
 - official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda.reference`:
   caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
@@ -96,7 +96,8 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
 
     def build(config, data):
         length = {card.stream_length: data.shape[0]} if card.stream_length else {}
-        return make_method(card.name, emb, ids, K, **dict(config, **length))
+        # a batch method at its official batch size, the one its card's samples_per_s is for
+        return make_method(card.name, emb, ids, K, batch_size=card.batch_size or 1, **dict(config, **length))
 
     def single(config, data):
         method = build(config, data)         # built outside the timed call, as the lockstep's methods are

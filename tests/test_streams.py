@@ -4,7 +4,7 @@ import torch
 
 from orchestrator.data.streams import (
     HELD_OUT_CLASSES, Contaminated, Continual, Dirichlet, Iid, Separate, derive_order_seeds, held_out_split,
-    iid_permutation, protocol_from_spec,
+    iid_permutation, protocol_from_spec, stream_for_batch,
 )
 
 # 20 classes of uneven sizes (10..48 samples), in dataset order grouped by nothing in particular.
@@ -94,6 +94,66 @@ def test_dirichlet_follows_statas_slots():
     assert peak > 2 * iid_peak
 
 
+def _statas_online_order(labels: np.ndarray, batch_size: int, gamma: float, seed: int) -> np.ndarray:
+    """A transcription of StatA's online stream (MaxZanella/StatA main.py: num_slots = min(n // batch_size,
+    number of classes); sampler.py OnlineSampler.create_indices), every draw from one seeded generator (StatA
+    draws the proportions from an unseeded default_rng and the slot shuffles from np.random)."""
+    rng = np.random.default_rng(seed)
+    num_slots = min(labels.shape[0] // batch_size, len(np.unique(labels)))
+    label_dict: dict[int, list[int]] = {}
+    for i, label in enumerate(labels.tolist()):
+        label_dict.setdefault(label, []).append(i)
+    classes = sorted(label_dict)
+    label_distribution = rng.dirichlet([gamma] * num_slots, len(classes))
+    slot_indices: list[list[int]] = [[] for _ in range(num_slots)]
+    for label in classes:
+        indices = np.array(label_dict[label])
+        partition = label_distribution[classes.index(label), :]
+        for s, ids in enumerate(np.split(indices, (np.cumsum(partition)[:-1] * len(indices)).astype(int))):
+            slot_indices[s].extend(ids)
+    final: list[int] = []
+    for s_ids in slot_indices:
+        for i in rng.permutation(range(len(s_ids))):
+            final.append(s_ids[i])
+    return np.array(final)
+
+
+@pytest.mark.parametrize("batch", [128, 32, 7])
+@pytest.mark.parametrize("gamma", [0.1, 0.001])
+def test_dirichlet_batches_rule_is_statas_online_stream(batch, gamma):
+    for seed in (0, 5):
+        ours = Dirichlet(gamma, slots="batches", batch=batch).order(LABELS, seed).index
+        assert np.array_equal(ours, _statas_online_order(LABELS, batch, gamma, seed))
+        assert np.array_equal(Dirichlet(gamma, batch=batch).order(LABELS, seed).index, ours)  # the default rule
+
+
+def test_dirichlet_slot_rules():
+    n, k = len(LABELS), 20
+    assert Dirichlet(0.1, batch=128).num_slots(n, k) == n // 128 == 4
+    assert Dirichlet(0.1, batch=16).num_slots(n, k) == k  # more batches than classes: a slot per class
+    assert Dirichlet(0.1, batch=1000).num_slots(n, k) == 1  # StatA has no slot at all (and no batch) there
+    assert Dirichlet(0.1, slots="classes").num_slots(n, k) == k and Dirichlet(0.1, slots=3).num_slots(n, k) == 3
+    # batch size 1: the batches rule is the one-slot-per-class rule, so earlier orders are unchanged
+    for seed in (0, 1):
+        assert np.array_equal(Dirichlet(0.1).order(LABELS, seed).index,
+                              Dirichlet(0.1, slots="classes").order(LABELS, seed).index)
+    assert "min(n // 128, classes)" in Dirichlet(0.1, batch=128).describe()
+    assert "one slot per class" in Dirichlet(0.1).describe()
+
+
+def test_stream_for_batch_writes_the_rule_and_batch_into_dirichlet_streams():
+    d = {"dirichlet": {"gamma": 0.1}}
+    assert stream_for_batch(d, 1) is d and stream_for_batch("iid", 32) == "iid"
+    assert stream_for_batch(d, 32) == {"dirichlet": {"gamma": 0.1, "slots": "batches", "batch": 32}}
+    fixed = {"dirichlet": {"gamma": 0.1, "slots": "classes"}}
+    assert stream_for_batch(fixed, 32) == fixed
+    given = {"dirichlet": {"gamma": 0.1, "batch": 128}}
+    assert stream_for_batch(given, 32) == given  # the spec fixed the order's batch size: every run shares it
+    assert stream_for_batch({"contaminated": {"rate": 0.2, "base": d}}, 32) == {
+        "contaminated": {"rate": 0.2, "base": {"dirichlet": {"gamma": 0.1, "slots": "batches", "batch": 32}}}}
+    assert protocol_from_spec(stream_for_batch(d, 32)) == Dirichlet(0.1, slots="batches", batch=32)
+
+
 def test_contaminated_rate_positions_and_flags():
     protocol = Contaminated(rate=0.2, pool="imagenet-o")
     order = protocol.order(LABELS, 5, pool_size=1000)
@@ -173,7 +233,10 @@ def test_describe_names_the_parameters():
 @pytest.mark.parametrize(("make", "needle"), [
     (lambda: Dirichlet(0.0), "dirichlet gamma must be a finite number > 0, got 0.0"),
     (lambda: Dirichlet(float("nan")), "dirichlet gamma must be a finite number > 0"),
-    (lambda: Dirichlet(0.1, slots=0), "dirichlet slots must be an integer >= 1 or null, got 0"),
+    (lambda: Dirichlet(0.1, slots=0), "dirichlet slots must be batches or classes, an integer >= 1 or null, got 0"),
+    (lambda: Dirichlet(0.1, slots="class"), "dirichlet slots must be batches or classes, an integer >= 1 or null"),
+    (lambda: Dirichlet(0.1, batch=0), "dirichlet batch must be an integer >= 1 or null, got 0"),
+    (lambda: Dirichlet(0.1, slots="classes", batch=32), "slots 'classes' does not use it"),
     (lambda: Contaminated(rate=1.0), r"contaminated rate must be a number in \[0, 1\), got 1.0"),
     (lambda: Contaminated(rate=0.2, pool=""), "contaminated with must be a dataset name"),
     (lambda: Contaminated(rate=0.2, base=Continual(("a", "b"))), "contaminated base must be iid"),

@@ -10,12 +10,16 @@ whether the sample is out of distribution.
   runs keep their order. It replays torch's CPU algorithm (a Fisher-Yates pass drawing
   ``mt19937() % (n - i)``, with the generator seeded by the seed's low 32 bits) with numpy's legacy
   MT19937, which is seeded the same way.
-- ``Dirichlet(gamma)``: label-correlated bursts, StatA's definition (``MaxZanella/StatA`` sampler.py,
-  ``OnlineSampler.create_indices``): every class draws Dirichlet(gamma, ..., gamma) proportions over S
-  slots (S = the number of classes present, as StatA's online runs use); the class's samples, in dataset
-  order, are cut into S consecutive chunks by those proportions (cut points floor(cumsum * count));
+- ``Dirichlet(gamma, slots, batch)``: label-correlated bursts, StatA's definition (``MaxZanella/StatA``
+  sampler.py, ``OnlineSampler.create_indices``): every class draws Dirichlet(gamma, ..., gamma) proportions
+  over S slots; the class's samples, in dataset order, are cut into S consecutive chunks by those proportions
+  (cut points floor(cumsum * count));
   slot s gathers chunk s of every class; each slot is shuffled; the stream is slot 0, slot 1, ...
-  Smaller gamma concentrates each class in fewer slots: longer runs of one class. OGA's
+  Smaller gamma concentrates each class in fewer slots: longer runs of one class. The slot rule:
+  ``batches`` (the default), StatA's main.py, S = min(n // batch, number of classes present) with ``batch``
+  the run's batch size (StatA's online runs: 128), at least 1 (StatA's loop has no slot at all when n <
+  batch); ``classes``, one slot per class present (what batch size 1 gives under ``batches`` too, so every
+  batch-1 order is the same under both rules); or a fixed number. OGA's
   ``LabelCorrelatedSampler`` (``cfuchs2023/OGA`` datasets/sampler.py) means the same but, as written,
   empties the slots and extends the stream inside its per-class loop, which yields the classes one after
   another (in label order); we follow StatA.
@@ -129,27 +133,53 @@ class Iid:
         return "iid: every sample once, in a uniformly random order (torch.randperm of the run's seed)"
 
 
+SLOT_RULES = ("batches", "classes")
+
+
 @dataclass(frozen=True)
 class Dirichlet:
-    """Label-correlated bursts (StatA): per class, Dirichlet(gamma) proportions over ``slots`` slots."""
+    """Label-correlated bursts (StatA): per class, Dirichlet(gamma) proportions over the slots ``slots`` gives:
+    'batches' (StatA's main.py: min(n // batch, classes present), None means it), 'classes' (one per class
+    present) or a fixed number. ``batch``: the batch size the 'batches' rule divides by (None: 1)."""
 
     gamma: float
-    slots: int | None = None  # None: the number of classes present
+    slots: int | str | None = None
+    batch: int | None = None
     name = "dirichlet"
 
     def __post_init__(self) -> None:
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, float)) or not (
                 math.isfinite(self.gamma) and self.gamma > 0):
             raise ValueError(f"dirichlet gamma must be a finite number > 0, got {self.gamma!r}")
-        if self.slots is not None and (isinstance(self.slots, bool) or not isinstance(self.slots, int)
-                                       or self.slots < 1):
-            raise ValueError(f"dirichlet slots must be an integer >= 1 or null, got {self.slots!r}")
+        if self.slots is not None and self.slots not in SLOT_RULES and (
+                isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1):
+            raise ValueError(f"dirichlet slots must be {' or '.join(SLOT_RULES)}, an integer >= 1 or null, "
+                             f"got {self.slots!r}")
+        if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)
+                                       or self.batch < 1):
+            raise ValueError(f"dirichlet batch must be an integer >= 1 or null, got {self.batch!r}")
+        if self.batch is not None and self.rule != "batches":
+            raise ValueError(f"dirichlet batch sets the 'batches' slot rule's batch size; slots {self.slots!r} "
+                             "does not use it")
+
+    @property
+    def rule(self) -> str:
+        """'batches', 'classes' or 'fixed'."""
+        return "batches" if self.slots is None else self.slots if isinstance(self.slots, str) else "fixed"
+
+    def num_slots(self, n: int, num_classes: int) -> int:
+        """The slots of a stream of n samples from num_classes classes."""
+        if self.rule == "fixed":
+            return int(self.slots)
+        if self.rule == "classes":
+            return num_classes
+        return max(1, min(n // (self.batch or 1), num_classes))
 
     def order(self, labels: Any, seed: int) -> StreamOrder:
         labels = _check_labels(labels)
         rng = np.random.default_rng(_check_seed(seed))
         classes = np.unique(labels)
-        num_slots = self.slots or len(classes)
+        num_slots = self.num_slots(len(labels), len(classes))
         proportions = rng.dirichlet([float(self.gamma)] * num_slots, len(classes))
         slots: list[list[np.ndarray]] = [[] for _ in range(num_slots)]
         for c, share in zip(classes, proportions):
@@ -161,7 +191,9 @@ class Dirichlet:
         return _single(np.concatenate(parts) if parts else np.zeros(0, np.int64))
 
     def describe(self) -> str:
-        slots = "one slot per class" if self.slots is None else f"{self.slots} slots"
+        slots = {"batches": f"StatA's slots, min(n // {self.batch or 1}, classes)" if (self.batch or 1) > 1
+                 else "one slot per class", "classes": "one slot per class",
+                 "fixed": f"{self.slots} slots"}[self.rule]
         return (f"dirichlet(gamma={self.gamma}): label-correlated bursts as in StatA, {slots}; each class's "
                 "samples split over the slots by Dirichlet(gamma) proportions, slots shuffled and streamed "
                 "in turn (smaller gamma: longer runs of one class)")
@@ -303,6 +335,22 @@ def stream_label(value: Any) -> str:
     return name
 
 
+def stream_for_batch(value: Any, batch_size: int) -> Any:
+    """A spec's stream value as a run at `batch_size` streams it: a Dirichlet order under the 'batches' slot rule
+    (the default) with no batch of its own takes the run's, written into the value (slots: batches, batch: B) so
+    the run's config says which rule and batch size its order used. Unchanged at batch size 1 (that order is
+    the one-slot-per-class order every earlier run has, and keeps their run_ids) and for other protocols."""
+    if batch_size == 1 or not isinstance(value, dict) or len(value) != 1:
+        return value
+    name, body = next(iter(value.items()))
+    if name == "contaminated" and isinstance(body, dict) and "base" in body:
+        return {name: {**body, "base": stream_for_batch(body["base"], batch_size)}}
+    if name == "dirichlet" and isinstance(body, dict) and body.get("slots") in (None, "batches") and (
+            body.get("batch") is None):
+        return {name: {**body, "slots": "batches", "batch": batch_size}}
+    return value
+
+
 def protocol_from_spec(value: Any) -> Protocol:
     """The protocol a spec's ``stream:`` value names (see the module docstring for the forms)."""
     if value in ("iid", "separate"):
@@ -312,7 +360,7 @@ def protocol_from_spec(value: Any) -> Protocol:
                          "(iid and separate as words, the others as a one-key mapping)")
     name, body = next(iter(value.items()))
     if name == "dirichlet":
-        body = _fields(name, body, {"gamma", "slots"})
+        body = _fields(name, body, {"gamma", "slots", "batch"})
         if "gamma" not in body:
             raise ValueError("stream dirichlet needs gamma (e.g. 0.1, 0.01, 0.001)")
         return Dirichlet(**body)
