@@ -4,9 +4,10 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
-configs whose cards name one lockstep runner taking the features' kind (`MethodCard.lockstep`; the BCA
-family's is the blocked engine, one feature per sample) go to it in one call; any other config runs on its
+Each config is a dict `{"method": name, **hparams}` (and `batch_size` for a batch method's step), validated
+exactly as `make_method` validates it. The configs whose cards name one lockstep runner taking the features'
+kind (`MethodCard.lockstep`; the BCA family's is the blocked engine, one feature per sample) go to it in one
+call per batch size (a batch method's runner honours its methods' `batch_size`); any other config runs on its
 own. Every result equals the separate run (lockstep: within float32 rounding, `orchestrator.methods.lockstep`).
 """
 
@@ -36,11 +37,12 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
     views = isinstance(features, torch.Tensor) and features.ndim == 3
-    groups: dict[int, tuple[Any, list[int]]] = {}  # one per runner, its configs in config order
+    # one group per runner and batch size (a runner sees methods of one batch size), its configs in config order
+    groups: dict[tuple[int, int], tuple[Any, list[int]]] = {}
     for i, method in enumerate(methods):
         runner = method.card().lockstep_runner(views)
         if runner is not None:
-            groups.setdefault(id(runner), (runner, []))[1].append(i)
+            groups.setdefault((id(runner), method.batch_size), (runner, []))[1].append(i)
     traces: dict[int, Trace] = {}
     for runner, members in groups.values():
         traces.update(zip(members, runner([methods[i] for i in members], features)))

@@ -64,14 +64,21 @@ def _samples_source(results_dir: Path, good: Sequence[Path], use_glob: bool) -> 
 
 
 def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str = "CAST") -> list[str]:
-    return [f"{cast}({_ident(c.name)} AS {c.sql}) AS {_ident(c.name)}" if c.name in present
-            else f"CAST(NULL AS {c.sql}) AS {_ident(c.name)}" for c in columns]
+    """Each column cast to its type; absent from the files (or null there): NULL, or the column's `missing` value
+    (a column added after those files were written)."""
+    out = []
+    for c in columns:
+        value = f"{cast}({_ident(c.name)} AS {c.sql})" if c.name in present else f"CAST(NULL AS {c.sql})"
+        if c.missing is not None:
+            value = f"coalesce({value}, CAST({c.missing!r} AS {c.sql}))"
+        out.append(f"{value} AS {_ident(c.name)}")
+    return out
 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
-_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "group_id",
-                   "setting_id")
+_CONFIG_COLUMNS = ("pretrained", "seed", "templates", "num_templates", "views", "stream", "order_index", "batch_size",
+                   "group_id", "setting_id")
 _RUNS_TABLE = "runs_rows"
 _COMPACTED = "compacted_runs"
 _LIVE_SAMPLES = "live_samples"

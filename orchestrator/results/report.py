@@ -91,7 +91,7 @@ def weights_note(pretrained: Any) -> str | None:
 METRICS = {m.name: m for m in metrics.RUN_METRICS}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
-_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream")
+_VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream", "batch_size")
 _NAMED_WHEREVER_IT_VARIES = ("stream",)
 
 

@@ -13,6 +13,7 @@ A run is in one place: its own files while it is written (the live layout above)
 A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
     pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
+    batch_size: int >= 1, present only when it is not 1 (so every per-sample run keeps its run_id)
     hparams: {name: value}   every method hparam (defaults filled), one runs-table column each (typed by the
                              method registry's cards; names no card declares are typed from their value)
     any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
@@ -52,6 +53,8 @@ class Column:
     arrow: pa.DataType
     sql: str  # the DuckDB type the views cast to, so every view has fixed types even over hand-made files
     doc: str
+    # what a run whose file lacks the column (written before it existed) or leaves it null reads as; None: null
+    missing: Any = None
 
 
 # --------------------------------------------------------------------------------------------- samples
@@ -96,6 +99,9 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("stream", pa.string(), "VARCHAR", "stream protocol as the spec gave it (JSON); null = the dataset's own "
                                              "order (a seeded shuffle of a real dataset)"),
     Column("order_index", pa.int64(), "BIGINT", "which of the configuration's `orders` (null: the only one)"),
+    Column("batch_size", pa.int64(), "BIGINT", "samples per adaptation step: 1 for a per-sample run (and every run "
+                                               "stored before batches existed), else a batch method's batch size",
+           missing=1),
 )
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
@@ -239,6 +245,12 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if views is not None and (isinstance(views, bool) or not isinstance(views, (str, int))):
         raise ValueError(f"run config views: expected a string or an integer, got {views!r}")
     cfg["views"] = None if views is None else str(views)
+    if "batch_size" in cfg:
+        cfg["batch_size"] = _as_int(cfg["batch_size"], "batch_size")
+        if cfg["batch_size"] < 1:
+            raise ValueError(f"run config batch_size: expected an integer >= 1, got {cfg['batch_size']}")
+        if cfg["batch_size"] == 1:
+            del cfg["batch_size"]  # 1 is the default, left out so a run's id does not depend on spelling it
     hparams = cfg.get("hparams") or {}
     if not isinstance(hparams, dict):
         raise ValueError(f"run config hparams: expected a dict of name -> value, got {hparams!r}")
@@ -279,7 +291,9 @@ def setting_id(config: Mapping[str, Any]) -> str:
     """Same for every method, hparam setting, seed and sweep on one backbone/dataset/templates/views/data
     setting: zero-shot CLIP with this id is the baseline a method's gain is measured against."""
     cfg = normalize_config(config)
-    for key in ("seed", "method", "hparams", "sweep", "order_index"):
+    # batch_size is the method's step, not the data: a batch run's baseline is CLIP on the same order (a Dirichlet
+    # order that depends on the batch size says so in its stream)
+    for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size"):
         cfg.pop(key, None)
     return _hash(cfg)
 

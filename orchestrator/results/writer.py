@@ -286,7 +286,8 @@ class RunWriter:
         row: dict[str, Any] = {c.name: None for c in schema.run_columns()}
         row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,
                    config_json=self.config_json)
-        row.update({c.name: schema.canonical_json(v) if isinstance(v := self.config.get(c.name), (dict, list)) else v
+        row.update({c.name: schema.canonical_json(v) if isinstance(v := self.config.get(c.name, c.missing),
+                                                                   (dict, list)) else v
                     for c in schema.IDENTITY_COLUMNS})
         for name, value in self.config["hparams"].items():
             row[name] = json.dumps(value) if isinstance(value, (list, dict)) else value

@@ -20,6 +20,7 @@ from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.sweep.spec import (
+    OFFICIAL_BATCH,
     RANDOM_WEIGHTS,
     RealDataset,
     SweepSpec,
@@ -46,6 +47,7 @@ def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues += _dataset_issues(spec)
     issues += _template_issues(spec)
     issues += _method_issues(spec)
+    issues += _batch_issues(spec)
     issues += _stream_issues(spec)
     issues += _synthetic_only_issues(spec)
     if spec.order is not None and spec.order >= spec.orders:
@@ -269,6 +271,26 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))
+    return issues
+
+
+def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+    """A per-sample method runs at batch size 1 only: its own entry asking for more is refused; the spec's grid
+    crossing it with larger sizes skips those (documented), unless no size is left for it at all."""
+    issues = []
+    for i, entry in enumerate(spec.methods):
+        if method_card(entry.method).batch_size is not None:
+            continue
+        why = (f"{entry.method!r} adapts per sample (its card has no batch size), so it runs at batch size 1 only")
+        if entry.batch_size is not None:
+            for j, value in enumerate(entry.batch_size):
+                if value not in (1, OFFICIAL_BATCH):
+                    where = f"methods[{i}].batch_size" + (f"[{j}]" if len(entry.batch_size) > 1 else "")
+                    issues.append((where, f"{why}; expected 1 or 'official', got {value}"))
+        elif not spec.entry_batch_sizes(entry):
+            issues.append(("batch_size", f"{why}, but batch_size {spec.batch_size} leaves methods[{i}] no run; "
+                                         f"expected 1 or 'official' among the values (they are skipped for a "
+                                         f"per-sample method), or batch_size: 1 on the method entry"))
     return issues
 
 

@@ -1,7 +1,7 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
 Expansion order is fixed (datasets x seeds x view settings x backbones x template sets x streams x orders x
-method entries x grid points, then runs sharing a data source brought together), so the same spec always gives
+method entries x batch sizes x grid points, then runs sharing a data source brought together), so the same spec always gives
 the same runs with the same run_ids (results.schema.config_hash of the run config).
 A trial is one run, or with `pack: G` up to G runs (`pack: auto`, the default: as many as orchestrator.sweep.cost
 sizes) that share a data source (same features, class embeddings
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
-                                       protocol_from_spec)
+                                       protocol_from_spec, stream_for_batch)
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
@@ -117,6 +117,10 @@ class Run:
     @property
     def method(self) -> str:
         return self._group.base["method"]
+
+    @property
+    def batch_size(self) -> int:
+        return self._group.base.get("batch_size", 1)
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -285,6 +289,20 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
     return out
 
 
+def _at_batch(source: DataSource, fields: dict, batch_size: int) -> tuple[DataSource, dict]:
+    """A data source and its config fields for runs at `batch_size`: the size in the config (only when it is not
+    1, so every batch-1 run keeps its run_id) and a Dirichlet stream's slots from it (`stream_for_batch`)."""
+    if batch_size == 1:
+        return source, fields
+    fields = {**fields, "batch_size": batch_size}
+    if "stream" in fields:
+        stream = stream_for_batch(fields["stream"], batch_size)
+        if stream != fields["stream"]:
+            fields["stream"] = stream
+            source = replace(source, stream=canonical_json(stream))
+    return source, fields
+
+
 def _others(protocol: Protocol) -> tuple[str, ...]:
     """The datasets a stream reads besides the run's own: a contaminated stream's pool, a continual one's next."""
     if isinstance(protocol, Contaminated) and protocol.pool != HELD_OUT_CLASSES:
@@ -356,8 +374,14 @@ def template_notes(spec: SweepSpec) -> list[str]:
 
 def data_sources(spec: SweepSpec) -> list[DataSource]:
     """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
-    return list(dict.fromkeys(source for dataset in spec.datasets for views in _entries_by_views(spec, dataset)
-                              for seed in spec.seeds for source, _ in _sources(spec, dataset, seed, views)))
+    out: dict[DataSource, None] = {}
+    for dataset in spec.datasets:
+        for views, entries in _entries_by_views(spec, dataset).items():
+            sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
+            for seed in spec.seeds:
+                for source, fields in _sources(spec, dataset, seed, views):
+                    out.update(dict.fromkeys(_at_batch(source, fields, b)[0] for b in sizes))
+    return list(out)
 
 
 def iter_runs(spec: SweepSpec) -> Iterator[Run]:
@@ -368,19 +392,21 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
         groups = _entries_by_views(spec, dataset)
         for seed in spec.seeds:
             for views, entries in groups.items():
-                for source, fields in _sources(spec, dataset, seed, views):
+                for plain_source, plain_fields in _sources(spec, dataset, seed, views):
                     for entry in entries:
-                        axes = _axes(entry.method, None if source.is_synthetic else source.dataset,
+                        axes = _axes(entry.method, None if plain_source.is_synthetic else plain_source.dataset,
                                      method_grid(entry))
-                        base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
-                                                 "method": entry.method, "seed": seed, **fields})
-                        del base["hparams"]
-                        group = _Group(base, tuple(a.name for a in axes))
-                        head = hashlib.sha256(group.prefix.encode("utf-8"))
-                        for run_id, values in _points(axes, head, group.suffix):
-                            if run_id not in seen:
-                                seen.add(run_id)
-                                yield Run(run_id, source, group, values)
+                        for batch_size in spec.entry_batch_sizes(entry):
+                            source, fields = _at_batch(plain_source, plain_fields, batch_size)
+                            base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
+                                                     "method": entry.method, "seed": seed, **fields})
+                            del base["hparams"]
+                            group = _Group(base, tuple(a.name for a in axes))
+                            head = hashlib.sha256(group.prefix.encode("utf-8"))
+                            for run_id, values in _points(axes, head, group.suffix):
+                                if run_id not in seen:
+                                    seen.add(run_id)
+                                    yield Run(run_id, source, group, values)
 
 
 @contextlib.contextmanager

@@ -160,7 +160,7 @@ def _method_model(name: str) -> type[BaseModel]:
     fields = {h.name: (Grid | None, None) for h in method_card(name).hparams}
     only = Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] | None
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
-                        datasets=(only, None), **fields)
+                        datasets=(only, None), batch_size=(BatchSizes | None, None), **fields)
 
 
 def _method_entry_type(names: tuple[str, ...]) -> Any:
@@ -178,7 +178,7 @@ def _method_entry_type(names: tuple[str, ...]) -> Any:
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets"}).items() if v is not None}
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size"}).items() if v is not None}
 
 
 def dataset_name(dataset: RealDataset | SyntheticDataset) -> str:
@@ -195,6 +195,29 @@ def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | Synt
 
 def _canonical_or_same(name: str) -> str:
     return dataset_key(name) or name
+
+
+OFFICIAL_BATCH = "official"  # a batch size meaning each method's card's (1 for a per-sample method)
+
+
+def _batch_size(value: Any) -> int | str:
+    if value == OFFICIAL_BATCH or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise PydanticCustomError("batch_size", "expected an integer >= 1 (samples per adaptation step) or "
+                                            "'official' (each method's own), got {value!r}", {"value": value})
+
+
+BatchSize = Annotated[Union[int, str], PlainValidator(_batch_size)]
+BatchSizes = Annotated[list[BatchSize], BeforeValidator(_as_list), Field(min_length=1)]
+
+
+def batch_sizes(values: list[int | str], method: str) -> list[int]:
+    """The batch sizes a method runs at from a spec's values (official: its card's, 1 for a per-sample method),
+    distinct, in order; a per-sample method keeps only 1 (the plan skips its other values, the checks say when
+    none is left)."""
+    official = method_card(method).batch_size
+    resolved = [(official or 1) if v == OFFICIAL_BATCH else v for v in values]
+    return list(dict.fromkeys(b for b in resolved if official is not None or b == 1))
 
 
 def _pack(value: Any) -> int | str:
@@ -228,6 +251,10 @@ class SweepSpec(_Strict):
     stream: Union[StrictStr, dict[StrictStr, Any], Annotated[list[Union[StrictStr, dict[StrictStr, Any]]],
                                                              Field(min_length=1)]] | None = None
     orders: PositiveInt = 1
+    # samples per adaptation step, a grid axis: integers >= 1 and 'official' (each method's card); a method
+    # entry's own `batch_size` replaces it for that entry. A per-sample method runs at 1 only (other values are
+    # skipped for it); a batch method's runs at B != 1 record it in their config
+    batch_size: BatchSizes = [1]
     # only this one of the `orders` (0-based), e.g. the dashboard's "Reproduce this run"; None: all of them
     order: Annotated[StrictInt, Field(ge=0)] | None = None
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
@@ -236,6 +263,10 @@ class SweepSpec(_Strict):
     def streams(self) -> list[Any]:
         """The stream values the grid runs (None: the datasets' own order)."""
         return self.stream if isinstance(self.stream, list) else [self.stream]
+
+    def entry_batch_sizes(self, entry: BaseModel) -> list[int]:
+        """The batch sizes a method entry runs at (its own `batch_size`, else the spec's)."""
+        return batch_sizes(entry.batch_size if entry.batch_size is not None else self.batch_size, entry.method)
 
     @property
     def has_real_datasets(self) -> bool:

@@ -340,6 +340,16 @@ def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) 
     return _error_text(exc)
 
 
+def _batch_size(config: dict[str, Any]) -> int:
+    return config.get("batch_size", 1)
+
+
+def part_rows_for(part_rows: int, batch_size: int) -> int:
+    """A run's part size: `part_rows` rounded down to a multiple of its batch size (at least one batch), so parts,
+    the chunks the method is fed and a resume's restart point never split a batch."""
+    return max(1, part_rows // batch_size) * batch_size
+
+
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
     """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
     stream's length, since the trial feeds the stream in parts."""
@@ -386,20 +396,21 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
 
         def method_for_stream() -> Any:
             return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                               **_method_hparams(config, len(stream)))
+                               batch_size=_batch_size(config), **_method_hparams(config, len(stream)))
 
         features = _features_for(config, stream)
         warmup_s = warm_up([_code_path(config, features)],
                            lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
         method = method_for_stream()
-        sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
+        part = part_rows_for(settings.part_rows, _batch_size(config))
+        sink = _RowSink(writer, stream, part, settings.failpoint)
         outcome = _Outcome()
-        for start in range(0, len(stream), settings.part_rows):
+        for start in range(0, len(stream), part):
             began = time.perf_counter()
-            trace = method.run(features[start:start + settings.part_rows])
-            labels = stream.labels[start:start + settings.part_rows]
+            trace = method.run(features[start:start + part])
+            labels = stream.labels[start:start + part]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
-            progress("adapting", min(start + settings.part_rows, len(stream)), len(stream))
+            progress("adapting", min(start + part, len(stream)), len(stream))
         return _finish(run, writer, sink, outcome, stream, encode_s, peak, warmup_s)
     except BaseException as exc:
         _mark_failed(writer, exc)
@@ -423,8 +434,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         kinds = [_feature_kind(run.config, stream) for run in runs]
         for kind in dict.fromkeys(kinds):
             picked = [i for i, k in enumerate(kinds) if k == kind]
-            configs = [{"method": runs[i].config["method"], **_method_hparams(runs[i].config, len(stream))}
-                       for i in picked]
+            configs = [{"method": runs[i].config["method"], "batch_size": _batch_size(runs[i].config),
+                        **_method_hparams(runs[i].config, len(stream))} for i in picked]
             passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
 
         def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
@@ -439,7 +450,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         share = (time.perf_counter() - began) / len(runs)
         out = []
         for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
-            sink = _RowSink(writer, stream, settings.part_rows, settings.failpoint)
+            sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
+                            settings.failpoint)
             outcome = _Outcome()
             sink.offer(0, outcome.add(trace, stream.labels, share))
             out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak,
