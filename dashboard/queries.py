@@ -32,13 +32,15 @@ IDENTITY_FILTERS = {
     "num_templates": "templates per class",
     "stream": "stream protocol",
 }
+# Settings that are a filter only where the runs differ in them: column -> label.
+_VARYING_FILTERS = {"batch_size": "batch size"}
 # Identity columns: every run has one, so a filter on them never lets NULL through.
 _IDENTITY = ("sweep", "backbone", "dataset", "method", "seed", "status")
 # Settings that may tell two configurations of one method apart, besides the hparams.
 SETTING_COLUMNS = ("sweep", "pretrained", "templates", "num_templates", "views")
 # Runs-view columns left out of the per-run frame: long JSON read only on a run's own page.
 _HEAVY = ("config_json", "versions")
-LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "stream", "seed", "order_index",
+LISTING_COLUMNS = ("run_id", "sweep", "backbone", "dataset", "method", "stream", "batch_size", "seed", "order_index",
                    "num_templates", "status",
                    "n_samples", "progress", "n_skipped", "samples_per_s", "error", "updated_at")
 
@@ -96,8 +98,8 @@ def run_table(db: ResultsDB) -> pd.DataFrame:
 
 def filter_columns(runs: pd.DataFrame, hparams: Sequence[str]) -> dict[str, str]:
     """Filter column -> label: the identity filters, every hparam with several values among `runs`, the seed."""
-    varying = {h: h for h in hparams if h in runs.columns and runs[h].nunique(dropna=True) > 1}
-    return {**IDENTITY_FILTERS, **varying, "seed": "seed"}
+    varying = {h: h for h in (*_VARYING_FILTERS, *hparams) if h in runs.columns and runs[h].nunique(dropna=True) > 1}
+    return {**IDENTITY_FILTERS, **{c: _VARYING_FILTERS.get(c, c) for c in varying}, "seed": "seed"}
 
 
 def filter_options(runs: pd.DataFrame, columns: Sequence[str]) -> dict[str, list]:

@@ -280,7 +280,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
         st.query_params["metric"] = by_label[st.query_params["metric"]]
     metric = id_selectbox("metric", {m: metrics.label(m) for m in metric_options}, "metric", st.sidebar)
     group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views", "stream",
-                     "order_index",
+                     "batch_size", "order_index",
                      *queries.varying_numeric(all_runs, hparams),
                      *[h for h in hparams if h in all_runs and all_runs[h].nunique() > 1
                        and not pd.api.types.is_numeric_dtype(all_runs[h])]]

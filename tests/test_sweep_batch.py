@@ -136,6 +136,20 @@ def test_the_runs_table_records_batch_size_and_old_files_read_1(tmp_path):
         got = db.df("SELECT method, batch_size, setting_id FROM runs ORDER BY method, batch_size")
     assert got[["method", "batch_size"]].values.tolist() == [["clip", 1], ["oga", 1], ["oga", 32]]
     assert got["setting_id"].nunique() == 1  # the batch run's baseline is CLIP on the same (iid) order
+    # the report splits OGA's rows by batch size; the dashboard offers it as a filter and a series setting
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "--results", spec.results_dir],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "OGA (batch_size=1)" in done.stdout and "OGA (batch_size=32)" in done.stdout, done.stdout
+    assert "rows split by settings that vary within a dataset: batch_size" in " ".join(done.stdout.split())
+    from dashboard import queries
+
+    with ResultsDB(spec.results_dir) as db:
+        runs = queries.accuracy_runs(db)
+        assert queries.filter_columns(runs, db.hparam_names)["batch_size"] == "batch size"
+        labels = queries.series_labels(runs, db.hparam_names)
+        assert sorted(labels[runs["method"] == "oga"]) == ["OGA (batch_size=1)", "OGA (batch_size=32)"]
+        assert queries.filter_columns(runs[runs["method"] == "clip"], db.hparam_names).get("batch_size") is None
     for path in Path(spec.results_dir).glob("runs/*/*.parquet"):  # files written before the column existed
         table = pq.read_table(path)
         pq.write_table(table.drop(["batch_size"]), path)

@@ -5,7 +5,8 @@ it checks this machine where the sweep would run on it (no --address): the pretr
 names are on disk, and the resources a trial asks for exist here (`machine_issues`). A problem is an error
 (exit 2), not a line of the plan.
 
-Runs and trials per backbone / dataset / method (with how many are finished already), the real data sources
+Runs and trials per backbone / dataset / method (and batch size, where some run adapts on batches; the batch
+sizes a per-sample method skips are named), with how many are finished already, the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
 through a method, summed over the runs to run) and images to encode. Cache entries are recognised by their
 manifest (backbone, dataset, image-list fingerprint, views and seed), without loading any weights.
@@ -21,7 +22,8 @@ from pathlib import Path
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import DataSource, Run, Trial, make_trials
 from orchestrator.sweep.record import check_sweep_record
-from orchestrator.sweep.spec import RANDOM_WEIGHTS, SweepSpec
+from orchestrator.registry import method_card
+from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
 from orchestrator.sweep.cost import sweep_cost
 from orchestrator.sweep.status import recorded_rows, run_status
 
@@ -63,13 +65,22 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     todo = [r for r in runs if r.run_id not in finished]
     lines = [f"sweep {spec.name} (dry run: nothing is run or written): {len(runs):,} runs, {len(finished):,} "
              f"finished, {len(todo):,} to run in {len(trials):,} trials (pack {spec.pack}) -> {spec.results_dir}"]
-    by_key = Counter((r.config["backbone"], r.source.dataset, r.method) for r in runs)
-    done = Counter((r.config["backbone"], r.source.dataset, r.method) for r in runs if r.run_id in finished)
-    trial_count = Counter((t.runs[0].config["backbone"], t.source.dataset, t.runs[0].method) for t in trials)
-    lines.append(f"  {'backbone':<20} {'dataset':<28} {'method':<10} {'runs':>9} {'finished':>9} {'trials':>9}")
-    for (backbone, dataset, method), n in by_key.items():
-        lines.append(f"  {backbone:<20} {dataset:<28} {method:<10} {n:>9,} {done[(backbone, dataset, method)]:>9,} "
-                     f"{trial_count[(backbone, dataset, method)]:>9,}")
+    # a batch column where some run adapts on batches; a pack's trial counts under its first run's row
+    batched = any(r.batch_size != 1 for r in runs)
+
+    def key(run: Run) -> tuple:
+        return (run.config["backbone"], run.source.dataset, run.method) + ((run.batch_size,) if batched else ())
+
+    by_key = Counter(key(r) for r in runs)
+    done = Counter(key(r) for r in runs if r.run_id in finished)
+    trial_count = Counter(key(t.runs[0]) for t in trials)
+    lines.append(f"  {'backbone':<20} {'dataset':<28} {'method':<10}" + (f" {'batch':>6}" if batched else "")
+                 + f" {'runs':>9} {'finished':>9} {'trials':>9}")
+    for k, n in by_key.items():
+        backbone, dataset, method = k[:3]
+        lines.append(f"  {backbone:<20} {dataset:<28} {method:<10}" + (f" {k[3]:>6}" if batched else "")
+                     + f" {n:>9,} {done[k]:>9,} {trial_count[k]:>9,}")
+    lines += _skipped_batch_sizes(spec)
     lengths = {}
     for run in todo:
         if run.source not in lengths:
@@ -96,6 +107,19 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
                  + (f", {encode:,} image views to encode" if entries else ""))
     return lines
+
+
+def _skipped_batch_sizes(spec: SweepSpec) -> list[str]:
+    """What the spec's batch_size grid leaves out for per-sample methods (they run at batch size 1 only)."""
+    skipped: dict[str, None] = {}
+    for entry in spec.methods:
+        asked = entry.batch_size if entry.batch_size is not None else spec.batch_size
+        if method_card(entry.method).batch_size is None and any(v not in (1, OFFICIAL_BATCH) for v in asked):
+            skipped[entry.method] = None
+    if not skipped:
+        return []
+    sizes = ", ".join(str(v) for v in spec.batch_size if v not in (1, OFFICIAL_BATCH))
+    return [f"batch_size {sizes}: skipped for {', '.join(skipped)} (per-sample methods run at batch size 1 only)"]
 
 
 def weights_issues(spec: SweepSpec) -> list[tuple[str, str]]:
