@@ -53,6 +53,8 @@ def methods_table() -> str:
     rows = ["| method | label | what adapts | inputs | hyperparameters (defaults) |", "|---|---|---|---|---|"]
     for card in method_cards():
         inputs = {"single": "one feature", "views": "views", "either": "one feature or views"}[card.inputs]
+        if card.batch_size is not None:
+            inputs += f", batches of {card.batch_size}"
         rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | "
                     f"{', '.join(_default(h) for h in card.hparams)} |")
     return "\n".join(rows)
