@@ -38,6 +38,9 @@ OFFICIAL = {
     "tda": ("kdiAAA/TDA utils.py:127-139", _TDA_LOADER),
     "tda_pa": ("kdiAAA/TDA utils.py:127-139 (TDA's caches, BCA's prior)", _TDA_LOADER),
     "dota": ("skylineeeeen/DOTA utils.py:156-168", _TDA_LOADER),
+    # OGA: runner.py encodes every test set with clip.load's preprocess (uti.load_features(..., preprocess, ...)),
+    # ImageNet and the 10 cross-domain sets; the variants, which it does not run, take the dataset's own.
+    "oga": ("cfuchs2023/OGA@26b6010 runner.py (clip.load's preprocess)", _TDA_LOADER),
     # OnZeta's code runs ImageNet only (main_online.py:218-224: clip.load's preprocess); elsewhere the dataset's own.
     "onzeta": ("idstcv/OnZeta main_online.py:218-224 (ImageNet only)", _TDA_LOADER),
     # DPE: utils.py:201-215 build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' call get_preprocess() (utils.py:166-177,

@@ -157,3 +157,18 @@ def test_the_runs_table_records_batch_size_and_old_files_read_1(tmp_path):
         assert db.df("SELECT DISTINCT batch_size FROM runs")["batch_size"].tolist() == [1]
         gains = db.df("SELECT run_id, gain FROM paired")
     assert len(gains) == 2 and gains["gain"].notna().all()
+
+
+def test_reproduce_this_run_keeps_a_batch_runs_batch_and_order(tmp_path):
+    import json
+
+    from dashboard.context import reproduce_spec
+    from orchestrator.sweep.record import write_sweep_record
+
+    spec = spec_in(tmp_path, batch_size=[1, "official"], stream=["iid", {"dirichlet": {"gamma": 0.1}}])
+    runs = expand(spec)
+    write_sweep_record(spec, runs)
+    record = json.loads(next((Path(spec.results_dir) / "sweeps").glob("batches.json")).read_text())
+    for run in runs:
+        again = validate_spec(reproduce_spec(record, run.config, run.run_id), base_dir=tmp_path)
+        assert [r.run_id for r in expand(again)] == [run.run_id], run.label

@@ -177,6 +177,8 @@ class ProgressCallback(tune.Callback):
         where = [config["backbone"], config["dataset"]]
         if config.get("stream") is not None:
             where.append(stream_label(config["stream"]))
+        if len(plan.runs) == 1 and first.batch_size != 1:
+            where.append(f"batch={first.batch_size}")
         where.append(f"seed={config['seed']}")
         if config.get("order_index") is not None:
             where.append(f"order={config['order_index']}")
