@@ -16,6 +16,10 @@ Each batch first updates the model, then is predicted with it (runner.py: `updat
 4. Prediction: the Gaussian log-likelihoods l_k = f S^-1 mu_k - mu_k S^-1 mu_k / 2 - f S^-1 f / 2, and the MAP
    posterior z proportional to p * softmax(tau * l) (get_MAP with simplex_p=True, lambda 1).
 
+Trace: selected = the pseudo-label whose memory took the sample (-1: none), gated = it entered the memory,
+gated_prior always False. State: 'mus' [K, d], 'inv_sigma' [d, d], 'memory_filled' [K, S], 'memory_entropy'
+[K, S].
+
 Where this differs from the official code: its memory, memory entropies and soft labels are float16 and its
 zero-shot logits float64; here everything is float32 (the project's rule), so a sample whose entropy ties a
 stored one within float16 rounding may be kept where the official code drops it. The class prototypes are the
