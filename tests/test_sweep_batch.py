@@ -18,7 +18,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import _MEMO, execute_trial, load_stream, part_rows_for, settings_of
+from orchestrator.sweep.trial import _MEMO, _method_hparams, execute_trial, load_stream, part_rows_for, settings_of
 
 N, PART = 300, 50  # parts of 50 rows hold whole batches of 32 only as parts of 32
 SPEC = {
@@ -172,3 +172,52 @@ def test_reproduce_this_run_keeps_a_batch_runs_batch_and_order(tmp_path):
     for run in runs:
         again = validate_spec(reproduce_spec(record, run.config, run.run_id), base_dir=tmp_path)
         assert [r.run_id for r in expand(again)] == [run.run_id], run.label
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_batch_method_sweeps_at_its_official_size_and_at_1(tmp_path):
+    """Card-driven: every method with an official batch size, beside CLIP, through a Ray sweep on a CLIP-like
+    synthetic preset and a tiny real-layout dataset, under iid, Dirichlet and separate streams, at its official
+    batch size and at 1; each run's rows are the method's own at its batch size over the run's stream."""
+    ray = pytest.importorskip("ray")
+    from orchestrator import registry
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+    from orchestrator.results.verify import verify_results
+    from orchestrator.sweep.load import load_spec
+    from orchestrator.sweep.runner import run_sweep
+    import yaml
+
+    batch_methods = [c.name for c in registry.method_cards() if c.batch_size is not None]
+    assert "oga" in batch_methods
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=12)
+    config = write_model_config(TINY_VIT, tmp_path / "models")
+    spec = {"name": "every-batch", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+            "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+            "datasets": [{"synthetic": "fine_grained", "n": 200, "num_classes": 10, "dim": 32}, "dtd"],
+            "stream": ["iid", {"dirichlet": {"gamma": 0.1}}, "separate"], "batch_size": [1, "official"],
+            "methods": [{"method": "clip"}, *({"method": m} for m in batch_methods)], "seeds": [1],
+            "resources": {"cpus": 1}, "part_rows": 40}
+    path = tmp_path / "batches.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    loaded = load_spec(path)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        outcome = run_sweep(loaded, out=lambda line: None)
+    finally:
+        ray.shutdown()
+    assert outcome.ok, outcome.failed
+    assert verify_results(loaded.results_dir).ok
+    runs = expand(loaded)
+    sizes = {(r.method, r.batch_size) for r in runs}
+    assert sizes == {("clip", 1)} | {(m, b) for m in batch_methods for b in (1, registry.method_card(m).batch_size)}
+    assert len(runs) == 2 * 3 * len(sizes)
+    written = rows(loaded.results_dir)
+    settings = settings_of(loaded)
+    for run in runs:
+        _MEMO.clear()
+        stream, _ = load_stream(run.source, settings)
+        expected = make_method(run.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
+                               batch_size=run.batch_size, **_method_hparams(run.config, len(stream)))
+        assert [r["pred"] for r in written[run.run_id]] == expected.run(stream.features).predictions.tolist(), \
+            run.label
