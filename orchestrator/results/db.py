@@ -563,7 +563,7 @@ grouped AS (
            any_value(backbone) AS backbone, any_value(pretrained) AS pretrained, any_value(dataset) AS dataset,
            any_value(method) AS method, any_value(templates) AS templates,
            any_value(num_templates) AS num_templates, any_value(views) AS views, {any_h},
-           any_value(stream) AS stream,
+           any_value(stream) AS stream, any_value(batch_size) AS batch_size,
            count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
            count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
            avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
