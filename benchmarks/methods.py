@@ -3,8 +3,8 @@
 On one synthetic stream (K classes, M = K class embeddings, dimension d; view methods get V views per sample,
 view 0 the feature, the others the feature plus noise), in one process and the same run:
 
-- single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults and official batch size (the BCA family runs
-  on the blocked engine here: its multi-config path is `benchmarks.engine`);
+- single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults and official batch size (the
+  BCA family runs on the blocked engine here: its multi-config path is `benchmarks.engine`);
 - official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda.reference`:
   caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
 - G=1 / 8 / 32: config-samples/s of the lockstep runner its card names (`orchestrator.methods.lockstep`) over G configs

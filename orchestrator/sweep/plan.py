@@ -1,8 +1,8 @@
 """A validated spec expanded into runs (one config, one seed each) and grouped into trials.
 
 Expansion order is fixed (datasets x seeds x view settings x backbones x template sets x streams x orders x
-method entries x batch sizes x grid points, then runs sharing a data source brought together), so the same spec always gives
-the same runs with the same run_ids (results.schema.config_hash of the run config).
+method entries x batch sizes x grid points, then runs sharing a data source brought together), so the same spec
+always gives the same runs with the same run_ids (results.schema.config_hash of the run config).
 A trial is one run, or with `pack: G` up to G runs (`pack: auto`, the default: as many as orchestrator.sweep.cost
 sizes) that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
