@@ -1,0 +1,28 @@
+"""TransCLIP's card (zero-shot, per batch as StatA compares it), and the hparams StatA shares with it."""
+
+from __future__ import annotations
+
+from orchestrator.methods.hparams import LOGIT_SCALE
+from orchestrator.registry.card import HParam, MethodCard
+
+# StatA's online comparison runs every method on batches of 128 (README, scripts/StatA_online.sh)
+STATA_BATCH = 128
+TRANSDUCTIVE = (
+    HParam("lambda_y_hat", "float", 1.0, "exponent of the zero-shot posterior in the z update (the text term)",
+           "weight", low=0.0),
+    HParam("lambda_laplacian", "float", 1.0, "weight of the kNN Laplacian term in the z update", "weight", low=0.0),
+    HParam("n_neighbors", "int", 3, "nearest samples of the batch in the affinity graph (at most b - 1)", "count",
+           low=1),
+    HParam("max_iter", "int", 10, "outer iterations (z, then mu and sigma); z is updated max_iter + 1 times",
+           "count", low=0),
+    LOGIT_SCALE,
+)
+
+CARDS = (
+    MethodCard(
+        "transclip", "TransCLIP", 150, "transductive",
+        "nothing kept: each batch solved alone (Gaussian + kNN Laplacian + text term)",
+        "orchestrator.methods.transclip.method:TransCLIP", TRANSDUCTIVE, state=(), batch_size=STATA_BATCH,
+        source="MaxZanella/StatA@eea8637 solvers/TransCLIP.py, main.py get_hp (as StatA compares it; "
+               "MaxZanella/transduction-for-vlms@6a9e8f3 TransCLIP_solver is the original, means from confident samples)"),
+)
