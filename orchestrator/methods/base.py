@@ -154,8 +154,10 @@ class BatchMethod(Method):
         """One batch ([b, d] or [b, V, d], 1 <= b <= batch_size): its rows, continuing from the current state."""
 
     def _run(self, features: torch.Tensor) -> Trace:
-        b = self.batch_size
-        return concat_traces([self._batch(features[s:s + b]) for s in range(0, features.shape[0], b)])
+        b, n = self.batch_size, features.shape[0]
+        if n == 0:  # an empty stream: no batch to solve
+            return Trace(*empty_trace(0, self.num_classes, features.device), state=self.state_tensors())
+        return concat_traces([self._batch(features[s:s + b]) for s in range(0, n, b)])
 
 
 # -------------------------------------------------------------------------------------------- validation

@@ -7,6 +7,9 @@ from orchestrator.registry.card import HParam, MethodCard
 
 # StatA's online comparison runs every method on batches of 128 (README, scripts/StatA_online.sh)
 STATA_BATCH = 128
+# StatA's loader (datasets/__init__.py get_all_dataloaders) feeds clip.load's preprocess on every dataset, the
+# ImageNet variants included: one view where the other single-feature methods get AugMix's confident mean
+STATA_SINGLE_VIEW = ("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")
 TRANSDUCTIVE = (
     HParam("lambda_y_hat", "float", 1.0, "exponent of the zero-shot posterior in the z update (the text term)",
            "weight", low=0.0),
@@ -22,7 +25,7 @@ CARDS = (
     MethodCard(
         "transclip", "TransCLIP", 150, "transductive",
         "nothing kept: each batch solved alone (Gaussian + kNN Laplacian + text term)",
-        "orchestrator.methods.transclip.method:TransCLIP", TRANSDUCTIVE, state=(), batch_size=STATA_BATCH,
+        "orchestrator.methods.transclip.method:TransCLIP", TRANSDUCTIVE, state=(), batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW,
         source="MaxZanella/StatA@eea8637 solvers/TransCLIP.py, main.py get_hp (as StatA compares it; "
                "MaxZanella/transduction-for-vlms@6a9e8f3 TransCLIP_solver is the original, means from confident samples)"),
 )
