@@ -4,7 +4,8 @@ On one synthetic stream (K classes, M = K class embeddings, dimension d; view me
 view 0 the feature, the others the feature plus noise), in one process and the same run:
 
 - single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults (the BCA family runs
-  on the blocked engine here: its multi-config path is `benchmarks.engine`);
+  on the blocked engine here: its multi-config path is `benchmarks.engine`; a batch method at its card's
+  official batch size);
 - official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda.reference`:
   caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
 - G=1 / 8 / 32: config-samples/s of the lockstep runner its card names (`orchestrator.methods.lockstep`) over G configs
@@ -96,7 +97,7 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
 
     def build(config, data):
         length = {card.stream_length: data.shape[0]} if card.stream_length else {}
-        return make_method(card.name, emb, ids, K, **dict(config, **length))
+        return make_method(card.name, emb, ids, K, batch_size=card.batch_size or 1, **dict(config, **length))
 
     def single(config, data):
         method = build(config, data)         # built outside the timed call, as the lockstep's methods are

@@ -2,8 +2,9 @@
 
 StatA's README reports TransCLIP and ZLaP collapsing on batches that hold few classes (ImageNet-scale averages:
 TransCLIP +5.1 with all classes present, -26.3 with 1-4 classes per batch of 64; ZLaP +1.1 and -37.7) while
-StatA keeps its gain. This benchmark runs zero-shot CLIP, StatA, TransCLIP and ZLaP at their official batch
-size (128) on the CLIP-like synthetic presets under three stream orders:
+StatA keeps its gain. This benchmark runs zero-shot CLIP, StatA, TransCLIP and ZLaP on the CLIP-like synthetic
+presets, first on the whole stream as one batch (the README's "All classes" column: the whole test set solved
+transductively), then at their official batch size (128) under three stream orders:
 
 - iid: every batch holds most classes;
 - dirichlet: StatA's online stream (gamma 0.01, slots = min(n // 128, classes) as its main.py sets them);
@@ -28,16 +29,19 @@ BATCH = 128
 METHODS = ("clip", "stata", "transclip", "zlap")
 
 
-def orders(labels: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+def orders(labels: np.ndarray, seed: int) -> dict[str, tuple[np.ndarray, int]]:
+    """stream name -> (order, batch size)."""
     from orchestrator.data.streams import Dirichlet, Iid, Separate
 
     slots = min(len(labels) // BATCH, len(np.unique(labels)))
-    return {"iid": Iid().order(labels, seed).index, "dirichlet": Dirichlet(0.01, slots).order(labels, seed).index,
-            "separate": Separate().order(labels, seed).index}
+    iid = Iid().order(labels, seed).index
+    return {"all (one batch)": (iid, len(labels)), "iid": (iid, BATCH),
+            "dirichlet": (Dirichlet(0.01, slots).order(labels, seed).index, BATCH),
+            "separate": (Separate().order(labels, seed).index, BATCH)}
 
 
-def classes_per_batch(labels: np.ndarray) -> float:
-    return float(np.mean([len(np.unique(labels[s:s + BATCH])) for s in range(0, len(labels), BATCH)]))
+def classes_per_batch(labels: np.ndarray, batch: int) -> float:
+    return float(np.mean([len(np.unique(labels[s:s + batch])) for s in range(0, len(labels), batch)]))
 
 
 def measure(preset: str, n: int, seed: int = 0) -> list[dict]:
@@ -49,13 +53,14 @@ def measure(preset: str, n: int, seed: int = 0) -> list[dict]:
     k = len(bench.class_names)
     labels = bench.labels.numpy()
     rows = []
-    for name, index in orders(labels, seed).items():
+    for name, (index, batch) in orders(labels, seed).items():
         idx = torch.from_numpy(index)
         feats, truth = bench.features[idx], bench.labels[idx]
-        row = {"preset": preset, "stream": name, "classes_per_batch": classes_per_batch(labels[index])}
+        row = {"preset": preset, "stream": name, "batch": batch,
+               "classes_per_batch": classes_per_batch(labels[index], batch)}
         for method in METHODS:
             post = run_stream(method, feats, bench.class_embeddings, bench.class_ids, k,
-                              batch_size=1 if method == "clip" else BATCH)
+                              batch_size=1 if method == "clip" else batch)
             row[method] = 100.0 * float((post.argmax(1) == truth).float().mean())
         rows.append(row)
     return rows
@@ -66,12 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a 1,280-sample stream per preset")
     args = parser.parse_args(argv)
     n = 1280 if args.quick else 5120
-    print(f"machine: {os.cpu_count()} cpus; load average at start {os.getloadavg()[0]:.1f}; batch {BATCH}; n = {n}")
-    lines = [["preset", "stream", "classes / batch", *[m if m == "clip" else f"{m} (Δ CLIP)" for m in METHODS]]]
+    print(f"machine: {os.cpu_count()} cpus; load average at start {os.getloadavg()[0]:.1f}; n = {n}")
+    lines = [["preset", "stream", "batch", "classes / batch", *[m if m == "clip" else f"{m} (Δ CLIP)" for m in METHODS]]]
     for preset in ("imagenet_like", "fine_grained"):
         for row in measure(preset, n):
             cells = [f"{row['clip']:.2f}"] + [f"{row[m]:.2f} ({row[m] - row['clip']:+.2f})" for m in METHODS[1:]]
-            lines.append([preset, row["stream"], f"{row['classes_per_batch']:.1f}", *cells])
+            lines.append([preset, row["stream"], str(row["batch"]), f"{row['classes_per_batch']:.1f}", *cells])
     print(markdown_table(lines, left_columns=2))
 
 

@@ -164,3 +164,19 @@ def test_cards_state_the_official_batch_size():
     for name in ("stata", "transclip", "zlap"):
         card = method_card(name)
         assert card.batch_size == OFFICIAL and card.state == () and card.source.startswith("MaxZanella/StatA@")
+
+
+def test_transclip_and_zlap_collapse_on_batches_with_few_classes():
+    """StatA's README: TransCLIP and ZLaP gain on the whole test set solved at once and fall below zero-shot CLIP on
+    batches holding few classes, where StatA keeps a gain. `benchmarks.transductive --quick`'s ImageNet-like
+    stream (100 classes, 1,280 samples): the whole stream as one batch against a class-after-class stream in
+    batches of 128 (about 11 classes each)."""
+    from benchmarks.transductive import measure
+
+    rows = {row["stream"]: row for row in measure("imagenet_like", 1280)}
+    whole, separate = rows["all (one batch)"], rows["separate"]
+    assert whole["classes_per_batch"] == 100 and separate["classes_per_batch"] < 15
+    for method in ("transclip", "zlap"):
+        assert whole[method] > whole["clip"] + 3, (method, whole)
+        assert separate[method] < separate["clip"] - 3, (method, separate)
+    assert separate["stata"] > separate["clip"] + 1, separate
