@@ -23,9 +23,11 @@ Each batch is solved on its own: no state crosses batches, so a run is order-fre
 
 Code vs paper, and where this module departs from the code:
 - StatA's repository initialises TransCLIP's means at the text embeddings; TransCLIP's own repository
-  (`MaxZanella/transduction-for-vlms`, TransCLIP_utils.init_mu) starts them at the weighted mean of each class's
-  8 most confident samples and takes K from the labels present. This module follows StatA's solver, the one
-  StatA's comparison (and its README's numbers on batches with few classes) ran.
+  (`MaxZanella/transduction-for-vlms`, TransCLIP_utils.init_mu) starts them at the zero-shot-weighted mean of
+  each class's 8 most confident samples (and takes K from the labels present, which a label-free run cannot;
+  here K is every class). `mu_init: text` (default) is StatA's solver, the one StatA's comparison (and its
+  README's numbers on batches with few classes) ran; `mu_init: confident` is TransCLIP's own (a batch of
+  b < 8 samples uses its b most confident).
 - The official variance update divides the running sum by b once per chunk of 2500 samples (a slip that only
   acts on batches larger than 2500); this module takes the plain mean, the paper's equation.
 - A batch of b <= n_neighbors samples has b - 1 neighbours per sample (the official `topk` fails there).
@@ -50,6 +52,7 @@ from orchestrator.methods.prototypes import class_prototypes
 
 INNER_STEPS = 5  # the official update_z's max_iter
 TEMPERATURE = 50.0  # the official z update's 1 / 50 (and its Laplacian weight's 50)
+CONFIDENT = 8  # transduction-for-vlms init_mu's n_most_confident
 
 
 def knn_graph(features: torch.Tensor, n_neighbors: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +99,7 @@ def solve_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any], anchor:
         prior = y_hat ** hp["lambda_y_hat"]
         columns, values = knn_graph(x, hp["n_neighbors"])
         lap = hp["lambda_laplacian"] * TEMPERATURE / (2 * hp["n_neighbors"])
-        mu = text
+        mu = confident_means(x, y_hat) if not anchor and hp["mu_init"] == "confident" else text
         if anchor:
             var0 = weighted_sq_dev(x, y_hat, text).sum(0) / b  # the zero-shot spread, one value per dimension
             var = var0.expand_as(text)
@@ -128,6 +131,14 @@ def solve_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any], anchor:
                 mu = torch.where(empty, mu, means)
                 var = weighted_sq_dev(x, z, mu).sum(0) / b
     return z
+
+
+def confident_means(x: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
+    """TransCLIP's own init_mu: each class's mean of its CONFIDENT most confident samples, weighted by their
+    zero-shot posterior, renormalised (the batch's min(CONFIDENT, b) when it holds fewer)."""
+    top = y_hat.topk(min(CONFIDENT, x.shape[0]), dim=0)  # [k, K]
+    means = torch.einsum("jc,jcd->cd", top.values, x[top.indices])
+    return means / means.norm(dim=1, keepdim=True)
 
 
 def anchor_weights(z: torch.Tensor, alpha: float, soft: bool) -> torch.Tensor:

@@ -54,13 +54,24 @@ def zero_shot(x: torch.Tensor, text: torch.Tensor, logit_scale: float) -> torch.
     return torch.softmax(logit_scale * x @ text.T, dim=1)
 
 
+def confident_init(x: torch.Tensor, z: torch.Tensor, n_most_confident: int = 8) -> torch.Tensor:
+    """transduction-for-vlms init_mu (zero-shot): per class, the mean of z-weighted features of its top samples."""
+    k = min(n_most_confident, x.shape[0])
+    mu = torch.zeros(z.shape[1], x.shape[1], dtype=x.dtype)
+    top = torch.topk(z, k=k, dim=0).indices
+    for c in range(z.shape[1]):
+        rows = top[:, c]
+        mu[c] = (x[rows] * z[rows, c].unsqueeze(1)).mean(dim=0)
+    return mu / mu.norm(dim=-1, keepdim=True)
+
+
 def transclip_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any]) -> torch.Tensor:
     b, d = x.shape
     y_hat = zero_shot(x, text, hp["logit_scale"])
     if b == 1:
         return y_hat
     z = y_hat.clone()
-    mu = text.clone()
+    mu = confident_init(x, z) if hp["mu_init"] == "confident" else text.clone()
     var = torch.ones(d, dtype=x.dtype) / d
     W = affinity_matrix(x, hp["n_neighbors"])
     for k in range(hp["max_iter"] + 1):
