@@ -59,7 +59,8 @@ def zero_shot(bench, m):
 
 
 @pytest.mark.parametrize("method", ["stata", "transclip"])
-@pytest.mark.parametrize("hp", [{}, {"soft_beta": True, "alpha": 3.0, "n_neighbors": 5, "lambda_laplacian": 0.5}])
+@pytest.mark.parametrize("hp", [{}, {"soft_beta": True, "alpha": 3.0, "n_neighbors": 5, "lambda_laplacian": 0.5},
+                                {"soft_beta": True, "alpha": 0.0, "max_iter": 3}])
 def test_gaussian_methods_match_reference_at_official_batch(bench, method, hp):
     hp = {k: v for k, v in hp.items() if method == "stata" or k not in ("soft_beta", "alpha")}
     if method == "transclip" and hp:
@@ -82,6 +83,13 @@ def test_zlap_matches_reference_at_official_batch(bench):
     converged = zlap_posteriors(bench.features, m, OFFICIAL, tol=1e-13, maxiter=1000)
     assert torch.equal(exact.predictions, converged.argmax(1))
     assert (exact.posteriors.double() - converged).abs().max() < 1e-5
+
+
+def test_zlap_gamma_zero_powers_only_the_text_neighbours(bench):
+    """gamma 0 makes every kept image-text link 1 (0 ** 0 included, as the official masks it) and adds no other."""
+    m, trace = run(bench, "zlap", OFFICIAL, gamma=0.0)
+    official = zlap_posteriors(bench.features, m, OFFICIAL)
+    assert torch.equal(trace.predictions, official.argmax(1))
 
 
 def test_batch_size_one(bench):

@@ -16,7 +16,7 @@ from orchestrator.methods.transclip.reference import (affinity_matrix, class_mea
 def update_beta(z: torch.Tensor, alpha: float, soft: bool) -> torch.Tensor:
     if soft:
         sum_z = z.sum(dim=0)
-        return sum_z / (alpha + sum_z)
+        return torch.where(sum_z > 0, sum_z / (alpha + sum_z), 0.0)  # the departure: 0 where the official has 0 / 0
     sum_z = torch.bincount(z.argmax(dim=1), minlength=z.shape[1]).to(z.dtype)
     return sum_z / (alpha + sum_z + 1e-12)
 

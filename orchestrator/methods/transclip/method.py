@@ -144,9 +144,9 @@ def confident_means(x: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
 def anchor_weights(z: torch.Tensor, alpha: float, soft: bool) -> torch.Tensor:
     """StatA's beta_k = n_k / (alpha + n_k): n_k the soft mass sum_i z_ik, or (official default) the count of
     samples predicted k, with the official 1e-12 in the denominator."""
-    if soft:
+    if soft:  # a class without mass: 0 (the official 0 / 0 at alpha = 0)
         mass = z.sum(0)
-        return mass / (alpha + mass)
+        return torch.where(mass > 0, mass / (alpha + mass), 0.0)
     counts = torch.bincount(z.argmax(dim=1), minlength=z.shape[1]).to(z.dtype)
     return counts / (alpha + counts + 1e-12)
 

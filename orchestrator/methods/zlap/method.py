@@ -47,10 +47,11 @@ CG_TOL = 1e-6  # the official dfs_search's conjugate gradients: stop at ||r|| <=
 CG_MAXITER = 50
 
 
-def knn_weights(sims: torch.Tensor, k: int) -> torch.Tensor:
-    """Dense [b, m] weights of each row's k largest entries (negative ones as 0), the rest 0."""
+def knn_weights(sims: torch.Tensor, k: int, power: float = 1.0) -> torch.Tensor:
+    """Dense [b, m] weights of each row's k largest entries (negative ones as 0) to the power, the rest 0 (no edge:
+    the power applies to the neighbours only, as the official masks it, so 0 ** 0 stays off the graph)."""
     top = sims.topk(k, dim=1)
-    return torch.zeros_like(sims).scatter_(1, top.indices, top.values.clamp(min=0))
+    return torch.zeros_like(sims).scatter_(1, top.indices, top.values.clamp(min=0) ** power)
 
 
 def normalised_blocks(x: torch.Tensor, text: torch.Tensor, n_neighbors: int,
@@ -60,7 +61,7 @@ def normalised_blocks(x: torch.Tensor, text: torch.Tensor, n_neighbors: int,
     image = knn_weights(x @ x.T, min(n_neighbors, b))
     image = image + image.T
     image.fill_diagonal_(0.0)
-    cross = knn_weights(x @ text.T, min(n_neighbors, num_classes)) ** gamma  # image -> text, [b, K]
+    cross = knn_weights(x @ text.T, min(n_neighbors, num_classes), gamma)  # image -> text, [b, K]
     image_degree = image.sum(1) + cross.sum(1)
     text_degree = cross.sum(0)
     di = torch.where(image_degree > 0, image_degree, 1.0).rsqrt()
