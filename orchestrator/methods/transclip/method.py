@@ -19,7 +19,9 @@ StatA (`orchestrator.methods.stata`) is the same solver with its statistical anc
 start from the zero-shot spread, the -1/2 sum_d log sigma_kd term in the z update, and mu and sigma pulled
 towards the text statistics with weight 1 - beta_k, beta_k = n_k / (alpha + n_k).
 
-Each batch is solved on its own: no state crosses batches, so a run is order-free within the batching.
+Each batch is solved on its own: no state crosses batches, so a run is order-free within the batching. No
+lockstep runner: configs of one stream would share only the zero-shot logits and the kNN graph, a small part of
+a solve whose iterations (the Gaussian terms over [b, K] from [b, d] x [d, K] products) are each config's own.
 
 Code vs paper, and where this module departs from the code:
 - StatA's repository initialises TransCLIP's means at the text embeddings; TransCLIP's own repository

@@ -30,6 +30,9 @@ Code vs this module:
   0, as the official argmax over zeros).
 - The official uses faiss for the neighbours; here `topk` over the inner products (ties aside, the same sets).
 
+No lockstep runner: configs differing in n_neighbors or gamma build different graphs, and alpha changes the
+system solved, so a pack would share only the batch's inner products.
+
 Trace: `selected` -1 and `gated` False (no gate); no state (nothing crosses batches).
 """
 
