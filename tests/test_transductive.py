@@ -143,6 +143,22 @@ def test_a_class_without_mass_stays_finite(bench, method):
     assert torch.equal(trace.predictions, ref.argmax(1))
 
 
+def test_well_separated_classes_at_batch_size_one_stay_finite():
+    """A 5-class stream whose zero-shot posteriors reach 1e-35: at b = 1 a class's mass is a float32 denormal, which
+    the official statistics divide by (inf, then 0 * inf = nan through StatA's beta)."""
+    from orchestrator.data.synthetic import make_synthetic
+
+    b = make_synthetic("label_shift", num_classes=5, n=300, dim=16, seed=1)
+    for method in ("stata", "transclip", "zlap"):
+        for batch_size in (1, OFFICIAL):
+            post = run_stream(method, b.features, b.class_embeddings, b.class_ids, 5, batch_size=batch_size)
+            assert bool(torch.isfinite(post).all()), (method, batch_size)
+    m = make_method("stata", b.class_embeddings, b.class_ids, 5, batch_size=1)
+    x = b.features[:60]
+    ref = run_batches(stata_batch, x, m.text, m.hp, 1)
+    assert torch.equal(m.run(x).predictions, ref.argmax(1))
+
+
 @pytest.mark.parametrize("method,hp,needle", [
     ("stata", {"n_neighbors": 0}, "hparam 'n_neighbors' must be an integer >= 1"),
     ("stata", {"alpha": -1.0}, "hparam 'alpha' must be a number >= 0"),

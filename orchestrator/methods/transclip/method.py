@@ -34,7 +34,10 @@ Code vs paper, and where this module departs from the code:
   acts on batches larger than 2500); this module takes the plain mean, the paper's equation.
 - A batch of b <= n_neighbors samples has b - 1 neighbours per sample (the official `topk` fails there).
 - A class whose responsibilities all underflow to 0 (sum_i z_ik = 0, the official divides 0 by 0 and the
-  batch turns nan) keeps its mean (TransCLIP) or takes the text statistics (StatA: beta_k = 0 there).
+  batch turns nan) keeps its mean (TransCLIP) or takes the text statistics (StatA: beta_k = 0 there). The
+  class statistics are computed from the responsibilities divided by their class's mass, so a class whose mass
+  is a float32 denormal (zero-shot posteriors of 1e-35 at logit scale 100 on well-separated classes) gives
+  bounded statistics where the official's underflowed sums divided by the mass turn inf, then nan.
 - TransCLIP on a batch of one sample keeps its zero-shot posterior: every class mean becomes the sample
   itself, so sigma = 0 and the official code divides 0 by 0; the limit is a likelihood equal across classes.
 - The Gaussian terms are expanded (x^2 / sigma - 2 x mu / sigma + mu^2 / sigma) rather than broadcast over
@@ -119,16 +122,17 @@ def solve_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any], anchor:
             if step == hp["max_iter"]:
                 break
             mass = z.sum(0)
-            means = (z.T @ x) / mass.unsqueeze(1)
-            means = means / means.norm(dim=1, keepdim=True)
             empty = (mass == 0).unsqueeze(1)
+            # responsibilities normalised per class before the products: a class holding a denormal mass would
+            # otherwise divide underflowed products by it (inf, then 0 * inf = nan through StatA's beta)
+            share = z / torch.where(empty.T, 1.0, mass)
+            means = share.T @ x
+            means = torch.where(empty, 0.0, means / means.norm(dim=1, keepdim=True))
             if anchor:
                 beta = anchor_weights(z, hp["alpha"], hp["soft_beta"]).unsqueeze(1)
-                means = torch.where(empty, 0.0, means)
                 mu = beta * means + (1 - beta) * text
                 mu = mu / mu.norm(dim=1, keepdim=True)
-                spread = torch.where(empty, 0.0, weighted_sq_dev(x, z, mu) / mass.unsqueeze(1))
-                var = beta * spread + (1 - beta) * (var0 + (text - mu) ** 2)
+                var = beta * weighted_sq_dev(x, share, mu) + (1 - beta) * (var0 + (text - mu) ** 2)
             else:
                 mu = torch.where(empty, mu, means)
                 var = weighted_sq_dev(x, z, mu).sum(0) / b
