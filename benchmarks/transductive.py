@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n = 1280 if args.quick else 5120
     print(f"machine: {os.cpu_count()} cpus; load average at start {os.getloadavg()[0]:.1f}; n = {n}")
-    lines = [["preset", "stream", "batch", "classes / batch", *[m if m == "clip" else f"{m} (Δ CLIP)" for m in METHODS]]]
+    heads = [m if m == "clip" else f"{m} (Δ CLIP)" for m in METHODS]
+    lines = [["preset", "stream", "batch", "classes / batch", *heads]]
     for preset in ("imagenet_like", "fine_grained"):
         for row in measure(preset, n):
             cells = [f"{row['clip']:.2f}"] + [f"{row[m]:.2f} ({row[m] - row['clip']:+.2f})" for m in METHODS[1:]]

@@ -8,7 +8,8 @@ renormalised, `prototypes.class_prototypes`; the official code has one template 
     W: each sample's n_neighbors nearest other samples (cosine, the first of the top n_neighbors + 1 dropped)
     repeat max_iter + 1 times:
         l_ik = -1/2 sum_d (x_id - mu_kd)^2 / sigma_(k)d           a diagonal Gaussian (no exp)
-        5 times: z <- normalise(y_hat^lambda_y_hat * exp((l + c (W^T + W) z - max) / 50)),  c = lambda_laplacian 50 / (2 n_neighbors)
+        5 times: z <- normalise(y_hat^lambda_y_hat * exp((l + c (W^T + W) z) / 50)),
+                 c = lambda_laplacian 50 / (2 n_neighbors)
         (last round: stop here; z is the batch's posterior)
         mu_k <- normalise(sum_i z_ik x_i / sum_i z_ik)
         sigma_d <- sum_ik z_ik (x_id - mu_kd)^2 / b               one variance per dimension, shared by the classes
@@ -40,6 +41,9 @@ Code vs paper, and where this module departs from the code:
   bounded statistics where the official's underflowed sums divided by the mass turn inf, then nan.
 - TransCLIP on a batch of one sample keeps its zero-shot posterior: every class mean becomes the sample
   itself, so sigma = 0 and the official code divides 0 by 0; the limit is a likelihood equal across classes.
+- The z update y_hat^lambda exp(u / 50), normalised, is taken as softmax(lambda log y_hat + u / 50): the same
+  numbers, but the official product turns 0 / 0 (nan) where float32 underflows both factors of every class
+  (zero-shot posteriors below 1e-38 against Gaussian terms 4000 apart), and the log form does not.
 - The Gaussian terms are expanded (x^2 / sigma - 2 x mu / sigma + mu^2 / sigma) rather than broadcast over
   [b, K, d], in float32; `reference.py` is the broadcast transcription in float64.
 
@@ -97,11 +101,12 @@ def solve_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any], anchor:
     """The batch's posteriors z [b, K]: TransCLIP (anchor False) or StatA (anchor True), as the module says."""
     b, d = x.shape
     with timer("logits"):
-        y_hat = torch.softmax(hp["logit_scale"] * (x @ text.T), dim=1)
+        log_y_hat = torch.log_softmax(hp["logit_scale"] * (x @ text.T), dim=1)
+        y_hat = log_y_hat.exp()
     if not anchor and b == 1:
         return y_hat
     with timer("update"):
-        prior = y_hat ** hp["lambda_y_hat"]
+        log_prior = hp["lambda_y_hat"] * log_y_hat
         columns, values = knn_graph(x, hp["n_neighbors"])
         lap = hp["lambda_laplacian"] * TEMPERATURE / (2 * hp["n_neighbors"])
         mu = confident_means(x, y_hat) if not anchor and hp["mu_init"] == "confident" else text
@@ -116,9 +121,7 @@ def solve_batch(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any], anchor:
             if anchor:
                 loglik = loglik - 0.5 * var.log().sum(1)
             for _ in range(INNER_STEPS):
-                inter = loglik + lap * neighbour_sum(columns, values, z)
-                inter = prior * torch.exp((inter - inter.max(dim=1, keepdim=True).values) / TEMPERATURE)
-                z = inter / inter.sum(dim=1, keepdim=True)
+                z = torch.softmax(log_prior + (loglik + lap * neighbour_sum(columns, values, z)) / TEMPERATURE, dim=1)
             if step == hp["max_iter"]:
                 break
             mass = z.sum(0)
