@@ -15,9 +15,12 @@ with few classes, where TransCLIP does.
 
 The online protocol: the official loop takes batches of 128 from the Dirichlet stream (slots = min(n // 128,
 classes): `orchestrator.data`'s sampler) and drops the last partial batch; here every sample is predicted, the
-last batch solved as it is (b < 128 samples, with min(n_neighbors, b - 1) neighbours each). Code vs paper: the
-paper's alpha is the code's; the code's defaults (alpha 1, hard beta, 3 neighbours, 10 iterations) are used on
-every dataset in its scripts (scripts/StatA_online.sh), so there are no per-dataset values.
+last batch solved as it is (b < 128 samples, with min(n_neighbors, b - 1) neighbours each). The code's defaults
+(alpha 1, hard beta, 3 neighbours, 10 iterations) serve every dataset in its scripts (scripts/StatA_online.sh),
+so there are no per-dataset values. Code vs paper: this module follows the code; the departures listed in
+`transclip/method.py` are from the code. The paper (arXiv 2501.03729) states the anchor as a KL term on the
+Gaussian statistics solved by block-coordinate descent; its equations were not compared line by line with the
+code here, so none is offered as an alternative.
 """
 
 from __future__ import annotations

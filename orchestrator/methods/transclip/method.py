@@ -24,7 +24,8 @@ Each batch is solved on its own: no state crosses batches, so a run is order-fre
 lockstep runner: configs of one stream would share only the zero-shot logits and the kNN graph, a small part of
 a solve whose iterations (the Gaussian terms over [b, K] from [b, d] x [d, K] products) are each config's own.
 
-Code vs paper, and where this module departs from the code:
+Code vs paper: the two official codes differ (below) and this module follows them; the TransCLIP paper's
+equations were not compared line by line with them here. Where this module departs from the code:
 - StatA's repository initialises TransCLIP's means at the text embeddings; TransCLIP's own repository
   (`MaxZanella/transduction-for-vlms`, TransCLIP_utils.init_mu) starts them at the zero-shot-weighted mean of
   each class's 8 most confident samples (and takes K from the labels present, which a label-free run cannot;
