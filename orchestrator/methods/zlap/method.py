@@ -15,8 +15,9 @@ and the prediction is argmax_c score_ic. Transductive, not inductive: the offici
 graph on a separate unlabelled set and then query it; in a per-batch online run the batch is the only unlabelled
 data there is, so the batch is both the graph and the queries.
 
-Code vs paper: the paper defines the scores through L^-1 and its code solves them by conjugate gradients; both
-are offered (`solver`, below). Code vs this module:
+Code vs paper: label propagation's scores are the solution L^-1 e_c, which the code approximates by conjugate
+gradients stopped at a residual of 1e-6; both are offered (`solver`, below; the paper's text was not compared
+line by line here). Code vs this module:
 - The official solves L s = e_c for every class by conjugate gradients (cupy, float64 as its sparse identity
   makes it, stop at ||r|| <= 1e-6, at most 50 steps). `solver: cg` (default) runs those CGs, every class's in
   one column of a block iteration, in float32. The stop at 1e-6 is not the solution: on scores of ~1e-3 it
