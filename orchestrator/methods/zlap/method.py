@@ -82,26 +82,30 @@ def exact_scores(image_n: torch.Tensor, cross_n: torch.Tensor, alpha: float) -> 
     return torch.linalg.solve(system, alpha * cross_n)
 
 
-def cg_scores(image_n: torch.Tensor, cross_n: torch.Tensor, alpha: float) -> torch.Tensor:
+def cg_scores(image_n: torch.Tensor, cross_n: torch.Tensor, alpha: float, n_neighbors: int) -> torch.Tensor:
     """The official per-class conjugate gradients on the whole (K + b)-node system, all classes at once: column c
-    is class c's own CG (x0 = 0), frozen once its residual reaches CG_TOL (||e_c|| = 1)."""
+    is class c's own CG (x0 = 0), frozen once its residual reaches CG_TOL (||e_c|| = 1). L p is applied block by
+    block: the image-text block has at most n_neighbors entries per image, gathered and scattered by index."""
     b, num_classes = cross_n.shape
-    n = num_classes + b
-    wn = torch.zeros(n, n, dtype=image_n.dtype, device=image_n.device)
-    wn[num_classes:, num_classes:] = image_n
-    wn[num_classes:, :num_classes] = cross_n
-    wn[:num_classes, num_classes:] = cross_n.T
-    system = (torch.eye(n, dtype=wn.dtype, device=wn.device) - alpha * wn).to_sparse()
-    x = torch.zeros(n, num_classes, dtype=wn.dtype, device=wn.device)
-    r = torch.eye(n, num_classes, dtype=wn.dtype, device=wn.device)
+    links = cross_n.topk(min(n_neighbors, num_classes), dim=1)  # every kept image-text link (and zeros)
+
+    def apply(p: torch.Tensor) -> torch.Tensor:
+        text, image = p[:num_classes], p[num_classes:]
+        to_text = torch.zeros_like(text).index_add_(
+            0, links.indices.flatten(), (links.values.unsqueeze(-1) * image.unsqueeze(1)).flatten(0, 1))
+        to_image = (links.values.unsqueeze(-1) * text[links.indices]).sum(1) + image_n @ image
+        return p - alpha * torch.cat([to_text, to_image])
+
+    x = torch.zeros(num_classes + b, num_classes, dtype=cross_n.dtype, device=cross_n.device)
+    r = torch.eye(num_classes + b, num_classes, dtype=cross_n.dtype, device=cross_n.device)
     p = r
     rho = (r * r).sum(0)
-    done = torch.zeros(num_classes, dtype=torch.bool, device=wn.device)
+    done = torch.zeros(num_classes, dtype=torch.bool, device=cross_n.device)
     for step in range(CG_MAXITER):
         if step:
             rho_prev, rho = rho, (r * r).sum(0)
             p = r + (rho / rho_prev) * p
-        q = system @ p
+        q = apply(p)
         move = rho / (p * q).sum(0)
         x = torch.where(done, x, x + move * p)
         r = torch.where(done, r, r - move * q)
@@ -114,8 +118,14 @@ def cg_scores(image_n: torch.Tensor, cross_n: torch.Tensor, alpha: float) -> tor
 def zlap_scores(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any]) -> torch.Tensor:
     """The label-propagation scores [b, K] of a batch (the module's equations), by the hparams' solver."""
     image_n, cross_n = normalised_blocks(x, text, hp["n_neighbors"], hp["gamma"])
-    solve = cg_scores if hp["solver"] == "cg" else exact_scores
-    return solve(image_n, cross_n, hp["alpha"])
+    if hp["solver"] == "exact":
+        return exact_scores(image_n, cross_n, hp["alpha"])
+    # A text node no image links to is isolated: its CG ends after one step with x = e_c, zero on every image.
+    # Only the linked classes are solved (the isolated nodes stay 0 in every other column too).
+    linked = cross_n.sum(0) > 0
+    scores = cross_n.new_zeros(cross_n.shape)
+    scores[:, linked] = cg_scores(image_n, cross_n[:, linked], hp["alpha"], hp["n_neighbors"])
+    return scores
 
 
 class ZLaP(BatchMethod):
