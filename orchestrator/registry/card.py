@@ -136,7 +136,8 @@ class MethodCard:
     ({"ood": "crops"}: TPT-derived code takes crops on ImageNet and its variants, AugMix elsewhere; a kind
     takes `view_count` views, 'single' the original alone);
     single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
-    ImageNet); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
+    ImageNet; StatA's harness on ImageNet-A/-V2/-R/-Sketch, where a single-feature method otherwise gets the
+    dataset's own AugMix protocol); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
     hparam its counter C2 starts from; baseline: zero-shot
     CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
     the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
@@ -234,10 +235,10 @@ class MethodCard:
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
         card = dataset_card(dataset)
         own = parse_views(card.views)
-        if not self.takes_views:
-            return own
         if card.name in {canonical_dataset(d) for d in self.single_view_datasets}:
             return parse_views("single")
+        if not self.takes_views:
+            return own
         kind = self.group_views.get(card.group)
         if kind is None:
             if self.views is None or (self.view_scope == "protocol" and own.kind == "single"):

@@ -1,0 +1,21 @@
+"""StatA's card (online mode: each batch of 128 solved alone with the statistical anchor)."""
+
+from __future__ import annotations
+
+from orchestrator.methods.transclip.card import STATA_BATCH, STATA_SINGLE_VIEW, TRANSDUCTIVE
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        "stata", "StatA", 140, "transductive",
+        "nothing kept: each batch solved alone, anchored to the text statistics",
+        "orchestrator.methods.stata.method:StatA",
+        (HParam("alpha", "float", 1.0, "anchor strength: a class keeps weight alpha / (alpha + n_k) on its text "
+                "statistics", "weight", low=0.0),
+         HParam("soft_beta", "bool", False, "n_k as the soft mass sum_i z_ik instead of the count of samples "
+                "predicted k (official default: counts)", "flag"),
+         *TRANSDUCTIVE),
+        state=(), batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW, samples_per_s=117.0,
+        source="MaxZanella/StatA@eea8637 solvers/StatA.py, main.py (--online, get_hp); every dataset alike "
+               "(scripts/StatA_online.sh)"),
+)
