@@ -17,5 +17,6 @@ CARDS = (
                 "the paper's Y0 term", "weight", low=0.0, high=1.0),
          HParam("iterations", "int", 3, "label-propagation iterations per sample", "count", low=1)),
         source="Yushu-Li/ECALP@96ddf0b (main.py, utils/iterative_label_propagation.py), zero-shot; one setting "
-               "for every dataset"),
+               "for every dataset",
+        samples_per_s=18.0),
 )

@@ -7,8 +7,8 @@ With u(f) = f / |f|, w = u(var over classes of the class texts) and r(f) = u(f *
 re-weighting), the similarity of image nodes at positions a < b is s(a, b) = <r(f_a), u(f_b)>.
 
 1. Each image node points at its k_image most similar image nodes (itself included; among equal
-   similarities the earlier node, so sample i's second node follows sample i) and at its k_text nearest class
-   texts (raw f . t); an edge weighs similarity ** edge_power; W = A + A^T, W~ = D^-1/2 W D^-1/2 with
+   similarities the earlier sample, but sample i's second node before sample i) and at its k_text nearest
+   class texts (raw f . t); an edge weighs similarity ** edge_power; W = A + A^T, W~ = D^-1/2 W D^-1/2 with
    D^-1/2 = 1 / (sqrt(row sum) + 1e-6).
 2. Y starts as [I_C; Y0], Y0 the label each earlier sample carries (zero for the two nodes of sample i), and
    `iterations` times the image rows become alpha W~ Y + (1 - alpha) Y0 (the text rows stay I).
@@ -22,13 +22,16 @@ Where official code and paper differ:
 - Which node is re-weighted: the official update (dynamic_graph_expansion) computes a new sample's similarities
   as <r(earlier), u(new)> both for the new rows and for the earlier rows' new columns, and never recomputes a
   stored one, so s is symmetric with the earlier node re-weighted. That is followed here.
-- Ties between sample i and its second node at a k-NN boundary are left to torch.topk in the official code;
-  here the earlier node wins (a fixed rule, so CPU and GPU runs agree).
+- Sample i and its second node always tie; where they straddle a k-NN list's end the official code leaves the
+  choice to torch.topk, which on CPU takes the second node. That rule is fixed here (so CPU and GPU runs agree):
+  the official code run in float64 on CPU over synthetic streams gave the same predictions as the reference,
+  posteriors within its float32 output's rounding (the other choice moved posteriors by up to 0.04). Other
+  equal similarities (duplicate images) go to the earlier sample; the official topk leaves them open too.
 
 Exact and fast: the official code keeps each node's k-NN list and extends it as samples arrive, which gives the
 same graph as recomputing it (the reference does); here each sample's list over the real samples is kept sorted
 and the new sample is inserted where it beats the last entry, and the second node of sample i is spliced in
-after sample i. The propagation itself is over the whole graph at every sample (every node's carried label
+before sample i. The propagation itself is over the whole graph at every sample (every node's carried label
 comes from it), on a sparse W~: per sample O(n (k_image + k_text) C) work and O(n (d + C)) memory at n samples
 seen; docs/methods.md gives the ImageNet figures.
 
@@ -111,12 +114,12 @@ class ECALP(Method):
         N = i + 2
         K = min(k, N)
         nn_idx, nn_sim = self.nn_idx[:i + 1], self.nn_sim[:i + 1]
-        # splice the second node of sample i (node i + 1) in right after sample i, keeping K entries
+        # splice the second node of sample i (node i + 1) in right before sample i, keeping K entries
         hit = nn_idx == i
         pos = torch.where(hit.any(dim=1), hit.int().argmax(dim=1), k)
         cols = torch.arange(K, device=nn_idx.device)
         src = torch.where(cols <= pos[:, None], cols, cols - 1)
-        idx = torch.where(cols == pos[:, None] + 1, i + 1, nn_idx.gather(1, src))
+        idx = torch.where(cols == pos[:, None], i + 1, nn_idx.gather(1, src))
         sim = nn_sim.gather(1, src)
         idx, sim = torch.cat([idx, idx[-1:]]), torch.cat([sim, sim[-1:]])        # node i + 1 = sample i
         text_idx = torch.cat([self.text_idx[:i + 1], self.text_idx[i:i + 1]])

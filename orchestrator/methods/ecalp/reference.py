@@ -7,7 +7,8 @@ At sample i the graph has C text nodes and i + 2 image nodes: the samples 0..i a
 sample i (the official main.py stacks features[:i+1] and features[i] again; the prediction is read off that
 last node). The similarity of two image nodes at positions a < b is <r(f_a), u(f_b)>, with u(f) = f / |f| and
 r(f) = u(f * w), w = u(var of the class texts over classes): the earlier node is the re-weighted one, which is
-what the official incremental update computes (see method.py).
+what the official incremental update computes (see method.py). Among equal similarities the earlier node comes
+first, except that sample i's second node comes before sample i (the official code's choice on CPU, method.py).
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def ecalp_reference(features: torch.Tensor, text: torch.Tensor, k_image: int, k_
         upper = torch.ones(N, N, dtype=torch.bool).triu()
         S = torch.where(upper, S, S.T)                               # the earlier node re-weighted
         K = min(k_image, N)
-        # nearest first; among equal similarities the earlier node (a stable sort)
-        near = torch.sort(S, dim=1, descending=True, stable=True).indices[:, :K]
+        # nearest first; among equal similarities the earlier node, but sample i's second node before sample i
+        # (a stable sort over the nodes in that order)
+        order = torch.tensor(list(range(i)) + [i + 1, i])
+        near = order[torch.sort(S[:, order], dim=1, descending=True, stable=True).indices[:, :K]]
         texts = text_sims[nodes].topk(min(k_text, C), dim=1).indices
         A = torch.zeros(C + N, C + N, **like)
         rows = torch.arange(C, C + N)[:, None]
