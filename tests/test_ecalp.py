@@ -47,6 +47,16 @@ def test_matches_the_reference(seed, hp):
     assert trace.selected.eq(-1).all() and not trace.gated.any() and not trace.gated_prior.any()
 
 
+def test_the_first_sample_is_predicted_as_clip_does():
+    # its graph is the sample twice and its k_text classes: every propagated score of class t is a multiple of
+    # (f . t)^p / sqrt(2 (f . t)^p), which grows with f . t where it is positive (the top classes here), so the
+    # argmax is CLIP's
+    for seed in range(5):
+        bench, args = _bench(n=1, seed=seed)
+        clip = run_stream("clip", bench.features, *args)
+        assert torch.equal(run_stream("ecalp", bench.features, *args).argmax(dim=1), clip.argmax(dim=1))
+
+
 def test_equal_similarities_go_to_the_earlier_sample():
     # every sample three times: the k-NN lists are full of exact ties, which both sides break by stream position
     bench, args = _bench(n=40, seed=3)
