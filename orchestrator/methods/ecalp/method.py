@@ -27,6 +27,8 @@ Where official code and paper differ:
   the official code run in float64 on CPU over synthetic streams gave the same predictions as the reference,
   posteriors within its float32 output's rounding (the other choice moved posteriors by up to 0.04). Other
   equal similarities (duplicate images) go to the earlier sample; the official topk leaves them open too.
+- The official gamma (10) is a float argument; `edge_power` is an integer, since a fractional power of a
+  negative similarity is nan.
 
 Exact and fast: the official code keeps each node's k-NN list and extends it as samples arrive, which gives the
 same graph as recomputing it (the reference does); here each sample's list over the real samples is kept sorted
