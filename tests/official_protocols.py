@@ -43,6 +43,10 @@ OFFICIAL = {
     "oga": ("cfuchs2023/OGA@26b6010 runner.py (clip.load's preprocess)", _TDA_LOADER),
     # OnZeta's code runs ImageNet only (main_online.py:218-224: clip.load's preprocess); elsewhere the dataset's own.
     "onzeta": ("idstcv/OnZeta main_online.py:218-224 (ImageNet only)", _TDA_LOADER),
+    # ECALP: main.py reads pre-extracted features (made with DMN's code; the files are not in the repository, so
+    # their loader cannot be read) and averages a view axis if they have one (iterative_label_propagation.py:
+    # image_features.mean(dim=1)); it takes one feature per sample, so the dataset's own protocol, as TDA's loader.
+    "ecalp": ("Yushu-Li/ECALP@96ddf0b main.py:20-24, utils/iterative_label_propagation.py", _TDA_LOADER),
     # DPE: utils.py:201-215 build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' call get_preprocess() (utils.py:166-177,
     # AugMixAugmenter n_views=63 augmix=True); the cross-domain sets keep the CLIP preprocess.
     "dpe": ("zhangce01/DPE-CLIP@fecae5a utils.py:201-215", _by_group("augmix", "augmix", "single")),

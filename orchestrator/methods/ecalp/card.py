@@ -1,0 +1,22 @@
+"""ECALP's card (one setting for every dataset in its official code)."""
+
+from __future__ import annotations
+
+from orchestrator.registry.card import HParam, MethodCard
+
+CARDS = (
+    MethodCard(
+        "ecalp", "ECALP", 150, "graph", "label propagation over a growing k-NN graph of the samples seen and the "
+        "class texts",
+        "orchestrator.methods.ecalp.method:ECALP",
+        (HParam("k_image", "int", 8, "image neighbours of each image node in the k-NN graph", "count", low=1),
+         HParam("k_text", "int", 3, "class-text neighbours of each image node", "count", low=1),
+         HParam("edge_power", "int", 10, "an edge weighs its similarity to this power (the official gamma)", "scale",
+                low=1),
+         HParam("alpha", "float", 1.0, "propagation Y <- alpha W Y + (1 - alpha) Y0; 1 (the official code) drops "
+                "the paper's Y0 term", "weight", low=0.0, high=1.0),
+         HParam("iterations", "int", 3, "label-propagation iterations per sample", "count", low=1)),
+        source="Yushu-Li/ECALP@96ddf0b (main.py, utils/iterative_label_propagation.py), zero-shot; one setting "
+               "for every dataset",
+        samples_per_s=18.0),
+)
