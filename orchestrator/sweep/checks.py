@@ -265,6 +265,13 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
+        synthetic = [dataset_name(d) for d in datasets if isinstance(d, SyntheticDataset)]
+        if card.text_encoder is not None and synthetic:
+            issues.append((f"methods[{i}].method", f"{entry.method!r} tunes the prompt through CLIP's text encoder at "
+                                                   f"test time, and the synthetic dataset {synthetic[0]!r} has "
+                                                   f"generated embeddings only (no text encoder, no class prompts); "
+                                                   f"expected real datasets for it (with `datasets:` on the method "
+                                                   f"entry; the tiny test backbones run it on image fixtures)"))
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
