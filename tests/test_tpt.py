@@ -51,12 +51,21 @@ def test_text_tower_is_the_backbones_text_encoder(model):
 
 # AdamW's first steps move each entry by about lr in the sign of its gradient: an entry whose gradient is near zero
 # can take either sign under rounding, so the gap to the reference grows with lr and steps (a smaller lr for two).
-@pytest.mark.parametrize("hp", [{}, {"steps": 2, "keep": 0.25, "lr": 2e-3}])
-def test_tpt_equals_the_per_sample_reference_and_tuning_changes_predictions(text, stream, hp):
+RTPT = {"neighbours": 20, "reliability_temp": 0.01, "exclude": "self"}
+CASES = [("tpt", {}, {}), ("tpt", {"steps": 2, "keep": 0.25, "lr": 2e-3}, {}),
+         ("ctpt", {}, {"ctpt_lambda": 50.0}), ("ctpt", {"lambda_term": 20.0, "keep": 0.25}, {"ctpt_lambda": 20.0}),
+         ("rtpt", {}, {"rtpt": RTPT}), ("rtpt", {"neighbours": 5, "exclude": "code"},
+                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}})]
+
+
+@pytest.mark.parametrize("method,hp,reference", CASES)
+def test_each_method_equals_the_per_sample_reference_and_tuning_changes_predictions(text, stream, method, hp,
+                                                                                   reference):
     emb, views = stream
-    full = {"lr": 5e-3, "steps": 1, "keep": 0.1, "logit_scale": 100.0, **hp}
-    post = make_method("tpt", emb, torch.arange(K), K, text=text, **hp).run(views).posteriors
-    ref = run_reference(views, text, **full)
+    tuning = {k: hp[k] for k in ("lr", "steps", "keep") if k in hp}
+    post = make_method(method, emb, torch.arange(K), K, text=text, **hp).run(views).posteriors
+    ref = run_reference(views, text, **{"lr": 5e-3, "steps": 1, "keep": 0.1, "logit_scale": 100.0, **tuning},
+                        **reference)
     assert torch.equal(post.argmax(1), ref.argmax(1))
     assert (post - ref).abs().max() <= 1e-5
     zero_shot = torch.softmax(100.0 * views[:, 0] @ emb.T, dim=-1)

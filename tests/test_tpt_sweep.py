@@ -1,7 +1,7 @@
 """Prompt tuning in a sweep as a user meets it: the dry run says which methods run CLIP's text encoder at test time
-and what they need, a synthetic dataset is refused for them (exit 2, naming the method and why), and TPT runs in a
-Ray sweep on a real-layout image dataset with the tiny open_clip model, its rows in `bca report` and the
-dashboard beside zero-shot CLIP."""
+and what they need, a synthetic dataset is refused for them (exit 2, naming the method and why), and TPT, C-TPT and
+R-TPT run in a Ray sweep on a real-layout image dataset with the tiny open_clip model, their rows in `bca report`
+and the dashboard beside zero-shot CLIP."""
 
 from __future__ import annotations
 
@@ -56,26 +56,26 @@ def test_a_synthetic_dataset_is_refused_for_prompt_tuning(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tpt_runs_in_a_sweep_and_reports_beside_clip(tmp_path, monkeypatch):
+def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     from streamlit.testing.v1 import AppTest
 
     from dashboard import APP_PATH, RESULTS_ENV
 
-    path = real_spec(tmp_path)
+    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt")])
     r = bca("sweep", str(path), "--yes")
     assert r.exit_code == 0, r.output
-    assert "2/2 runs finished, 0 failed" in r.stdout
+    assert "4/4 runs finished, 0 failed" in r.stdout
     results = str(tmp_path / "results")
     report = bca("report", "--results", results)
     assert report.exit_code == 0, report.output
-    assert "TPT" in report.stdout and "CLIP" in report.stdout
+    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT"))
     rows = bca("query", "--results", results, "SELECT method, count(*) AS n FROM samples GROUP BY method ORDER BY method")
     assert rows.exit_code == 0, rows.output
-    assert [ln.split("│")[1:3] for ln in rows.stdout.splitlines() if "│ tpt" in ln or "│ clip" in ln] == \
-        [[" clip ", " 9 "], [" tpt  ", " 9 "]]
+    cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows.stdout.splitlines() if ln.startswith("│")]
+    assert [c for c in cells if c[0] != "method"] == [["clip", "9"], ["ctpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
     monkeypatch.setenv(RESULTS_ENV, results)
     at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
-    assert "TPT" in shown
+    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT"))

@@ -193,5 +193,9 @@ class PromptTuning(Episodic):
                 self.loss(logits, features).sum().backward()
                 optimizer.step()
         with torch.no_grad():
-            features = self.text_features(ctx)
-            return torch.softmax(scale * torch.einsum("bd,bkd->bk", chunk[:, 0], features), dim=-1)
+            return self.predict(chunk, self.text_features(ctx))
+
+    def predict(self, chunk: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """[B, K] posteriors of the samples' views [B, V, d] under their tuned class text features [B, K, d]: TPT
+        predicts the original view, softmax(s x_0 T^T)."""
+        return torch.softmax(self.hp["logit_scale"] * torch.einsum("bd,bkd->bk", chunk[:, 0], features), dim=-1)

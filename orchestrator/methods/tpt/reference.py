@@ -48,9 +48,31 @@ class PromptLearner(torch.nn.Module):
         return t / t.norm(dim=-1, keepdim=True)
 
 
+def entropy_avg(outputs: torch.Tensor) -> torch.Tensor:
+    """R-TPT's loss: the mean of the views' entropies."""
+    return (-(outputs.softmax(1) * outputs.log_softmax(1)).sum(1)).mean()
+
+
+def get_top_sim(sim_matrix: torch.Tensor, k: int) -> torch.Tensor:
+    return sim_matrix.topk(k, dim=-1).values.mean(dim=-1)
+
+
+def rtpt_output(images: torch.Tensor, tuned_outputs: torch.Tensor, neighbours: int, temperature: float,
+                exclude: str) -> torch.Tensor:
+    """R-TPT's reliability-weighted ensemble of the tuned views' logits (rtpt.py test_time_adapt_eval)."""
+    sim = images @ images.t()
+    if exclude == "self":
+        sim.fill_diagonal_(float("-inf"))
+    else:
+        sim[sim >= 1.0] = float("-inf")
+    weight = F.softmax(get_top_sim(sim, min(neighbours, images.shape[0] - 1)) / temperature, dim=-1)
+    return weight @ tuned_outputs
+
+
 def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, keep: float, logit_scale: float,
-                  ctpt_lambda: float = 0.0) -> torch.Tensor:
-    """[n, V, d] views -> [n, K] posteriors, one sample after another (ctpt_lambda > 0: C-TPT's loss)."""
+                  ctpt_lambda: float = 0.0, rtpt: dict | None = None) -> torch.Tensor:
+    """[n, V, d] views -> [n, K] posteriors, one sample after another (ctpt_lambda > 0: C-TPT's loss; rtpt: R-TPT's
+    loss and prediction with these neighbours, reliability_temp and exclude)."""
     learner = PromptLearner(text)
     optimizer = torch.optim.AdamW([learner.ctx], lr)
     optim_state = {k: v for k, v in optimizer.state_dict().items()}
@@ -66,12 +88,17 @@ def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, 
                 output = logit_scale * images @ text_features.t()
                 if selected_idx is None:
                     selected_idx = select_confident_samples(output, keep)
-                loss = avg_entropy(output[selected_idx])
+                loss = entropy_avg(output[selected_idx]) if rtpt else avg_entropy(output[selected_idx])
                 if ctpt_lambda:
                     loss = loss + (-ctpt_lambda * text_dispersion(text_features))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
-            out.append(F.softmax(logit_scale * images[0] @ learner.text_features().t(), dim=-1))
+            if rtpt:
+                tuned = logit_scale * images @ learner.text_features().t()
+                out.append(F.softmax(rtpt_output(images, tuned, rtpt["neighbours"], rtpt["reliability_temp"],
+                                                 rtpt["exclude"]), dim=-1))
+            else:
+                out.append(F.softmax(logit_scale * images[0] @ learner.text_features().t(), dim=-1))
     return torch.stack(out)
