@@ -37,7 +37,7 @@ def test_dry_run_shows_the_text_encoder_and_its_memory(tmp_path):
     r = bca("sweep", str(real_spec(tmp_path)), "--dry-run")
     assert r.exit_code == 0, r.output
     assert "methods running CLIP's text encoder at test time" in r.stdout
-    assert "tpt on dtd: CLIP's text encoder at test time, wants a GPU, 140 MB per class per sample (~6.4 GB at K " \
+    assert "tpt on dtd: CLIP's text encoder at test time, wants a GPU, 18.2 MB per class per sample (~0.8 GB at K " \
            "= 47)" in r.stdout
 
 

@@ -12,8 +12,8 @@ STEPS = HParam("steps", "int", 1, "AdamW steps on the context per sample (--tta_
 KEEP = HParam("keep", "float", 0.1, "fraction of lowest-entropy views in the loss (--selection_p)", "rate", low=0.0,
               high=1.0, low_open=True)
 # Activation memory of one sample's tuning step per class, float32, at the text tower of ViT-B/16 and RN50
-# (width 512, 12 layers, 77 tokens): TextTower.saved_bytes_per_prompt (benchmarks.methods --text prints it).
-TEXT = TextEncoderUse(device="gpu", mb_per_class=140.0)
+# (width 512, 12 layers, 77 tokens): TextTower.saved_bytes_per_prompt, as `python -m benchmarks.prompt` prints it.
+TEXT = TextEncoderUse(device="gpu", mb_per_class=18.2)
 
 CARDS = (
     MethodCard(
