@@ -104,3 +104,11 @@ def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
         make_method("zero", emb, torch.arange(K), K, text=text)
     with pytest.raises(ValueError, match=r"tpt: text.tokens must be .* K = 4"):
         make_method("tpt", emb[:4], torch.arange(4), 4, text=text)
+
+
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt"])
+def test_defaults_on_an_empty_stream_and_on_one_view(text, stream, method):
+    emb, views = stream
+    assert make_method(method, emb, torch.arange(K), K, text=text).run(views[:0]).posteriors.shape == (0, K)
+    post = make_method(method, emb, torch.arange(K), K, text=text).run(views[:2, :1]).posteriors
+    assert post.shape == (2, K) and torch.allclose(post.sum(1), torch.ones(2))

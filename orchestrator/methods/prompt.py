@@ -21,6 +21,7 @@ the plain per-sample loop the tests compare with.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -123,7 +124,7 @@ def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
     """[..., N, K] logits of N views -> [...] entropy of their averaged probability, as TPT's avg_entropy computes
     it (log-probabilities averaged through logsumexp, clamped at float32's minimum)."""
     logp = logits - logits.logsumexp(dim=-1, keepdim=True)
-    avg = logp.logsumexp(dim=-2) - torch.log(torch.tensor(float(logits.shape[-2]), dtype=torch.float64)).item()
+    avg = logp.logsumexp(dim=-2) - math.log(logits.shape[-2])
     avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
     return -(avg * torch.exp(avg)).sum(dim=-1)
 

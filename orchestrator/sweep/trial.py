@@ -351,8 +351,9 @@ def _prompt_text(configs: list[dict[str, Any]], source: DataSource, stream: Stre
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.prompts import prompt_text
 
-    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu),
-                               stream.class_embeddings.device)
+    # The arguments the feature cache loads it with, so that a process that just encoded holds it already.
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+                               weights_dir=None, allow_download=False)
     return prompt_text(backbone, stream.class_names)
 
 

@@ -20,7 +20,9 @@ Where the official code and the paper or this port differ, this follows the code
 - int(V * keep) is floored at one view (the official count is 6 of 64 views; below 10 views it would be none).
 - s is the logit_scale hparam (CLIP's exp(logit_scale) = 100 for the released weights), not read from the
   backbone.
-Chunks of samples are solved in one text-tower pass per step (`PromptTuning`), each sample exactly as alone.
+The class embeddings a sweep passes (from its template set) are not used: the class text features are TPT's
+own, from its prompts through the text tower. Chunks of samples are solved in one text-tower pass per step
+(`PromptTuning`), each sample exactly as alone.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ tower run on the K prompts of that one sample. The tests hold the chunked method
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +20,7 @@ def select_confident_samples(logits: torch.Tensor, top: float) -> torch.Tensor:
 
 def avg_entropy(outputs: torch.Tensor) -> torch.Tensor:
     logits = outputs - outputs.logsumexp(dim=-1, keepdim=True)
-    avg_logits = logits.logsumexp(dim=0) - torch.log(torch.tensor(float(logits.shape[0]), dtype=torch.float64)).item()
+    avg_logits = logits.logsumexp(dim=0) - math.log(logits.shape[0])
     avg_logits = torch.clamp(avg_logits, min=torch.finfo(avg_logits.dtype).min)
     return -(avg_logits * torch.exp(avg_logits)).sum(dim=-1)
 
