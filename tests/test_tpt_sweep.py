@@ -39,6 +39,8 @@ def test_dry_run_shows_the_text_encoder_and_its_memory(tmp_path):
     assert "methods running CLIP's text encoder at test time" in r.stdout
     assert "tpt on dtd: CLIP's text encoder at test time, wants a GPU, 18.2 MB per class per sample (~0.8 GB at K " \
            "= 47)" in r.stdout
+    assert "methods[1].method: 'tpt' runs CLIP's text encoder forward and backward for every sample and wants a GPU " \
+           "(18.2 MB per class per sample); resources.gpu is 0, so its trials run on the CPU" in r.stderr
 
 
 def test_a_synthetic_dataset_is_refused_for_prompt_tuning(tmp_path):

@@ -281,10 +281,15 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def spec_warnings(spec: SweepSpec) -> list[str]:
     """One line per method entry hparam whose grid values cannot affect some of its runs (the card's `when` is
-    not met there): those runs take the default instead, so the grid does not repeat them."""
+    not met there): those runs take the default instead, so the grid does not repeat them; and one per method
+    entry that wants a GPU for its text encoder in a sweep whose trials take none."""
     lines = []
     for i, entry in enumerate(spec.methods):
         card = method_card(entry.method)
+        if card.text_encoder is not None and card.text_encoder.device == "gpu" and spec.resources.gpu == 0:
+            lines.append(f"methods[{i}].method: {entry.method!r} runs CLIP's text encoder forward and backward for "
+                         f"every sample and wants a GPU ({card.text_encoder.mb_per_class:g} MB per class per sample); "
+                         f"resources.gpu is 0, so its trials run on the CPU")
         grid = method_grid(entry)
         defaults = card.defaults()
         for h in card.hparams:
