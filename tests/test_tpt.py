@@ -112,3 +112,15 @@ def test_defaults_on_an_empty_stream_and_on_one_view(text, stream, method):
     assert make_method(method, emb, torch.arange(K), K, text=text).run(views[:0]).posteriors.shape == (0, K)
     post = make_method(method, emb, torch.arange(K), K, text=text).run(views[:2, :1]).posteriors
     assert post.shape == (2, K) and torch.allclose(post.sum(1), torch.ones(2))
+
+
+def test_the_cards_memory_per_class_is_the_measured_one():
+    """The card's text_encoder.mb_per_class is the activation memory one class prompt keeps in a step through the
+    ViT-B/16 text tower (RN50's has the same shape), as TextTower counts it."""
+    from orchestrator.methods.prompt import TextTower
+    from orchestrator.registry import method_card
+
+    tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
+    measured = tower.saved_bytes_per_prompt(77) / 2**20
+    for name in ("tpt", "ctpt", "rtpt"):
+        assert method_card(name).text_encoder.mb_per_class == round(measured, 1)
