@@ -12,7 +12,9 @@ the parts that need more say what is missing and which wheels to carry. In order
    download), batch 64; open_clip comes as carried wheels (`--wheels` prints how);
 4. peak GPU memory of a pack trial's method pass (32 TDA configs and 32 BCA configs over 2000 samples);
 5. one `execute_trial` end to end (a synthetic pack of BCA and TDA runs), where pydantic and PyYAML import
-   (the sweep spec needs them), else a line saying so.
+   (the sweep spec needs them), else a line saying so;
+6. prompt tuning (TPT, C-TPT, R-TPT): s/sample and peak memory with the ViT-B/16 and RN50 text towers (random
+   weights) at K = 1000 (`benchmarks.prompt`; --quick: the tiny test tower), where open_clip imports.
 
 The exit status is 1 when an exactness check fails, else 0.
 """
@@ -185,6 +187,19 @@ def trial_end_to_end(K: int, d: int, n: int) -> None:
           f"accuracies {', '.join(format(row['accuracy'], '.3f') for row in rows)}, peak memory {peak:,.0f} MB")
 
 
+def prompt_tuning(device: str, quick: bool) -> None:
+    """Section 6: `benchmarks.prompt` on this device (its quick preset under --quick)."""
+    try:
+        import open_clip  # noqa: F401
+    except ImportError:
+        print(f"  skipped: open_clip is not importable here; carry the wheels {', '.join(OPEN_CLIP_WHEELS)} "
+              f"(`python -m benchmarks.gpu --wheels`)")
+        return
+    from benchmarks import prompt
+
+    prompt.main((["--quick", "--n", "2"] if quick else []) + ["--device", device])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, no encoders (CI, on a CPU)")
@@ -214,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     peak_memory(device, preset["K"], preset["d"], preset["peak_n"], preset["peak_g"])
     print("5. execute_trial end to end:")
     trial_end_to_end(preset["K"], preset["d"], preset["n"])
+    print("6. prompt tuning, text towers with random weights:")
+    prompt_tuning(device, args.quick)
     print("exact: " + ("all checks passed" if exact else "FAILED (see 1.)"))
     return 0 if exact else 1
 

@@ -52,6 +52,12 @@ OFFICIAL = {
     "dpe": ("zhangce01/DPE-CLIP@fecae5a utils.py:201-215", _by_group("augmix", "augmix", "single")),
     # TPS: shift_classification.py:98-99, TPT's rule with batch_size 64.
     "tps": ("elaine-sui/TPS@556db0f shift_classification.py:98-99", _by_group("crops", "crops", "augmix")),
+    "ctpt": ("hee-suk-yoon/C-TPT@085e6c2 tpt_classification.py AugMixAugmenter(augmix=len(set_id) >= 1 with "
+             "--I_augmix, as both scripts run it)", _by_group("augmix", "augmix", "augmix")),
+    "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
+             _by_group("crops", "crops", "augmix")),
+    "tpt": ("azshue/TPT@16e2967 tpt_classification.py AugMixAugmenter(augmix=len(set_id) > 1)",
+            _by_group("crops", "crops", "augmix")),
     # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.

@@ -28,7 +28,7 @@ def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in out.splitlines() if line.startswith("| ") and "method" not in line}
-    assert set(rows) == {card.label for card in method_cards()}, out
+    assert set(rows) == {card.label for card in method_cards() if card.text_encoder is None}, out
     lockstep = [cells for cells in rows.values() if cells[3] != "-"]
     assert len(lockstep) >= 3 and all(cells[-1].startswith("yes") for cells in lockstep), out
 
@@ -93,3 +93,19 @@ def test_store_evaluation_runs_every_backend(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "backend" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["Delta Lake (deltalake)", "Apache Iceberg (pyiceberg)",
                                                       "live files + segments (this store)"]
+
+
+def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
+    """`python -m benchmarks.prompt --quick` (the tiny tower) prints each method's chunked and one-by-one cost and
+    TPT's agreement with its reference; `benchmarks.gpu`'s prompt-tuning section runs its quick preset on a CPU."""
+    from benchmarks import gpu
+    from benchmarks import prompt as prompt_benchmark
+
+    prompt_benchmark.main(["--quick", "--n", "2", "--reference"])
+    out = capsys.readouterr().out
+    for name in ("tpt", "ctpt", "rtpt"):
+        assert f"    {name:<5} chunked " in out, out
+    assert "(predictions identical, max dpost" in out and "MB of activations per class" in out
+    gpu.prompt_tuning("cpu", quick=True)
+    out = capsys.readouterr().out
+    assert "bca-tiny-vit text tower" in out and "    tpt   chunked " in out, out

@@ -242,3 +242,20 @@ def class_embeddings(
                 return emb, ids
     with np.load(path) as z:
         return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])
+
+
+def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None):
+    """What a prompt-tuning method takes (`orchestrator.methods.prompt.PromptText`): the backbone's text tower and
+    each class's prompt "<ctx_init> <name>." tokenized as TPT's PromptLearner does (underscores in the names and
+    the init read as spaces), its context tokens the init's words, on the backbone's device."""
+    from orchestrator.methods.prompt import CTX_INIT, PromptText, TextTower
+
+    ctx_init = (ctx_init or CTX_INIT).replace("_", " ")
+    names = [name.replace("_", " ") for name in class_names]
+    tokens = backbone.tokenizer([f"{ctx_init} {name}." for name in names]).to(backbone.device)
+    n_ctx = len(ctx_init.split(" "))
+    init = backbone.tokenizer([ctx_init])[0].to(backbone.device)
+    if not bool((tokens[:, 1:1 + n_ctx] == init[1:1 + n_ctx]).all()) or int(init[1 + n_ctx]) != int(init.max()):
+        raise ValueError(f"context init {ctx_init!r}: each word must be one token of the backbone's tokenizer (TPT "
+                         f"learns one context vector per word)")
+    return PromptText(TextTower(backbone.model), tokens, n_ctx)

@@ -251,24 +251,30 @@ def check_batch_size(method: str, batch_size: Any) -> int:
 
 
 def make_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                batch_size: int = 1, **hparams: Any) -> Method:
+                batch_size: int = 1, text: Any = None, **hparams: Any) -> Method:
     """Validate everything but the features and build the method's initial state (hparams not given take the
     card's defaults; per-dataset defaults are the sweep's business: `method_card(m).defaults(dataset)`).
-    batch_size: samples per adaptation step (`BatchMethod`; a per-sample method takes 1 only)."""
+    batch_size: samples per adaptation step (`BatchMethod`; a per-sample method takes 1 only). text: the text
+    tower and class prompts (`orchestrator.methods.prompt.PromptText`) of a method whose card has a
+    `text_encoder`; None for every other method."""
     card = method_card(method)
     resolved = card.resolve(hparams)
     validate_class_inputs(class_embeddings, class_ids, num_classes)
     batch_size = check_batch_size(method, batch_size)
+    if card.text_encoder is None and text is not None:
+        raise ValueError(f"{method}: takes no text encoder (text=...); only methods whose card has a text_encoder do")
     cls = card.implementation()
     checked = cls.check_hparams(resolved, class_embeddings.shape[0], int(num_classes))
-    built = cls(class_embeddings, class_ids, int(num_classes), **checked)
+    extra = {} if card.text_encoder is None else {"text": text}
+    built = cls(class_embeddings, class_ids, int(num_classes), **extra, **checked)
     built.batch_size = batch_size
     return built
 
 
 def run_stream(method: str, features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-               num_classes: int, batch_size: int = 1, **hparams: Any) -> torch.Tensor:
+               num_classes: int, batch_size: int = 1, text: Any = None, **hparams: Any) -> torch.Tensor:
     """Each sample's posterior [n, K] (float32, rows sum to 1) in stream order; the prediction is its argmax.
-    batch_size: a BatchMethod's samples per step (`method_card(m).batch_size` is its official size)."""
-    return make_method(method, class_embeddings, class_ids, num_classes, batch_size=batch_size,
+    batch_size: a BatchMethod's samples per step (`method_card(m).batch_size` is its official size); text: see
+    `make_method`."""
+    return make_method(method, class_embeddings, class_ids, num_classes, batch_size=batch_size, text=text,
                        **hparams).run(features).posteriors

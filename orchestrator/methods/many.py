@@ -18,24 +18,28 @@ from typing import Any
 import torch
 
 from orchestrator.methods.base import Method, Trace, make_method
+from orchestrator.registry import method_card
 
 
 def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-           num_classes: int) -> Method:
+           num_classes: int, text: Any) -> Method:
     if not isinstance(config, dict) or "method" not in config:
         raise ValueError(f"configs[{index}] must be a dict with a 'method' key and that method's hparams, "
                          f"got {config!r}")
     hparams = {k: v for k, v in config.items() if k != "method"}
-    return make_method(config["method"], class_embeddings, class_ids, num_classes, **hparams)
+    needs_text = method_card(config["method"]).text_encoder is not None
+    return make_method(config["method"], class_embeddings, class_ids, num_classes,
+                       text=text if needs_text else None, **hparams)
 
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]]) -> list[Trace]:
+                    num_classes: int, configs: list[dict[str, Any]], text: Any = None) -> list[Trace]:
     """One Trace per config, each equal to `make_method(**config).run(features)` (a BCA-family trace's
-    state always holds U, V, C1 and C2, also for clip, whose counters never change)."""
+    state always holds U, V, C1 and C2, also for clip, whose counters never change); `text` goes to the configs
+    whose method runs the text encoder (`make_method`)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
-    methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
+    methods = [_build(c, i, class_embeddings, class_ids, num_classes, text) for i, c in enumerate(configs)]
     views = isinstance(features, torch.Tensor) and features.ndim == 3
     # one group per runner and batch size (a runner sees methods of one batch size), its configs in config order
     groups: dict[tuple[int, int], tuple[Any, list[int]]] = {}
@@ -53,7 +57,8 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
 
 
 def run_stream_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_classes: int, configs: list[dict[str, Any]], text: Any = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Predictions [G, n] int64 and confidences (max posterior) [G, n] float32, row g for configs[g]."""
-    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs)
+    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs, text)
     return (torch.stack([t.predictions for t in traces]), torch.stack([t.confidences for t in traces]))

@@ -118,6 +118,33 @@ class HParam:
         return value
 
 
+DEVICES = ("gpu", "any")
+
+
+@dataclass(frozen=True)
+class TextEncoderUse:
+    """A method that runs CLIP's text encoder at test time (prompt tuning): the trial hands it the backbone's text
+    tower and tokenized class prompts. device: 'gpu' (its backward through the text tower is impractical on a CPU
+    at benchmark scale) or 'any'; mb_per_class: activation memory of one sample's step per class, float32, at the
+    text tower of ViT-B/16 and RN50 (a sweep's memory plan: K classes need about K times it per sample)."""
+
+    device: str
+    mb_per_class: float
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"text encoder device must be one of {DEVICES}, got {self.device!r}")
+        if not self.mb_per_class > 0:
+            raise ValueError(f"text encoder mb_per_class must be > 0, got {self.mb_per_class!r}")
+
+    def describe(self, num_classes: int | None = None) -> str:
+        """In words, for the plan and the docs."""
+        need = f"{self.mb_per_class:g} MB per class per sample"
+        if num_classes:
+            need += f" (~{self.mb_per_class * num_classes / 1024:,.1f} GB at K = {num_classes})"
+        return f"CLIP's text encoder at test time, wants {'a GPU' if self.device == 'gpu' else 'any device'}, {need}"
+
+
 @dataclass(frozen=True)
 class MethodCard:
     """One method.
@@ -146,7 +173,9 @@ class MethodCard:
     own): every config of a pack whose card names the same runner goes to it in one call, so a runner that
     several cards name takes a mix of their methods (the BCA family's engine) or splits them
     (`orchestrator.methods.lockstep.per_card`); lockstep_inputs: the features it takes ('single', 'views',
-    'either'; None: as `inputs`), other features run each config on its own.
+    'either'; None: as `inputs`), other features run each config on its own; text_encoder: a `TextEncoderUse`
+    where the method runs CLIP's text encoder at test time (the trial gives it the text tower: real datasets
+    only), else None.
     """
 
     name: str
@@ -177,6 +206,7 @@ class MethodCard:
     # the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees the
     # stream a batch at a time); None: a per-sample method, which runs at batch size 1
     batch_size: int | None = None
+    text_encoder: TextEncoderUse | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -197,6 +227,9 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to 'single' or one "
                              f"of {VIEW_KINDS}, got {bad}")
         object.__setattr__(self, "group_views", MappingProxyType(dict(self.group_views)))
+        if self.text_encoder is not None and not isinstance(self.text_encoder, TextEncoderUse):
+            raise ValueError(f"method {self.name!r}: text_encoder must be a TextEncoderUse or None, "
+                             f"got {self.text_encoder!r}")
         names = [h.name for h in self.hparams]
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")

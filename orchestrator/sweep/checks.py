@@ -267,6 +267,13 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
+        synthetic = [dataset_name(d) for d in datasets if isinstance(d, SyntheticDataset)]
+        if card.text_encoder is not None and synthetic:
+            issues.append((f"methods[{i}].method", f"{entry.method!r} tunes the prompt through CLIP's text encoder at "
+                                                   f"test time, and the synthetic dataset {synthetic[0]!r} has "
+                                                   f"generated embeddings only (no text encoder, no class prompts); "
+                                                   f"expected real datasets for it (with `datasets:` on the method "
+                                                   f"entry; the tiny test backbones run it on image fixtures)"))
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
@@ -296,10 +303,15 @@ def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def spec_warnings(spec: SweepSpec) -> list[str]:
     """One line per method entry hparam whose grid values cannot affect some of its runs (the card's `when` is
-    not met there): those runs take the default instead, so the grid does not repeat them."""
+    not met there): those runs take the default instead, so the grid does not repeat them; and one per method
+    entry that wants a GPU for its text encoder in a sweep whose trials take none."""
     lines = []
     for i, entry in enumerate(spec.methods):
         card = method_card(entry.method)
+        if card.text_encoder is not None and card.text_encoder.device == "gpu" and spec.resources.gpu == 0:
+            lines.append(f"methods[{i}].method: {entry.method!r} runs CLIP's text encoder forward and backward for "
+                         f"every sample and wants a GPU ({card.text_encoder.mb_per_class:g} MB per class per sample); "
+                         f"resources.gpu is 0, so its trials run on the CPU")
         grid = method_grid(entry)
         defaults = card.defaults()
         for h in card.hparams:

@@ -59,6 +59,22 @@ def _cached(spec: SweepSpec, source: DataSource, manifests: list[dict]) -> bool:
                and m.get("key_fields", {}).get("listing_sha256") == listing for m in manifests)
 
 
+def _text_encoder_lines(runs: list[Run]) -> list[str]:
+    """The methods that run CLIP's text encoder at test time, with the device they want and their memory per
+    sample at each dataset's K (a folder dataset's K is unknown before its listing: per class only)."""
+    from orchestrator.registry import method_card
+    from orchestrator.registry.datasets import DATASETS, dataset_key
+
+    pairs = dict.fromkeys((r.method, r.source.dataset) for r in runs if method_card(r.method).text_encoder)
+    lines = ["methods running CLIP's text encoder at test time (the trial loads the backbone's text tower):"] if pairs \
+        else []
+    for method, dataset in pairs:
+        key = dataset_key(dataset)
+        k = DATASETS[key].num_classes if key in DATASETS else None
+        lines.append(f"  {method} on {dataset}: {method_card(method).text_encoder.describe(k)}")
+    return lines
+
+
 def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: dict[str, str | None]) -> list[str]:
     """The dry run's report, one line each."""
     finished = {rid for rid, state in status.items() if state == "finished"}
@@ -81,6 +97,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         lines.append(f"  {backbone:<20} {dataset:<28} {method:<10}" + (f" {k[3]:>6}" if batched else "")
                      + f" {n:>9,} {done[k]:>9,} {trial_count[k]:>9,}")
     lines += _skipped_batch_sizes(spec)
+    lines += _text_encoder_lines(runs)
     lengths = {}
     for run in todo:
         if run.source not in lengths:

@@ -96,6 +96,7 @@ class Stream:
     class_embeddings: torch.Tensor
     class_ids: torch.Tensor
     num_classes: int
+    class_names: list[str]               # the label space's names (prompt-tuning methods tokenize them)
     encode_s: float                      # encoder time spent producing these features in this process
     skipped: list[dict[str, str]]        # unreadable images left out of the stream: {image_id, reason}
     fingerprint: str | None = None       # the real dataset's image list (ImageList.fingerprint, 16 hex)
@@ -152,7 +153,8 @@ def _build_stream(source: DataSource, settings: Settings, keep_views: bool, prog
     return Stream(features=features, view_features=view_features, labels=arranged.labels,
                   image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
                   is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=class_embeddings,
-                  class_ids=class_ids, num_classes=num_classes, encode_s=encode_s, skipped=skipped,
+                  class_ids=class_ids, num_classes=num_classes, class_names=list(arranged.class_names),
+                  encode_s=encode_s, skipped=skipped,
                   fingerprint=listing[:16] or None)
 
 
@@ -350,6 +352,21 @@ def part_rows_for(part_rows: int, batch_size: int) -> int:
     return max(1, part_rows // batch_size) * batch_size
 
 
+def _prompt_text(configs: list[dict[str, Any]], source: DataSource, stream: Stream) -> Any:
+    """The text tower and class prompts for the runs whose method runs CLIP's text encoder at test time (the
+    source's backbone, loaded once per process), else None. Synthetic sources have no text tower: the sweep's
+    checks refuse such runs before they start."""
+    if all(method_card(c["method"]).text_encoder is None for c in configs):
+        return None
+    from orchestrator.clip.backbone import BackboneSpec, shared_backbone
+    from orchestrator.clip.prompts import prompt_text
+
+    # The arguments the feature cache loads it with, so that a process that just encoded holds it already.
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+                               weights_dir=None, allow_download=False)
+    return prompt_text(backbone, stream.class_names)
+
+
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
     """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
     stream's length, since the trial feeds the stream in parts."""
@@ -386,7 +403,7 @@ def warm_up(keys: list[tuple], call: Callable[[], Any]) -> float:
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                peak: PeakMemory | None = None, progress: Progress = _silent) -> dict[str, Any]:
+                peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
     reach the disk while the run goes on."""
     writer = RunWriter(settings.results_dir, run.config)
@@ -396,7 +413,8 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
 
         def method_for_stream() -> Any:
             return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                               batch_size=_batch_size(config), **_method_hparams(config, len(stream)))
+                               batch_size=_batch_size(config), text=text,
+                               **_method_hparams(config, len(stream)))
 
         features = _features_for(config, stream)
         warmup_s = warm_up([_code_path(config, features)],
@@ -418,7 +436,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
 
 
 def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                 peak: PeakMemory | None = None) -> list[dict]:
+                 peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
     rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
     from orchestrator.methods.many import run_traces_many
@@ -439,7 +457,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
             passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
 
         def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
-            return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs)
+            return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
+                                   text)
 
         warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
                            lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
@@ -500,6 +519,7 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
+        text = _prompt_text([run.config for run in todo], trial.source, stream)
         if len(todo) > 1:
-            return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak)
-        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress)]
+            return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak, text=text)
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress, text=text)]

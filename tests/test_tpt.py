@@ -1,0 +1,126 @@
+"""TPT-family prompt tuning: the text tower at test time, the chunked solve against the per-sample reference
+(official equations, one sample through the text tower at a time), on streams where tuning changes predictions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchestrator.clip.backbone import load_backbone
+from orchestrator.clip.prompts import prompt_text
+from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
+from orchestrator.methods import make_method, run_stream_many
+from orchestrator.methods.tpt.reference import run_reference
+
+NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
+K = len(NAMES)
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    register_tiny_models()
+    return load_backbone(TINY_VIT, None, "cpu")
+
+
+@pytest.fixture(scope="module")
+def text(backbone):
+    return prompt_text(backbone, NAMES)
+
+
+@pytest.fixture(scope="module")
+def stream(text):
+    """Class embeddings at the initial context ("a photo of a {name}.") and 12 samples of 16 views near them."""
+    with torch.no_grad():
+        emb = F.normalize(text.tower(text.tower.embed(text.tokens), text.tokens.argmax(-1)), dim=-1)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, K, (12,), generator=g)
+    views = F.normalize(torch.randn(12, 16, emb.shape[1], generator=g) + 3 * emb[labels][:, None], dim=-1)
+    return emb, views
+
+
+@pytest.mark.parametrize("model", [TINY_VIT, TINY_RN])
+def test_text_tower_is_the_backbones_text_encoder(model):
+    register_tiny_models()
+    b = load_backbone(model, None, "cpu")
+    text = prompt_text(b, NAMES)
+    with torch.no_grad():
+        assert torch.equal(text.tower(text.tower.embed(text.tokens), text.tokens.argmax(-1)), b.model.encode_text(text.tokens))
+    assert text.n_ctx == 4 and torch.equal(text.tokens[:, 1:5], text.tokens[:1, 1:5].expand(K, -1))
+
+
+# AdamW's first steps move each entry by about lr in the sign of its gradient: an entry whose gradient is near zero
+# can take either sign under rounding, so the gap to the reference grows with lr and steps (a smaller lr for two).
+RTPT = {"neighbours": 20, "reliability_temp": 0.01, "exclude": "self"}
+CASES = [("tpt", {}, {}), ("tpt", {"steps": 2, "keep": 0.25, "lr": 2e-3}, {}),
+         ("ctpt", {}, {"ctpt_lambda": 50.0}), ("ctpt", {"lambda_term": 20.0, "keep": 0.25}, {"ctpt_lambda": 20.0}),
+         ("rtpt", {}, {"rtpt": RTPT}), ("rtpt", {"neighbours": 5, "exclude": "code"},
+                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}})]
+
+
+@pytest.mark.parametrize("method,hp,reference", CASES)
+def test_each_method_equals_the_per_sample_reference_and_tuning_changes_predictions(text, stream, method, hp,
+                                                                                   reference):
+    emb, views = stream
+    tuning = {k: hp[k] for k in ("lr", "steps", "keep") if k in hp}
+    post = make_method(method, emb, torch.arange(K), K, text=text, **hp).run(views).posteriors
+    ref = run_reference(views, text, **{"lr": 5e-3, "steps": 1, "keep": 0.1, "logit_scale": 100.0, **tuning},
+                        **reference)
+    assert torch.equal(post.argmax(1), ref.argmax(1))
+    assert (post - ref).abs().max() <= 1e-5
+    zero_shot = torch.softmax(100.0 * views[:, 0] @ emb.T, dim=-1)
+    assert (post.argmax(1) != zero_shot.argmax(1)).sum() >= 2  # the tuning acts on this stream
+
+
+def test_chunks_and_parts_do_not_change_the_rows(text, stream):
+    """Several samples' prompts in one text-tower pass equal one sample per pass, and a stream in two parts
+    equals it at once."""
+    emb, views = stream
+    whole = make_method("tpt", emb, torch.arange(K), K, text=text).run(views).posteriors
+    one = make_method("tpt", emb, torch.arange(K), K, text=text)
+    one.chunk = 1
+    parts = make_method("tpt", emb, torch.arange(K), K, text=text)
+    parts.chunk = 5
+    split = torch.cat([parts.run(views[:7]).posteriors, parts.run(views[7:]).posteriors])
+    assert torch.equal(whole.argmax(1), one.run(views).posteriors.argmax(1))
+    assert (whole - one.run(views).posteriors).abs().max() <= 1e-5
+    assert (whole - split).abs().max() <= 1e-5
+
+
+def test_a_pack_equals_its_runs(text, stream):
+    emb, views = stream
+    configs = [{"method": "tpt", "lr": 5e-3}, {"method": "tpt", "lr": 1e-2}, {"method": "zero"}]
+    preds, _ = run_stream_many(views, emb, torch.arange(K), K, configs, text=text)
+    for g, config in enumerate(configs[:2]):
+        alone = make_method("tpt", emb, torch.arange(K), K, text=text, lr=config["lr"]).run(views).posteriors
+        assert torch.equal(preds[g], alone.argmax(1))
+
+
+def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
+    emb, _ = stream
+    with pytest.raises(ValueError, match=r"tpt: runs CLIP's text encoder at test time"):
+        make_method("tpt", emb, torch.arange(K), K)
+    with pytest.raises(ValueError, match=r"zero: takes no text encoder"):
+        make_method("zero", emb, torch.arange(K), K, text=text)
+    with pytest.raises(ValueError, match=r"tpt: text.tokens must be .* K = 4"):
+        make_method("tpt", emb[:4], torch.arange(4), 4, text=text)
+
+
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt"])
+def test_defaults_on_an_empty_stream_and_on_one_view(text, stream, method):
+    emb, views = stream
+    assert make_method(method, emb, torch.arange(K), K, text=text).run(views[:0]).posteriors.shape == (0, K)
+    post = make_method(method, emb, torch.arange(K), K, text=text).run(views[:2, :1]).posteriors
+    assert post.shape == (2, K) and torch.allclose(post.sum(1), torch.ones(2))
+
+
+def test_the_cards_memory_per_class_is_the_measured_one():
+    """The card's text_encoder.mb_per_class is the activation memory one class prompt keeps in a step through the
+    ViT-B/16 text tower (RN50's has the same shape), as TextTower counts it."""
+    from orchestrator.methods.prompt import TextTower
+    from orchestrator.registry import method_card
+
+    tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
+    measured = tower.saved_bytes_per_prompt(77) / 2**20
+    for name in ("tpt", "ctpt", "rtpt"):
+        assert method_card(name).text_encoder.mb_per_class == round(measured, 1)

@@ -1,0 +1,83 @@
+"""Prompt tuning in a sweep as a user meets it: the dry run says which methods run CLIP's text encoder at test time
+and what they need, a synthetic dataset is refused for them (exit 2, naming the method and why), and TPT, C-TPT and
+R-TPT run in a Ray sweep on a real-layout image dataset with the tiny open_clip model, their rows in `bca report`
+and the dashboard beside zero-shot CLIP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+
+ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
+def bca(*args: str):
+    return CliRunner().invoke(app, list(args), env=ENV)
+
+
+def real_spec(tmp_path: Path, **overrides) -> Path:
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=3)
+    spec = {"name": "prompt", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+            "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                           "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
+            "datasets": ["dtd"], "views": "augmix7", "methods": [{"method": "clip"}, {"method": "tpt"}],
+            "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4, **overrides}
+    path = tmp_path / "prompt.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_dry_run_shows_the_text_encoder_and_its_memory(tmp_path):
+    r = bca("sweep", str(real_spec(tmp_path)), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "methods running CLIP's text encoder at test time" in r.stdout
+    assert "tpt on dtd: CLIP's text encoder at test time, wants a GPU, 18.2 MB per class per sample (~0.8 GB at K " \
+           "= 47)" in r.stdout
+    assert "methods[1].method: 'tpt' runs CLIP's text encoder forward and backward for every sample and wants a GPU " \
+           "(18.2 MB per class per sample); resources.gpu is 0, so its trials run on the CPU" in r.stderr
+
+
+def test_a_synthetic_dataset_is_refused_for_prompt_tuning(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "s", "results_dir": "results", "datasets": [{"synthetic": "label_shift", "n": 60, "num_classes": 4,
+                                                              "dim": 16}],
+        "views": "augmix7", "methods": [{"method": "tpt"}], "seeds": [1]}))
+    r = bca("sweep", str(path), "--dry-run")
+    assert r.exit_code == 2
+    assert "methods[0].method" in r.stderr and "'tpt' tunes the prompt through CLIP's text encoder at test time, " \
+           "and the synthetic dataset 'synthetic-label_shift' has generated embeddings only" in r.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH, RESULTS_ENV
+
+    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt")])
+    r = bca("sweep", str(path), "--yes")
+    assert r.exit_code == 0, r.output
+    assert "4/4 runs finished, 0 failed" in r.stdout
+    results = str(tmp_path / "results")
+    report = bca("report", "--results", results)
+    assert report.exit_code == 0, report.output
+    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT"))
+    rows = bca("query", "--results", results, "SELECT method, count(*) AS n FROM samples GROUP BY method ORDER BY method")
+    assert rows.exit_code == 0, rows.output
+    cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows.stdout.splitlines() if ln.startswith("│")]
+    assert [c for c in cells if c[0] != "method"] == [["clip", "9"], ["ctpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
+    monkeypatch.setenv(RESULTS_ENV, results)
+    at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
+    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT"))
