@@ -265,11 +265,27 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].select_on", f"'posterior' selects a class, so it needs one class "
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
+        if entry.shards is not None and entry.shards > 1:
+            issues += _shard_issues(i, entry.method)
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))
     return issues
+
+
+def _shard_issues(i: int, method: str) -> list[tuple[str, str]]:
+    """Shards run apart, each from a fresh state: only an episodic method (state reset every sample) gives the
+    rows of the unsharded run."""
+    from orchestrator.methods.episodic import order_free
+    from orchestrator.registry import method_names
+
+    if order_free(method):
+        return []
+    free = [name for name in method_names() if order_free(name)]
+    return [(f"methods[{i}].shards", f"{method!r} carries its state from sample to sample, so its stream cannot be "
+                                     f"split into shards run apart; expected no shards (or shards: 1) for it, or "
+                                     f"an order-free (episodic) method: {', '.join(free)}")]
 
 
 def spec_warnings(spec: SweepSpec) -> list[str]:
