@@ -159,3 +159,50 @@ def real_spec(directory: Path, name: str) -> dict:
             "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
             "datasets": ["imagenet-a"], "views": "crops", "methods": [{"method": "zero"}, {"method": "mta"}],
             "seeds": [1], "resources": {"cpus": 1}, "part_rows": 3, "pack": 1}
+
+
+def sweep_outcome(spec) -> dict[str, tuple[list[dict], dict]]:
+    """run_id -> (its rows in stream order, its runs-table row without timings)."""
+    out = {}
+    for run in expand(spec):
+        writer = RunWriter(spec.results_dir, run.config)
+        rows = [row for path in sorted(writer.samples_dir.glob("part-*.parquet")) for row in pq.read_table(path).to_pylist()]
+        record = read_run(spec.results_dir, spec.name, run.run_id)
+        out[run.run_id] = (rows, {k: v for k, v in record.items() if k not in VOLATILE})
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_ray_sweep_of_sharded_runs_writes_the_unsharded_rows_through_a_killed_shard(tmp_path, monkeypatch):
+    """Zero in 2 shards and MTA in 3 on a local Ray, one shard's worker SIGKILLed after its first part (Tune retries
+    it, and it resumes there): the runs, rows and runs-table rows of the same spec run unsharded, trial by trial."""
+    from orchestrator.sweep.runner import run_sweep
+    from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial, settings_of
+
+    ray = pytest.importorskip("ray")
+    spec = real_spec(tmp_path, "shardsweep")
+    whole = validate_spec({**spec, "results_dir": "whole"}, base_dir=tmp_path)
+    for trial in make_trials(expand(whole), 1):
+        execute_trial(trial, settings_of(whole))
+    path = tmp_path / "sharded.yaml"
+    path.write_text(yaml.safe_dump({**spec, "results_dir": "sharded", "max_failures": 1,
+                                    "methods": [{"method": "zero", "shards": 2}, {"method": "mta", "shards": 3}]}))
+    sharded = load_spec(path)
+    assert len(make_trials(expand(sharded), "auto")) == 5
+    flag = tmp_path / "killed"
+    monkeypatch.setenv(FAILPOINT_ENV, f"sigkill:1:{flag}")
+    lines: list[str] = []
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        outcome = run_sweep(sharded, out=lines.append)
+    finally:
+        ray.shutdown()
+    assert flag.exists(), "the failpoint never fired"
+    assert outcome.ok, (outcome.failed, lines)
+    assert any(ln.startswith("retry:") for ln in lines), lines
+    assert any("resumed at row" in ln for ln in lines), lines
+    assert "2/2 runs finished, 0 failed" in "\n".join(lines) and any("(shard 2/3)" in ln for ln in lines)
+    assert sweep_outcome(sharded) == sweep_outcome(whole)
+    report = verify_results(sharded.results_dir)
+    assert report.ok, report.problems
