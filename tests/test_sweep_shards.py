@@ -206,3 +206,48 @@ def test_a_ray_sweep_of_sharded_runs_writes_the_unsharded_rows_through_a_killed_
     assert sweep_outcome(sharded) == sweep_outcome(whole)
     report = verify_results(sharded.results_dir)
     assert report.ok, report.problems
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_docs_sharded_spec_runs_with_the_docs_commands(tmp_path):
+    """docs/sweeps.md's sharded spec, its backbone and dataset swapped for the tiny model and a tiny ImageNet-A
+    (and no GPU, parts of 3 rows so that every shard has some), through the page's commands verbatim."""
+    import re
+    import subprocess
+
+    from dashboard_results import bca_executable
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sweeps.md").read_text()
+    section = page.split("## One run across several GPUs", 1)[1].split("\n## ", 1)[0]
+    spec = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    commands = [line.split("#")[0].strip() for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+                .splitlines() if line.strip()]
+    assert commands == ["bca sweep experiments/sharded.yaml --dry-run", "bca sweep experiments/sharded.yaml"]
+    tiny = real_spec(tmp_path, spec["name"])
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "sharded.yaml").write_text(yaml.safe_dump({
+        **spec, "backbones": tiny["backbones"], "resources": {"cpus": 1}, "part_rows": 3}))
+    shards = {entry["method"]: entry["shards"] for entry in spec["methods"]}
+    done = []
+    for command in commands:
+        done.append(subprocess.run([bca_executable(), *command.split()[1:]], cwd=tmp_path, capture_output=True,
+                                   text=True, timeout=600))
+        assert done[-1].returncode == 0, done[-1].stdout + done[-1].stderr
+    for method, count in shards.items():
+        assert f"{method}: 1 run(s) split into {count} shards each ({count} trials" in done[0].stdout
+    assert f"{len(shards)}/{len(shards)} runs finished, 0 failed" in done[1].stdout
+    assert verify_results(tmp_path / "results").ok
+
+
+def test_shards_for_an_order_dependent_method_exit_2_naming_the_entry(tmp_path):
+    import subprocess
+
+    from dashboard_results import bca_executable
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**SYNTHETIC, "methods": [{"method": "tda", "shards": 4}]}))
+    done = subprocess.run([bca_executable(), "sweep", str(path), "--dry-run"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "methods[0].shards: 'tda' carries its state from sample to sample" in done.stderr
+    assert not (tmp_path / "results").exists()
