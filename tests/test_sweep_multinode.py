@@ -13,8 +13,10 @@ run locally without Ray: the same rows, the same runs table, nothing lost or dup
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -261,7 +263,8 @@ def test_two_sweeps_writing_and_compacting_at_once_lose_and_duplicate_nothing(cl
 
 def test_a_sharded_episodic_run_spreads_over_the_nodes_and_writes_the_unsharded_rows(cluster, tmp_path):
     """Zero's runs in 4 shards (trials of one run on both worker nodes at once, each with a fake GPU) through the
-    guide's `ray job submit`: the rows and runs-table rows of the same spec run unsharded, locally without Ray."""
+    guide's `ray job submit`, one shard's worker SIGKILLed after its first part (it resumes there): the rows and
+    runs-table rows of the same spec run unsharded, locally without Ray."""
     from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
 
     ray_cluster, checkout = cluster
@@ -269,7 +272,7 @@ def test_a_sharded_episodic_run_spreads_over_the_nodes_and_writes_the_unsharded_
     config = write_model_config(TINY_VIT, checkout / "models")
     spec = {"name": "sharded", "results_dir": "../results", "cache_dir": "../cache", "data_root": "../data",
             "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
-            "datasets": ["imagenet-a"], "views": "crops", "seeds": [1, 2], "part_rows": 3,
+            "datasets": ["imagenet-a"], "views": "crops", "seeds": [1, 2], "part_rows": 1,
             "resources": {"gpu": 0.5, "cpus": 1}, "max_failures": 2}
     path = checkout / "experiments" / "sharded.yaml"
     path.write_text(yaml.safe_dump({**spec, "methods": [{"method": "zero", "shards": 4}]}))
@@ -278,8 +281,14 @@ def test_a_sharded_episodic_run_spreads_over_the_nodes_and_writes_the_unsharded_
     reference = load_spec(local)
     for trial in make_trials(expand(reference), 1):
         execute_trial(trial, settings_of(reference))
-    logs, status = follow(ray_cluster, submit(ray_cluster, path))
+    flag = tmp_path / "stalled"
+    job = submit(ray_cluster, path, failpoint=f"stall:1:{flag}")
+    pid = int(wait_for(flag))  # a shard's trial, stalled after its first part (holding its node's one CPU)
+    victim = ray_cluster.node_of(pid)
+    os.kill(pid, signal.SIGKILL)
+    logs, status = follow(ray_cluster, job)
     assert status == "SUCCEEDED", logs
+    assert "retry:" in logs and "resumed at row" in logs
     assert "2/2 runs finished, 0 failed" in logs and "(shard 4/4)" in logs
     sharded = load_spec(path)
     assert [r.run_id for r in expand(sharded)] == [r.run_id for r in expand(reference)]
@@ -299,4 +308,5 @@ def test_a_sharded_episodic_run_spreads_over_the_nodes_and_writes_the_unsharded_
     assert report.ok, report.problems
     nodes = {json.loads(line)["node_id"] for result in (results / "tune").glob("sharded_*/*/result.json")
              for line in result.read_text().splitlines() if "node_id" in line}
-    assert nodes == {w.node_id for w in ray_cluster.workers}  # the shards of the runs ran on both worker nodes
+    # the other shards ran on the other node while the stalled one held its node
+    assert nodes | {victim.node_id} == {w.node_id for w in ray_cluster.workers}
