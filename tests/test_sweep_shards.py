@@ -6,8 +6,6 @@ against unsharded."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from pathlib import Path
 
 import pyarrow.parquet as pq
