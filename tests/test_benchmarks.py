@@ -109,3 +109,14 @@ def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
     gpu.prompt_tuning("cpu", quick=True)
     out = capsys.readouterr().out
     assert "bca-tiny-vit text tower" in out and "    tpt   chunked " in out, out
+
+
+def test_shards_benchmark_small_run_prints_every_actor_count_with_equal_rows(capsys):
+    """`python -m benchmarks.shards` with small sizes: a row for 1, 2 and 4 actors, each run's rows those of one
+    actor (exit 0)."""
+    from benchmarks import shards
+
+    assert shards.main(["--n", "400", "--classes", "20", "--dim", "16", "--views", "4", "--part-rows", "50"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "actors" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "4"]
+    assert all(r.rstrip(" |").endswith("yes") for r in rows)

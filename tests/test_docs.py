@@ -62,6 +62,9 @@ ELSEWHERE = {
     "bca cache experiments/paper_ood.yaml": "tests/test_feature_cache.py::test_bca_cache_from_a_sweep_spec",
     "bca cache --model ViT-B-16 --pretrained openai --dataset imagenet-a --data-root data --cache-dir cache":
         "tests/test_feature_cache.py::test_bca_cache_explicit_args_then_no_op",
+    "bca sweep experiments/sharded.yaml --dry-run":
+        "tests/test_sweep_shards.py::test_the_docs_sharded_spec_runs_with_the_docs_commands",
+    "bca sweep experiments/sharded.yaml": "tests/test_sweep_shards.py::test_the_docs_sharded_spec_runs_with_the_docs_commands",
     # a wrapper that runs tests/reliability and the related tests of other modules (minutes) and counts them
     "python -m benchmarks.reliability": "tests/reliability",
 }

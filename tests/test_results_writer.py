@@ -273,3 +273,31 @@ def test_two_processes_writing_one_run_leave_exact_rows(tmp_path):
     w = RunWriter(tmp_path, CONFIG)
     idx = pq.read_table(w.samples_dir).column("sample_idx").to_pylist()
     assert sorted(idx) == list(range(60))
+
+
+def test_shard_writers_fill_their_own_ranges_into_the_contiguous_parts(tmp_path):
+    """Two shards of one run write at once, each its own range and out of order: rows_done counts only the
+    contiguous parts from 0 until the gap between them is filled, and nothing is removed as stray meanwhile."""
+    first, second = RunWriter(tmp_path, CONFIG), RunWriter(tmp_path, CONFIG)
+    assert first.missing(0, 30) == [(0, 30)]
+    second.fill_part(20, cols(20, 10))
+    first.fill_part(0, cols(0, 10))
+    assert first.rows_done() == 10 and first.missing(0, 30) == [(10, 20)] and first.missing(20, 30) == []
+    assert first.missing(5, 25) == [(10, 20)]
+    first.fill_part(10, cols(10, 10))
+    assert second.rows_done() == 30 and second.missing(0, 30) == []
+    assert part_files(first) == ["part-000000000.parquet", "part-000000010.parquet", "part-000000020.parquet"]
+    assert first.read_columns(["sample_idx"]).column("sample_idx").to_pylist() == list(range(30))
+
+
+def test_filling_rows_a_part_holds_is_refused_and_a_damaged_part_is_replaced(tmp_path):
+    w = RunWriter(tmp_path, CONFIG)
+    w.fill_part(10, cols(10, 10))
+    with pytest.raises(ValueError, match=r"fill_part: rows 5\.\.14 overlap rows 10\.\.19 already written"):
+        w.fill_part(5, cols(5, 10))
+    damaged = w.samples_dir / "part-000000022.parquet"
+    damaged.write_bytes(b"PAR1 half a file")
+    w.fill_part(0, cols(0, 10))  # the damaged part lies in another range: left to its shard
+    assert damaged.exists() and w.missing(0, 30) == [(20, 30)]
+    w.fill_part(20, cols(20, 5))  # it starts in this part's rows: replaced
+    assert not damaged.exists() and w.missing(0, 30) == [(25, 30)] and w.rows_done() == 25

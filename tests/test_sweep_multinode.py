@@ -13,8 +13,10 @@ run locally without Ray: the same rows, the same runs table, nothing lost or dup
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -257,3 +259,54 @@ def test_two_sweeps_writing_and_compacting_at_once_lose_and_duplicate_nothing(cl
     for spec in specs:
         assert {r.run_id for r in expand(load_spec(spec))} <= set(compacted)
         assert_same_as_local(spec, results, tmp_path / spec.stem)
+
+
+def test_a_sharded_episodic_run_spreads_over_the_nodes_and_writes_the_unsharded_rows(cluster, tmp_path):
+    """Zero's runs in 4 shards (trials of one run on both worker nodes at once, each with a fake GPU) through the
+    guide's `ray job submit`, one shard's worker SIGKILLed after its first part (it resumes there): the rows and
+    runs-table rows of the same spec run unsharded, locally without Ray."""
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+
+    ray_cluster, checkout = cluster
+    build_dataset("imagenet-a", checkout / "data", num_classes=3, per_class=4)
+    config = write_model_config(TINY_VIT, checkout / "models")
+    spec = {"name": "sharded", "results_dir": "../results", "cache_dir": "../cache", "data_root": "../data",
+            "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+            "datasets": ["imagenet-a"], "views": "crops", "seeds": [1, 2], "part_rows": 1,
+            "resources": {"gpu": 0.5, "cpus": 1}, "max_failures": 2}
+    path = checkout / "experiments" / "sharded.yaml"
+    path.write_text(yaml.safe_dump({**spec, "methods": [{"method": "zero", "shards": 4}]}))
+    local = checkout / "experiments" / "local.yaml"  # the same runs unsharded (and the cache encoded once)
+    local.write_text(yaml.safe_dump({**spec, "results_dir": str(tmp_path / "local"), "methods": [{"method": "zero"}]}))
+    reference = load_spec(local)
+    for trial in make_trials(expand(reference), 1):
+        execute_trial(trial, settings_of(reference))
+    flag = tmp_path / "stalled"
+    job = submit(ray_cluster, path, failpoint=f"stall:1:{flag}")
+    pid = int(wait_for(flag))  # a shard's trial, stalled after its first part (holding its node's one CPU)
+    victim = ray_cluster.node_of(pid)
+    os.kill(pid, signal.SIGKILL)
+    logs, status = follow(ray_cluster, job)
+    assert status == "SUCCEEDED", logs
+    assert "retry:" in logs and "resumed at row" in logs
+    assert "2/2 runs finished, 0 failed" in logs and "(shard 4/4)" in logs
+    sharded = load_spec(path)
+    assert [r.run_id for r in expand(sharded)] == [r.run_id for r in expand(reference)]
+
+    def rows_and_records(spec, results: Path) -> dict:
+        columns = ", ".join(c.name for c in SAMPLE_COLUMNS)
+        with ResultsDB(results) as db:
+            return {run.run_id: (db.sql(f"SELECT {columns} FROM samples WHERE run_id = $r ORDER BY sample_idx",
+                                        {"r": run.run_id}).to_pylist(),
+                                 {k: v for k, v in read_run(results, "sharded", run.run_id).items()
+                                  if k not in VOLATILE | {"progress"}})
+                    for run in expand(spec)}
+
+    results = (checkout / "results").resolve()
+    assert rows_and_records(sharded, results) == rows_and_records(reference, tmp_path / "local")
+    report = verify_results(results)
+    assert report.ok, report.problems
+    nodes = {json.loads(line)["node_id"] for result in (results / "tune").glob("sharded_*/*/result.json")
+             for line in result.read_text().splitlines() if "node_id" in line}
+    # the other shards ran on the other node while the stalled one held its node
+    assert nodes | {victim.node_id} == {w.node_id for w in ray_cluster.workers}

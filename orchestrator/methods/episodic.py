@@ -61,6 +61,14 @@ class Episodic(Method):
         return Trace(posteriors, selected, gated, gated_prior, state={}, timings=timer.seconds)
 
 
+def order_free(method: str) -> bool:
+    """Whether a registered method is episodic (its class derives from `Episodic`): each sample's outputs depend
+    on that sample alone, so a sweep may split its stream into shards run apart (orchestrator.sweep.shard)."""
+    from orchestrator.registry import method_card
+
+    return issubclass(method_card(method).implementation(), Episodic)
+
+
 @per_card
 def run_episodic_lockstep(methods: list[Episodic], features: torch.Tensor) -> list[Trace]:
     """G streams of one episodic method over one stream of views [n, V, d]; trace g equals

@@ -134,21 +134,26 @@ class RunWriter:
         """(segment, rows) when the run has been compacted (orchestrator.results.store), else None."""
         return store.load_catalog(self.results_dir).compacted().get(self.run_id)
 
-    def _scan(self) -> tuple[int, list[Path]]:
-        """(end of the complete contiguous parts from 0, part files outside that prefix). Removes temp files
-        left by killed writers: callers hold the run's lock, so no live writer owns them."""
+    def _parts(self) -> list[tuple[int, int | None, Path]]:
+        """(start, rows, path) of every part file in stream order, rows None for one that is not a complete,
+        readable part. Removes temp files left by killed writers: callers hold the run's lock, so no live writer
+        owns them."""
         parts = []
         for path in self.samples_dir.iterdir():
             if schema.is_temp_name(path.name):
                 log.warning("removing unfinished temp file %s left by an interrupted writer", path)
                 path.unlink(missing_ok=True)
             elif (start := schema.part_start(path.name)) is not None:
-                parts.append((start, path))
+                check = self._checker.check(path, "samples")
+                parts.append((start, check.num_rows if check is not None and check.ok else None, path))
+        return sorted(parts, key=lambda part: part[0])
+
+    def _scan(self) -> tuple[int, list[Path]]:
+        """(end of the complete contiguous parts from 0, part files outside that prefix)."""
         end, stray = 0, []
-        for start, path in sorted(parts):
-            check = self._checker.check(path, "samples")
-            if not stray and check is not None and check.ok and start == end:
-                end += check.num_rows
+        for start, rows, path in self._parts():
+            if not stray and rows is not None and start == end:
+                end += rows
             else:
                 stray.append(path)
         return end, stray
@@ -248,6 +253,69 @@ class RunWriter:
             path = self.samples_dir / schema.part_name(start)
             atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), "results part")
             return end + n
+
+    # ------------------------------------------------------------------------------ shards of one run
+    # An order-free run may be written by several writers at once, each filling its own range of the stream
+    # (orchestrator.sweep.shard): each writes only rows no complete part holds, so together they leave the
+    # contiguous parts from 0 that `rows_done` and `complete` count, and a resumed shard fills what is missing.
+
+    def missing(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The row ranges [a, b) within [lo, hi) that no complete part holds (none once compacted)."""
+        if self._compacted() is not None:
+            return []
+        held = []
+        if self.samples_dir.is_dir():
+            with self._lock():
+                held = [(start, start + rows) for start, rows, _ in self._parts() if rows is not None]
+        gaps, at = [], lo
+        for start, end in held:
+            if start > at and at < hi:
+                gaps.append((at, min(start, hi)))
+            at = max(at, end)
+        if at < hi:
+            gaps.append((at, hi))
+        return gaps
+
+    def fill_part(self, start: int, columns: Mapping[str, Any]) -> None:
+        """Write stream rows start..start+n-1 (columns as `write_part`) as one part where no complete part holds
+        any of them: a shard's writer fills its own range while other shards fill theirs. An overlap with a
+        complete part (a zombie writer of the same range got there first) is refused; a damaged part starting
+        inside the range is replaced."""
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 0:
+            raise ValueError(f"fill_part: start must be a non-negative integer, got {start!r}")
+        start = int(start)
+        table = self._samples_table(start, columns)
+        end = start + table.num_rows
+        with self._lock():
+            if (compacted := self._compacted()) is not None:
+                raise ValueError(f"fill_part: run {self.run_id} is complete and compacted ({compacted[1]} rows in "
+                                 f"segment {compacted[0]}); discard_rows() first to write it again")
+            parts = self._parts()
+            for first, rows, _ in parts:
+                if rows is not None and first < end and start < first + rows:
+                    raise ValueError(f"fill_part: rows {start}..{end - 1} overlap rows {first}..{first + rows - 1} "
+                                     f"already written for run {self.run_id} in {self.samples_dir}")
+            for first, rows, path in parts:
+                if rows is None and start <= first < end:
+                    log.warning("removing damaged part %s of run %s: rows %d..%d are written again", path,
+                                self.run_id, start, end - 1)
+                    path.unlink(missing_ok=True)
+            path = self.samples_dir / schema.part_name(start)
+            atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), "results part")
+
+    def read_columns(self, names: list[str]) -> pa.Table:
+        """Columns `names` of the run's complete parts from 0, in stream order (live files: a run is compacted
+        only once finished)."""
+        if (compacted := self._compacted()) is not None:
+            raise ValueError(f"read_columns: run {self.run_id} is compacted (segment {compacted[0]}); query it "
+                             f"through orchestrator.results.db")
+        if not self.samples_dir.is_dir():
+            return schema.SAMPLE_ARROW_SCHEMA.empty_table().select(names)
+        with self._lock():
+            end, _ = self._scan()
+            paths = [path for start, rows, path in self._parts() if rows is not None and start < end]
+            tables = [pq.read_table(path, columns=names) for path in paths]
+        return pa.concat_tables(tables) if tables else schema.SAMPLE_ARROW_SCHEMA.empty_table().select(names)
 
     # -------------------------------------------------------------------------------------- runs table
     def read_row(self) -> dict[str, Any] | None:

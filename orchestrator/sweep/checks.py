@@ -274,6 +274,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"generated embeddings only (no text encoder, no class prompts); "
                                                    f"expected real datasets for it (with `datasets:` on the method "
                                                    f"entry; the tiny test backbones run it on image fixtures)"))
+        if entry.shards is not None and entry.shards > 1:
+            issues += _shard_issues(i, entry.method)
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
@@ -299,6 +301,20 @@ def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                          f"expected 1 or 'official' among the values (they are skipped for a "
                                          f"per-sample method), or batch_size: 1 on the method entry"))
     return issues
+
+
+def _shard_issues(i: int, method: str) -> list[tuple[str, str]]:
+    """Shards run apart, each from a fresh state: only an episodic method (state reset every sample) gives the
+    rows of the unsharded run."""
+    from orchestrator.methods.episodic import order_free
+    from orchestrator.registry import method_names
+
+    if order_free(method):
+        return []
+    free = [name for name in method_names() if order_free(name)]
+    return [(f"methods[{i}].shards", f"{method!r} carries its state from sample to sample, so its stream cannot be "
+                                     f"split into shards run apart; expected no shards (or shards: 1) for it, or "
+                                     f"an order-free (episodic) method: {', '.join(free)}")]
 
 
 def spec_warnings(spec: SweepSpec) -> list[str]:

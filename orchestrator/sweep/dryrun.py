@@ -98,6 +98,14 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                      + f" {n:>9,} {done[k]:>9,} {trial_count[k]:>9,}")
     lines += _skipped_batch_sizes(spec)
     lines += _text_encoder_lines(runs)
+    sharded: dict[str, dict[str, int]] = {}  # method -> run_id -> its shards
+    for trial in trials:
+        if trial.shard is not None:
+            sharded.setdefault(trial.runs[0].method, {})[trial.runs[0].run_id] = trial.shard.count
+    for method, counts in sharded.items():
+        lines.append(f"  {method}: {len(counts):,} run(s) split into {'/'.join(map(str, sorted(set(counts.values()))))} "
+                     f"shards each ({sum(counts.values()):,} trials, each with the spec's resources), merged into "
+                     f"each run's own rows")
     lengths = {}
     for run in todo:
         if run.source not in lengths:

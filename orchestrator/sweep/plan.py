@@ -94,13 +94,14 @@ class DataSource:
 
 class _Group:
     """What the runs of one (data source, method entry) share: the config without hparams, the hparam names
-    (sorted, as stored) and the canonical JSON around the hparams object."""
+    (sorted, as stored), the canonical JSON around the hparams object and the entry's shards per run."""
 
-    __slots__ = ("base", "names", "prefix", "suffix")
+    __slots__ = ("base", "names", "prefix", "suffix", "shards")
 
-    def __init__(self, base: dict[str, Any], names: tuple[str, ...]) -> None:
+    def __init__(self, base: dict[str, Any], names: tuple[str, ...], shards: int = 1) -> None:
         self.base = base
         self.names = names
+        self.shards = shards
         text = canonical_json({**base, "hparams": _HPARAMS_SLOT})
         self.prefix, self.suffix = text.split(json.dumps(_HPARAMS_SLOT), 1)
 
@@ -127,6 +128,11 @@ class Run:
         return dict(zip(self._group.names, self._values))
 
     @property
+    def shards(self) -> int:
+        """Trials its stream is split into (its method entry's `shards`; 1: not split). Not in its config."""
+        return self._group.shards
+
+    @property
     def config(self) -> dict[str, Any]:
         return {**self._group.base, "hparams": self.hparams}
 
@@ -148,12 +154,32 @@ class Run:
         return Run, (self.run_id, self.source, self._group, self._values)
 
 
+class Shard(NamedTuple):
+    """Shard `index` of `count` of one run's stream: a contiguous range of whole parts (so every part, and every
+    call of the method on one, is the one the unsharded run makes)."""
+
+    index: int
+    count: int
+
+    def rows(self, n: int, part_rows: int) -> tuple[int, int]:
+        """[lo, hi): its stream positions in a stream of n samples written in parts of `part_rows` (the parts
+        shared out as evenly as whole parts allow; a shard past the last part is empty)."""
+        parts = -(-n // part_rows)
+        return (min(n, part_rows * (self.index * parts // self.count)),
+                min(n, part_rows * ((self.index + 1) * parts // self.count)))
+
+    @property
+    def label(self) -> str:
+        return f"shard {self.index + 1}/{self.count}"
+
+
 class Trial(NamedTuple):
     """One Tune trial (a tuple: a big grid has as many trials as runs, so they are kept small and quick to make)."""
 
-    key: str                   # run_id of a single run; for a pack, a hash of its run_ids
+    key: str                   # run_id of a single run; for a pack, a hash of its run_ids; <run_id>-shard<k>of<N>
     source: DataSource
     runs: tuple[Run, ...]
+    shard: Shard | None = None  # one shard of its single run's stream (orchestrator.sweep.shard)
 
 
 @dataclass(frozen=True)
@@ -401,7 +427,7 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields})
                             del base["hparams"]
-                            group = _Group(base, tuple(a.name for a in axes))
+                            group = _Group(base, tuple(a.name for a in axes), entry.shards or 1)
                             head = hashlib.sha256(group.prefix.encode("utf-8"))
                             for run_id, values in _points(axes, head, group.suffix):
                                 if run_id not in seen:
@@ -464,7 +490,12 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
+    trials: list[Trial] = []
     for run in runs:
+        if run.shards > 1:  # a sharded run is never packed: one trial per shard
+            trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
+                       for k in range(run.shards)]
+            continue
         key = keys.get(id(run._group), False)
         if key is False:
             card = method_card(run.method)
@@ -475,7 +506,6 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
         if key is None:
             key = (run.source, run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
         groups.setdefault(key, []).append(run)
-    trials: list[Trial] = []
     for (source, _views), group in groups.items():
         trials += [Trial(_trial_key(members), source, members) for members in chunk(group)]
     return trials

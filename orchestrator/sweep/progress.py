@@ -123,7 +123,7 @@ class ProgressCallback(tune.Callback):
                  out: Callable[[str], None] = print, on_failed: Callable[[Trial, str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.trials = {t.key: t for t in trials}
-        self.total = already_done + sum(len(t.runs) for t in trials)
+        self.total = already_done + len({run.run_id for t in trials for run in t.runs})  # a sharded run once
         self.done = already_done
         self.varying = varying_hparams(all_runs)
         self.out = out
@@ -136,6 +136,8 @@ class ProgressCallback(tune.Callback):
         self.running: dict[str, float] = {}                   # trial key -> share of its stream adapted
         self.sample_cost: dict[str, list[float]] = defaultdict(list)  # method -> measured seconds per sample
         self.length: dict[str, int] = {}                      # dataset -> stream length
+        self.shards_ended: dict[str, int] = defaultdict(int)  # sharded run -> its shard trials ended
+        self.counted: set[str] = set()                         # sharded runs counted done (finished or failed)
 
     def _trial(self, trial: Any) -> Trial | None:
         return self.trials.get(trial.config.get("trial"))
@@ -152,7 +154,7 @@ class ProgressCallback(tune.Callback):
             return "?"
         done = left = 0.0
         for key, plan in self.trials.items():
-            cost = sum(self._cost(run) for run in plan.runs)
+            cost = sum(self._cost(run) for run in plan.runs) / (plan.shard.count if plan.shard else 1)
             share = 1.0 if key in self.ended else self.running.get(key, 0.0)
             done += share * cost
             left += (1.0 - share) * cost
@@ -173,6 +175,8 @@ class ProgressCallback(tune.Callback):
         the runs of one configuration (a trial's runs share its stream)."""
         first = plan.runs[0]
         what = run_label(first, self.varying) if len(plan.runs) == 1 else f"pack of {len(plan.runs)} runs"
+        if plan.shard is not None:
+            what += f" ({plan.shard.label})"
         config = first.config
         where = [config["backbone"], config["dataset"]]
         if config.get("stream") is not None:
@@ -212,13 +216,18 @@ class ProgressCallback(tune.Callback):
         if result.get("error"):  # a deterministic error, reported instead of raised so Tune does not retry it
             self._failed(plan, summarise_error(result["error"]))
             return
-        self.done += len(plan.runs)
+        self.done += self._runs_ended(plan, failed=False)
         self.ended.add(plan.key)
         self.running.pop(plan.key, None)
         self._measure(plan, result)
         acc = result.get("accuracy")
         parts = [f"[{self.done}/{self.total}]", self._describe(plan)]
-        if acc is not None and result.get("n_runs", 0) > 0:
+        if plan.shard is not None and result.get("n_runs", 0) > 0 and not result.get("finished"):
+            parts.append(f"{result['rows_written']:,} rows")  # the run's accuracy comes with its last shard
+            parts.append(f"{result.get('samples_per_s', float('nan')):,.0f} samples/s")
+            if result.get("resumed_from"):
+                parts.append(f"resumed at row {result['resumed_from']}")
+        elif acc is not None and result.get("n_runs", 0) > 0:
             parts.append(f"acc {acc:.2f}%" + (" (mean)" if len(plan.runs) > 1 else ""))
             parts.append(f"{result.get('samples_per_s', float('nan')):,.0f} samples/s")
             if result.get("resumed_from"):
@@ -242,8 +251,20 @@ class ProgressCallback(tune.Callback):
         if plan is not None:
             self._failed(plan, trial_error(trial))
 
+    def _runs_ended(self, plan: Trial, failed: bool) -> int:
+        """Runs a trial that ended takes to their end: its runs, or for a shard its run once its last shard
+        ended (or a shard failed for good)."""
+        if plan.shard is None:
+            return len(plan.runs)
+        run_id = plan.runs[0].run_id
+        self.shards_ended[run_id] += 1
+        if run_id in self.counted or not (failed or self.shards_ended[run_id] == plan.shard.count):
+            return 0
+        self.counted.add(run_id)
+        return 1
+
     def _failed(self, plan: Trial, error: str) -> None:
-        self.done += len(plan.runs)
+        self.done += self._runs_ended(plan, failed=True)
         self.ended.add(plan.key)
         self.running.pop(plan.key, None)
         self.errors[plan.key] = error

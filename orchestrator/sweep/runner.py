@@ -78,6 +78,8 @@ def _trial_metrics(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Summary metrics a trial reports to Tune: the run's own, or the pack's means."""
     if not results:
         return {"n_runs": 0}
+    if "shard" in results[0]:  # one shard: its own rows and rate, and the run's metrics once it finished the run
+        return {**results[0], "n_runs": 1}
     keys = ("accuracy", "last50_accuracy", "samples_per_s", *STAGE_COLUMNS, "peak_mem_mb")
     out: dict[str, Any] = {k: sum(r[k] for r in results) / len(results) for k in keys}
     encoder = stage_column(ENCODER_STAGE)
@@ -364,6 +366,10 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
                            skipped, address, out, command=command,
                            dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s),
                            on_stop=lambda: _record_interrupted(spec, todo, command, out))
+            for run in todo:  # a shard failed for good, and a sibling shard started after it marked the run running
+                writer = RunWriter(spec.results_dir, run.config)
+                if run.run_id in errors and writer.status() == "running":
+                    _mark(writer, errors[run.run_id], out)
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
                            and RunWriter(spec.results_dir, r.config).status() is None]

@@ -159,8 +159,11 @@ def _method_model(name: str) -> type[BaseModel]:
     (values are checked against the card in `checks`, so every bad value of every entry is reported at once)."""
     fields = {h.name: (Grid | None, None) for h in method_card(name).hparams}
     only = Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] | None
+    # shards: split each run's stream into this many contiguous shards, each its own trial (order-free methods
+    # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
-                        datasets=(only, None), batch_size=(BatchSizes | None, None), **fields)
+                        datasets=(only, None), batch_size=(BatchSizes | None, None),
+                        shards=(PositiveInt | None, None), **fields)
 
 
 def _method_entry_type(names: tuple[str, ...]) -> Any:
@@ -178,7 +181,7 @@ def _method_entry_type(names: tuple[str, ...]) -> Any:
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size"}).items() if v is not None}
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards"}).items() if v is not None}
 
 
 def dataset_name(dataset: RealDataset | SyntheticDataset) -> str:

@@ -270,10 +270,12 @@ class _Outcome:
         self.rows: list[dict[str, np.ndarray]] = []
         self.timings: dict[str, float] = {}
         self.run_s = 0.0
+        self.computed = 0  # samples the method ran in run_s (a replayed prefix included)
         self.state: dict[str, np.ndarray] = {}
 
     def add(self, trace: Any, labels: torch.Tensor, seconds: float) -> dict[str, np.ndarray]:
         self.run_s += seconds
+        self.computed += len(labels)
         for stage, t in trace.timings.items():
             self.timings[stage] = self.timings.get(stage, 0.0) + t
         rows = _rows(trace, labels)
@@ -285,9 +287,10 @@ class _Outcome:
         return np.concatenate([r[name] for r in self.rows])
 
 
-def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stream: Stream,
-            encode_s: float, peak: PeakMemory | None, warmup_s: float = 0.0) -> dict[str, Any]:
-    """Save the final state and stream order, mark the run finished with its metrics; return them."""
+def _finish(run: Run, writer: RunWriter, resumed_from: int, outcome: _Outcome, stream: Stream,
+            encode_s: float, peak_mb: float | None, warmup_s: float = 0.0) -> dict[str, Any]:
+    """Save the final state and stream order, mark the run finished with its metrics (from the run's rows in
+    `outcome`); return them."""
     n = len(stream)
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order),
                        "stream_source": _numpy(stream.source_index)})
@@ -296,14 +299,19 @@ def _finish(run: Run, writer: RunWriter, sink: _RowSink, outcome: _Outcome, stre
                            labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
                            is_ood=is_ood)
     metrics = {"n_samples": n, **stored_run_metrics(measured), "n_ood": int(is_ood.sum()),
-               "samples_per_s": n / outcome.run_s if outcome.run_s > 0 else float("inf"), "warmup_s": warmup_s,
+               "samples_per_s": outcome.computed / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               "warmup_s": warmup_s,
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
-               "peak_mem_mb": None if peak is None else peak.mb(),
+               "peak_mem_mb": peak_mb,
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped), "progress": None,
                "data_fingerprint": stream.fingerprint}
     writer.mark("finished", **metrics)
-    return {**metrics, "run_id": run.run_id, "rows_written": n - sink.resumed_from, "resumed_from": sink.resumed_from}
+    return {**metrics, "run_id": run.run_id, "rows_written": n - resumed_from, "resumed_from": resumed_from}
+
+
+def _peak_mb(peak: PeakMemory | None) -> float | None:
+    return None if peak is None else peak.mb()
 
 
 def _wants_views(config: dict[str, Any]) -> bool:
@@ -367,6 +375,12 @@ def _prompt_text(configs: list[dict[str, Any]], source: DataSource, stream: Stre
     return prompt_text(backbone, stream.class_names)
 
 
+def _method_for(config: dict[str, Any], stream: Stream, text: Any) -> Any:
+    """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one)."""
+    return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                       batch_size=_batch_size(config), text=text, **_method_hparams(config, len(stream)))
+
+
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
     """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
     stream's length, since the trial feeds the stream in parts."""
@@ -412,9 +426,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         config = run.config
 
         def method_for_stream() -> Any:
-            return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                               batch_size=_batch_size(config), text=text,
-                               **_method_hparams(config, len(stream)))
+            return _method_for(config, stream, text)
 
         features = _features_for(config, stream)
         warmup_s = warm_up([_code_path(config, features)],
@@ -429,7 +441,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             labels = stream.labels[start:start + part]
             sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
             progress("adapting", min(start + part, len(stream)), len(stream))
-        return _finish(run, writer, sink, outcome, stream, encode_s, peak, warmup_s)
+        return _finish(run, writer, sink.resumed_from, outcome, stream, encode_s, _peak_mb(peak), warmup_s)
     except BaseException as exc:
         _mark_failed(writer, exc)
         raise
@@ -473,8 +485,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
                             settings.failpoint)
             outcome = _Outcome()
             sink.offer(0, outcome.add(trace, stream.labels, share))
-            out.append(_finish(run, writer, sink, outcome, stream, encode_s if i == 0 else 0.0, peak,
-                               warmup_s if i == 0 else 0.0))
+            out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
+                               _peak_mb(peak), warmup_s if i == 0 else 0.0))
         return out
     except BaseException as exc:
         for writer in writers:
@@ -520,6 +532,11 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         text = _prompt_text([run.config for run in todo], trial.source, stream)
+        if trial.shard is not None:
+            from orchestrator.sweep.shard import execute_shard
+
+            return [execute_shard(todo[0], trial.shard, stream, settings, encode_s=encode_s, peak=peak,
+                                  progress=progress, text=text)]
         if len(todo) > 1:
             return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak, text=text)
         return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress, text=text)]
