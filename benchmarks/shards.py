@@ -57,7 +57,8 @@ def _stream(n: int, classes: int, dim: int, views: int):
                   image_ids=[f"img{i}" for i in range(n)], order=torch.arange(n),
                   source_index=torch.zeros(n, dtype=torch.int64), is_ood=torch.zeros(n, dtype=torch.bool),
                   sources=["views"] * n, class_embeddings=bench.class_embeddings.to(device),
-                  class_ids=bench.class_ids.to(device), num_classes=bench.num_classes, encode_s=0.0, skipped=[])
+                  class_ids=bench.class_ids.to(device), num_classes=bench.num_classes,
+                  class_names=[f"class{c}" for c in range(bench.num_classes)], encode_s=0.0, skipped=[])
 
 
 class _ShardActor:

@@ -46,7 +46,8 @@ def stream() -> Stream:
     return Stream(features=views[:, 0], view_features=views, labels=labels, image_ids=[f"img{i}" for i in range(N)],
                   order=torch.arange(N), source_index=torch.zeros(N, dtype=torch.int64),
                   is_ood=torch.zeros(N, dtype=torch.bool), sources=["views"] * N, class_embeddings=class_embeddings,
-                  class_ids=class_ids, num_classes=num_classes, encode_s=0.0, skipped=[])
+                  class_ids=class_ids, num_classes=num_classes, class_names=[f"class{c}" for c in range(num_classes)],
+                  encode_s=0.0, skipped=[])
 
 
 def make_run(method: str, shards: int = 1) -> Run:
