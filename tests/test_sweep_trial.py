@@ -284,3 +284,22 @@ def test_a_running_trial_records_how_far_it_got_in_its_runs_rows(tmp_path):
     assert adapting[1][1]["progress"] == "adapting 100/450 samples" and adapting[1][1]["status"] == "running"
     final = read_run(spec.results_dir, spec.name, run.run_id)
     assert final["status"] == "finished" and final["progress"] is None
+
+
+def test_stored_prediction_is_the_traces_argmax_on_tied_posteriors():
+    """A uniform posterior row (ZLaP's image with no link to any text) or a tie stores the first maximum, as the
+    trace's argmax and the official codes take it, with top-5 in the same order (topk's pick among ties is
+    unspecified: it stored class 8 of a uniform row)."""
+    from orchestrator.methods.base import Trace, empty_trace
+    from orchestrator.sweep.trial import _rows
+
+    K = 10
+    post = torch.full((3, K), 1.0 / K)
+    post[1] = torch.tensor([0.0, 0.3, 0.0, 0.3, 0.1, 0.1, 0.1, 0.1, 0.0, 0.0])
+    post[2] = torch.softmax(torch.arange(K, dtype=torch.float32), dim=0)
+    _, selected, gated, gated_prior = empty_trace(3, K, torch.device("cpu"))
+    trace = Trace(post, selected, gated, gated_prior)
+    rows = _rows(trace, torch.tensor([0, 3, 9]))
+    assert rows["pred"].tolist() == trace.predictions.tolist() == [0, 1, 9]
+    assert rows["top5"].tolist() == [[0, 1, 2, 3, 4], [1, 3, 4, 5, 6], [9, 8, 7, 6, 5]]
+    assert rows["confidence"].tolist() == pytest.approx([0.1, 0.3, float(post[2, 9])])

@@ -255,10 +255,13 @@ def _rows(trace: Any, labels: torch.Tensor) -> dict[str, np.ndarray]:
     """The per-sample columns a trace gives: prediction, confidence, top-5 classes, the true class's probability
     (NaN for an OOD sample, label -1), and the method's gate and selection."""
     post = trace.posteriors
-    top = torch.topk(post, min(TOP_K, post.shape[1]), dim=1)
+    # A stable sort, not topk: among tied posteriors (a uniform row) topk's pick is unspecified, and the stored
+    # prediction must be the trace's argmax (the first maximum) that every reference and the official codes take.
+    ranked = torch.sort(post, dim=1, descending=True, stable=True)
+    values, classes = ranked.values[:, :TOP_K], ranked.indices[:, :TOP_K]
     labels = labels.to(post.device)
     prob_true = post.gather(1, labels.clamp_min(0)[:, None])[:, 0].masked_fill(labels < 0, float("nan"))
-    return {"pred": _numpy(top.indices[:, 0]), "confidence": _numpy(top.values[:, 0]), "top5": _numpy(top.indices),
+    return {"pred": _numpy(classes[:, 0]), "confidence": _numpy(values[:, 0]), "top5": _numpy(classes),
             "prob_true": _numpy(prob_true), "gated": _numpy(trace.gated), "gated_prior": _numpy(trace.gated_prior),
             "selected": _numpy(trace.selected)}
 
