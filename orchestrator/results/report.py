@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -464,14 +465,32 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, and for
     an average column over its per-(seed, order) means of the datasets' gains. The p-values are Holm-adjusted
     over the table's tested cells, and the legend says so."""
-    cols = table.columns
-    low = pd.DataFrame(math.nan, index=table.mean.index, columns=cols)
-    high, p = low.copy(), low.copy()
-    table.gain_low, table.gain_high, table.p_holm = low, high, p
+    index, cols = table.mean.index, table.columns
+    # filled cell by cell in dicts, framed once at the end (setting a frame's cells one by one costs a study's
+    # table seconds)
+    low: dict[tuple[Any, str], float] = {}
+    high: dict[tuple[Any, str], float] = {}
+    raw: dict[tuple[Any, str], float] = {}
+
+    def frame(values: dict[tuple[Any, str], float]) -> pd.DataFrame:
+        out = pd.DataFrame(math.nan, index=index, columns=cols)
+        if values:
+            at = {k: i for i, k in enumerate(index)}
+            grid = out.to_numpy(copy=True)
+            for (key, label), value in values.items():
+                grid[at[key], cols.index(label)] = value
+            out = pd.DataFrame(grid, index=index, columns=cols)
+        return out
+
+    def publish() -> None:
+        adjusted = stats.holm(list(raw.values()))
+        table.gain_low, table.gain_high = frame(low), frame(high)
+        table.p_holm = frame(dict(zip(raw, adjusted)))
+
     runs = evidence.prepare(runs)
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
-        return
+        return publish()
     ids = sorted(set(runs["run_id"]))
     # only the table's runs: DuckDB pushes a list_contains filter down to the pairs before their samples are joined
     pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
@@ -481,30 +500,35 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     paired = own.merge(pairs, on="run_id")
     if paired.empty:
-        return
+        return publish()
     label_of = dict(layout.datasets)
     rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
-    raw: dict[tuple[Any, str], float] = {}
-    for (backbone, row), part in paired.groupby(["backbone", "row"], sort=False):
+    # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells, with the
+    # counts of the same runs summed; one groupby for the whole table, then plain dicts per cell (a study's
+    # table has hundreds of cells over 10^5 runs)
+    per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
+           .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
+    by_row: dict[tuple[Any, Any], dict[str, dict[tuple, tuple]]] = {}
+    for backbone, row, k, seed, order, *counts in per.itertuples(index=False, name=None):
+        by_row.setdefault((backbone, row), {}).setdefault(k, {})[(seed, order)] = counts
+    for (backbone, row), by_key in by_row.items():
         key = rows.get((backbone, row))
         if key is None:
             continue
-        # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells
-        per_seed = part.groupby(["key", "seed", "order"])["gain"].mean().unstack("key")
-        groups = [(label_of[k], (k,)) for k in per_seed.columns if k in label_of]
-        groups += [(label, keys) for label, keys in layout.averages if all(k in per_seed.columns for k in keys)]
+        groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
+        groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
-            values = per_seed[list(keys)].dropna().mean(axis=1)
-            if not len(values):
+            # the (seed, order) pairs that cover every dataset of the column
+            common = sorted(set.intersection(*(set(by_key[k]) for k in keys)))
+            if not common:
                 continue
-            used = part[part["key"].isin(keys)].set_index(["seed", "order"]).loc[lambda f: f.index.isin(values.index)]
+            values = np.array([sum(by_key[k][so][0] for k in keys) / len(keys) for so in common])
+            counts = np.array([by_key[k][so][1:] for k in keys for so in common], dtype=np.int64)
             # gains in points here, fractions in stats
-            summary = stats.across_runs(values.to_numpy() / 100, used["helped"], used["hurt"], used["n"])
-            low.at[key, label], high.at[key, label] = 100 * summary.ci_low, 100 * summary.ci_high
+            summary = stats.across_runs(values / 100, counts[:, 0], counts[:, 1], counts[:, 2])
+            low[(key, label)], high[(key, label)] = 100 * summary.ci_low, 100 * summary.ci_high
             raw[(key, label)] = summary.p
-    adjusted = stats.holm(list(raw.values()))
-    for (key, label), value in zip(raw, adjusted):
-        p.at[key, label] = value
+    publish()
     if raw:
         table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
                            f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
@@ -543,18 +567,20 @@ def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list
 def _best(mean: pd.DataFrame, cells: dict[tuple, dict[str, evidence.Cell]], higher_is_better: bool) -> pd.DataFrame:
     """The best complete measured cell per column among the rows of one backbone and one stream protocol (a
     contaminated stream's accuracy is not comparable with an i.i.d. one's)."""
-    best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
-    for col in mean.columns:
-        groups: dict[tuple, list[tuple]] = {}
+    at = {key: i for i, key in enumerate(mean.index)}
+    grid = mean.to_numpy(dtype=float)
+    best = np.zeros(grid.shape, dtype=bool)
+    for j, col in enumerate(mean.columns):
+        groups: dict[tuple, list[int]] = {}
         for key, own in cells.items():
             cell = own.get(col)
-            if cell is not None and cell.complete and not _is_missing(mean.at[key, col]):
-                groups.setdefault((key[0], tuple(sorted(cell.protocols))), []).append(key)
-        for keys in groups.values():
-            values = mean.loc[keys, col]
+            if cell is not None and cell.complete and not _is_missing(grid[at[key], j]):
+                groups.setdefault((key[0], tuple(sorted(cell.protocols))), []).append(at[key])
+        for rows in groups.values():
+            values = grid[rows, j]
             top = values.max() if higher_is_better else values.min()
-            best.loc[[k for k in keys if values[k] == top], col] = True
-    return best
+            best[[i for i, v in zip(rows, values) if v == top], j] = True
+    return pd.DataFrame(best, index=mean.index, columns=mean.columns)
 
 
 def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
