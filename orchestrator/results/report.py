@@ -139,19 +139,28 @@ def _fmt_value(value: Any, column: str = "") -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def per_value(values: pd.Series, fn: Any) -> pd.Series:
+    """fn of each row's value, called once per distinct value (a study's 10^5 runs have a few backbones and
+    methods); None and NaN are one missing value, which fn gets as None."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    missing = [fn(None)] if (codes < 0).any() else [None]
+    mapped = np.array([fn(_plain(v)) for v in uniques] + missing, dtype=object)  # code -1: the missing value
+    return pd.Series(mapped[codes], index=values.index, dtype=object)
+
+
 def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
     dashboard's series); a run of other than the published weights says which (`weights_note`)."""
     labels = _row_labels(runs, hparams, extra)[0]
     if "pretrained" in runs.columns:
-        notes = runs["pretrained"].map(weights_note)
+        notes = per_value(runs["pretrained"], weights_note)
         labels = labels.where(notes.isna(), labels + " [" + notes.fillna("") + "]")
     return labels
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
-    labels = runs["method"].map(registry.method_label)
+    labels = per_value(runs["method"], registry.method_label)
     candidates = [c for c in (*extra, *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
     if runs.empty:
         return labels, []
@@ -169,9 +178,13 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
         vary = [c for c in vary if not _follows(part, method, c, vary)]
         if vary:
             split.update(vary)
-            text = [", ".join(f"{c}={_fmt_value(_plain(v), c)}" for c, v in zip(vary, values))
-                    for values in part[vary].itertuples(index=False)]
-            labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
+            name, texts = registry.method_label(method), {}
+            rows = list(zip(*(part[c].to_numpy(dtype=object) for c in vary)))
+            for values in rows:
+                if values not in texts:  # formatted once per configuration, not once per run
+                    texts[values] = f"{name} (" + ", ".join(f"{c}={_fmt_value(_plain(v), c)}"
+                                                            for c, v in zip(vary, values)) + ")"
+            labels.loc[part.index] = [texts[values] for values in rows]
     return labels, sorted(split)
 
 
@@ -194,9 +207,9 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     settings that split rows."""
     runs = runs.copy()
     runs["backbone_name"] = runs["backbone"]
-    runs["backbone"] = runs["backbone"].map(backbone_label)
+    runs["backbone"] = per_value(runs["backbone"], backbone_label)
     if "pretrained" in runs.columns:
-        notes = runs["pretrained"].map(weights_note)
+        notes = per_value(runs["pretrained"], weights_note)
         runs["backbone"] = runs["backbone"].where(notes.isna(), runs["backbone"] + " (" + notes.fillna("") + ")")
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
     return runs, split
@@ -377,7 +390,8 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     adds the published rows ('paper') and measured minus published ('Δ paper') under each (backbone, method)."""
     runs = recorded_runs(db, sweep) if runs is None else runs
     keys = {k for k, _ in layout.datasets}
-    runs = runs.assign(key=[registry.dataset_key(d) if layout.key != "generic" else d for d in runs["dataset"]])
+    runs = runs.assign(key=runs["dataset"] if layout.key == "generic" else per_value(runs["dataset"],
+                                                                                     registry.dataset_key))
     runs = runs[runs["key"].isin(keys)]
     hparams = db.hparam_names
     runs, split = _with_row_labels(runs, hparams)
@@ -491,11 +505,12 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
         return publish()
-    ids = sorted(set(runs["run_id"]))
-    # only the table's runs: DuckDB pushes a list_contains filter down to the pairs before their samples are joined
+    ids = sorted(set(runs["run_id"].to_numpy(dtype=object)))
+    # only the table's runs (a semi-join: list_contains over 10^5 ids costs seconds)
     pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
-                  "WHERE gain IS NOT NULL AND list_contains($ids::VARCHAR[], run_id)", {"ids": ids})
-    pairs = pairs[pairs["baseline_run"].isin(ids)]
+                  "WHERE gain IS NOT NULL AND run_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": ids})
+    known = set(ids)
+    pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     paired = own.merge(pairs, on="run_id")
@@ -509,7 +524,7 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
            .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
     by_row: dict[tuple[Any, Any], dict[str, dict[tuple, tuple]]] = {}
-    for backbone, row, k, seed, order, *counts in per.itertuples(index=False, name=None):
+    for backbone, row, k, seed, order, *counts in zip(*(per[c].to_numpy(dtype=object) for c in per.columns)):
         by_row.setdefault((backbone, row), {}).setdefault(k, {})[(seed, order)] = counts
     for (backbone, row), by_key in by_row.items():
         key = rows.get((backbone, row))
@@ -620,7 +635,7 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     paper tables without measured cells, the published rows alone (default: with paper=True)."""
     runs = recorded_runs(db, sweep) if runs is None else runs
     include_empty = paper if include_empty is None else include_empty
-    keys = {registry.dataset_key(d) for d in runs["dataset"]}
+    keys = {registry.dataset_key(d) for d in runs["dataset"].unique()}
     tables = []
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
