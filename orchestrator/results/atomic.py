@@ -45,8 +45,10 @@ def ensure_dir(directory: Path, what: str) -> None:
         raise ResultsWriteError(directory, f"directory for {what}", e) from e
 
 
-def atomic_write(path: Path, write: Callable[[str], None], what: str) -> None:
-    """Call write(temp_path) for a temp file beside `path`, fsync it, then os.replace it onto `path`.
+def atomic_write(path: Path, write: Callable[[str], None], what: str, *, durable: bool = True) -> None:
+    """Call write(temp_path) for a temp file beside `path`, fsync it, then os.replace it onto `path` (and fsync
+    the folder). durable=False skips both fsyncs: still atomic for every reader, only a power cut may lose it
+    (for transient files whose loss the next writer repairs, e.g. a run's 'running' row).
 
     On any failure the temp file is removed and a ResultsWriteError naming `path` is raised.
     """
@@ -55,11 +57,12 @@ def atomic_write(path: Path, write: Callable[[str], None], what: str) -> None:
     tmp = path.parent / schema.temp_name(path.name, f"{os.getpid()}.{uuid.uuid4().hex[:8]}")
     try:
         write(str(tmp))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:
         try:
@@ -69,4 +72,5 @@ def atomic_write(path: Path, write: Callable[[str], None], what: str) -> None:
         if isinstance(e, OSError):
             raise ResultsWriteError(path, what, e) from e
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)

@@ -145,8 +145,12 @@ _CELL_COLUMNS = ("seed", "_order", "_fit", "_peer", "_protocol", "_paper_stream"
 
 
 def columns(runs: pd.DataFrame) -> dict[str, np.ndarray]:
-    """A `prepare`d frame's cell columns as numpy arrays, taken once for a whole table."""
-    return {c: runs[c].to_numpy() for c in _CELL_COLUMNS if c in runs}
+    """A `prepare`d frame's cell columns as numpy arrays, taken once for a whole table (n_skipped as numbers,
+    none as 0)."""
+    out = {c: runs[c].to_numpy() for c in _CELL_COLUMNS if c in runs}
+    if "n_skipped" in out:
+        out["n_skipped"] = pd.to_numeric(runs["n_skipped"]).fillna(0).to_numpy(dtype=float)
+    return out
 
 
 def cell_at(runs: pd.DataFrame, arrays: dict[str, np.ndarray], values: np.ndarray, at: np.ndarray,
@@ -174,7 +178,7 @@ def cell_at(runs: pd.DataFrame, arrays: dict[str, np.ndarray], values: np.ndarra
             missing[key] = no_value if fit[hit].any() else why_unusable(runs.iloc[int(at[hit[0]])])
     samples = total = None
     if ok.any() and "n_skipped" in arrays:
-        skipped = pd.to_numeric(pd.Series(arrays["n_skipped"][at][ok])).fillna(0).to_numpy()
+        skipped = arrays["n_skipped"][at][ok]
         if (skipped > 0).any():
             worst = int(np.argmax(skipped))
             streamed = int(arrays["n_samples"][at][ok][worst])

@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -138,19 +139,28 @@ def _fmt_value(value: Any, column: str = "") -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def per_value(values: pd.Series, fn: Any) -> pd.Series:
+    """fn of each row's value, called once per distinct value (a study's 10^5 runs have a few backbones and
+    methods); None and NaN are one missing value, which fn gets as None."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=True)
+    missing = [fn(None)] if (codes < 0).any() else [None]
+    mapped = np.array([fn(_plain(v)) for v in uniques] + missing, dtype=object)  # code -1: the missing value
+    return pd.Series(mapped[codes], index=values.index, dtype=object)
+
+
 def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] = ()) -> pd.Series:
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
     dashboard's series); a run of other than the published weights says which (`weights_note`)."""
     labels = _row_labels(runs, hparams, extra)[0]
     if "pretrained" in runs.columns:
-        notes = runs["pretrained"].map(weights_note)
+        notes = per_value(runs["pretrained"], weights_note)
         labels = labels.where(notes.isna(), labels + " [" + notes.fillna("") + "]")
     return labels
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
-    labels = runs["method"].map(registry.method_label)
+    labels = per_value(runs["method"], registry.method_label)
     candidates = [c for c in (*extra, *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
     if runs.empty:
         return labels, []
@@ -168,9 +178,13 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
         vary = [c for c in vary if not _follows(part, method, c, vary)]
         if vary:
             split.update(vary)
-            text = [", ".join(f"{c}={_fmt_value(_plain(v), c)}" for c, v in zip(vary, values))
-                    for values in part[vary].itertuples(index=False)]
-            labels.loc[part.index] = [f"{registry.method_label(method)} ({t})" for t in text]
+            name, texts = registry.method_label(method), {}
+            rows = list(zip(*(part[c].to_numpy(dtype=object) for c in vary)))
+            for values in rows:
+                if values not in texts:  # formatted once per configuration, not once per run
+                    texts[values] = f"{name} (" + ", ".join(f"{c}={_fmt_value(_plain(v), c)}"
+                                                            for c, v in zip(vary, values)) + ")"
+            labels.loc[part.index] = [texts[values] for values in rows]
     return labels, sorted(split)
 
 
@@ -193,9 +207,9 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     settings that split rows."""
     runs = runs.copy()
     runs["backbone_name"] = runs["backbone"]
-    runs["backbone"] = runs["backbone"].map(backbone_label)
+    runs["backbone"] = per_value(runs["backbone"], backbone_label)
     if "pretrained" in runs.columns:
-        notes = runs["pretrained"].map(weights_note)
+        notes = per_value(runs["pretrained"], weights_note)
         runs["backbone"] = runs["backbone"].where(notes.isna(), runs["backbone"] + " (" + notes.fillna("") + ")")
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
     return runs, split
@@ -376,7 +390,8 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     adds the published rows ('paper') and measured minus published ('Δ paper') under each (backbone, method)."""
     runs = recorded_runs(db, sweep) if runs is None else runs
     keys = {k for k, _ in layout.datasets}
-    runs = runs.assign(key=[registry.dataset_key(d) if layout.key != "generic" else d for d in runs["dataset"]])
+    runs = runs.assign(key=runs["dataset"] if layout.key == "generic" else per_value(runs["dataset"],
+                                                                                     registry.dataset_key))
     runs = runs[runs["key"].isin(keys)]
     hparams = db.hparam_names
     runs, split = _with_row_labels(runs, hparams)
@@ -464,47 +479,71 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, and for
     an average column over its per-(seed, order) means of the datasets' gains. The p-values are Holm-adjusted
     over the table's tested cells, and the legend says so."""
-    cols = table.columns
-    low = pd.DataFrame(math.nan, index=table.mean.index, columns=cols)
-    high, p = low.copy(), low.copy()
-    table.gain_low, table.gain_high, table.p_holm = low, high, p
+    index, cols = table.mean.index, table.columns
+    # filled cell by cell in dicts, framed once at the end (setting a frame's cells one by one costs a study's
+    # table seconds)
+    low: dict[tuple[Any, str], float] = {}
+    high: dict[tuple[Any, str], float] = {}
+    raw: dict[tuple[Any, str], float] = {}
+
+    def frame(values: dict[tuple[Any, str], float]) -> pd.DataFrame:
+        out = pd.DataFrame(math.nan, index=index, columns=cols)
+        if values:
+            at = {k: i for i, k in enumerate(index)}
+            grid = out.to_numpy(copy=True)
+            for (key, label), value in values.items():
+                grid[at[key], cols.index(label)] = value
+            out = pd.DataFrame(grid, index=index, columns=cols)
+        return out
+
+    def publish() -> None:
+        adjusted = stats.holm(list(raw.values()))
+        table.gain_low, table.gain_high = frame(low), frame(high)
+        table.p_holm = frame(dict(zip(raw, adjusted)))
+
     runs = evidence.prepare(runs)
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
-        return
-    ids = sorted(set(runs["run_id"]))
-    # only the table's runs: DuckDB pushes a list_contains filter down to the pairs before their samples are joined
+        return publish()
+    ids = sorted(set(runs["run_id"].to_numpy(dtype=object)))
+    # only the table's runs (a semi-join: list_contains over 10^5 ids costs seconds)
     pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
-                  "WHERE gain IS NOT NULL AND list_contains($ids::VARCHAR[], run_id)", {"ids": ids})
-    pairs = pairs[pairs["baseline_run"].isin(ids)]
+                  "WHERE gain IS NOT NULL AND run_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": ids})
+    known = set(ids)
+    pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     paired = own.merge(pairs, on="run_id")
     if paired.empty:
-        return
+        return publish()
     label_of = dict(layout.datasets)
     rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
-    raw: dict[tuple[Any, str], float] = {}
-    for (backbone, row), part in paired.groupby(["backbone", "row"], sort=False):
+    # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells, with the
+    # counts of the same runs summed; one groupby for the whole table, then plain dicts per cell (a study's
+    # table has hundreds of cells over 10^5 runs)
+    per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
+           .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
+    by_row: dict[tuple[Any, Any], dict[str, dict[tuple, tuple]]] = {}
+    for backbone, row, k, seed, order, *counts in zip(*(per[c].to_numpy(dtype=object) for c in per.columns)):
+        by_row.setdefault((backbone, row), {}).setdefault(k, {})[(seed, order)] = counts
+    for (backbone, row), by_key in by_row.items():
         key = rows.get((backbone, row))
         if key is None:
             continue
-        # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells
-        per_seed = part.groupby(["key", "seed", "order"])["gain"].mean().unstack("key")
-        groups = [(label_of[k], (k,)) for k in per_seed.columns if k in label_of]
-        groups += [(label, keys) for label, keys in layout.averages if all(k in per_seed.columns for k in keys)]
+        groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
+        groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
-            values = per_seed[list(keys)].dropna().mean(axis=1)
-            if not len(values):
+            # the (seed, order) pairs that cover every dataset of the column
+            common = sorted(set.intersection(*(set(by_key[k]) for k in keys)))
+            if not common:
                 continue
-            used = part[part["key"].isin(keys)].set_index(["seed", "order"]).loc[lambda f: f.index.isin(values.index)]
+            values = np.array([sum(by_key[k][so][0] for k in keys) / len(keys) for so in common])
+            counts = np.array([by_key[k][so][1:] for k in keys for so in common], dtype=np.int64)
             # gains in points here, fractions in stats
-            summary = stats.across_runs(values.to_numpy() / 100, used["helped"], used["hurt"], used["n"])
-            low.at[key, label], high.at[key, label] = 100 * summary.ci_low, 100 * summary.ci_high
+            summary = stats.across_runs(values / 100, counts[:, 0], counts[:, 1], counts[:, 2])
+            low[(key, label)], high[(key, label)] = 100 * summary.ci_low, 100 * summary.ci_high
             raw[(key, label)] = summary.p
-    adjusted = stats.holm(list(raw.values()))
-    for (key, label), value in zip(raw, adjusted):
-        p.at[key, label] = value
+    publish()
     if raw:
         table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
                            f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
@@ -543,18 +582,20 @@ def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list
 def _best(mean: pd.DataFrame, cells: dict[tuple, dict[str, evidence.Cell]], higher_is_better: bool) -> pd.DataFrame:
     """The best complete measured cell per column among the rows of one backbone and one stream protocol (a
     contaminated stream's accuracy is not comparable with an i.i.d. one's)."""
-    best = pd.DataFrame(False, index=mean.index, columns=mean.columns)
-    for col in mean.columns:
-        groups: dict[tuple, list[tuple]] = {}
+    at = {key: i for i, key in enumerate(mean.index)}
+    grid = mean.to_numpy(dtype=float)
+    best = np.zeros(grid.shape, dtype=bool)
+    for j, col in enumerate(mean.columns):
+        groups: dict[tuple, list[int]] = {}
         for key, own in cells.items():
             cell = own.get(col)
-            if cell is not None and cell.complete and not _is_missing(mean.at[key, col]):
-                groups.setdefault((key[0], tuple(sorted(cell.protocols))), []).append(key)
-        for keys in groups.values():
-            values = mean.loc[keys, col]
+            if cell is not None and cell.complete and not _is_missing(grid[at[key], j]):
+                groups.setdefault((key[0], tuple(sorted(cell.protocols))), []).append(at[key])
+        for rows in groups.values():
+            values = grid[rows, j]
             top = values.max() if higher_is_better else values.min()
-            best.loc[[k for k in keys if values[k] == top], col] = True
-    return best
+            best[[i for i, v in zip(rows, values) if v == top], j] = True
+    return pd.DataFrame(best, index=mean.index, columns=mean.columns)
 
 
 def generic_layout(datasets: Sequence[str], title: str = "By method and dataset") -> Layout:
@@ -594,7 +635,7 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     paper tables without measured cells, the published rows alone (default: with paper=True)."""
     runs = recorded_runs(db, sweep) if runs is None else runs
     include_empty = paper if include_empty is None else include_empty
-    keys = {registry.dataset_key(d) for d in runs["dataset"]}
+    keys = {registry.dataset_key(d) for d in runs["dataset"].unique()}
     tables = []
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:

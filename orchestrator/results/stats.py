@@ -131,8 +131,10 @@ def t_two_sided_p(t: float, df: float) -> float:
     return betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
+@lru_cache(maxsize=4096)
 def t_quantile(q: float, df: float) -> float:
-    """The q quantile (q > 1/2) of Student's t, by bisection on the two-sided tail."""
+    """The q quantile (q > 1/2) of Student's t, by bisection on the two-sided tail (cached: a report asks for the
+    same few (q, df) in every cell)."""
     target = 2 * (1 - q)
     lo, hi = 0.0, 1.0
     while t_two_sided_p(hi, df) > target:
