@@ -93,3 +93,14 @@ def test_store_evaluation_runs_every_backend(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "backend" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["Delta Lake (deltalake)", "Apache Iceberg (pyiceberg)",
                                                       "live files + segments (this store)"]
+
+
+def test_precision_benchmark_prints_each_methods_float16_agreement(capsys):
+    """`python -m benchmarks.precision` on small streams: a row per method and stream, agreement in [0, 100]."""
+    from benchmarks.precision import main
+
+    main(["--n", "60", "--dpe-n", "20", "--views", "16"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[2]) for r in rows] == [(m, s) for _ in range(2) for m, s in
+                                            (("tda", "single"), ("tda", "views"), ("zero", "views"), ("dpe", "views"))]
+    assert all(0.0 <= float(r[4]) <= 100.0 for r in rows)
