@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(f"float32 vs float16 (state_dtype), CLIP-like streams, n = {args.n} (DPE {args.dpe_n}), "
           f"{args.views} views, seed 1")
-    print(f"{'method':<6} {'stream':<22} {'K':>4} {'agree %':>8} {'acc f32':>8} {'acc f16':>8}")
+    print("| method | stream | K | agree % | acc f32 | acc f16 |")
+    print("|---|---|---:|---:|---:|---:|")
     for preset in ("imagenet_like", "fine_grained"):
         bench = make_clip_like(preset, seed=1, n=args.n)
         views = jittered_views(bench.features, args.views, seed=2)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             n = features.shape[0]
             part = bench if n == args.n else _head(bench, n)
             agree, acc32, acc16 = compare(method, features, part, **hparams)
-            print(f"{method:<6} {stream:<22} {k:>4} {agree:>8.2f} {acc32:>8.2f} {acc16:>8.2f}", flush=True)
+            print(f"| {method} | {stream} | {k} | {agree:.2f} | {acc32:.2f} | {acc16:.2f} |", flush=True)
 
 
 def _head(bench, n: int):
