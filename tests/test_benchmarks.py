@@ -120,3 +120,14 @@ def test_shards_benchmark_small_run_prints_every_actor_count_with_equal_rows(cap
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "actors" not in line]
     assert [r.split("|")[1].strip() for r in rows] == ["1", "2", "4"]
     assert all(r.rstrip(" |").endswith("yes") for r in rows)
+
+
+def test_precision_benchmark_prints_each_methods_float16_agreement(capsys):
+    """`python -m benchmarks.precision` on small streams: a row per method and stream, agreement in [0, 100]."""
+    from benchmarks.precision import main
+
+    main(["--n", "60", "--dpe-n", "20", "--views", "16"])
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert [(r[0], r[1].split()[1]) for r in rows] == [
+        (m, s) for _ in range(2) for m, s in (("tda", "single"), ("tda", "views"), ("zero", "views"), ("dpe", "views"))]
+    assert all(0.0 <= float(r[3]) <= 100.0 for r in rows)

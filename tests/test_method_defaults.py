@@ -111,3 +111,28 @@ def test_a_gate_that_follows_tau_adds_nothing_to_a_label():
                             "BCA (tau=0.5, tau_prior=0.1)"]
     assert list(report.row_labels(runs[:2], ["tau", "tau_likelihood", "tau_prior"])) == ["BCA (tau=0.2)",
                                                                                          "BCA (tau=0.5)"]
+
+
+def _real_runs(tmp_path, extra):
+    build_all(tmp_path / "data")
+    spec = {"name": "prompts", "results_dir": "results", "cache_dir": "cache", "data_root": "data", "datasets": ["dtd"],
+            "backbones": [{"model": "RN50", "pretrained": "openai"}], "seeds": [1],
+            "methods": [{"method": "clip"}, {"method": "mta"}], **extra}
+    return sorted((r.method, r.config["templates"]) for r in expand(validate_spec(spec, base_dir=tmp_path)))
+
+
+def test_the_default_templates_are_each_methods_official_set(tmp_path):
+    # MTA's official run embeds the single prompt "a photo of a {}." (its card's templates: tpt1); a method whose
+    # card names none embeds the dataset's own templates; each run records the set it used.
+    assert registry.method_card("mta").templates == "tpt1"
+    assert _real_runs(tmp_path, {}) == [("clip", "dataset"), ("mta", "tpt1")]
+    assert _real_runs(tmp_path, {"templates": "protocol"}) == [("clip", "dataset"), ("mta", "tpt1")]
+    # a set the spec names is every method's
+    assert _real_runs(tmp_path, {"templates": "dataset"}) == [("clip", "dataset"), ("mta", "dataset")]
+    assert _real_runs(tmp_path, {"templates": ["protocol", "dataset"]}) == [
+        ("clip", "dataset"), ("mta", "dataset"), ("mta", "tpt1")]
+
+
+def test_a_card_naming_an_unknown_template_set_is_refused():
+    with pytest.raises(ValueError, match="templates must be one of"):
+        registry.MethodCard("toy", "Toy", 1, "toy", "nothing", "x:y", templates="nope")

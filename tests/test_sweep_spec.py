@@ -138,9 +138,9 @@ CASES = [
      lambda d, root: _real(d, root, backbones=[{"model": "RN50", "pretrained": "openai", "checkpoint": "w.pt"}]),
      "backbones[0]", "either pretrained"),
     ("unknown template set", lambda d, root: _real(d, root, templates=["handcrafted9"]), "templates[0]",
-     "expected one of: dataset, ensemble7"),
+     "expected protocol (each method's official set, the default) or one of: dataset, ensemble7"),
     ("unknown template set in a synthetic-only spec", _set("templates", ["handcrafted9"]), "templates[0]",
-     "expected one of: dataset, ensemble7"),
+     "expected protocol (each method's official set, the default) or one of: dataset, ensemble7"),
     ("backbone without weights", lambda d, root: _real(d, root, backbones=[{"model": "RN50"}]),
      "backbones[0].pretrained", "would run with random weights; expected a tag (e.g. openai), a checkpoint file, "
                                 "or pretrained: random"),

@@ -229,7 +229,7 @@ def test_views_follow_the_official_entropy_and_prob_map():
     for c in range(k):
         for prefix, cache in (("pos", pos), ("neg", neg)):
             kept = trace.state[f"{prefix}_entropy"][c]
-            losses = sorted(e[1] for e in cache.get(c, []))
+            losses = sorted(float(e[1]) for e in cache.get(c, []))
             torch.testing.assert_close(kept[torch.isfinite(kept)].sort().values, torch.tensor(losses), atol=1e-6,
                                        rtol=0)
         for entry in neg.get(c, []):                   # prob_map: the mean of the kept views' softmaxes
@@ -307,3 +307,38 @@ def test_a_zero_capacity_is_refused_because_the_official_code_runs_it_as_one():
         with pytest.raises(ValueError, match=rf"tda: hparam '{name}' must be an integer >= 1 .*official code keeps "
                                              rf"one even at 0.*got 0"):
             method_card("tda").resolve({name: 0})
+
+
+# ---------------------------------------------------------------------------- float16, as the public code runs
+
+@pytest.mark.parametrize("views", [20, 1])
+@pytest.mark.parametrize("scale", [10.0, 20.0])
+def test_float16_reproduces_the_official_float16_loop(views, scale):
+    """`state_dtype: float16` against kdiAAA/TDA's loop in float16 (reference.official_tda, dtype float16): the
+    same posteriors bit for bit and the same cache losses, on streams where both caches act."""
+    feats, emb, ids, k = _view_stream(n=400, k=30, d=32, views=views)
+    hp = {**VIEW_HP, "logit_scale": scale}
+    x = feats if views > 1 else feats[:, 0]
+    trace = make_method("tda", emb, ids, k, **hp, state_dtype="float16").run(x)
+    expected, pos, neg = official_tda(feats, emb, hp, dtype=torch.float16)
+    assert torch.equal(trace.posteriors, expected)
+    assert sum(len(v) for v in neg.values()) > 0 and trace.gated.any()
+    for c in range(k):
+        for prefix, cache in (("pos", pos), ("neg", neg)):
+            kept = trace.state[f"{prefix}_entropy"][c]
+            assert kept[torch.isfinite(kept)].sort().values.tolist() == sorted(float(e[1]) for e in cache.get(c, []))
+    float32 = make_method("tda", emb, ids, k, **hp).run(x).posteriors
+    assert not torch.equal(trace.posteriors, float32)         # the option acts: float16 rounding moves posteriors
+
+
+def test_a_pack_runs_float16_tda_configs_on_their_own_loop():
+    from orchestrator.methods.many import run_traces_many
+
+    feats, emb, ids, k = _view_stream(n=200, k=12, d=16)
+    hparams = [VIEW_HP, {**VIEW_HP, "state_dtype": "float16"}, {**VIEW_HP, "pos_alpha": 1.0}]
+    traces = run_traces_many(feats, emb, ids, k, [{"method": "tda", **hp} for hp in hparams])
+    for hp, trace in zip(hparams, traces):
+        alone = make_method("tda", emb, ids, k, **hp).run(feats)
+        assert torch.equal(trace.predictions, alone.predictions)
+        torch.testing.assert_close(trace.posteriors, alone.posteriors, atol=1e-6, rtol=0)
+    assert torch.equal(traces[1].posteriors, make_method("tda", emb, ids, k, **hparams[1]).run(feats).posteriors)

@@ -168,3 +168,29 @@ def test_sanity_beats_zero_shot_clip_on_a_shifted_synthetic_stream():
     acc_clip = accuracy(clip, labels)
     acc_tps = accuracy(tps, labels)
     assert acc_tps > acc_clip + 0.005, (acc_tps, acc_clip)
+
+
+def test_pooled_prototypes_offer_the_official_default_and_macro_pooling():
+    """learnable_shift.py:72-77: the official run (README's *_micro.sh, no --macro_pooling) takes the plain mean
+    of the template mean and the descriptor mean; --macro_pooling weights them by count, which is what several
+    rows per class given to the method give (class_prototypes)."""
+    from orchestrator.methods.prototypes import class_prototypes
+    from orchestrator.methods.tps.method import pooled_prototypes
+
+    gen = torch.Generator().manual_seed(3)
+    def rows(n: int) -> torch.Tensor:
+        return torch.nn.functional.normalize(torch.randn(n, 16, generator=gen), dim=-1)
+
+    templates = [rows(80) for _ in range(3)]
+    descriptors = [rows(n) for n in (2, 5, 9)]
+    means = pooled_prototypes(templates, descriptors)
+    for k in range(3):
+        expected = (templates[k].mean(0) + descriptors[k].mean(0)) / 2
+        torch.testing.assert_close(means[k], expected / expected.norm(), atol=1e-6, rtol=0)
+    every = torch.cat([torch.cat([t, c]) for t, c in zip(templates, descriptors)])
+    ids = torch.cat([torch.full((len(t) + len(c),), k) for k, (t, c) in enumerate(zip(templates, descriptors))])
+    torch.testing.assert_close(pooled_prototypes(templates, descriptors, "rows"), class_prototypes(every, ids, 3),
+                               atol=1e-6, rtol=0)
+    assert (pooled_prototypes(templates, descriptors, "rows") - means).abs().max() > 1e-2  # the choice matters
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        pooled_prototypes(templates, descriptors, "max")

@@ -129,7 +129,8 @@ def official_zero_vote(q: torch.Tensor, gamma: float) -> int:
 
 
 def test_official_defaults():
-    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded"}
+    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded",
+                                              "state_dtype": "float32"}
 
 
 def test_a_tie_goes_to_the_first_discarded_view_voting_a_tied_class():
@@ -193,3 +194,53 @@ def test_tie_break_must_be_a_known_rule():
     with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['discarded', 'mean_prob'\] "
                                          r"\(a tied vote: .*\), got 'vote'$"):
         make_method("zero", EYE3, IDS3, 3, tie_break="vote")
+
+
+# ------------------------------------------------------------------- float16, as the official run computes it
+
+def _stream(n: int = 300, k: int = 20, d: int = 32, seed: int = 1, twins: bool = False):
+    """64 views per sample. twins: classes in pairs of near-duplicate embeddings with CLIP-like cosines (about
+    0.3), where float16's zero temperature splits votes between a pair; else well-separated classes, where
+    votes are whole and ties frequent."""
+    gen = torch.Generator().manual_seed(seed)
+    if twins:
+        base = torch.nn.functional.normalize(torch.randn(k // 2, d, generator=gen), dim=1)
+        twin = torch.nn.functional.normalize(base + 0.01 * torch.randn(k // 2, d, generator=gen), dim=1)
+        emb = torch.stack([base, twin], 1).reshape(k, d)
+        labels = torch.randint(k, (n,), generator=gen)
+        centre = 0.3 * emb[labels] + torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+        noise = 0.3 * torch.nn.functional.normalize(torch.randn(n, 64, d, generator=gen), dim=-1)
+        return torch.nn.functional.normalize(centre[:, None] + noise, dim=-1), emb, k
+    emb = torch.nn.functional.normalize(torch.randn(k, d, generator=gen), dim=1)
+    labels = torch.randint(k, (n,), generator=gen)
+    centre = emb[labels] + 0.8 * torch.randn(n, d, generator=gen)
+    return torch.nn.functional.normalize(centre[:, None] + 0.9 * torch.randn(n, 64, d, generator=gen), dim=-1), emb, k
+
+
+@pytest.mark.parametrize("twins, scale", [(True, 100.0), (False, 10.0), (False, 20.0)])
+def test_float16_reproduces_the_official_float16_votes(twins, scale):
+    """`state_dtype: float16` against FarinaMatteo/zero's per-sample `zero` in float16 (reference.official_zero):
+    the same predictions, and the posterior is the official output p_bar over its sum. The twin stream has
+    fractional (soft) votes on most rows, the other whole votes and ties (the tie path)."""
+    from orchestrator.methods.zero.reference import official_zero
+
+    feats, emb, k = _stream(twins=twins)
+    hp = {"keep": 0.3, "logit_scale": scale, "tie_break": "discarded"}
+    post = make_method("zero", emb, torch.arange(k), k, **hp, state_dtype="float16").run(feats).posteriors
+    p_bar, tied = official_zero(feats, emb, hp, dtype=torch.float16)
+    assert torch.equal(post.argmax(1), p_bar.argmax(1))
+    torch.testing.assert_close(post * (19 + tied.float()[:, None]), p_bar, atol=1e-5, rtol=0)
+    soft = ((p_bar - p_bar.round()).abs() > 1e-3).any(1)
+    assert soft.float().mean() > 0.3 if twins else tied.any()
+    float32 = make_method("zero", emb, torch.arange(k), k, **hp).run(feats).posteriors
+    assert not torch.equal(post, float32)
+
+
+def test_a_pack_runs_float16_zero_configs_apart_from_float32_ones():
+    from orchestrator.methods.many import run_traces_many
+
+    feats, emb, k = _stream(n=120, twins=True)
+    hparams = [{}, {"state_dtype": "float16"}, {"state_dtype": "float16", "keep": 0.5}, {"keep": 0.5}]
+    traces = run_traces_many(feats, emb, torch.arange(k), k, [{"method": "zero", **hp} for hp in hparams])
+    for hp, trace in zip(hparams, traces):
+        assert torch.equal(trace.posteriors, make_method("zero", emb, torch.arange(k), k, **hp).run(feats).posteriors)

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
+from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
 from orchestrator.registry.views import ViewConfig, parse_views
 
@@ -175,7 +176,9 @@ class MethodCard:
     (`orchestrator.methods.lockstep.per_card`); lockstep_inputs: the features it takes ('single', 'views',
     'either'; None: as `inputs`), other features run each config on its own; text_encoder: a `TextEncoderUse`
     where the method runs CLIP's text encoder at test time (the trial gives it the text tower: real datasets
-    only), else None.
+    only), else None; templates: the template set its official run embeds (`orchestrator.clip.prompts`) where
+    that is not the dataset's own, what a spec's default `templates: protocol` gives its runs (None: the
+    dataset's own templates).
     """
 
     name: str
@@ -207,6 +210,7 @@ class MethodCard:
     # stream a batch at a time); None: a per-sample method, which runs at batch size 1
     batch_size: int | None = None
     text_encoder: TextEncoderUse | None = None
+    templates: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -220,6 +224,9 @@ class MethodCard:
                              f"got {self.lockstep_inputs!r}")
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"method {self.name!r}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
+        if self.templates is not None and self.templates not in TEMPLATE_SET_NAMES:
+            raise ValueError(f"method {self.name!r}: templates must be one of {TEMPLATE_SET_NAMES} or None, "
+                             f"got {self.templates!r}")
         if self.view_scope not in ("all", "protocol"):
             raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
         bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in ("single", *VIEW_KINDS)}

@@ -18,7 +18,7 @@ from pathlib import Path
 from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
 from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
-from orchestrator.registry.templates import TEMPLATE_SET_NAMES
+from orchestrator.registry.templates import METHOD_TEMPLATES, TEMPLATE_SET_NAMES
 from orchestrator.sweep.spec import (
     OFFICIAL_BATCH,
     RANDOM_WEIGHTS,
@@ -29,6 +29,7 @@ from orchestrator.sweep.spec import (
     dataset_views,
     entry_datasets,
     method_grid,
+    method_templates,
 )
 
 
@@ -88,8 +89,8 @@ def _synthetic_only_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     changed = [t for t in spec.templates if t != "dataset" and t in TEMPLATE_SET_NAMES]
     if changed:
         issues.append(("templates", f"template set(s) {', '.join(map(repr, changed))} would change nothing: {why}; "
-                                    f"expected templates: dataset (the default; a synthetic scenario sets "
-                                    f"templates_per_class instead), or a real dataset to run them on"))
+                                    f"expected templates: {METHOD_TEMPLATES} (the default) or dataset (a synthetic "
+                                    f"scenario sets templates_per_class instead), or a real dataset to run them on"))
     if spec.backbones:
         names = ", ".join(b.model for b in spec.backbones)
         issues.append(("backbones", f"backbone(s) {names} would change nothing: {why}; expected no backbones, or a "
@@ -99,8 +100,9 @@ def _synthetic_only_issues(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def _template_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     """Template set names, for every spec (a synthetic-only sweep records them too)."""
-    return [(f"templates[{i}]", f"unknown template set {t!r}; expected one of: {', '.join(TEMPLATE_SET_NAMES)}")
-            for i, t in enumerate(spec.templates) if t not in TEMPLATE_SET_NAMES]
+    return [(f"templates[{i}]", f"unknown template set {t!r}; expected {METHOD_TEMPLATES} (each method's official "
+                                f"set, the default) or one of: {', '.join(TEMPLATE_SET_NAMES)}")
+            for i, t in enumerate(spec.templates) if t not in (METHOD_TEMPLATES, *TEMPLATE_SET_NAMES)]
 
 
 def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
@@ -253,7 +255,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         datasets = entry_datasets(spec, entry)
         views = {dataset_views(spec, ds, entry.method) for ds in datasets}
         try:
-            max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets for t in spec.templates] + [1])
+            max_per_class = max([embeddings_per_class(spec, ds, t) for ds in datasets
+                                 for t in method_templates(spec, entry.method)] + [1])
         except ValueError:  # an unknown template set, already reported by _dataset_issues
             max_per_class = 1
         grid = method_grid(entry)

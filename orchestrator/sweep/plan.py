@@ -38,7 +38,7 @@ from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual
 from orchestrator.registry import method_card
 from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
-                                     dataset_views, entry_datasets, method_grid)
+                                     dataset_views, entry_datasets, method_grid, method_templates)
 
 SYNTHETIC_BACKBONE = "synthetic"
 _HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in a group's canonical JSON
@@ -293,16 +293,16 @@ def _walk(items: list[tuple[tuple[Any, str], ...]], i: int, digest: Any, pending
         yield from _walk(items, i + 1, step, "", values + (value,))
 
 
-def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
-             ) -> list[tuple[DataSource, dict]]:
-    """The data sources of one dataset, seed and view setting, each with the run-config fields it implies: one per
-    backbone and template set, times the stream protocols and their `orders`."""
+def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str,
+             templates: tuple[str, ...]) -> list[tuple[DataSource, dict]]:
+    """The data sources of one dataset, seed, view setting and template sets, each with the run-config fields it
+    implies: one per backbone and template set, times the stream protocols and their `orders`."""
     out = []
     for value in spec.streams:
         protocol = protocol_from_spec(value) if value is not None else None
         if isinstance(protocol, Continual) and dataset_name(dataset) != protocol.datasets[0]:
             continue  # a continual stream runs once, from its first dataset through the others
-        for source, fields in _base_sources(spec, dataset, seed, views):
+        for source, fields in _base_sources(spec, dataset, seed, views, templates):
             stream: dict[str, Any] = {}
             if protocol is not None:
                 stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
@@ -338,8 +338,8 @@ def _others(protocol: Protocol) -> tuple[str, ...]:
     return ()
 
 
-def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str
-                  ) -> list[tuple[DataSource, dict]]:
+def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str,
+                  templates: tuple[str, ...]) -> list[tuple[DataSource, dict]]:
     if isinstance(dataset, SyntheticDataset):
         params = dataset.params
         source = DataSource(dataset=dataset.dataset_name, seed=seed, synthetic=dataset.synthetic,
@@ -351,7 +351,7 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
     from orchestrator.sweep.catalog import effective_templates, published_tag, template_counts
 
     out = []
-    for backbone, asked in itertools.product(spec.backbones, spec.templates):
+    for backbone, asked in itertools.product(spec.backbones, templates):
         templates = effective_templates(asked, dataset.name, spec.data_root)[0]
         tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
         source = DataSource(dataset=dataset.name, seed=seed, views=views, model=backbone.model,
@@ -378,12 +378,15 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     return extras
 
 
-def _entries_by_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset) -> dict[str, list[Any]]:
-    """The method entries that run on a dataset, grouped by the views each runs on (in entry order)."""
-    groups: dict[str, list[Any]] = {}
+def _entries_by_inputs(spec: SweepSpec, dataset: RealDataset | SyntheticDataset
+                      ) -> dict[tuple[str, tuple[str, ...]], list[Any]]:
+    """The method entries that run on a dataset, grouped by the views and template sets each runs on (in entry
+    order)."""
+    groups: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
     for entry in spec.methods:
         if dataset in entry_datasets(spec, entry):
-            groups.setdefault(dataset_views(spec, dataset, entry.method), []).append(entry)
+            key = (dataset_views(spec, dataset, entry.method), tuple(method_templates(spec, entry.method)))
+            groups.setdefault(key, []).append(entry)
     return groups
 
 
@@ -393,8 +396,9 @@ def template_notes(spec: SweepSpec) -> list[str]:
         return []
     from orchestrator.sweep.catalog import effective_templates
 
+    sets = dict.fromkeys(t for entry in spec.methods for t in method_templates(spec, entry.method))
     notes = [effective_templates(t, d.name, spec.data_root)[1] for d in spec.datasets if isinstance(d, RealDataset)
-             for t in spec.templates]
+             for t in sets]
     return [n for n in notes if n]
 
 
@@ -402,10 +406,10 @@ def data_sources(spec: SweepSpec) -> list[DataSource]:
     """Every distinct data source of the spec (what `bca cache` encodes and trials load), in expansion order."""
     out: dict[DataSource, None] = {}
     for dataset in spec.datasets:
-        for views, entries in _entries_by_views(spec, dataset).items():
+        for (views, templates), entries in _entries_by_inputs(spec, dataset).items():
             sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
             for seed in spec.seeds:
-                for source, fields in _sources(spec, dataset, seed, views):
+                for source, fields in _sources(spec, dataset, seed, views, templates):
                     out.update(dict.fromkeys(_at_batch(source, fields, b)[0] for b in sizes))
     return list(out)
 
@@ -415,10 +419,10 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
     both give (e.g. the shared centre of one-at-a-time sensitivity grids) is one run."""
     seen: set[str] = set()
     for dataset in spec.datasets:
-        groups = _entries_by_views(spec, dataset)
+        groups = _entries_by_inputs(spec, dataset)
         for seed in spec.seeds:
-            for views, entries in groups.items():
-                for plain_source, plain_fields in _sources(spec, dataset, seed, views):
+            for (views, templates), entries in groups.items():
+                for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
                         axes = _axes(entry.method, None if plain_source.is_synthetic else plain_source.dataset,
                                      method_grid(entry))

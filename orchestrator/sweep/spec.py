@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.results.schema import RANDOM_WEIGHTS
 from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
+from orchestrator.registry.templates import METHOD_TEMPLATES
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
 # A backbone's `pretrained: random` (RANDOM_WEIGHTS) asks for random weights on purpose; leaving out both pretrained
@@ -240,7 +241,8 @@ class SweepSpec(_Strict):
     data_root: StrictStr | None = None
     backbones: list[Backbone] = []
     datasets: Annotated[list[Dataset], Field(min_length=1)]
-    templates: Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] = ["dataset"]
+    # template sets, a grid axis; METHOD_TEMPLATES ('protocol'): each method's official set (method_templates)
+    templates: Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] = [METHOD_TEMPLATES]
     views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] = METHOD_PROTOCOL  # each method's own, per dataset
     methods: Annotated[list[BaseModel], Field(min_length=1)]
     seeds: Annotated[list[Annotated[StrictInt, Field(ge=0)]], BeforeValidator(_as_list), Field(min_length=1)]
@@ -297,6 +299,13 @@ def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, meth
         return "single"
     choice = dataset.views or spec.views
     return method_card(method).protocol_views(dataset.name).name if choice == METHOD_PROTOCOL else choice
+
+
+def method_templates(spec: SweepSpec, method: str) -> list[str]:
+    """The template sets a method's runs embed: the spec's, where 'protocol' means the method's official set (its
+    card's `templates`: e.g. MTA's single prompt `tpt1`), else the dataset's own templates."""
+    official = method_card(method).templates or "dataset"
+    return list(dict.fromkeys(official if t == METHOD_TEMPLATES else t for t in spec.templates))
 
 
 def register_folder_datasets(data: dict[str, Any], base_dir: Any) -> list[tuple[str, str]]:

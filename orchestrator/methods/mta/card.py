@@ -19,5 +19,7 @@ CARDS = (
         inputs='views', views='crops', state=(),
         source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py; views: main.py:172-173 AugMixAugmenter(n_views=batch_size - 1, '
                'augmix=len(set_id) > 1 and args.tpt): crops on every dataset (AugMix only with --tpt)',
+        # the official run embeds one prompt per class, "a photo of a {}." (main.py:113, 339; custom_clip.py:300-307)
+        templates='tpt1',
         lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=5914.0),
 )

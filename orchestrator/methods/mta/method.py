@@ -28,7 +28,8 @@ a float64 transcription of the official loop; on CLIP features at K = 100, 3 of 
 
 Text: the official runs embed one prompt per class, "a photo of a {}." (main.py:113 `get_coop` with
 `--ctx_init a_photo_of_a`, main.py:339; custom_clip.py:114 appends the class name and a full stop, and
-`get_text_features`, custom_clip.py:300-307, returns that single embedding): the template set `tpt1`. Several
+`get_text_features`, custom_clip.py:300-307, returns that single embedding): the template set `tpt1`, the card's
+`templates` and so the default of a sweep (`templates: protocol`). Several
 rows per class (another template set) are averaged and renormalised into one (`class_prototypes`), which the
 official code never does.
 

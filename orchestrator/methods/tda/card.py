@@ -32,12 +32,16 @@ TDA_STATE = ("pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values")
 _TDA_SOURCE = ("kdiAAA/TDA@e697fb0 (tda_runner.py, utils.py, configs/); views: utils.py:127-139 "
                "build_test_data_loader, get_ood_preprocess() (utils.py:94-103, 63 AugMix views) on ImageNet-A/-V2/-R/-Sketch")
 
+# The public code runs in float16 (tda_runner.py, utils.py: clip.load's half model, .half() cache values).
+_STATE_DTYPE = HParam("state_dtype", "str", "float32", "dtype of the features, logits, caches and cache logits: "
+                      "float32 (default: float16's rounding belongs to the dtype, not the method) or float16 as the "
+                      "official code", "choice", choices=("float32", "float16"))
 _TDA_LOCKSTEP = "orchestrator.methods.tda.lockstep:run_tda_lockstep"
 FAMILY = "tda"  # the chart colour family of TDA and the methods built on its caches
 
 CARDS = (
     MethodCard(
-        "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", _TDA,
+        "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", (*_TDA, _STATE_DTYPE),
         state=TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0),
     MethodCard(
         "tda_pa", "TDA+PA", 50, FAMILY, "TDA's caches + BCA's prior", "orchestrator.methods.tda.method:TDAWithPrior",

@@ -237,6 +237,11 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
 def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None) -> list[Trace]:
     """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d]; trace g equals
     `methods[g].run(features)`. fused: TDA+PA's prior walk compiled (`_Prior`; the default on a CPU)."""
+    if any(m.hp.get("state_dtype") == "float16" for m in methods):
+        # the shared caches below are float32; a float16 config (tda only) runs its own per-sample loop
+        fast = [m for m in methods if m.hp.get("state_dtype") != "float16"]
+        done = iter(run_tda_lockstep(fast, features, fused=fused) if fast else [])
+        return [m.run(features) if m.hp.get("state_dtype") == "float16" else next(done) for m in methods]
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=None)
     if features.ndim == 3 and features.shape[1] == 1:

@@ -29,7 +29,14 @@ entropy are kept (at least one; ties go to the earlier view), and
   their log-softmaxes), not the entropy of softmax(clip_logits);
 - prob_map = the mean of the kept views' softmaxes (the negative cache's value).
 A single view (V = 1, or features [n, d]) takes the single-view branch above, as the code does.
-Everything runs in float32 (the public code in fp16).
+
+Precision: float32 by default. The public code runs everything in float16 (clip.load on CUDA gives a half
+model: the features, the text weights, the logits, the entropies, the cache keys and values, the cache logits
+and the final logits are float16; the loss that ranks the caches is a float16 value). `state_dtype: float16`
+(tda only) reproduces that on the run's inputs rounded to float16: every tensor above is float16, in the
+public code's order of operations ((logit_scale * f) @ W, final = clip + pos - neg in two roundings), and the
+posterior is the float32 softmax of the float16 final logits (their argmax is the public code's prediction).
+float32 stays the default: what float16 changes is rounding, not the method (docs/methods.md, Dtypes).
 
 tda_pa: the prior attaches per class embedding. The cache adjustment of class k is added to the logit of
 every embedding of class k, z_m = logit_scale * u_m . f + (pos - neg)[class(m)], so that p = softmax(z)
@@ -74,10 +81,17 @@ def class_logits(logits: torch.Tensor, class_ids: torch.Tensor | None, num_class
     return top + torch.log(sums)
 
 
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b as a GPU's half-precision GEMM computes it for float16 operands (float32 accumulation, one rounding
+    of the result), whatever the device: a CPU's float16 product accumulates otherwise. Plain a @ b in float32."""
+    return (a.float() @ b.float()).to(a.dtype)
+
+
 def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
     """[..., k, K] logits of k views -> [...]: entropy of the views' averaged softmax, computed as the public
-    code's avg_entropy (log-mean-exp of the log-softmaxes, clamped to the dtype's finite range)."""
-    log_p = torch.log_softmax(logits, dim=-1)
+    code's avg_entropy (log-mean-exp of the log-softmaxes, clamped to the dtype's finite range), operation for
+    operation: its log-softmax is z - logsumexp(z), two roundings in float16."""
+    log_p = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     avg = torch.logsumexp(log_p, dim=-2) - math.log(logits.shape[-2])
     avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
     return -(avg * torch.exp(avg)).sum(dim=-1)
@@ -92,16 +106,17 @@ class ClassCache:
     lists do, not over the whole K * shot capacity.
     """
 
-    def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool) -> None:
+    def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.shot = shot
-        self.keys = torch.zeros(num_classes, shot, dim, dtype=torch.float32, device=device)
+        self.keys = torch.zeros(num_classes, shot, dim, dtype=dtype, device=device)
         self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
-        self.values = (torch.zeros(num_classes, shot, num_classes, dtype=torch.float32, device=device)
+        self.values = (torch.zeros(num_classes, shot, num_classes, dtype=dtype, device=device)
                        if with_values else None)
         self.filled = 0
-        self.rows = torch.zeros(num_classes * shot, dim, dtype=torch.float32, device=device)
+        self.rows = torch.zeros(num_classes * shot, dim, dtype=dtype, device=device)
         self.row_classes = torch.zeros(num_classes * shot, dtype=torch.int64, device=device)
-        self.row_values = (torch.zeros(num_classes * shot, num_classes, dtype=torch.float32, device=device)
+        self.row_values = (torch.zeros(num_classes * shot, num_classes, dtype=dtype, device=device)
                            if with_values else None)
         # Per class, the entries' (loss, slot, row) in rank order; entries never move.
         self.ranking: list[list[tuple[float, int, int]]] = [[] for _ in range(num_classes)]
@@ -144,21 +159,24 @@ class ClassCache:
 
     def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """exp(-beta * (1 - f . key)) of each filled entry, by compact row [filled]."""
-        return torch.exp(-1.0 * (beta - beta * (self.rows[:self.filled] @ f)))
+        return torch.exp(-1.0 * (beta - beta * product(self.rows[:self.filled], f)))
 
     def class_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """[K] the weights summed per class: the positive cache's product with one-hot class values."""
+        """[K] the weights summed per class: the positive cache's product with one-hot class values (summed in
+        float32 and rounded once, as a float16 product accumulates)."""
         sums = torch.zeros(self.entropy.shape[0], dtype=torch.float32, device=f.device)
-        return sums.index_add_(0, self.row_classes[:self.filled], self.weights(f, beta))
+        weights = self.weights(f, beta)
+        return sums.index_add_(0, self.row_classes[:self.filled], weights.float()).to(weights.dtype)
 
     def value_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """[K] the weights times the entries' values: the negative cache's product with its masks."""
-        return self.weights(f, beta) @ self.row_values[:self.filled]
+        return product(self.weights(f, beta), self.row_values[:self.filled])
 
     def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        out = {f"{prefix}_keys": self.keys.clone(), f"{prefix}_entropy": self.entropy.clone()}
+        """The state tensors in float32 (a float16 cache's values exactly)."""
+        out = {f"{prefix}_keys": self.keys.to(torch.float32, copy=True), f"{prefix}_entropy": self.entropy.clone()}
         if self.values is not None:
-            out[f"{prefix}_values"] = self.values.clone()
+            out[f"{prefix}_values"] = self.values.to(torch.float32, copy=True)
         return out
 
 
@@ -188,8 +206,11 @@ class TDA(Method):
         identity = class_ids.shape[0] == num_classes and torch.equal(
             class_ids, torch.arange(num_classes, device=class_ids.device))
         self.logit_classes = None if identity else class_ids  # class_logits' argument
-        self.pos = ClassCache(num_classes, hparams["pos_shot"], d, device, with_values=False)
-        self.neg = ClassCache(num_classes, hparams["neg_shot"], d, device, with_values=True)
+        # tda_pa has no float16 option: BCA's prior update is float32 (its card has no state_dtype)
+        self.dtype = torch.float16 if hparams.get("state_dtype") == "float16" else torch.float32
+        self.embeddings = class_embeddings.to(self.dtype)
+        self.pos = ClassCache(num_classes, hparams["pos_shot"], d, device, with_values=False, dtype=self.dtype)
+        self.neg = ClassCache(num_classes, hparams["neg_shot"], d, device, with_values=True, dtype=self.dtype)
         if self.with_prior:
             m = class_embeddings.shape[0]
             self.V = torch.nn.functional.one_hot(class_ids, num_classes).float()
@@ -199,7 +220,10 @@ class TDA(Method):
         """Per sample (f, per-embedding logits, clip_logits, prob_map, loss): the code's single-view branch."""
         for f in features:
             with timer("logits"):
-                logits = self.hp["logit_scale"] * (self.class_embeddings @ f)
+                if self.dtype == torch.float16:  # the public code's order: (logit_scale * f) @ W, each rounded
+                    logits = product(self.hp["logit_scale"] * f, self.embeddings.T)
+                else:
+                    logits = self.hp["logit_scale"] * (self.embeddings @ f)
                 clip_logits = class_logits(logits, self.logit_classes, self.num_classes)
                 prob_map = torch.softmax(clip_logits, dim=0)
                 loss_t = -(prob_map * torch.log_softmax(clip_logits, dim=0)).sum()
@@ -208,7 +232,7 @@ class TDA(Method):
     def view_queries(self, chunk: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """A chunk of samples' views [c, V, d] -> per sample (f, per-embedding logits, clip_logits, prob_map,
         loss) from its kept views (module docstring), each with a leading [c] axis."""
-        logits = (self.hp["logit_scale"] * chunk) @ self.class_embeddings.T         # [c, V, M], as the code orders it
+        logits = product(self.hp["logit_scale"] * chunk, self.embeddings.T)         # [c, V, M], as the code orders it
         view_logits = class_logits(logits, self.logit_classes, self.num_classes)          # [c, V, K]
         kept = lowest_entropy_logit_views(view_logits, PROTOCOL_KEEP)
         kept_logits = gather_views(view_logits, kept)
@@ -220,7 +244,7 @@ class TDA(Method):
 
     def _views(self, features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
         """The same per sample from its kept views; stateless, so computed in chunks (`view_chunk`)."""
-        chunk = view_chunk(features, self.class_embeddings.shape[0])
+        chunk = view_chunk(features, self.embeddings.shape[0])
         for start in range(0, features.shape[0], chunk):
             with timer("logits"):
                 queries = self.view_queries(features[start:start + chunk])
@@ -236,6 +260,7 @@ class TDA(Method):
         timer = StageTimer()
         if features.ndim == 3 and features.shape[1] == 1:
             features = features[:, 0]
+        features = features.to(self.dtype)
         samples = self._single_view(features, timer) if features.ndim == 2 else self._views(features, timer)
         for i, (f, logits, clip_logits, prob_map, loss_t) in enumerate(samples):
             with timer("logits"):
@@ -245,7 +270,7 @@ class TDA(Method):
             with timer("update"):
                 entered = self.pos.offer(pred, f, loss)
                 if lo_entropy < entropy < hi_entropy:
-                    mask = ((prob_map > lo_mask) & (prob_map < hi_mask)).float()
+                    mask = ((prob_map > lo_mask) & (prob_map < hi_mask)).to(self.dtype)
                     entered = self.neg.offer(pred, f, loss, mask) or entered
                 gated[i] = entered
             with timer("logits"):
@@ -254,7 +279,11 @@ class TDA(Method):
                 adjustment = hp["pos_alpha"] * positive - hp["neg_alpha"] * negative
             if not self.with_prior:
                 with timer("posterior"):
-                    posteriors[i] = torch.softmax(clip_logits + adjustment, dim=0)
+                    if self.dtype == torch.float16:  # the public code's two roundings: final += pos; final -= neg
+                        final = (clip_logits + hp["pos_alpha"] * positive) - hp["neg_alpha"] * negative
+                    else:
+                        final = clip_logits + adjustment
+                    posteriors[i] = torch.softmax(final.float(), dim=0)
                 continue
             with timer("posterior"):
                 p = torch.softmax(logits + adjustment[self.class_ids], dim=0)

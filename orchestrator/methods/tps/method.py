@@ -31,7 +31,7 @@ The step's entries are -lr g / (|g| + eps): an entry of g near eps in a large ro
 to about eps (AdamW's eps amplifies the cancellation in F.normalize's backward), so on rare samples any
 float32 evaluation, the official one included, sits visibly away from a float64 run in the posterior: there
 is no float32 bound. tests/test_tps.py compares this path and the official float32 computation with float64
-(at K = 1000, up to 2e-4 on its stream, a median within 1e-6); the official float32 run was measured 2.8e-3
+(at K = 1000 both below 5e-4 on its stream, the test's bound, 1.8e-4 measured; a median within 1e-6); the official float32 run was measured 2.8e-3
 away at K = 1000 on CLIP features (issue 29), with the same predictions.
 
 Where the official code differs from the paper or this port, this follows the code:
@@ -43,12 +43,19 @@ Where the official code differs from the paper or this port, this follows the co
 Learning rate: 5e-3 as in the README's example run; 1e-3 on the cross-domain sets as the paper reports (the
 official scripts take lr as an argument). Views: TPT's protocol, 63 random resized crops + flips and the
 original on ImageNet and its variants (`augmix=len(set_id) > 1`, shift_classification.py:98-99); AugMix views
-on the cross-domain sets (the card's `views: protocol`). Text: the official runs pool a template ensemble and
-GPT-4 descriptors (gpt4_descriptors/<dataset>-gpt4.json); give them as several rows per class (M > K), which
-are averaged with equal weight per row and renormalised here. That is the official `--macro_pooling` choice
-(learnable_shift.py:72-75, weighted by count); the official default (args.py:46, macro_pooling off) is the
-plain mean of the template mean and the descriptor mean (learnable_shift.py:77), which rows alone cannot say:
-to run it, give one row per class, that mean.
+on the cross-domain sets (the card's `views: protocol`).
+
+Text: the official runs pool a template ensemble and GPT-4 descriptors (gpt4_descriptors/<dataset>-gpt4.json)
+into one prototype per class, in one of two ways (`pooled_prototypes`):
+- 'means' (the default): the plain mean of the template mean and the descriptor mean (learnable_shift.py:77).
+  It is what the official run does: the README's example run is
+  scripts/shift/shift_text_per_class_mean_init_template_and_gpt4_micro.sh, which does not pass
+  --macro_pooling (off by default, args.py:46);
+- 'rows': every row with equal weight, the means weighted by their counts (`--macro_pooling`,
+  learnable_shift.py:72-75; the repository's *_macro.sh scripts).
+Several rows per class given to the method directly (M > K) are averaged with equal weight per row, i.e.
+'rows'; to run 'means', give it one row per class, `pooled_prototypes(...)`. A sweep's template sets hold
+templates only (no descriptors), where the two coincide.
 """
 
 from __future__ import annotations
@@ -65,6 +72,26 @@ from orchestrator.methods.views import gather_views, kept_count
 
 EPS = 1e-8  # torch.optim.AdamW's default (the official optimizer's)
 _BLOCK = 1 << 20     # elements of one [chunk, classes, d] block of the step (4 MB float32), its largest tensor
+
+
+POOLINGS = ("means", "rows")
+
+
+def pooled_prototypes(templates: list[torch.Tensor], descriptors: list[torch.Tensor],
+                      pooling: str = "means") -> torch.Tensor:
+    """One unit prototype per class [K, d] from each class's template rows [T_k, d] and descriptor rows
+    [D_k, d] (unit prompt embeddings): 'means' (the official run's) (t + c) / 2 of the template mean t and the
+    descriptor mean c, 'rows' (--macro_pooling) (T_k t + D_k c) / (T_k + D_k); renormalised (the official
+    get_text_features)."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"tps: pooling must be one of {POOLINGS}, got {pooling!r}")
+    if len(templates) != len(descriptors):
+        raise ValueError(f"tps: templates for {len(templates)} classes but descriptors for {len(descriptors)}")
+    out = []
+    for t, c in zip(templates, descriptors):
+        wt, wc = (1.0, 1.0) if pooling == "means" else (float(len(t)), float(len(c)))
+        out.append((wt * t.mean(0) + wc * c.mean(0)) / (wt + wc))
+    return F.normalize(torch.stack(out), dim=1)
 
 
 class TPS(Episodic):

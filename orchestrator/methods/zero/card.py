@@ -13,7 +13,10 @@ CARDS = (
                 low=0.0, high=1.0, low_open=True),
          HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
                 "(official code), mean_prob = the higher mean probability of the kept views", "choice",
-                choices=("discarded", "mean_prob")), LOGIT_SCALE),
+                choices=("discarded", "mean_prob")), LOGIT_SCALE,
+         HParam("state_dtype", "str", "float32", "dtype of the features and logits: float32 (default: float16's "
+                "rounding belongs to the dtype, not the method) or float16 as the official code (half CLIP under "
+                "autocast, its zero temperature float16's eps: soft votes)", "choice", choices=("float32", "float16"))),
         inputs="views", views="crops",
         source="FarinaMatteo/zero (ttas/zero.py); views: data/augs.py:57-67 get_transforms gives every dataset "
                "MultiViewCropAndFlip (data/augs.py:43, 63 random resized crops + flips and the original)",

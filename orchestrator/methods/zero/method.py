@@ -24,7 +24,18 @@ it sums to 1 and its argmax is exactly the tie-broken majority vote:
   1/2 - (mean_q[b] - mean_q[winner]) / 2 > 0 on top of its votes (the same bound), so it wins ties and
   keeps every lead.
 Episodic (`episodic.py`): samples are processed in vectorised chunks, and a pack's configs with one
-logit_scale share the views' posteriors.
+logit_scale and state_dtype share the views' posteriors.
+
+Precision: float32 by default. The official code runs a half CLIP under autocast (run.py; ttas/zero.py
+`zero`): the view features, text features and logits l = z_img z_txt^T are float16, l / temp is a float16
+division by temp = 1 / exp(logit_scale) rounded to float16, the softmaxes are float32 (autocast), and the zero
+temperature is float16's eps (2^-10), not float32's. `state_dtype: float16` reproduces that on the run's
+inputs rounded to float16 (products as a half GEMM: float32 accumulation, one rounding; the views ranked by
+the official entropy -(p * log p), NaN where p underflows, such a view last). There the votes
+are no longer one-hot: softmax(l / 2^-10) over float16 logits whose top values lie a few float16 steps
+apart splits a view's vote between them, so the vote is the sum of the kept views' soft votes p_bar; a tie
+(equal maxima of p_bar) is broken by `tie_break` as above and the official p_bar[winner] += 1 applied, and
+the posterior is that vector over its sum, (p_bar + tied * onehot(winner)) / (kept + tied).
 """
 
 from __future__ import annotations
@@ -32,7 +43,15 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.episodic import Episodic
+from orchestrator.methods.tda.method import product
 from orchestrator.methods.views import confidence_order, kept_count, view_posteriors
+
+HALF_EPS = torch.finfo(torch.float16).eps  # the official zero temperature in float16 (finfo(l_filt.dtype).eps)
+
+
+def class_sum(probs: torch.Tensor, class_ids: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """[..., M] probabilities over the class embeddings summed into their K classes."""
+    return probs.new_zeros(*probs.shape[:-1], num_classes).index_add_(-1, class_ids, probs)
 
 
 def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
@@ -56,22 +75,48 @@ class Zero(Episodic):
 
     name = "zero"
     chunk = 256
+    shared_hparams = ("logit_scale", "state_dtype")
 
-    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The views' class posteriors [c, V, K] and their confidence order [c, V]."""
-        q = view_posteriors(chunk, self.class_embeddings, self.class_ids, self.num_classes, self.hp["logit_scale"])
-        return q, confidence_order(q)
+    def shared(self, chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The views' class posteriors [c, V, K], their confidence order [c, V] and, in float16, the views'
+        float16 logits [c, V, M] (module docstring)."""
+        if self.hp["state_dtype"] == "float32":
+            q = view_posteriors(chunk, self.class_embeddings, self.class_ids, self.num_classes,
+                                self.hp["logit_scale"])
+            return q, confidence_order(q), None
+        half = torch.float16
+        logits = product(chunk.to(half), self.class_embeddings.to(half).T)
+        temp = 1.0 / torch.tensor(self.hp["logit_scale"], dtype=half)       # the model's temp, in float16
+        q = class_sum(torch.softmax((logits / temp).float(), dim=-1), self.class_ids, self.num_classes)
+        # the official confidence_filter's entropy, -(p * p.log()): a view with an underflowed p is NaN, ranked last
+        order = torch.argsort(-(q * q.log()).sum(-1), dim=1, stable=True)
+        return q, order, logits
 
-    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor], start: int) -> torch.Tensor:
-        q, order = shared
+    def solve(self, chunk: torch.Tensor, shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+              start: int) -> torch.Tensor:
+        q, order, logits = shared
         K = self.num_classes
         k = kept_count(chunk.shape[1], self.hp["keep"])
         q_kept = torch.gather(q, 1, order[:, :k, None].expand(-1, -1, K))
-        votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
         mean_q = q_kept.mean(dim=1)
+        if logits is not None:  # float16: the official soft votes (module docstring)
+            kept_logits = torch.gather(logits, 1, order[:, :k, None].expand(-1, -1, logits.shape[-1]))
+            soft = class_sum(torch.softmax((kept_logits / HALF_EPS).float(), dim=-1), self.class_ids, K)
+            votes = soft.sum(dim=1)
+            tied = ((votes == votes.max(dim=1, keepdim=True).values).sum(dim=1) > 1).float()[:, None]
+            winner = self._winner(votes, mean_q, q, order, k)
+            return (votes + tied * torch.nn.functional.one_hot(winner, K)) / (k + tied)
+        votes = torch.nn.functional.one_hot(q_kept.argmax(dim=-1), K).sum(dim=1).float()
         if self.hp["tie_break"] == "mean_prob":
             extra = mean_q
         else:
-            winner = discarded_view_winner(votes, q, order, k)
-            extra = (torch.nn.functional.one_hot(winner, K) + mean_q) / 2
+            extra = (torch.nn.functional.one_hot(self._winner(votes, mean_q, q, order, k), K) + mean_q) / 2
         return (votes + extra) / (k + 1)
+
+    def _winner(self, votes: torch.Tensor, mean_q: torch.Tensor, q: torch.Tensor, order: torch.Tensor,
+                k: int) -> torch.Tensor:
+        """[c] the class the tie-broken vote picks (`tie_break`)."""
+        if self.hp["tie_break"] == "discarded":
+            return discarded_view_winner(votes, q, order, k)
+        tied = votes == votes.max(dim=1, keepdim=True).values
+        return torch.where(tied, mean_q, -1.0).argmax(dim=1)
