@@ -4,7 +4,9 @@
         -> (predictions [G, n] int64, confidences [G, n] float32)
     run_traces_many(...) -> list[Trace], one per config, in config order
 
-Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. The
+Each config is a dict `{"method": name, **hparams}`, validated exactly as `make_method` validates it. With
+`orders` [G, n] (int64), config g runs over features[orders[g]], the stream orders of one feature set
+(`orchestrator.methods.lockstep`). The
 configs whose cards name one lockstep runner taking the features' kind (`MethodCard.lockstep`; the BCA
 family's is the blocked engine, one feature per sample) go to it in one call; any other config runs on its
 own. Every result equals the separate run (lockstep: within float32 rounding, `orchestrator.methods.lockstep`).
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from orchestrator.methods.base import Method, Trace, make_method
+from orchestrator.methods.lockstep import check_orders, run_over_orders
 
 
 def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
@@ -29,12 +32,14 @@ def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: t
 
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]]) -> list[Trace]:
-    """One Trace per config, each equal to `make_method(**config).run(features)` (a BCA-family trace's
-    state always holds U, V, C1 and C2, also for clip, whose counters never change)."""
+                    num_classes: int, configs: list[dict[str, Any]], orders: torch.Tensor | None = None) -> list[Trace]:
+    """One Trace per config, each equal to `make_method(**config).run(features)` (or of features[orders[g]])
+    (a BCA-family trace's state always holds U, V, C1 and C2, also for clip, whose counters never change)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
     methods = [_build(c, i, class_embeddings, class_ids, num_classes) for i, c in enumerate(configs)]
+    if orders is not None:
+        check_orders(features, orders, len(methods))
     views = isinstance(features, torch.Tensor) and features.ndim == 3
     groups: dict[int, tuple[Any, list[int]]] = {}  # one per runner, its configs in config order
     for i, method in enumerate(methods):
@@ -43,15 +48,17 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
             groups.setdefault(id(runner), (runner, []))[1].append(i)
     traces: dict[int, Trace] = {}
     for runner, members in groups.values():
-        traces.update(zip(members, runner([methods[i] for i in members], features)))
+        traces.update(zip(members, run_over_orders(runner, [methods[i] for i in members], features,
+                                                   None if orders is None else orders[members])))
     for i, method in enumerate(methods):
         if i not in traces:
-            traces[i] = method.run(features)
+            traces[i] = method.run(features if orders is None else features[orders[i]])
     return [traces[i] for i in range(len(methods))]
 
 
 def run_stream_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
-                    num_classes: int, configs: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+                    num_classes: int, configs: list[dict[str, Any]], orders: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Predictions [G, n] int64 and confidences (max posterior) [G, n] float32, row g for configs[g]."""
-    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs)
+    traces = run_traces_many(features, class_embeddings, class_ids, num_classes, configs, orders)
     return (torch.stack([t.predictions for t in traces]), torch.stack([t.confidences for t in traces]))
