@@ -1,8 +1,8 @@
 """The BCA family's cards: clip (zero-shot, the baseline), la (U adapts), pa (V adapts), bca (both).
 
 The values are the paper's: tau / n1 / n2 = 0.3 / 30000 / 10 on the OOD benchmark and 0.35 / 50000 / 10 on the
-cross-domain one. Their lockstep runner is the blocked engine (`orchestrator.methods.engine`), which runs the
-four cards' configs of a pack together.
+cross-domain one. Their lockstep runner (`lockstep.py`) is the blocked engine (`orchestrator.methods.engine`) on one
+feature per sample, which runs the four cards' configs of a pack together, and the adaptive view path on views.
 """
 
 from __future__ import annotations
