@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     for card in cards:
         if card.name in VIEW_ROWS:
             rows.append(measure(card, study, dict(preset, views=preset["study_views"]), args.repeat, views=True))
-            print(f"  done {card.name} on {preset['study_views']} views", flush=True)
+            print(f"  done {card.name}-views", flush=True)
     print(format_table(rows, preset["groups"]))
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 

@@ -70,7 +70,8 @@ def test_tda_views_over_orders_and_grid_points_equal_each_stream_alone(method):
 
 def test_every_runner_takes_orders_in_the_pack_path():
     """run_traces_many with orders: runners that step orders together (BCA views, TDA), one that does not
-    (DMN-ZS: the streams of each order together) and a single-feature engine (the streams of each order)."""
+    (DMN-ZS: the streams of each order together) and on one feature per sample (the BCA engine, TDA: the
+    streams of each order together)."""
     feats, emb, ids, k, _ = view_stream(num_classes=10, dim=16, n=120, views=10, seed=5)
     configs = [{"method": "bca", "tau": 0.9, "n1": 4, "logit_scale": 20.0}, {"method": "tda"},
                {"method": "dmn_zs"}, {"method": "bca", "tau": 0.9, "n1": 4, "logit_scale": 20.0}]
@@ -79,8 +80,8 @@ def test_every_runner_takes_orders_in_the_pack_path():
     for config, order, lock in zip(configs, orders, traces):
         hp = {key: v for key, v in config.items() if key != "method"}
         assert_same_trace(make_method(config["method"], emb, ids, k, **hp).run(feats[order]), lock, str(config))
-    flat = [configs[0], {"method": "pa", "tau": 0.5, "n2": 5}]
-    for config, order, lock in zip(flat, orders[:2], run_traces_many(feats[:, 0], emb, ids, k, flat, orders[:2])):
+    flat = [configs[0], {"method": "pa", "tau": 0.5, "n2": 5}, {"method": "tda"}]
+    for config, order, lock in zip(flat, orders[:3], run_traces_many(feats[:, 0], emb, ids, k, flat, orders[:3])):
         hp = {key: v for key, v in config.items() if key != "method"}
         assert_same_trace(make_method(config["method"], emb, ids, k, **hp).run(feats[order, 0]), lock, str(config))
 

@@ -61,7 +61,7 @@ def run_bca_views_many(features: torch.Tensor, states: list[dict[str, torch.Tens
     adapt_u = column([c.adapt_likelihood for c in cfgs], torch.bool)
     adapt_v = column([c.adapt_prior for c in cfgs], torch.bool)
     on_posterior = column([c.select_on == "posterior" for c in cfgs], torch.bool)
-    rules = [column(list(zip(*(_rule(c, getattr(c, n)) for c in cfgs)))) for n in ("n1", "n2")]
+    rules = [column(list(zip(*(_rule(c, getattr(c, count)) for c in cfgs)))) for count in ("n1", "n2")]
 
     def weights(rule: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(a, b, a + b) in float32 as the reference's Python floats round into its float32 ops, next counter."""
