@@ -16,11 +16,13 @@ precision study) runs the reference loop instead (`takes`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from orchestrator.methods.base import StageTimer, Trace
 from orchestrator.methods.bca.reference import BCAConfig, rows_of_classes
-from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, kept_count, logit_confidence_order
+from orchestrator.methods.views import PROTOCOL_KEEP, kept_count, logit_confidence_order
 
 
 
@@ -40,6 +42,20 @@ def _rule(cfg: BCAConfig, n: float) -> tuple[float, float, float, float]:
     return cfg.decay, 0.0, 1.0, cfg.decay
 
 
+def _gate(tau: float, adapts: bool) -> float:
+    """The float32 threshold t with p > t exactly when the reference's float(p) > tau, for float32 p: the
+    largest float32 not above tau (+inf where the part does not adapt)."""
+    if not adapts:
+        return math.inf
+    t = torch.tensor(tau, dtype=torch.float32)
+    return float(torch.nextafter(t, torch.tensor(-math.inf)) if float(t) > tau else t)
+
+
+def _where(fire: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """The new rows of the streams that fire, the old ones of the others (all new: no select)."""
+    return new if bool(fire.all()) else torch.where(fire.view(-1, *[1] * (new.ndim - 1)), new, old)
+
+
 def run_bca_views_many(features: torch.Tensor, states: list[dict[str, torch.Tensor]], class_ids: torch.Tensor,
                        num_classes: int, cfgs: list[BCAConfig], orders: torch.Tensor | None = None) -> list[Trace]:
     """G streams of views [n, V, d] (or features [N, V, d] and orders [G, n]) from `states` (not modified), one
@@ -57,21 +73,23 @@ def run_bca_views_many(features: torch.Tensor, states: list[dict[str, torch.Tens
         return torch.tensor(values, dtype=dtype, device=device)
 
     scale = column([c.logit_scale for c in cfgs], torch.float32)[:, None, None]
-    tau_u, tau_v = column([c.tau_likelihood for c in cfgs]), column([c.tau_prior for c in cfgs])
-    adapt_u = column([c.adapt_likelihood for c in cfgs], torch.bool)
-    adapt_v = column([c.adapt_prior for c in cfgs], torch.bool)
+    gate_u = column([_gate(c.tau_likelihood, c.adapt_likelihood) for c in cfgs], torch.float32)
+    gate_v = column([_gate(c.tau_prior, c.adapt_prior) for c in cfgs], torch.float32)
+    unselected = column([not c.selects for c in cfgs], torch.bool)
     on_posterior = column([c.select_on == "posterior" for c in cfgs], torch.bool)
     rules = [column(list(zip(*(_rule(c, getattr(c, count)) for c in cfgs)))) for count in ("n1", "n2")]
 
     def weights(rule: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(a, b, a + b) in float32 as the reference's Python floats round into its float32 ops, next counter."""
+        """(a, b, a + b) [3, G, 1] in float32 as the reference's Python floats round into its float32 ops, and
+        the next counter."""
         alpha, beta, b, delta = rule
         c = counter.double()
         a = alpha * c + beta
-        return a.float()[:, None], b.float()[:, None], (a + b).float()[:, None], (delta * c + 1.0).float()
+        return torch.stack((a, b, a + b)).float()[..., None], (delta * c + 1.0).float()
 
     class_rows = rows_of_classes(class_ids, num_classes) if any(c.select_on == "posterior" for c in cfgs) else None
     streams = torch.arange(G, device=device)
+    first_view = streams[:, None] * num_views
     posteriors = torch.zeros(G, n, num_classes, dtype=torch.float32, device=device)
     selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
     gated = torch.zeros(G, n, dtype=torch.bool, device=device)
@@ -81,9 +99,10 @@ def run_bca_views_many(features: torch.Tensor, states: list[dict[str, torch.Tens
         with timer("logits"):
             x = features[i].expand(G, -1, -1) if orders is None else features[orders[:, i]]   # [G, V, d]
             z = torch.bmm(scale * x, U.transpose(1, 2))                   # the reference's (scale * views) @ U^T
-            kept = logit_confidence_order(z)[:, :k]
-            f = gather_views(x, kept).mean(dim=1)                         # [G, d]
-            p = torch.softmax(gather_views(z, kept).mean(dim=1), dim=1)   # [G, M]
+            # each stream's kept views as rows of the flattened [G V, ...] (a row gather, as the reference indexes)
+            kept = (logit_confidence_order(z)[:, :k] + first_view).flatten()
+            f = x.reshape(G * num_views, -1)[kept].view(G, k, -1).mean(dim=1)                       # [G, d]
+            p = torch.softmax(z.reshape(G * num_views, -1)[kept].view(G, k, -1).mean(dim=1), dim=1)  # [G, M]
         with timer("posterior"):
             post = torch.bmm(p[:, None], V)[:, 0]
             post = post / post.sum(dim=1, keepdim=True)
@@ -95,23 +114,20 @@ def run_bca_views_many(features: torch.Tensor, states: list[dict[str, torch.Tens
                 best, cls = post.max(dim=1)
                 s = torch.where(on_posterior, class_rows[cls], s)
                 conf = torch.where(on_posterior, best, conf)
-            conf = conf.double()                                          # the reference's float(p[s]) > tau
-            fire_u, fire_v = adapt_u & (conf > tau_u), adapt_v & (conf > tau_v)
-            selected[:, i] = torch.where(adapt_u | adapt_v, s, -1)
+            fire_u, fire_v = conf > gate_u, conf > gate_v
+            selected[:, i] = s.masked_fill(unselected, -1)
             gated[:, i], gated_prior[:, i] = fire_u, fire_v
             if bool(fire_u.any()):
-                a, b, ab, c_next = weights(rules[0], C1[streams, s])
+                (a, b, ab), c_next = weights(rules[0], C1[streams, s])
                 row = U[streams, s]
                 new = (a * row + b * f) / ab
                 new = new / torch.linalg.vector_norm(new, dim=1, keepdim=True)
-                U[streams, s] = torch.where(fire_u[:, None], new, row)
-                C1[streams, s] = torch.where(fire_u, c_next, C1[streams, s])
+                U[streams, s], C1[streams, s] = _where(fire_u, new, row), _where(fire_u, c_next, C1[streams, s])
             if bool(fire_v.any()):
-                a, b, ab, c_next = weights(rules[1], C2[streams, s])
+                (a, b, ab), c_next = weights(rules[1], C2[streams, s])
                 row = V[streams, s]
                 new = (a * row + b * post) / ab
-                V[streams, s] = torch.where(fire_v[:, None], new, row)
-                C2[streams, s] = torch.where(fire_v, c_next, C2[streams, s])
+                V[streams, s], C2[streams, s] = _where(fire_v, new, row), _where(fire_v, c_next, C2[streams, s])
     seconds = {stage: t / G for stage, t in timer.seconds.items()}
     return [Trace(posteriors[g], selected[g], gated[g], gated_prior[g],
                   state={"U": U[g], "V": V[g], "C1": C1[g], "C2": C2[g]}, timings=dict(seconds)) for g in range(G)]
