@@ -10,9 +10,10 @@ Augmented views [n, V, d] (view 0 the original; la, pa and bca), by `view_select
 - 'adaptive' (default, the public code's rule: TTABC's bca.py, which cites the official repository): every
   sample re-selects its 10% lowest-entropy views against the CURRENT, adapted U, the entropy of
   softmax(logit_scale * f_v U^T) over the M class embeddings (the likelihood alone: no prior, not summed
-  into classes), then averages them; see `reference.py` for the equations. It runs per sample
-  (`views.run_bca_views_many`, also the lockstep path over orders and grid points): the blocked engine cannot
-  know a sample's views before every earlier update is done.
+  into classes), then averages them; see `reference.py` for the equations. One stream runs the per-sample
+  reference loop (the fewest operations a step); the lockstep path over orders and grid points
+  (`views.run_bca_views_many`) steps G streams in batched operations, bitwise the same per stream. The blocked
+  engine cannot know a sample's views before every earlier update is done.
 - 'fixed' (TDA's rule): the views are selected once, against the prompt embeddings, exactly as
   `orchestrator.clip.select_views` selects them for every single-view method (class-summed posteriors at
   CLIP's logit scale 100, which TDA's pipeline hard-codes), then the blocked engine runs on their means.
@@ -28,7 +29,6 @@ import torch
 
 from orchestrator.methods.base import Method, Trace
 from orchestrator.methods.engine import run_bca_blocked
-from orchestrator.methods.bca import views
 from orchestrator.methods.bca.reference import BCAConfig, bca_family_reference, init_state
 from orchestrator.methods.views import confident_view_means
 from orchestrator.registry import method_card
@@ -69,9 +69,7 @@ class BCAFamily(Method):
             features = features[:, 0]
         elif features.ndim == 3 and self.hp.get("view_selection") != "adaptive":
             features = confident_view_means(features, self.class_embeddings, self.class_ids, self.num_classes)
-        if features.ndim == 3 and views.takes(self.config):
-            trace = views.run_bca_views_many(features, [self.state], self.class_ids, self.num_classes, [self.config])[0]
-        elif features.ndim == 3:
+        if features.ndim == 3:
             trace = bca_family_reference(features, self.state, self.class_ids, self.num_classes, self.config)
         else:
             trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)

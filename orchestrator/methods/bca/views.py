@@ -1,5 +1,6 @@
 """The BCA family's adaptive view selection (`view_selection='adaptive'`) for G streams in one pass: the
-single-stream path (G = 1) and the lockstep path over orders x grid points.
+lockstep path over orders x grid points (one stream alone runs `reference.bca_family_reference`, whose per-step
+operations are fewer: tests/test_lockstep_views.py holds each stream of this path to it).
 
 Each stream keeps its own U, V, C1, C2 (a sample's kept views depend on every earlier update of its stream, so
 no state is shared); a step re-scores every stream's views against its current U in one batched product
