@@ -5,8 +5,12 @@ view 0 the feature, the others the feature plus noise), in one process and the s
 
 - single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults and official batch size (the
   BCA family runs on the blocked engine here: its multi-config path is `benchmarks.engine`);
-- official /s: TDA only, the public code's per-sample algorithm (`orchestrator.methods.tda.reference`:
-  caches as Python lists, the cache keys stacked and multiplied per sample), in float32 on this device;
+- official /s: the public code's per-sample algorithm where the project transcribes it (`OFFICIAL`): TDA
+  (`orchestrator.methods.tda.reference`: caches as Python lists, the cache keys stacked and multiplied per
+  sample), on one feature and on views, and BCA's adaptive view selection (`orchestrator.methods.bca.reference.
+  official_bca`), in float32 on this device;
+- the "(V views)" rows: the methods whose own path takes a stream's views or one feature (TDA, BCA) on
+  `--study-views` views a sample (default 64, the Table 1 protocol), as the study runs them;
 - G=1 / 8 / 32: config-samples/s of the lockstep runner its card names (`orchestrator.methods.lockstep`) over G configs
   that differ in every float hparam but logit_scale (config 0 the defaults), each with its ratio to the
   single-stream loop, and G=32's ratio to the public loop where there is one;
@@ -33,8 +37,29 @@ import torch
 
 from benchmarks.tables import markdown_table
 
-QUICK = {"K": 20, "d": 16, "n": 40, "view_n": 10, "views": 4, "groups": (1, 4)}
-FULL = {"K": 1000, "d": 512, "n": 300, "view_n": 50, "views": 8, "groups": (1, 8, 32)}
+QUICK = {"K": 20, "d": 16, "n": 40, "view_n": 10, "views": 4, "study_views": 10, "groups": (1, 4)}
+FULL = {"K": 1000, "d": 512, "n": 300, "view_n": 50, "views": 8, "study_views": 64, "groups": (1, 8, 32)}
+
+
+def _official_tda(x, emb, hp):
+    from orchestrator.methods.tda.reference import official_tda
+
+    return official_tda(x if x.ndim == 3 else x[:, None], emb, hp)
+
+
+def _official_bca(x, emb, hp):
+    from orchestrator.methods.bca.reference import official_bca
+
+    tau_u = hp["tau"] if hp["tau_likelihood"] is None else hp["tau_likelihood"]
+    tau_v = hp["tau"] if hp["tau_prior"] is None else hp["tau_prior"]
+    return official_bca(x, emb, n1=hp["n1"], n2=hp["n2"], tau_u=tau_u, tau_v=tau_v, scale=hp["logit_scale"],
+                        select=hp["select_on"])
+
+
+# (method, on views) -> the public code's loop, transcribed: called as official(features, class_embeddings, hp).
+OFFICIAL = {("tda", False): _official_tda, ("tda", True): _official_tda, ("bca", True): _official_bca}
+# Methods measured also on a study's views (their own path takes views or one feature).
+VIEW_ROWS = ("tda", "bca")
 
 
 @dataclass
@@ -83,14 +108,16 @@ def _timed(fn, *args):
     return out, time.perf_counter() - start
 
 
-def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
+def measure(card, stream, preset: dict, repeat: int = 1, views: bool | None = None) -> Row:
+    """One row; views: run on the stream's views (default: whether the card takes views)."""
     from orchestrator.methods import make_method
     from orchestrator.methods.lockstep import run_lockstep
 
     feats, view_feats, emb, ids = stream
     K = emb.shape[0]
-    n = preset["view_n"] if card.takes_views else preset["n"]
-    x = (view_feats if card.takes_views else feats)[:n]
+    views = card.takes_views if views is None else views
+    n = preset["view_n"] if views else preset["n"]
+    x = (view_feats if views else feats)[:n]
     configs = differing_configs(card, max(preset["groups"]), n)
     warm = x[:3]
 
@@ -103,17 +130,15 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
         method = build(config, data)         # built outside the timed call, as the lockstep's methods are
         return _timed(method.run, data)
 
-    official_tda = None
-    if card.name == "tda":
-        from orchestrator.methods.tda.reference import official_tda
+    official = OFFICIAL.get((card.name, views))
     lockstep_groups = preset["groups"] if card.lockstep_runner(x.ndim == 3) is not None else ()
 
     def lock(g, data):
         return _timed(run_lockstep, [build(c, data) for c in configs[:g]], data)
 
     single(configs[0], warm)
-    if official_tda:
-        official_tda(warm[:, None], emb, configs[0])
+    if official:
+        official(warm, emb, configs[0])
     for g in lockstep_groups:
         lock(g, warm)
     # Interleaved repeats, so that a change in the machine's load falls on every column alike; medians.
@@ -121,12 +146,12 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
     for _ in range(repeat):
         reference, t = single(configs[0], x)
         seconds["single"].append(t)
-        if official_tda:
-            seconds["official"].append(_timed(official_tda, x[:, None], emb, configs[0])[1])
+        if official:
+            seconds["official"].append(_timed(official, x, emb, configs[0])[1])
         for g in lockstep_groups:
             traces, t = lock(g, x)
             seconds[g].append(t)
-    official = n / statistics.median(seconds["official"]) if official_tda else None
+    official_rate = n / statistics.median(seconds["official"]) if official else None
     lockstep = {g: g * n / statistics.median(seconds[g]) for g in lockstep_groups}
     agree = "-"
     if lockstep_groups:
@@ -134,7 +159,8 @@ def measure(card, stream, preset: dict, repeat: int = 1) -> Row:
         diff = float((traces[0].posteriors - reference.posteriors).abs().max())
         agree = f"{'yes' if same else 'NO'} {diff:.0e}"
     n_single = n / statistics.median(seconds["single"])
-    return Row(card.label, n_single, official, lockstep, agree)
+    label = f"{card.label} ({x.shape[1]} views)" if views and not card.takes_views else card.label
+    return Row(label, n_single, official_rate, lockstep, agree)
 
 
 def format_table(rows: list[Row], groups: tuple[int, ...]) -> str:
@@ -157,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: K 20, d 16, a few samples, G in {1, 4}")
     parser.add_argument("--n", type=int, help="samples per single-feature method (default 300; quick 40)")
     parser.add_argument("--view-n", type=int, help="samples per view method (default 50; quick 10)")
+    parser.add_argument("--study-views", type=int, help="views a sample of the (V views) rows (default 64; quick 10)")
     parser.add_argument("--methods", nargs="+", help="method names (default: every registered method but the "
                                                      "prompt-tuning ones: `python -m benchmarks.prompt`)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
@@ -169,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         preset["n"] = args.n
     if args.view_n:
         preset["view_n"] = args.view_n
+    if args.study_views:
+        preset["study_views"] = args.study_views
     torch.set_num_threads(args.threads)
     # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it.
     cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.text_encoder is None]
@@ -181,6 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     for card in cards:
         rows.append(measure(card, stream, preset, args.repeat))
         print(f"  done {card.name}", flush=True)
+    study = make_stream(preset["K"], preset["d"], preset["view_n"], preset["study_views"], args.device)
+    for card in cards:
+        if card.name in VIEW_ROWS:
+            rows.append(measure(card, study, dict(preset, views=preset["study_views"]), args.repeat, views=True))
+            print(f"  done {card.name}-views", flush=True)
     print(format_table(rows, preset["groups"]))
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 

@@ -10,8 +10,10 @@ one stream at a time) over G streams at once for `--slice` samples, and projects
 orders from the measured config-samples/s.
 
 The G streams of a pass differ in their hparams (`benchmarks.methods.differing_configs`), as different
-orders would make their states differ; today's multi-config path replays one feature order for all G, so
-this measures the work of G orders, not a run over G permuted orders (each order is its own run in a sweep).
+orders would make their states differ; where the runner steps orders together on views (BCA's adaptive view
+selection, TDA: `orchestrator.methods.lockstep`), stream g also reads the slice in its own order
+(`run_traces_many(..., orders=...)`), so the pass is G orders x grid points as the study runs them; elsewhere
+one order's G grid points do the same work per step.
 
 Printed per method and in total: projected device-seconds, config-samples/s, peak memory of one pass, the
 fraction of the device's measured fp32 GEMM rate that the dominant product (each sample's views against the
@@ -116,11 +118,15 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     configs = [{"method": card.name, **c} for c in differing_configs(card, preset["groups"], m)]
     for c in configs:
         c.update({k: v for k, v in hparams.items() if k not in c})
+    orders = None
+    if views > 1 and getattr(card.lockstep_runner(True), "takes_orders", False):
+        gen = torch.Generator().manual_seed(1)
+        orders = torch.stack([torch.randperm(m, generator=gen) for _ in configs]).to(device)
     run_traces_many(feats[:2], emb, ids, K, configs)  # first-call work (allocation, compilation) off the clock
     _sync(device)
     _peak_reset(device)
     start = time.perf_counter()
-    run_traces_many(feats, emb, ids, K, configs)
+    run_traces_many(feats, emb, ids, K, configs, orders=orders)
     _sync(device)
     seconds = time.perf_counter() - start
     rate = len(configs) * m / seconds

@@ -9,44 +9,9 @@ import torch
 
 from orchestrator.clip import select_views
 from orchestrator.methods import make_method, run_stream
+from orchestrator.methods.bca.reference import official_bca
 from orchestrator.methods.views import lowest_entropy_views, view_posteriors
 from orchestrator.registry import method_card
-
-
-def public_bca(views: torch.Tensor, U0: torch.Tensor, *, n1: float, n2: float, tau_u: float, tau_v: float,
-               scale: float = 100.0, select: str = "posterior") -> dict:
-    """TTABC's BCAState.bca_step per sample, in float32, M = K, prior starting at the identity. select:
-    'posterior' as that code (row = argmax of the posterior), or 'likelihood' (the paper text's argmax of
-    the likelihood softmax). Returns the posteriors, rows, gates, final state and each sample's kept views."""
-    mu, m = U0.clone(), U0.shape[0]
-    prior = torch.eye(m)
-    c1, c2 = [n1] * m, [n2] * m
-    out = {"post": [], "row": [], "gated": [], "gated_prior": [], "kept": []}
-    for sample in views:
-        logits = scale * sample @ mu.T                                    # P(x | u_m), against the current mu
-        if sample.shape[0] > 1:
-            entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-            idx = torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]
-            f, logits = sample[idx].mean(0), logits[idx].mean(0)
-            out["kept"].append(sorted(idx.tolist()))
-        else:
-            f, logits = sample[0], logits[0]
-        likelihood = logits.softmax(0)
-        post = likelihood @ prior
-        conf, row = (post.max(0) if select == "posterior" else likelihood.max(0))
-        row = int(row)
-        if conf > tau_u:
-            mu[row] = (c1[row] * mu[row] + f) / (c1[row] + 1)
-            mu[row] = mu[row] / torch.norm(mu[row])
-            c1[row] += 1
-        if conf > tau_v:
-            prior[row] = (c2[row] * prior[row] + post) / (c2[row] + 1)
-            c2[row] += 1
-        for key, value in (("post", post), ("row", row), ("gated", bool(conf > tau_u)),
-                           ("gated_prior", bool(conf > tau_v))):
-            out[key].append(value)
-    return {"post": torch.stack(out["post"]), "row": torch.tensor(out["row"]), "gated": torch.tensor(out["gated"]),
-            "gated_prior": torch.tensor(out["gated_prior"]), "U": mu, "V": prior, "kept": out["kept"]}
 
 
 def view_stream(n: int = 150, k: int = 8, d: int = 16, views: int = 20, seed: int = 2):
@@ -77,7 +42,7 @@ def test_adaptive_selection_follows_the_public_code(method, select_on):
     feats, emb, ids, k = view_stream()
     ours_hp, ref_hp = CASES[method]
     trace = make_method(method, emb, ids, k, select_on=select_on, **ours_hp).run(feats)
-    ref = public_bca(feats, emb, select=select_on, **ref_hp)
+    ref = official_bca(feats, emb, select=select_on, **ref_hp)
     assert torch.equal(trace.predictions, ref["post"].argmax(1))
     torch.testing.assert_close(trace.posteriors, ref["post"], atol=1e-5, rtol=0)
     assert torch.equal(trace.selected, ref["row"])
@@ -93,7 +58,7 @@ def test_adaptive_selection_changes_the_views_and_the_results():
     # of the stream, and 'fixed' gives other results than 'adaptive' there.
     feats, emb, ids, k = view_stream()
     ours_hp, ref_hp = CASES["bca"]
-    ref = public_bca(feats, emb, **ref_hp)
+    ref = official_bca(feats, emb, **ref_hp)
     fixed = lowest_entropy_views(view_posteriors(feats, emb, ids, k, SCALE), 0.1).sort(dim=1).values
     changed = sum(ref["kept"][i] != fixed[i].tolist() for i in range(len(feats)))
     assert changed > len(feats) // 20

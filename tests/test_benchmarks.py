@@ -28,9 +28,13 @@ def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
             for line in out.splitlines() if line.startswith("| ") and "method" not in line}
-    assert set(rows) == {card.label for card in method_cards() if card.text_encoder is None}, out
+    on_views = {"TDA (10 views)", "BCA (10 views)"}  # the quick preset's study views
+    assert set(rows) == {card.label for card in method_cards() if card.text_encoder is None} | on_views, out
     lockstep = [cells for cells in rows.values() if cells[3] != "-"]
     assert len(lockstep) >= 3 and all(cells[-1].startswith("yes") for cells in lockstep), out
+    # the official loops' columns, and the view rows' lockstep agreeing with their own run
+    assert all(float(rows[label][2].replace(",", "")) > 0 for label in ("TDA", *on_views)), out
+    assert all(rows[label][-1].startswith("yes") for label in on_views), out
 
 
 def test_gpu_check_quick_runs_without_ray_duckdb_open_clip_pydantic():

@@ -67,6 +67,12 @@ ELSEWHERE = {
     "bca sweep experiments/sharded.yaml": "tests/test_sweep_shards.py::test_the_docs_sharded_spec_runs_with_the_docs_commands",
     # a wrapper that runs tests/reliability and the related tests of other modules (minutes) and counts them
     "python -m benchmarks.reliability": "tests/reliability",
+    # the whole study needs a GPU; its quick mode and its test run in minutes
+    "python -m benchmarks.study": "tests/test_benchmark_study.py",
+    "python -m benchmarks.study --quick": "tests/test_benchmark_study.py",
+    # the study's plan (minutes: 39,800 runs)
+    "bca sweep experiments/paper_study.yaml --dry-run":
+        "tests/test_study_spec.py::test_the_documented_dry_run_plans_the_study_without_its_data",
 }
 
 

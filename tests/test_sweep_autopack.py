@@ -96,3 +96,25 @@ def test_a_default_sweep_packs_compacts_and_matches_one_run_per_trial(ray_sessio
         metrics = "SELECT run_id, accuracy, last50_accuracy, helped, hurt FROM accuracy LEFT JOIN paired USING " \
                   "(run_id) ORDER BY run_id"
         assert a.df(metrics).equals(b.df(metrics))
+
+
+def test_on_a_gpu_a_pack_is_sized_by_the_devices_memory(tmp_path):
+    """A sweep whose trials take a GPU packs each source's runs by memory: as many configs as fill half of the
+    trial's share of the device (an 80 GB card given here, as `local_device_bytes` reads it on a GPU node)."""
+    methods = [{"method": "bca", "tau": [round(0.05 * i, 2) for i in range(1, 20)], "n1": [50, 500, 5000]},
+               {"method": "dota"}]
+    spec = load_spec(write_spec(tmp_path, n=2000, seeds=[1], methods=methods, resources={"gpu": 0.5, "cpus": 1}))
+    runs = expand(spec)
+    per_bca = cost.config_bytes("bca", 6, 16, 2000)
+    assert per_bca == 4 * (2000 * (6 + 3) + 6 * (16 + 6))
+    assert cost.config_bytes("dota", 6, 16, 2000) == per_bca + 4 * 6 * 16 * 16
+    device = 80 * 2**30
+    memory = cost.sweep_memory(spec, device)
+    assert memory[0] == cost.PACK_MEMORY_FRACTION * 0.5 * device
+    assert [len(t.runs) for t in make_trials(runs, "auto", memory=memory)] == [len(runs)]  # all 58 in one pack
+    # a device holding 20 configs' worth: packs of 20, the last one the rest
+    small = cost.sweep_memory(spec, int(20 * per_bca / (cost.PACK_MEMORY_FRACTION * 0.5)) + 1)
+    assert [len(t.runs) for t in make_trials(runs, "auto", memory=small)] == [20, 20, 18]
+    # no GPU asked for, or none known here: packs by time as before
+    assert cost.sweep_memory(load_spec(write_spec(tmp_path / "cpu", n=2000, methods=methods)), device) is None
+    assert cost.sweep_memory(spec, None) is None

@@ -42,10 +42,11 @@ def embeddings_per_class(spec: SweepSpec, dataset: RealDataset | SyntheticDatase
     return template_counts(template_set, dataset.name)[1]
 
 
-def semantic_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+def semantic_issues(spec: SweepSpec, *, data_elsewhere: bool = False) -> list[tuple[str, str]]:
+    """data_elsewhere: a data_root absent from this machine is no issue (`load_spec`)."""
     issues: list[tuple[str, str]] = []
     issues += _path_issues(spec)
-    issues += _dataset_issues(spec)
+    issues += _dataset_issues(spec, data_elsewhere)
     issues += _template_issues(spec)
     issues += _method_issues(spec)
     issues += _batch_issues(spec)
@@ -105,7 +106,7 @@ def _template_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             for i, t in enumerate(spec.templates) if t not in (METHOD_TEMPLATES, *TEMPLATE_SET_NAMES)]
 
 
-def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+def _dataset_issues(spec: SweepSpec, data_elsewhere: bool = False) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     names: dict[str, int] = {}
     for i, ds in enumerate(spec.datasets):
@@ -117,11 +118,11 @@ def _dataset_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         if isinstance(ds, SyntheticDataset):
             issues += [(f"datasets[{i}].{field}", msg) for field, msg in _synthetic_issues(ds)]
     if spec.has_real_datasets:
-        issues += _real_source_issues(spec)
+        issues += _real_source_issues(spec, data_elsewhere)
     return issues
 
 
-def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
+def _real_source_issues(spec: SweepSpec, data_elsewhere: bool = False) -> list[tuple[str, str]]:
     """Data root and its dataset folders, cache dir, backbones: only needed (and only imported) for real datasets."""
     from orchestrator.sweep.catalog import backbone_issue, dataset_listing_issue
 
@@ -130,8 +131,9 @@ def _real_source_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         issues.append(("data_root", "required when a real dataset is named; expected the directory that "
                                     "holds the dataset folders (see docs/real-data.md for the layouts)"))
     elif not Path(spec.data_root).is_dir():
-        issues.append(("data_root", f"directory {spec.data_root} does not exist; expected the directory "
-                                    f"that holds the dataset folders"))
+        if not data_elsewhere:
+            issues.append(("data_root", f"directory {spec.data_root} does not exist; expected the directory "
+                                        f"that holds the dataset folders"))
     else:
         for i, ds in enumerate(spec.datasets):
             problem = dataset_listing_issue(ds.name, spec.data_root) if isinstance(ds, RealDataset) else None

@@ -23,13 +23,13 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _plan(spec_path: Path) -> tuple | int:
+def _plan(spec_path: Path, data_elsewhere: bool = False) -> tuple | int:
     """(spec, runs), or the exit code: validation and expansion write nothing, so Ctrl-C here just stops."""
     from orchestrator.sweep.checks import spec_warnings
     from orchestrator.sweep.plan import expand
 
     try:
-        spec = load_spec(spec_path)
+        spec = load_spec(spec_path, data_elsewhere=data_elsewhere)
         for line in spec_warnings(spec):
             print(f"warning: {line}", file=sys.stderr)
         return spec, expand(spec)
@@ -44,7 +44,7 @@ def _plan(spec_path: Path) -> tuple | int:
 def sweep_command(spec_path: Path, *, resume: bool = False, address: str | None = None,
                   ray_dashboard: bool = False, progress_every_s: float = 30.0, dry_run: bool = False,
                   yes: bool = False, rerun_changed: bool = False) -> int:
-    planned = _plan(spec_path)
+    planned = _plan(spec_path, data_elsewhere=dry_run)  # a dry run plans for the machine that holds the data
     if isinstance(planned, int):
         return planned
     spec, runs = planned

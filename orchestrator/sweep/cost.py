@@ -6,6 +6,11 @@ sweep's finished runs when there are any (a resumed sweep), else taken from the 
 the runs of one data source in stream order until they add up to TRIAL_TARGET_S of work, and never more than
 TRIAL_MAX_S (a retried trial runs all of its runs again), so per-trial overhead (a Tune trial, a process
 round trip, Tune's state) is a small share of the work and a lost trial costs at most about a minute.
+
+On a GPU (a sweep whose trials ask for a GPU, planned where the driver sees one) a pack is sized by memory
+instead: the runs of a source go into one trial until their configs' memory (`config_bytes`: each config's trace
+and state in the lockstep pass) fills PACK_MEMORY_FRACTION of the trial's share of the device
+(`memory_chunks`), so a lockstep pass takes as many configs as the card holds.
 """
 
 from __future__ import annotations
@@ -20,10 +25,20 @@ if TYPE_CHECKING:
 
 TRIAL_TARGET_S = 5.0
 TRIAL_MAX_S = 60.0
+# Lockstep config-samples/s on one H100, K = M = 1000, d = 512 (view methods: 8 views a sample), G = 32 configs a
+# pass; the BCA family's from its 32-config pack of single features. From GPU_RATES_LOG (tests/test_study_spec.py
+# holds them to it); the projection of `bca sweep --dry-run` uses them where a GPU will run the sweep.
+GPU_RATES_LOG = "benchmarks/logs/gpu-h100-2026-11-26.txt"
+GPU_RATES = {"clip": 36826.0, "la": 36826.0, "pa": 36826.0, "bca": 36826.0, "tda": 19119.0, "tda_pa": 12071.0,
+             "zero": 83128.0, "dota": 4664.0, "onzeta": 110222.0, "dpe": 5551.0, "tps": 56566.0, "dmn_zs": 8658.0,
+             "mta": 70152.0, "boostadapter": 9594.0}
 # A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
 # rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
 UNKNOWN_SAMPLES_PER_S = 5.0
 UNKNOWN_LENGTH = 50_000      # a real dataset the driver cannot list: ImageNet's size, so trials stay small
+# Of a trial's share of the device's memory, what its pack's configs may take (the rest: the stream's features,
+# the class embeddings, the allocator's slack).
+PACK_MEMORY_FRACTION = 0.5
 
 
 def measured_sample_seconds(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -54,8 +69,8 @@ def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None 
 
 
 def stream_length(spec: Any, source: Any) -> int:
-    """A data source's stream length: a synthetic scenario's n, a real dataset's listing (UNKNOWN_LENGTH when
-    the driver cannot list it, e.g. data only the workers mount)."""
+    """A data source's stream length: a synthetic scenario's n, a real dataset's listing, or when the driver
+    cannot list it (data only the workers mount) the registry's test-set size (UNKNOWN_LENGTH if it has none)."""
     if source.is_synthetic:
         return int(source.params()["n"])
     from orchestrator.sweep.catalog import dataset_listing
@@ -63,12 +78,117 @@ def stream_length(spec: Any, source: Any) -> int:
     try:
         return len(dataset_listing(source.dataset, spec.data_root))
     except Exception:  # noqa: BLE001 - any listing failure only makes trials smaller; the trial reports it
-        return UNKNOWN_LENGTH
+        return registry_length(source.dataset)
+
+
+def registry_length(dataset: str) -> int:
+    """The registry's test-set size of a dataset, UNKNOWN_LENGTH where it has none."""
+    from orchestrator.registry import dataset_card, dataset_key
+
+    return (dataset_card(dataset).test_images if dataset_key(dataset) else None) or UNKNOWN_LENGTH
+
+
+def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
+    """The dry run's projection: device-hours of `runs` (samples through each method) at the cards' CPU rates and
+    at GPU_RATES (runs of a method without a GPU rate counted at its CPU rate, and named)."""
+    samples: dict[str, int] = {}
+    memo: dict[Any, int] = {}
+    for run in runs:
+        if run.source not in memo:
+            memo[run.source] = length(run.source)
+        samples[run.method] = samples.get(run.method, 0) + memo[run.source]
+    cpu = gpu = 0.0
+    missing = []
+    for method, count in samples.items():
+        card = find_method(method)
+        seconds = count / ((card.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
+        cpu += seconds
+        if method in GPU_RATES:
+            gpu += count / GPU_RATES[method]
+        else:
+            gpu += seconds
+            missing.append(method)
+    return [f"projected CPU-hours: {cpu / 3600:,.1f} (one core a run, the cards' samples_per_s at K = M = 1000, "
+            f"d = 512; {sum(samples.values()):,} samples through the methods)",
+            f"projected GPU-hours: {gpu / 3600:,.1f} (one H100, lockstep packs of 32 configs, rates from "
+            f"{GPU_RATES_LOG}" + (f"; at CPU rates: {', '.join(sorted(missing))}" if missing else "") + ")"]
+
+
+def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[Run], int]] | None:
+    """`make_trials`' memory sizing for a sweep whose trials take a GPU of `device_bytes` (None: pack by time)."""
+    budget = pack_budget(spec.resources.gpu, device_bytes)
+    return None if budget is None else (budget, memory_of(spec))
 
 
 def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Callable[[Run], float]:
     """The cost model of a sweep: measured from its finished runs' `rows` where there are any."""
     return cost_model(lambda source: stream_length(spec, source), measured_sample_seconds(rows or {}))
+
+
+def config_bytes(method: str, num_classes: int, dim: int, length: int) -> int:
+    """A config's memory in a lockstep pass, float32: its trace (posteriors [n, K] and three per-sample columns)
+    and its state, rows of d + K per class (U and V, a cache's keys and values) and, for DOTA, a d x d
+    covariance per class."""
+    state = num_classes * (dim + num_classes) + (num_classes * dim * dim if method == "dota" else 0)
+    return 4 * (length * (num_classes + 3) + state)
+
+
+def source_shape(source: Any) -> tuple[int, int]:
+    """(K, d) of a data source: a synthetic scenario's parameters, else the registry's classes and the
+    backbone's embedding width."""
+    if source.is_synthetic:
+        params = source.params()
+        return int(params["num_classes"]), int(params["dim"])
+    from orchestrator.clip.backbone import _model_config
+    from orchestrator.registry import dataset_card, dataset_key
+
+    classes = dataset_card(source.dataset).num_classes if dataset_key(source.dataset) else 1000
+    return classes, int(_model_config(source.model)["embed_dim"])
+
+
+def memory_chunks(group: list[Run], budget_bytes: float, bytes_of: Callable[[Run], int]) -> list[tuple[Run, ...]]:
+    """Consecutive runs of one group into packs whose configs' memory stays within `budget_bytes` (a run needing
+    more is a pack of its own)."""
+    trials: list[tuple[Run, ...]] = []
+    members: list[Run] = []
+    total = 0
+    for run in group:
+        b = bytes_of(run)
+        if members and total + b > budget_bytes:
+            trials.append(tuple(members))
+            members, total = [], 0
+        members.append(run)
+        total += b
+    if members:
+        trials.append(tuple(members))
+    return trials
+
+
+def pack_budget(gpu_share: float, device_bytes: int | None) -> float | None:
+    """The memory a trial's pack may fill: PACK_MEMORY_FRACTION of its share (resources.gpu) of the device; None
+    when the trials take no GPU or the device's memory is not known here."""
+    if gpu_share <= 0 or not device_bytes:
+        return None
+    return PACK_MEMORY_FRACTION * min(gpu_share, 1.0) * device_bytes
+
+
+def local_device_bytes() -> int | None:
+    """The memory of this machine's first GPU, None without one (a driver without a GPU packs by time)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+
+
+def memory_of(spec: Any) -> Callable[[Run], int]:
+    """A run's `config_bytes` from its source's shape and stream length."""
+    memo: dict[Any, tuple[int, int, int]] = {}
+
+    def bytes_of(run: Run) -> int:
+        if run.source not in memo:
+            memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
+        return config_bytes(run.method, *memo[run.source])
+
+    return bytes_of
 
 
 def chunk_by_cost(group: list[Run], cost: Callable[[Run], float]) -> list[tuple[Run, ...]]:

@@ -8,8 +8,13 @@ names are on disk, and the resources a trial asks for exist here (`machine_issue
 Runs and trials per backbone / dataset / method (and batch size, where some run adapts on batches; the batch
 sizes a per-sample method skips are named), with how many are finished already, the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
-through a method, summed over the runs to run) and images to encode. Cache entries are recognised by their
-manifest (backbone, dataset, image-list fingerprint, views and seed), without loading any weights.
+through a method, summed over the runs to run) and images to encode, and the projected CPU- and GPU-hours
+(`cost.projected_hours`). Cache entries are recognised by their manifest (backbone, dataset, image-list
+fingerprint, views and seed), without loading any weights.
+
+A spec whose data_root is not on this machine is planned for the machine that holds it: stream lengths are the
+registry's test-set sizes, the cache is not consulted, and this machine's checks (weights, resources) are left
+to that machine, as when the dry run joins a cluster.
 """
 
 from __future__ import annotations
@@ -24,13 +29,20 @@ from orchestrator.sweep.plan import DataSource, Run, Trial, make_trials
 from orchestrator.sweep.record import check_sweep_record
 from orchestrator.registry import method_card
 from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
-from orchestrator.sweep.cost import sweep_cost
+from orchestrator.sweep.cost import local_device_bytes, projected_hours, registry_length, sweep_cost, sweep_memory
 from orchestrator.sweep.status import recorded_rows, run_status
+
+
+def data_elsewhere(spec: SweepSpec) -> bool:
+    """The spec reads real datasets from a data_root that is not on this machine."""
+    return spec.has_real_datasets and not (spec.data_root and Path(spec.data_root).is_dir())
 
 
 def _stream_length(spec: SweepSpec, source: DataSource) -> int:
     if source.is_synthetic:
         return int(source.params()["n"])
+    if data_elsewhere(spec):
+        return registry_length(source.dataset)
     from orchestrator.sweep.catalog import dataset_listing
 
     return len(dataset_listing(source.dataset, spec.data_root))
@@ -118,11 +130,16 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
                                 None if source.views == "single" else source.seed), source)
     encode = 0
+    elsewhere = data_elsewhere(spec)
+    if elsewhere:
+        lines.append(f"data_root {spec.data_root} is not on this machine: planned for the machine that holds it "
+                     f"(stream lengths: the registry's test-set sizes; its cache, weights and resources are checked "
+                     f"there)")
     if entries:
-        manifests = _cache_manifests(spec.cache_dir)
+        manifests = [] if elsewhere else _cache_manifests(spec.cache_dir)
         lines.append(f"feature-cache entries the trials read ({len(entries)}), in {spec.cache_dir}:")
         for source in entries.values():
-            state = "cached" if _cached(spec, source, manifests) else "to encode"
+            state = "cached" if not elsewhere and _cached(spec, source, manifests) else "to encode"
             if state == "to encode":
                 from orchestrator.clip.views import parse_views
 
@@ -131,7 +148,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
                  + (f", {encode:,} image views to encode" if entries else ""))
-    return lines
+    return lines + projected_hours(todo, lambda source: lengths[source])
 
 
 def _skipped_batch_sizes(spec: SweepSpec) -> list[str]:
@@ -193,10 +210,11 @@ def dry_run(spec: SweepSpec, runs: list[Run], source: str = "<spec>", address: s
     refuses it or this machine cannot run it."""
     problem = check_sweep_record(spec, runs)
     issues = [("name", problem)] if problem else []
-    issues += machine_issues(spec, address or os.environ.get("RAY_ADDRESS") or None)
+    if not data_elsewhere(spec):
+        issues += machine_issues(spec, address or os.environ.get("RAY_ADDRESS") or None)
     if issues:
         raise SpecError(source, issues)
     status = run_status(spec, runs)
     trials = make_trials([r for r in runs if status[r.run_id] != "finished"], spec.pack,
-                         sweep_cost(spec, recorded_rows(spec, runs)))
+                         sweep_cost(spec, recorded_rows(spec, runs)), sweep_memory(spec, local_device_bytes()))
     return plan_lines(spec, runs, trials, status)

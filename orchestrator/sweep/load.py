@@ -82,10 +82,11 @@ def _pydantic_issues(exc: ValidationError) -> list[tuple[str, str]]:
     return issues
 
 
-def load_spec(path: str | Path) -> SweepSpec:
+def load_spec(path: str | Path, *, data_elsewhere: bool = False) -> SweepSpec:
     """Read, validate and resolve a spec file; raise SpecError listing every problem.
 
-    Relative paths are made absolute against the spec file's directory.
+    Relative paths are made absolute against the spec file's directory. data_elsewhere (a dry run): a data_root
+    that does not exist on this machine is not a problem (the plan is for the machine that holds it).
     """
     path = Path(path)
     source = str(path)
@@ -97,10 +98,11 @@ def load_spec(path: str | Path) -> SweepSpec:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         raise SpecError(source, [("", f"not valid YAML: {exc}")]) from None
-    return validate_spec(data, source=source, base_dir=path.resolve().parent)
+    return validate_spec(data, source=source, base_dir=path.resolve().parent, data_elsewhere=data_elsewhere)
 
 
-def validate_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path | None = None) -> SweepSpec:
+def validate_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path | None = None,
+                  data_elsewhere: bool = False) -> SweepSpec:
     """Validate a parsed spec (a dict) and return it with absolute paths (relative to `base_dir`, else cwd).
 
     The document only: whether the results dir already holds this sweep is the plan's question
@@ -121,7 +123,7 @@ def validate_spec(data: Any, *, source: str = "<spec>", base_dir: str | Path | N
     except ValidationError as exc:
         raise SpecError(source, _pydantic_issues(exc)) from None
     spec = _absolute_paths(spec, Path(base_dir) if base_dir is not None else Path.cwd())
-    issues = semantic_issues(spec)
+    issues = semantic_issues(spec, data_elsewhere=data_elsewhere)
     if issues:
         raise SpecError(source, issues)
     return spec

@@ -465,13 +465,17 @@ def expand(spec: SweepSpec) -> list[Run]:
         return [run for runs in by_source.values() for run in runs]
 
 
-def make_trials(runs: list[Run], pack: int | str, cost: Callable[[Run], float] | None = None) -> list[Trial]:
+def make_trials(runs: list[Run], pack: int | str, cost: Callable[[Run], float] | None = None,
+                memory: tuple[float, Callable[[Run], int]] | None = None) -> list[Trial]:
     """Group runs into trials: singletons, packs of up to `pack` runs, or with pack 'auto' packs sized by `cost`
-    (seconds a run takes; default the prior cost model, see orchestrator.sweep.cost), of runs sharing a data source
+    (seconds a run takes; default the prior cost model, see orchestrator.sweep.cost), or on a GPU by `memory`
+    (a pack's budget in bytes and each run's bytes: `cost.memory_chunks`), of runs sharing a data source
     and the kind of features they take (runs taking views are packed only with runs taking views)."""
     from orchestrator.sweep import cost as costs
 
-    if pack == "auto":
+    if pack == "auto" and memory is not None:
+        chunk = functools.partial(costs.memory_chunks, budget_bytes=memory[0], bytes_of=memory[1])
+    elif pack == "auto":
         chunk = functools.partial(costs.chunk_by_cost, cost=cost or costs.cost_model(_synthetic_or_unknown_length))
     elif isinstance(pack, int) and not isinstance(pack, bool) and pack >= 1:
         chunk = functools.partial(_chunk_fixed, pack=pack)

@@ -45,7 +45,7 @@ from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.compaction import Compactor
 from orchestrator.sweep.compaction import tune_callback as compaction_callback
-from orchestrator.sweep.cost import sweep_cost
+from orchestrator.sweep.cost import local_device_bytes, sweep_cost, sweep_memory
 from orchestrator.sweep.dryrun import weights_issues
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
@@ -362,7 +362,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         not_started: list[str] = []
         errors: dict[str, str] = {}
         if todo:
-            errors = _tune(spec, runs, make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs))),
+            trials = make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs)),
+                                 sweep_memory(spec, local_device_bytes()))
+            errors = _tune(spec, runs, trials,
                            skipped, address, out, command=command,
                            dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s),
                            on_stop=lambda: _record_interrupted(spec, todo, command, out))

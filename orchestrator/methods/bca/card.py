@@ -1,8 +1,8 @@
 """The BCA family's cards: clip (zero-shot, the baseline), la (U adapts), pa (V adapts), bca (both).
 
 The values are the paper's: tau / n1 / n2 = 0.3 / 30000 / 10 on the OOD benchmark and 0.35 / 50000 / 10 on the
-cross-domain one. Their lockstep runner is the blocked engine (`orchestrator.methods.engine`), which runs the
-four cards' configs of a pack together.
+cross-domain one. Their lockstep runner (`lockstep.py`) is the blocked engine (`orchestrator.methods.engine`) on one
+feature per sample, which runs the four cards' configs of a pack together, and the adaptive view path on views.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ _OPTIONS = (
            "against the current U (public code), fixed selects them once against the prompts (TDA's rule)",
            "choice", choices=("adaptive", "fixed")),
 )
-# The BCA family takes a stream's augmented views only to re-select them as it adapts; its engine takes one
-# feature per sample (a config handed views runs on its own).
+# The BCA family takes a stream's augmented views only to re-select them as it adapts; its lockstep runner takes
+# both (the blocked engine on one feature per sample, the adaptive view path on views).
 _BCA_VIEWS = {"inputs": "either", "views_when": {"view_selection": ("adaptive",)}, "views": "augmix",
-              "lockstep": "orchestrator.methods.bca.lockstep:run_bca_lockstep", "lockstep_inputs": "single"}
+              "lockstep": "orchestrator.methods.bca.lockstep:run_bca_lockstep"}
 
 _BCA_SOURCE = "BCA, CVPR 2025 (paper Algorithm 1; public code's two thresholds)"
 
@@ -51,7 +51,7 @@ CARDS = (
     MethodCard(
         "clip", "CLIP", 0, "clip", "nothing: softmax(logit_scale · U f) summed into the K classes",
         "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"),
-        source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], lockstep_inputs="single", samples_per_s=27783.0),
+        source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], samples_per_s=27783.0),
     MethodCard(
         "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)",
         "orchestrator.methods.bca.method:LikelihoodAdaptation",

@@ -10,8 +10,10 @@ Augmented views [n, V, d] (view 0 the original; la, pa and bca), by `view_select
 - 'adaptive' (default, the public code's rule: TTABC's bca.py, which cites the official repository): every
   sample re-selects its 10% lowest-entropy views against the CURRENT, adapted U, the entropy of
   softmax(logit_scale * f_v U^T) over the M class embeddings (the likelihood alone: no prior, not summed
-  into classes), then averages them; see `reference.py` for the equations. It runs the per-sample
-  reference loop: the blocked engine cannot know a sample's views before every earlier update is done.
+  into classes), then averages them; see `reference.py` for the equations. One stream runs the per-sample
+  reference loop (the fewest operations a step); the lockstep path over orders and grid points
+  (`views.run_bca_views_many`) steps G streams in batched operations, bitwise the same per stream. The blocked
+  engine cannot know a sample's views before every earlier update is done.
 - 'fixed' (TDA's rule): the views are selected once, against the prompt embeddings, exactly as
   `orchestrator.clip.select_views` selects them for every single-view method (class-summed posteriors at
   CLIP's logit scale 100, which TDA's pipeline hard-codes), then the blocked engine runs on their means.

@@ -193,3 +193,42 @@ def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor],
                 gated_prior[i] = True
     return Trace(posteriors, selected, gated, gated_prior,
                  state={"U": U, "V": V, "C1": C1, "C2": C2}, timings=timer.seconds)
+
+
+def official_bca(views: torch.Tensor, U0: torch.Tensor, *, n1: float, n2: float, tau_u: float, tau_v: float,
+                 scale: float = 100.0, select: str = "posterior") -> dict:
+    """The public code's per-sample loop (TTABC bca.py: BCAState.bca_step with select_confident_samples) over
+    views [n, V, d] (or one view), re-expressed in float32, M = K, prior starting at the identity: the reference
+    that tests (tests/test_bca_views.py) and `benchmarks.methods`' official column compare the view path against.
+    select:
+    'posterior' as that code (row = argmax of the posterior), or 'likelihood' (the paper text's argmax of
+    the likelihood softmax). Returns the posteriors, rows, gates, final state and each sample's kept views."""
+    mu, m = U0.clone(), U0.shape[0]
+    prior = torch.eye(m)
+    c1, c2 = [n1] * m, [n2] * m
+    out = {"post": [], "row": [], "gated": [], "gated_prior": [], "kept": []}
+    for sample in views:
+        logits = scale * sample @ mu.T                                    # P(x | u_m), against the current mu
+        if sample.shape[0] > 1:
+            entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
+            idx = torch.argsort(entropy, stable=True)[:int(sample.shape[0] * 0.1)]
+            f, logits = sample[idx].mean(0), logits[idx].mean(0)
+            out["kept"].append(sorted(idx.tolist()))
+        else:
+            f, logits = sample[0], logits[0]
+        likelihood = logits.softmax(0)
+        post = likelihood @ prior
+        conf, row = (post.max(0) if select == "posterior" else likelihood.max(0))
+        row = int(row)
+        if conf > tau_u:
+            mu[row] = (c1[row] * mu[row] + f) / (c1[row] + 1)
+            mu[row] = mu[row] / torch.norm(mu[row])
+            c1[row] += 1
+        if conf > tau_v:
+            prior[row] = (c2[row] * prior[row] + post) / (c2[row] + 1)
+            c2[row] += 1
+        for key, value in (("post", post), ("row", row), ("gated", bool(conf > tau_u)),
+                           ("gated_prior", bool(conf > tau_v))):
+            out[key].append(value)
+    return {"post": torch.stack(out["post"]), "row": torch.tensor(out["row"]), "gated": torch.tensor(out["gated"]),
+            "gated_prior": torch.tensor(out["gated_prior"]), "U": mu, "V": prior, "kept": out["kept"]}

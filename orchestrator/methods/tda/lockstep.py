@@ -8,7 +8,10 @@ prefix of the pool and a step multiplies only those, from the first sample on; `
 per-class layout (an entry appends at slot `count`, a replacement reuses the worst slot) for the state.
 On augmented views [n, V, d] each cache's query (the mean of its kept views, their logits, entropy and
 probability map) depends on logit_scale alone, so it is computed once per distinct logit_scale, by TDA's
-own chunked view path (`_queries`).
+own chunked view path (`_queries`). Over stream orders (views [N, V, d], orders [G, n]: stream g is
+features[orders[g]]) a cache is one per distinct (order, cache triple), and a chunk of steps computes the
+queries of every such cache's samples in one pass; on one feature per sample the orders run one at a time
+(`each_order`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep import column, group_by, per_card, split_timings
+from orchestrator.methods.lockstep import (column, each_order, gather_members, group_by, per_card, split_timings,
+                                          takes_orders)
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
@@ -204,11 +208,13 @@ class _Prior:
         self.count = 0
 
 
-def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) -> Iterator[tuple[torch.Tensor, ...]]:
+def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer,
+             orders: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
     """Per sample, each cache's query: (f, per-embedding logits [H, M], clip_logits [H, K], prob_map [H, K],
     loss [H]), computed as its TDA computes them (`caches[h]` is one of cache h's streams). f is the one
     feature [d] on [n, d]; on views [n, V, d] it is [H, d], each cache's mean of its kept views (the views
-    kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one."""
+    kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one. With `orders`
+    [H, n] (views only), cache h reads sample orders[h, i] at step i."""
     first = caches[0]
     E, K = first.class_embeddings, first.num_classes
     if features.ndim == 2:
@@ -224,37 +230,69 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer) ->
     scales = [m.hp["logit_scale"] for m in caches]
     distinct, index = group_by(scales)
     of_cache = torch.tensor(index, device=features.device)
-    step = view_chunk(features, caches[0].class_embeddings.shape[0])
-    for start in range(0, features.shape[0], step):
+    if orders is None:
+        step = view_chunk(features, E.shape[0])
+        for start in range(0, features.shape[0], step):
+            with timer("logits"):
+                chunk = features[start:start + step]
+                per_scale = [caches[scales.index(s)].view_queries(chunk) for s in distinct]
+                queries = [torch.stack(parts, dim=1)[:, of_cache] for parts in zip(*per_scale)]   # each [c, H, ...]
+            yield from zip(*queries)
+        return
+    # Each scale's caches' samples of a chunk of steps in one view pass (chunked as TDA chunks its stream).
+    members = [torch.nonzero(of_cache == s).flatten() for s in range(len(distinct))]
+    position = torch.empty(len(caches), dtype=torch.int64, device=features.device)
+    for rows in members:
+        position[rows] = torch.arange(rows.shape[0], device=features.device)
+    step = max(1, view_chunk(features, E.shape[0]) // len(caches))
+    for start in range(0, orders.shape[1], step):
         with timer("logits"):
-            chunk = features[start:start + step]
-            per_scale = [caches[scales.index(s)].view_queries(chunk) for s in distinct]
-            queries = [torch.stack(parts, dim=1)[:, of_cache] for parts in zip(*per_scale)]   # each [c, H, ...]
+            parts = []
+            for s, rows in enumerate(members):
+                index_block = orders[rows, start:start + step]                              # [H_s, c]
+                q = caches[int(rows[0])].view_queries(features[index_block.reshape(-1)])
+                parts.append([t.reshape(*index_block.shape, *t.shape[1:]) for t in q])     # each [H_s, c, ...]
+            queries = [torch.stack([parts[s][j][position[h]] for h, s in enumerate(index)], dim=1)
+                       for j in range(5)]                                                   # each [c, H, ...]
         yield from zip(*queries)
 
 
 @per_card
-def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None) -> list[Trace]:
-    """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d]; trace g equals
-    `methods[g].run(features)`. fused: TDA+PA's prior walk compiled (`_Prior`; the default on a CPU)."""
-    if any(m.hp.get("state_dtype") == "float16" for m in methods):
+@takes_orders
+def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None,
+                     orders: torch.Tensor | None = None) -> list[Trace]:
+    """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d], or stream g =
+    features[orders[g]]; trace g equals `methods[g].run(stream g)`. fused: TDA+PA's prior walk compiled
+    (`_Prior`; the default on a CPU)."""
+    half = [g for g, m in enumerate(methods) if m.hp.get("state_dtype") == "float16"]
+    if half:
         # the shared caches below are float32; a float16 config (tda only) runs its own per-sample loop
-        fast = [m for m in methods if m.hp.get("state_dtype") != "float16"]
-        done = iter(run_tda_lockstep(fast, features, fused=fused) if fast else [])
-        return [m.run(features) if m.hp.get("state_dtype") == "float16" else next(done) for m in methods]
+        fast = [g for g in range(len(methods)) if g not in half]
+        traces: list[Trace | None] = [None] * len(methods)
+        if fast:
+            gather_members(traces, fast, run_tda_lockstep([methods[g] for g in fast], features, fused=fused,
+                                                          orders=None if orders is None else orders[fast]))
+        for g in half:
+            traces[g] = methods[g].run(features if orders is None else features[orders[g]])
+        return traces  # type: ignore[return-value]
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=None)
     if features.ndim == 3 and features.shape[1] == 1:
         features = features[:, 0]
+    if orders is not None and features.ndim == 2:
+        return each_order(run_tda_lockstep, methods, features, orders, fused=fused)
     class_ids, K = first.class_ids, first.num_classes
-    device, n, d, G = features.device, features.shape[0], features.shape[-1], len(methods)
+    device, d, G = features.device, features.shape[-1], len(methods)
+    n = features.shape[0] if orders is None else orders.shape[1]
     with_prior = first.with_prior
-    triples = [(m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for m in methods]
+    # A cache: one per distinct (order, cache triple); `order_of` numbers the distinct order rows.
+    order_of = [0] * G if orders is None else torch.unique(orders, dim=0, return_inverse=True)[1].tolist()
+    triples = [(o, m.hp["logit_scale"], m.hp["pos_shot"], m.hp["neg_shot"]) for o, m in zip(order_of, methods)]
     distinct, index = group_by(triples)
     group = torch.tensor(index, dtype=torch.int64, device=device)
     members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
-    pos = _Caches([t[1] for t in distinct], K, d, device, with_values=False)
-    neg = _Caches([t[2] for t in distinct], K, d, device, with_values=True)
+    pos = _Caches([t[2] for t in distinct], K, d, device, with_values=False)
+    neg = _Caches([t[3] for t in distinct], K, d, device, with_values=True)
     pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)
                                                 for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
     streams = torch.arange(G, device=device)
@@ -270,7 +308,8 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bo
     log2_k = math.log2(K)
     always = torch.ones(len(distinct), dtype=torch.bool, device=device)
     timer = StageTimer()
-    queries = _queries([methods[triples.index(t)] for t in distinct], features, timer)
+    heads = [triples.index(t) for t in distinct]
+    queries = _queries([methods[g] for g in heads], features, timer, None if orders is None else orders[heads])
     for i, (f, logits, clip_logits, prob_map, loss) in enumerate(queries):
         with timer("logits"):
             entropy = loss / log2_k
@@ -301,7 +340,7 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bo
                 prior.flush(posteriors, i + 1 - prior.count)
     timings = split_timings(timer, G)
     # The streams of one cache share its final state (one copy per cache).
-    caches = [{**pos.state(h, t[1], "pos"), **neg.state(h, t[2], "neg")} for h, t in enumerate(distinct)]
+    caches = [{**pos.state(h, t[2], "pos"), **neg.state(h, t[3], "neg")} for h, t in enumerate(distinct)]
     traces = []
     for g in range(G):
         state = dict(caches[int(group[g])])
