@@ -30,15 +30,18 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # 13 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
-    assert "sweep paper_study (dry run: nothing is run or written): 39,800 runs, 0 finished" in out
+    # 21 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
+    assert "sweep paper_study (dry run: nothing is run or written): 63,800 runs, 0 finished" in out
     assert "is not on this machine: planned for the machine that holds it" in out
     steps = int(re.search(r"estimated cost: ([\d,]+) online steps", out)[1].replace(",", ""))
     cpu = float(re.search(r"projected CPU-hours: ([\d,.]+)", out)[1].replace(",", ""))
-    gpu = float(re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs, rates from "
-                          r"benchmarks/logs/gpu-h100-2026-11-26.txt\)", out)[1].replace(",", ""))
+    projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs, rates from "
+                          r"benchmarks/logs/gpu-h100-2026-11-26.txt; at CPU rates: ([a-z_, ]+)\)", out)
+    gpu = float(projected[1].replace(",", ""))
+    # the methods with no H100 rate yet are named, not silently priced at the H100's
+    assert projected[2] == "ctpt, ecalp, oga, rtpt, stata, tpt, transclip, zlap"
     # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones
-    assert steps == sum(2 * 100 * _test_images(d) * (14 if d.startswith("imagenet-") else 13)
+    assert steps == sum(2 * 100 * _test_images(d) * (22 if d.startswith("imagenet-") else 21)
                         for d in paper_datasets())
     assert 0 < gpu < cpu
     assert not (REPO / "results").exists()
