@@ -109,11 +109,13 @@ def test_single_view_matches_clip_and_chunks_are_independent():
 
 # ------------------------------------------------------------------- the official defaults and tie rule
 
-def official_zero_vote(q: torch.Tensor, gamma: float) -> int:
+def official_zero_vote(q: torch.Tensor, gamma: float, tie_break: str = "after_k") -> int:
     """One sample's prediction as FarinaMatteo/zero computes it (ttas/zero.py with utils/tools.py
-    greedy_break): q [V, K] view probabilities. Where no discarded view votes for a tied class the code's
-    break_sample_tie restricts the first discarded view to the tied classes (as intended; its `~ties`
-    indexing of an int tensor is a bug); with every view kept the most confident view stands in."""
+    greedy_break): q [V, K] view probabilities. A tie walks l[k:], the views from index k = int(V gamma) on in
+    the loader's order ('after_k', the code; 'discarded': the discarded views in confidence order). Where none
+    of them votes for a tied class the code's break_sample_tie restricts the first of them to the tied classes
+    (as intended; its `~ties` indexing of an int tensor is a bug); with every view kept the most confident view
+    stands in."""
     entropy = -(q * q.log()).sum(1)
     order = torch.argsort(entropy, stable=True).tolist()
     k = max(1, int(q.shape[0] * gamma))
@@ -121,15 +123,15 @@ def official_zero_vote(q: torch.Tensor, gamma: float) -> int:
     ties = [c for c in range(q.shape[1]) if votes[c] == votes.max()]
     if len(ties) == 1:
         return ties[0]
-    for v in order[k:]:
+    rest = order[:1] if k >= len(order) else list(range(k, len(order))) if tie_break == "after_k" else order[k:]
+    for v in rest:
         if int(q[v].argmax()) in ties:
             return int(q[v].argmax())
-    first = order[k] if k < len(order) else order[0]
-    return max(ties, key=lambda c: float(q[first, c]))
+    return max(ties, key=lambda c: float(q[rest[0], c]))
 
 
 def test_official_defaults():
-    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "discarded",
+    assert method_card("zero").defaults() == {"keep": 0.3, "logit_scale": 100.0, "tie_break": "after_k",
                                               "state_dtype": "float32"}
 
 
@@ -141,7 +143,8 @@ def test_a_tie_goes_to_the_first_discarded_view_voting_a_tied_class():
     discarded = [[0.1, 0.8, 0.1], [0.6, 0.2, 0.2]] + [FLAT] * 5
     feats = views(*discarded[:1], *kept, *discarded[1:])
     post = zero(feats, keep=0.3, tie_break="discarded")
-    assert int(post.argmax()) == 1 == official_zero_vote(torch.tensor([discarded[0], *kept, *discarded[1:]]), 0.3)
+    assert int(post.argmax()) == 1 == official_zero_vote(torch.tensor([discarded[0], *kept, *discarded[1:]]), 0.3,
+                                                         "discarded")
     assert int(zero(feats, keep=0.3).argmax()) == 0                 # mean_prob: class 0's mean is highest
     mean = torch.tensor(kept).mean(0)
     close(post, ((torch.ones(3) + (torch.tensor([0.0, 1.0, 0.0]) + mean) / 2) / 4)[None].tolist())
@@ -153,7 +156,7 @@ def test_a_discarded_view_voting_an_untied_class_is_skipped():
     kept = [[0.96, 0.02, 0.02], [0.03, 0.02, 0.95]]
     discarded = [[0.1, 0.8, 0.1], [0.15, 0.15, 0.7]] + [FLAT] * 6
     q = torch.tensor([*kept, *discarded])
-    assert official_zero_vote(q, 0.2) == 2
+    assert official_zero_vote(q, 0.2, "discarded") == 2
     assert int(zero(views(*kept, *discarded), keep=0.2, tie_break="discarded").argmax()) == 2
     assert int(zero(views(*kept, *discarded), keep=0.2).argmax()) == 0
 
@@ -163,22 +166,37 @@ def test_without_a_discarded_vote_for_a_tied_class_the_first_discarded_view_deci
     kept = [[0.96, 0.02, 0.02], [0.03, 0.02, 0.95]]
     discarded = [[0.1, 0.6, 0.3]] + [[0.3, 0.4, 0.3]] * 7
     q = torch.tensor([*kept, *discarded])
-    assert official_zero_vote(q, 0.2) == 2
+    assert official_zero_vote(q, 0.2, "discarded") == 2
     assert int(zero(views(*kept, *discarded), keep=0.2, tie_break="discarded").argmax()) == 2
     # every view kept: the most confident view (class 0 at 0.96) decides among the tied classes 0 and 1
     both = [[0.96, 0.03, 0.01], [0.02, 0.97, 0.01], [0.5, 0.4, 0.1], [0.45, 0.5, 0.05]]
-    assert official_zero_vote(torch.tensor(both), 1.0) == 1       # the most confident view is view 1
-    assert int(zero(views(*both), keep=1.0, tie_break="discarded").argmax()) == 1
+    for rule in ("after_k", "discarded"):
+        assert official_zero_vote(torch.tensor(both), 1.0, rule) == 1  # the most confident view is view 1
+        assert int(zero(views(*both), keep=1.0, tie_break=rule).argmax()) == 1
 
 
-def test_discarded_tie_break_matches_the_official_rule_on_a_random_stream():
+def test_a_tie_walks_the_views_from_index_k_in_the_loaders_order():
+    # V = 10, keep 0.2 -> k = 2. The kept views (the two most confident) are views 5 and 7 and tie classes 0
+    # and 2. The official l[k:] walks views 2, 3, ... in loader order: view 2 votes 1 (not tied), view 3 votes
+    # 2, so 2 wins. The discarded views in confidence order start with view 8 (voting 0), so 'discarded' picks 0.
+    q = [FLAT] * 10
+    q[5], q[7] = [0.96, 0.02, 0.02], [0.03, 0.02, 0.95]
+    q[2], q[3], q[8] = [0.2, 0.6, 0.2], [0.3, 0.25, 0.45], [0.85, 0.1, 0.05]
+    q = torch.tensor(q)
+    assert official_zero_vote(q, 0.2) == 2 and official_zero_vote(q, 0.2, "discarded") == 0
+    assert int(zero(views(*q.tolist()), keep=0.2, tie_break="after_k").argmax()) == 2  # the card's default
+    assert int(zero(views(*q.tolist()), keep=0.2, tie_break="discarded").argmax()) == 0
+
+
+@pytest.mark.parametrize("rule", ["after_k", "discarded"])
+def test_greedy_tie_breaks_match_the_official_rule_on_a_random_stream(rule):
     # Three classes and 20 views (6 kept): ties are common. Every prediction equals the official rule's, the
-    # posterior rows sum to 1, and the rule really differs from 'mean_prob' on some samples.
+    # posterior rows sum to 1, and the rule really differs from 'mean_prob' (and from the other greedy rule).
     gen = torch.Generator().manual_seed(5)
     q = torch.softmax(2.5 * torch.randn(400, 20, 3, generator=gen), dim=-1)
     feats = q.log()
-    post = run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0)
-    expected = torch.tensor([official_zero_vote(q[i], 0.3) for i in range(400)])
+    post = run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0, tie_break=rule)
+    expected = torch.tensor([official_zero_vote(q[i], 0.3, rule) for i in range(400)])
     assert torch.equal(post.argmax(1), expected)
     torch.testing.assert_close(post.sum(1), torch.ones(400), atol=1e-6, rtol=0)
     votes = torch.nn.functional.one_hot(
@@ -188,10 +206,13 @@ def test_discarded_tie_break_matches_the_official_rule_on_a_random_stream():
     assert ties > 40
     other = run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0, tie_break="mean_prob").argmax(1)
     assert int((other != expected).sum()) > 5
+    greedy = {"after_k": "discarded", "discarded": "after_k"}[rule]
+    assert int((run_stream("zero", feats, EYE3, IDS3, 3, logit_scale=1.0, tie_break=greedy).argmax(1)
+                != expected).sum()) > 0
 
 
 def test_tie_break_must_be_a_known_rule():
-    with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['discarded', 'mean_prob'\] "
+    with pytest.raises(ValueError, match=r"zero: hparam 'tie_break' must be one of \['after_k', 'discarded', 'mean_prob'\] "
                                          r"\(a tied vote: .*\), got 'vote'$"):
         make_method("zero", EYE3, IDS3, 3, tie_break="vote")
 
@@ -225,7 +246,7 @@ def test_float16_reproduces_the_official_float16_votes(twins, scale):
     from orchestrator.methods.zero.reference import official_zero
 
     feats, emb, k = _stream(twins=twins)
-    hp = {"keep": 0.3, "logit_scale": scale, "tie_break": "discarded"}
+    hp = {"keep": 0.3, "logit_scale": scale, "tie_break": "after_k"}
     post = make_method("zero", emb, torch.arange(k), k, **hp, state_dtype="float16").run(feats).posteriors
     p_bar, tied = official_zero(feats, emb, hp, dtype=torch.float16)
     assert torch.equal(post.argmax(1), p_bar.argmax(1))

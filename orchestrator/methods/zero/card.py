@@ -11,9 +11,10 @@ CARDS = (
         "orchestrator.methods.zero.method:Zero",
         (HParam("keep", "float", 0.3, "fraction of the views kept (lowest entropy; the official gamma)", "rate",
                 low=0.0, high=1.0, low_open=True),
-         HParam("tie_break", "str", "discarded", "a tied vote: discarded = the first discarded view voting a tied class "
-                "(official code), mean_prob = the higher mean probability of the kept views", "choice",
-                choices=("discarded", "mean_prob")), LOGIT_SCALE,
+         HParam("tie_break", "str", "after_k", "a tied vote: after_k = the first view from index int(V keep) on, in "
+                "the loader's order, voting a tied class (official code: greedy_break(ties, l[k:])), discarded = the "
+                "first discarded view in confidence order voting one, mean_prob = the higher mean probability of the "
+                "kept views", "choice", choices=("after_k", "discarded", "mean_prob")), LOGIT_SCALE,
          HParam("state_dtype", "str", "float32", "dtype of the features and logits: float32 (default: float16's "
                 "rounding belongs to the dtype, not the method) or float16 as the official code (half CLIP under "
                 "autocast, its zero temperature float16's eps: soft votes)", "choice", choices=("float32", "float16"))),

@@ -8,19 +8,25 @@ code (FarinaMatteo/zero, ttas/zero.py):
    (keep is the code's gamma, default 0.3; int(...) as its confidence filter; ties go to the earlier view);
 3. each kept view votes for argmax q_v (zero temperature); the prediction is the majority vote.
 4. A tie between voted classes (tie_break):
-   - 'discarded' (default, the official code's greedy_break): the first DISCARDED view, in confidence
-     order, whose argmax is among the tied classes decides. If none is (the code then restricts the first
-     discarded view's logits to the tied classes through its break_sample_tie, whose `logit[~ties]` on an
-     int tensor indexes the wrong entries: we follow its evident intent), the tied class with the highest
-     probability in the first discarded view wins; with every view kept, in the most confident view.
+   - 'after_k' (default, the official code): `greedy_break(ties, l[k:])` with k = int(V * keep) and l the
+     views' logits in the loader's order, not the confidence filter's: the first view from index k on
+     whose argmax is among the tied classes decides (kept views among them, discarded views before index k
+     never). If none is (the code then restricts view k's logits to the tied classes through its
+     break_sample_tie, whose `logit[~ties]` on an int tensor indexes the wrong entries: we follow its
+     evident intent), the tied class with the highest probability in view k wins.
+   - 'discarded': the same greedy rule over the DISCARDED views in confidence order, what `l[k:]` reads as
+     if l were sorted by the filter (the rule this module ran as the default before it was checked against
+     the code line by line; kept for comparison).
    - 'mean_prob': the tied class with the higher mean probability over the kept views.
+   With every view kept (l[k:] empty: the official code fails there) the most confident view decides among
+   the tied classes, for both greedy rules.
 
 The posterior is the vote histogram with one extra soft vote, post = (votes + extra) / (kept + 1), so
 it sums to 1 and its argmax is exactly the tie-broken majority vote:
 - 'mean_prob': extra = mean_q, the kept views' mean probability. If class a has more votes than b it
   leads by a whole vote, which mean_q[b] - mean_q[a] <= 1 - 2 mean_q[a] < 1 cannot overturn (a got a
   vote, so mean_q[a] > 0); on a tie the higher mean_q wins, as the rule says.
-- 'discarded': extra = (onehot(winner) + mean_q) / 2. Over any class b the winner gains at least
+- 'after_k' and 'discarded': extra = (onehot(winner) + mean_q) / 2. Over any class b the winner gains at least
   1/2 - (mean_q[b] - mean_q[winner]) / 2 > 0 on top of its votes (the same bound), so it wins ties and
   keeps every lead.
 Episodic (`episodic.py`): samples are processed in vectorised chunks, and a pack's configs with one
@@ -54,20 +60,31 @@ def class_sum(probs: torch.Tensor, class_ids: torch.Tensor, num_classes: int) ->
     return probs.new_zeros(*probs.shape[:-1], num_classes).index_add_(-1, class_ids, probs)
 
 
-def discarded_view_winner(votes: torch.Tensor, q: torch.Tensor, order: torch.Tensor, k: int) -> torch.Tensor:
-    """[c] the tie-broken vote: votes [c, K], view posteriors q [c, V, K], views by confidence order [c, V],
-    the first k of them kept (module docstring, 'discarded')."""
+def greedy_winner(votes: torch.Tensor, q: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """[c] the tie-broken vote: votes [c, K], view posteriors q [c, V, K], the views the official greedy_break
+    walks [c, R] in its order (module docstring): the first whose argmax is a tied class, else the tied class
+    most probable in the first of them."""
     tied = votes == votes.max(dim=1, keepdim=True).values                          # [c, K]
     winner = votes.argmax(dim=1)
-    rest = order[:, k:] if k < order.shape[1] else order[:, :1]
-    rest_q = torch.gather(q, 1, rest[..., None].expand(-1, -1, q.shape[-1]))       # [c, V - k, K]
+    rest_q = torch.gather(q, 1, rest[..., None].expand(-1, -1, q.shape[-1]))       # [c, R, K]
     rest_votes = rest_q.argmax(dim=-1)
-    in_tie = torch.gather(tied, 1, rest_votes) & (k < order.shape[1])             # [c, V - k]
+    in_tie = torch.gather(tied, 1, rest_votes)                                     # [c, R]
     first = in_tie.int().argmax(dim=1)                                             # first True (0 if none)
     by_view = torch.gather(rest_votes, 1, first[:, None])[:, 0]
     fallback = torch.where(tied, rest_q[:, 0], -1.0).argmax(dim=1)
     broken = torch.where(in_tie.any(dim=1), by_view, fallback)
     return torch.where(tied.sum(dim=1) > 1, broken, winner)
+
+
+def greedy_views(order: torch.Tensor, k: int, rule: str) -> torch.Tensor:
+    """[c, R] the views a greedy tie-break walks: 'after_k' views k.. in the loader's order, 'discarded' the
+    discarded views in confidence order; with every view kept, the most confident view alone."""
+    c, v = order.shape
+    if k >= v:
+        return order[:, :1]
+    if rule == "after_k":
+        return torch.arange(k, v, device=order.device).expand(c, -1)
+    return order[:, k:]
 
 
 class Zero(Episodic):
@@ -116,7 +133,7 @@ class Zero(Episodic):
     def _winner(self, votes: torch.Tensor, mean_q: torch.Tensor, q: torch.Tensor, order: torch.Tensor,
                 k: int) -> torch.Tensor:
         """[c] the class the tie-broken vote picks (`tie_break`)."""
-        if self.hp["tie_break"] == "discarded":
-            return discarded_view_winner(votes, q, order, k)
+        if self.hp["tie_break"] != "mean_prob":
+            return greedy_winner(votes, q, greedy_views(order, k, self.hp["tie_break"]))
         tied = votes == votes.max(dim=1, keepdim=True).values
         return torch.where(tied, mean_q, -1.0).argmax(dim=1)

@@ -15,9 +15,10 @@ def official_zero(views: torch.Tensor, weights: torch.Tensor, hp: dict,
     """Views [n, V, d] against one embedding per class [K, d], inputs rounded to `dtype`: (p_bar [n, K], the
     official output, float32: the kept views' summed softmaxes at the zero temperature finfo(dtype).eps, plus 1
     on the winner of a tie; tied [n] bool). Autocast's softmax is float32; the logits and their division by the
-    model's temp (1 / logit_scale, rounded to `dtype`) are `dtype`. A tie goes to the first discarded view, in
-    confidence order, whose argmax is a tied class, else (break_sample_tie as intended) the tied class with the
-    highest logit in the first discarded view (the most confident view when every view is kept)."""
+    model's temp (1 / logit_scale, rounded to `dtype`) are `dtype`. A tie goes to the first view of l[k:] whose
+    argmax is a tied class (hp's tie_break: 'after_k' the loader's order as the code indexes it, 'discarded' the
+    discarded views in confidence order), else (break_sample_tie as intended) the tied class with the highest
+    logit in the first of them (the most confident view when every view is kept)."""
     views, weights = views.to(dtype), weights.to(dtype)
     temp = 1.0 / torch.tensor(hp["logit_scale"], dtype=dtype)
     zero_temp = torch.finfo(dtype).eps
@@ -32,7 +33,12 @@ def official_zero(views: torch.Tensor, weights: torch.Tensor, hp: dict,
         best = p_bar.max()
         ties = [c for c in range(p_bar.shape[0]) if p_bar[c] == best]
         if len(ties) > 1:
-            rest = order[k:] if k < len(order) else order[:1]
+            if k >= len(order):
+                rest = order[:1]
+            elif hp["tie_break"] == "after_k":
+                rest = torch.arange(k, len(order))                             # greedy_break(ties, l[k:])
+            else:
+                rest = order[k:]
             votes = [int(logits[v].argmax()) for v in rest]
             pred = next((c for c in votes if c in ties), None)
             if pred is None:
