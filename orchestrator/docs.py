@@ -48,14 +48,25 @@ def _default(h: HParam) -> str:
     return text
 
 
+def _cost(card) -> str:
+    """The card's cost prior: samples/s of one stream on one CPU core at K = M = 1000, d = 512 (its
+    benchmarks.methods log), and the text encoder's memory per class where the method runs one."""
+    parts = [] if card.samples_per_s is None else [f"{card.samples_per_s:,.0f} samples/s"]
+    if card.text_encoder is not None:
+        parts.append(f"{card.text_encoder.mb_per_class:g} MB per class a sample (text encoder, "
+                     f"{card.text_encoder.device})")
+    return "; ".join(parts) or "-"
+
+
 def methods_table() -> str:
-    """One row per registered method: name, label, what adapts, inputs, hyperparameters with defaults."""
-    rows = ["| method | label | what adapts | inputs | hyperparameters (defaults) |", "|---|---|---|---|---|"]
+    """One row per registered method: name, label, what adapts, inputs, cost, hyperparameters with defaults."""
+    rows = ["| method | label | what adapts | inputs | cost | hyperparameters (defaults) |",
+            "|---|---|---|---|---|---|"]
     for card in method_cards():
         inputs = {"single": "one feature", "views": "views", "either": "one feature or views"}[card.inputs]
         if card.batch_size is not None:
             inputs += f", batches of {card.batch_size}"
-        rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | "
+        rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | {_cost(card)} | "
                     f"{', '.join(_default(h) for h in card.hparams)} |")
     return "\n".join(rows)
 
