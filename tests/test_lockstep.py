@@ -97,7 +97,7 @@ def test_lockstep_takes_methods_whose_cards_name_one_runner():
         run_lockstep(methods, feats)
     views = feats[:, None].expand(-1, 3, -1).contiguous()
     with pytest.raises(ValueError, match=r"cards name one lockstep runner taking features of shape \(20, 3, 8\)"):
-        run_lockstep([make_method("bca", emb, ids, 10)], views)  # the engine takes one feature per sample
+        run_lockstep([make_method("onzeta", emb, ids, 10)], views)  # OnZeta's runner takes one feature per sample
 
 
 def test_a_pack_of_mixed_methods_equals_the_separate_runs():

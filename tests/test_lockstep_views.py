@@ -89,6 +89,6 @@ def test_every_runner_takes_orders_in_the_pack_path():
 def test_bad_orders_are_named():
     feats, emb, ids, k, _ = view_stream(num_classes=5, dim=8, n=20, views=4)
     with pytest.raises(ValueError, match=r"orders index features' 20 rows: expected values in \[0, 19\], got \[0, 20\]"):
-        run_traces_many(feats, emb, ids, k, [{"method": "tda"}], torch.tensor([[0, 20]]))
+        run_traces_many(feats, emb, ids, k, [{"method": "tda"}], orders=torch.tensor([[0, 20]]))
     with pytest.raises(ValueError, match=r"orders must be an int64 tensor \[G, n\] on cpu with G = 2 streams"):
-        run_traces_many(feats, emb, ids, k, [{"method": "tda"}] * 2, torch.tensor([[0, 1]]))
+        run_traces_many(feats, emb, ids, k, [{"method": "tda"}] * 2, orders=torch.tensor([[0, 1]]))

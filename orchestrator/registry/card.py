@@ -206,6 +206,12 @@ class MethodCard:
     # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
     # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
     samples_per_s: float | None = None
+    # lockstep config-samples/s on one H100 at the same shapes (view methods: 8 views a sample), G = 32 configs a
+    # pass (the BCA family: its 32-config pack); from `orchestrator.sweep.cost.GPU_RATES_LOG`, which a test holds
+    # them to; the dry run's projected GPU-hours; None: not measured on a GPU (CPU rate used, and named)
+    gpu_samples_per_s: float | None = None
+    # its state holds a d x d covariance per class (DOTA): the memory plan of a GPU pack counts it
+    class_covariance: bool = False
     # the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees the
     # stream a batch at a time); None: a per-sample method, which runs at batch size 1
     batch_size: int | None = None

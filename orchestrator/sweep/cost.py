@@ -25,13 +25,9 @@ if TYPE_CHECKING:
 
 TRIAL_TARGET_S = 5.0
 TRIAL_MAX_S = 60.0
-# Lockstep config-samples/s on one H100, K = M = 1000, d = 512 (view methods: 8 views a sample), G = 32 configs a
-# pass; the BCA family's from its 32-config pack of single features. From GPU_RATES_LOG (tests/test_study_spec.py
-# holds them to it); the projection of `bca sweep --dry-run` uses them where a GPU will run the sweep.
+# Where the cards' gpu_samples_per_s come from (tests/test_study_spec.py holds them to it); the projection of
+# `bca sweep --dry-run` uses them where a GPU will run the sweep.
 GPU_RATES_LOG = "benchmarks/logs/gpu-h100-2026-11-26.txt"
-GPU_RATES = {"clip": 36826.0, "la": 36826.0, "pa": 36826.0, "bca": 36826.0, "tda": 19119.0, "tda_pa": 12071.0,
-             "zero": 83128.0, "dota": 4664.0, "onzeta": 110222.0, "dpe": 5551.0, "tps": 56566.0, "dmn_zs": 8658.0,
-             "mta": 70152.0, "boostadapter": 9594.0}
 # A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
 # rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
 UNKNOWN_SAMPLES_PER_S = 5.0
@@ -90,7 +86,7 @@ def registry_length(dataset: str) -> int:
 
 def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
     """The dry run's projection: device-hours of `runs` (samples through each method) at the cards' CPU rates and
-    at GPU_RATES (runs of a method without a GPU rate counted at its CPU rate, and named)."""
+    at their gpu_samples_per_s (runs of a method without a GPU rate counted at its CPU rate, and named)."""
     samples: dict[str, int] = {}
     memo: dict[Any, int] = {}
     for run in runs:
@@ -103,8 +99,8 @@ def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
         card = find_method(method)
         seconds = count / ((card.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
         cpu += seconds
-        if method in GPU_RATES:
-            gpu += count / GPU_RATES[method]
+        if card is not None and card.gpu_samples_per_s:
+            gpu += count / card.gpu_samples_per_s
         else:
             gpu += seconds
             missing.append(method)
@@ -127,9 +123,11 @@ def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Call
 
 def config_bytes(method: str, num_classes: int, dim: int, length: int) -> int:
     """A config's memory in a lockstep pass, float32: its trace (posteriors [n, K] and three per-sample columns)
-    and its state, rows of d + K per class (U and V, a cache's keys and values) and, for DOTA, a d x d
-    covariance per class."""
-    state = num_classes * (dim + num_classes) + (num_classes * dim * dim if method == "dota" else 0)
+    and its state, rows of d + K per class (U and V, a cache's keys and values) and a d x d
+    covariance per class where its card says so."""
+    card = find_method(method)
+    covariance = card is not None and card.class_covariance
+    state = num_classes * (dim + num_classes) + (num_classes * dim * dim if covariance else 0)
     return 4 * (length * (num_classes + 3) + state)
 
 

@@ -51,18 +51,18 @@ CARDS = (
     MethodCard(
         "clip", "CLIP", 0, "clip", "nothing: softmax(logit_scale · U f) summed into the K classes",
         "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"),
-        source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], samples_per_s=27783.0),
+        source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], samples_per_s=27783.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)",
         "orchestrator.methods.bca.method:LikelihoodAdaptation",
         (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
-        **_BCA_VIEWS, samples_per_s=25731.0),
+        **_BCA_VIEWS, samples_per_s=25731.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca.method:PriorAdaptation",
         (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"),
-        source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=22292.0),
+        source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=22292.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "bca", "BCA", 30, "bca", "both U and V (Algorithm 1)", "orchestrator.methods.bca.method:BCA",
         (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2",
-        state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=19314.0),
+        state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=19314.0, gpu_samples_per_s=36826.0),
 )

@@ -42,5 +42,5 @@ CARDS = (
         inputs='views', views='crops', single_view_datasets=('imagenet',), state=TDA_STATE,
         source='taolinzhang/BoostAdapter@9983e1a runner.py (run_test_tda, boostadapter mode), utils.py, configs/; views: '
                'utils.py:155-168 build_test_data_loader, AugMixAugmenter(augmix=False) (utils.py:122, 131) on all but ImageNet',
-        lockstep="orchestrator.methods.boostadapter.lockstep:run_boostadapter_lockstep", samples_per_s=780.0),
+        lockstep="orchestrator.methods.boostadapter.lockstep:run_boostadapter_lockstep", samples_per_s=780.0, gpu_samples_per_s=9594.0),
 )

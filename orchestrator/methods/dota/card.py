@@ -30,5 +30,6 @@ CARDS = (
         inputs="views", views="augmix", view_scope="protocol", state=("mu", "sigma", "counts", "precision"),
         source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); views: utils.py:156-168 build_test_data_loader, 64 "
                "AugMix views on ImageNet-A/-V2/-R/-Sketch, the original view elsewhere",
-        lockstep="orchestrator.methods.dota.lockstep:run_dota_lockstep", samples_per_s=5.0),
+        lockstep="orchestrator.methods.dota.lockstep:run_dota_lockstep", samples_per_s=5.0, gpu_samples_per_s=4664.0,
+        class_covariance=True),
 )

@@ -23,5 +23,5 @@ CARDS = (
                 "call's length", "size", low=1, nullable=True)),
         state=("W", "rho", "step"), stream_length="n_total",
         source="idstcv/OnZeta@befef06 (main_online.py); ImageNet only, no per-dataset configs",
-        lockstep="orchestrator.methods.onzeta.lockstep:run_onzeta_lockstep", samples_per_s=2522.0),
+        lockstep="orchestrator.methods.onzeta.lockstep:run_onzeta_lockstep", samples_per_s=2522.0, gpu_samples_per_s=110222.0),
 )

@@ -42,9 +42,9 @@ FAMILY = "tda"  # the chart colour family of TDA and the methods built on its ca
 CARDS = (
     MethodCard(
         "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", (*_TDA, _STATE_DTYPE),
-        state=TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0),
+        state=TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0, gpu_samples_per_s=19119.0),
     MethodCard(
         "tda_pa", "TDA+PA", 50, FAMILY, "TDA's caches + BCA's prior", "orchestrator.methods.tda.method:TDAWithPrior",
         (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*TDA_STATE, "V", "C2"),
-        source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=1471.0),
+        source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=1471.0, gpu_samples_per_s=12071.0),
 )

@@ -16,5 +16,5 @@ CARDS = (
         ),
         inputs='views', views='augmix', group_views={'ood': 'crops'}, state=(),
         source='elaine-sui/TPS@556db0fe310f029fc7b796ffa83eaa64c578b505 shift_classification.py, model/shifter.py; views: shift_classification.py:98-99 AugMixAugmenter(n_views=batch_size - 1, augmix=len(set_id) > 1): crops on ImageNet and its variants (one-letter set ids), AugMix on the cross-domain sets',
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=589.0),
+        lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=589.0, gpu_samples_per_s=56566.0),
 )
