@@ -100,8 +100,8 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int) -> bool:
                                 trace))
     for card in method_cards():
         x = view_feats[:view_n] if card.takes_views else feats
-        if card.lockstep_runner(x.ndim == 3) is None:
-            continue
+        if card.lockstep_runner(x.ndim == 3) is None or card.text_encoder is not None:
+            continue  # prompt tuning runs a text tower: section 6 checks it
         configs = methods_benchmark.differing_configs(card, 4, x.shape[0])
         traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], x.to(device))
         for i, (config, trace) in enumerate(zip(configs, traces)):
