@@ -18,7 +18,8 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import _MEMO, _method_hparams, execute_trial, load_stream, part_rows_for, settings_of
+from orchestrator.sweep.trial import _MEMO, _method_hparams, load_stream, part_rows_for, settings_of
+from tests.test_sweep_trial import rows, run_all
 
 N, PART = 300, 50  # parts of 50 rows hold whole batches of 32 only as parts of 32
 SPEC = {
@@ -33,23 +34,6 @@ SPEC = {
 
 def spec_in(directory: Path, **overrides):
     return validate_spec({**copy.deepcopy(SPEC), **overrides}, base_dir=directory)
-
-
-def rows(results_dir: str) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for part in Path(results_dir).glob("samples/*/*/*/*/*/part-*.parquet"):
-        for row in pq.read_table(part).to_pylist():
-            out.setdefault(row["run_id"], []).append(row)
-    return {k: sorted(v, key=lambda r: r["sample_idx"]) for k, v in out.items()}
-
-
-def run_all(spec, pack: int = 1, failpoint: str | None = None) -> list[dict]:
-    settings = settings_of(spec)
-    settings = type(settings)(**{**settings.__dict__, "failpoint": failpoint})
-    out = []
-    for trial in make_trials(expand(spec), pack):
-        out += execute_trial(trial, settings)
-    return out
 
 
 def test_official_batch_sizes_cross_the_methods_and_keep_every_batch_1_run_id(tmp_path):

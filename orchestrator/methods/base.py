@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 
 import torch
 
+from orchestrator.methods.prototypes import class_prototypes
 from orchestrator.registry import MethodCard, method_card
 from orchestrator.stages import METHOD_STAGES
 
@@ -158,6 +159,26 @@ class BatchMethod(Method):
         if n == 0:  # no batch at all: nothing predicted, the state as it was
             return Trace(*empty_trace(0, self.num_classes, features.device), state=self.state_tensors())
         return concat_traces([self._batch(features[s:s + b]) for s in range(0, n, b)])
+
+
+class TextBatchMethod(BatchMethod):
+    """A batch method with no state across batches: each batch is solved alone from the class text prototypes
+    (`solve`), its rows selecting nothing and gating nothing (StatA, TransCLIP, ZLaP)."""
+
+    def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
+                 **hparams: Any) -> None:
+        super().__init__(class_embeddings, class_ids, num_classes, **hparams)
+        self.text = class_prototypes(class_embeddings, class_ids, num_classes)
+
+    @abstractmethod
+    def solve(self, features: torch.Tensor, timer: StageTimer) -> torch.Tensor:
+        """The batch's posteriors [b, K]."""
+
+    def _batch(self, features: torch.Tensor) -> Trace:
+        _, selected, gated, gated_prior = empty_trace(features.shape[0], self.num_classes, features.device)
+        timer = StageTimer()
+        posteriors = self.solve(features, timer)
+        return Trace(posteriors, selected, gated, gated_prior, timings=timer.seconds)
 
 
 # -------------------------------------------------------------------------------------------- validation

@@ -57,8 +57,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import BatchMethod, StageTimer, Trace, empty_trace
-from orchestrator.methods.prototypes import class_prototypes
+from orchestrator.methods.base import StageTimer, TextBatchMethod
 
 INNER_STEPS = 5  # the official update_z's max_iter
 TEMPERATURE = 50.0  # the official z update's 1 / 50 (and its Laplacian weight's 50)
@@ -161,21 +160,13 @@ def anchor_weights(z: torch.Tensor, alpha: float, soft: bool) -> torch.Tensor:
     return counts / (alpha + counts + 1e-12)
 
 
-class TransductiveBatch(BatchMethod):
-    """A method that solves each batch alone from the text embeddings (`solve_batch`); no state."""
+class TransductiveBatch(TextBatchMethod):
+    """TransCLIP's batch solver (`solve_batch`), with StatA's anchor where `anchor` is set."""
 
     anchor: bool
 
-    def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                 **hparams: Any) -> None:
-        super().__init__(class_embeddings, class_ids, num_classes, **hparams)
-        self.text = class_prototypes(class_embeddings, class_ids, num_classes)
-
-    def _batch(self, features: torch.Tensor) -> Trace:
-        _, selected, gated, gated_prior = empty_trace(features.shape[0], self.num_classes, features.device)
-        timer = StageTimer()
-        posteriors = solve_batch(features, self.text, self.hp, self.anchor, timer)
-        return Trace(posteriors, selected, gated, gated_prior, timings=timer.seconds)
+    def solve(self, features: torch.Tensor, timer: StageTimer) -> torch.Tensor:
+        return solve_batch(features, self.text, self.hp, self.anchor, timer)
 
 
 class TransCLIP(TransductiveBatch):

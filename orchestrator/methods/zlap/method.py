@@ -44,8 +44,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import BatchMethod, StageTimer, Trace, empty_trace
-from orchestrator.methods.prototypes import class_prototypes
+from orchestrator.methods.base import StageTimer, TextBatchMethod
 
 
 CG_TOL = 1e-6  # the official dfs_search's conjugate gradients: stop at ||r|| <= tol ||e_c||, at most 50 steps
@@ -128,20 +127,12 @@ def zlap_scores(x: torch.Tensor, text: torch.Tensor, hp: dict[str, Any]) -> torc
     return scores
 
 
-class ZLaP(BatchMethod):
+class ZLaP(TextBatchMethod):
     name = "zlap"
 
-    def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                 **hparams: Any) -> None:
-        super().__init__(class_embeddings, class_ids, num_classes, **hparams)
-        self.text = class_prototypes(class_embeddings, class_ids, num_classes)
-
-    def _batch(self, features: torch.Tensor) -> Trace:
-        _, selected, gated, gated_prior = empty_trace(features.shape[0], self.num_classes, features.device)
-        timer = StageTimer()
+    def solve(self, features: torch.Tensor, timer: StageTimer) -> torch.Tensor:
         with timer("update"):
             scores = zlap_scores(features, self.text, self.hp).clamp(min=0)
         with timer("posterior"):
             total = scores.sum(1, keepdim=True)
-            posteriors = torch.where(total > 0, scores / torch.where(total > 0, total, 1.0), 1.0 / self.num_classes)
-        return Trace(posteriors, selected, gated, gated_prior, timings=timer.seconds)
+            return torch.where(total > 0, scores / torch.where(total > 0, total, 1.0), 1.0 / self.num_classes)
