@@ -147,19 +147,26 @@ def source_shape(source: Any) -> tuple[int, int]:
 def memory_chunks(group: list[Run], budget_bytes: float, bytes_of: Callable[[Run], int]) -> list[tuple[Run, ...]]:
     """Consecutive runs of one group into packs whose configs' memory stays within `budget_bytes` (a run needing
     more is a pack of its own)."""
-    trials: list[tuple[Run, ...]] = []
+    return _greedy_chunks(group, bytes_of, lambda total, b: total + b > budget_bytes)
+
+
+def _greedy_chunks(group: list[Run], weight: Callable[[Run], float],
+                   closes: Callable[[float, float], bool]) -> list[tuple[Run, ...]]:
+    """Consecutive runs into chunks: a non-empty chunk is closed before a run when closes(its total, the run's
+    weight)."""
+    chunks: list[tuple[Run, ...]] = []
     members: list[Run] = []
-    total = 0
+    total = 0.0
     for run in group:
-        b = bytes_of(run)
-        if members and total + b > budget_bytes:
-            trials.append(tuple(members))
-            members, total = [], 0
+        w = weight(run)
+        if members and closes(total, w):
+            chunks.append(tuple(members))
+            members, total = [], 0.0
         members.append(run)
-        total += b
+        total += w
     if members:
-        trials.append(tuple(members))
-    return trials
+        chunks.append(tuple(members))
+    return chunks
 
 
 def pack_budget(gpu_share: float, device_bytes: int | None) -> float | None:
@@ -192,16 +199,4 @@ def memory_of(spec: Any) -> Callable[[Run], int]:
 def chunk_by_cost(group: list[Run], cost: Callable[[Run], float]) -> list[tuple[Run, ...]]:
     """Consecutive runs of one group into trials of about TRIAL_TARGET_S and at most TRIAL_MAX_S of work (a run
     costing more is a trial of its own)."""
-    trials: list[tuple[Run, ...]] = []
-    members: list[Run] = []
-    total = 0.0
-    for run in group:
-        c = cost(run)
-        if members and (total >= TRIAL_TARGET_S or total + c > TRIAL_MAX_S):
-            trials.append(tuple(members))
-            members, total = [], 0.0
-        members.append(run)
-        total += c
-    if members:
-        trials.append(tuple(members))
-    return trials
+    return _greedy_chunks(group, cost, lambda total, c: total >= TRIAL_TARGET_S or total + c > TRIAL_MAX_S)
