@@ -3,8 +3,9 @@
 Needs only torch, numpy, numba and pyarrow (the GPU machine has no Ray, DuckDB, open_clip or pydantic);
 the parts that need more say what is missing and which wheels to carry. In order:
 
-1. exact: the blocked BCA engine and every lockstep runner on the device against the CPU reference (the
-   per-sample BCA loop; each method's single-stream run): predictions, selections and gates identical,
+1. exact: the blocked BCA engine, every lockstep runner and every method without one (its own run, a batch
+   method at its official batch size) on the device against the CPU reference (the per-sample BCA loop; each
+   method's single-stream run on the CPU): predictions, selections and gates identical,
    the largest posterior difference (under 1e-4 on all but 0.2% of the samples and under 1e-3 on those
    passes: the device sums products in another order, which ill-conditioned samples amplify);
 2. samples/s of every method at K = M = 1000, d = 512, single-stream and lockstep (`benchmarks.methods`);
@@ -16,7 +17,8 @@ the parts that need more say what is missing and which wheels to carry. In order
 6. prompt tuning (TPT, C-TPT, R-TPT): s/sample and peak memory with the ViT-B/16 and RN50 text towers (random
    weights) at K = 1000 (`benchmarks.prompt`; --quick: the tiny test tower), where open_clip imports.
 
-The exit status is 1 when an exactness check fails, else 0.
+`--sections` runs some of them (a device lent for minutes). The exit status is 1 when an exactness check fails,
+else 0.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ import torch
 from benchmarks import methods as methods_benchmark
 
 # K >= 100 in the exactness check: below it OnZeta's proxy steps amplify rounding (onzeta.py).
-QUICK = {"K": 120, "d": 16, "n": 200, "view_n": 200, "encoder_batch": 2, "encoders": (), "peak_n": 200, "peak_g": 4}
-FULL = {"K": 1000, "d": 512, "n": 2000, "view_n": 100, "encoder_batch": 64, "encoders": ("RN50", "ViT-B-16", "ViT-L-14"),
-        "peak_n": 2000, "peak_g": 32}
+QUICK = {"K": 120, "d": 16, "n": 200, "view_n": 200, "batch_n": 200, "encoder_batch": 2, "encoders": (), "peak_n": 200,
+         "peak_g": 4}
+FULL = {"K": 1000, "d": 512, "n": 2000, "view_n": 100, "batch_n": 256, "encoder_batch": 64,
+        "encoders": ("RN50", "ViT-B-16", "ViT-L-14"), "peak_n": 2000, "peak_g": 32}
+SECTIONS = ("exact", "rates", "encoders", "peak", "trial", "prompt")
 TOLERANCE = 1e-4
 RARE, RARE_TOLERANCE = 0.002, 1e-3
 # What a GPU image with torch, torchvision, timm, huggingface_hub, safetensors, regex, tqdm and PyYAML (this
@@ -79,9 +83,10 @@ def _compare(name: str, reference, got) -> tuple[str, bool]:
             f"{over} of {len(gap)} samples over {TOLERANCE:.0e}"), ok
 
 
-def check_exact(device: str, K: int, d: int, n: int, view_n: int) -> bool:
-    """The engine and the lockstep runners on `device` against the CPU references (view methods over the
-    first view_n samples: their CPU loops are the slow part)."""
+def check_exact(device: str, K: int, d: int, n: int, view_n: int, batch_n: int) -> bool:
+    """The engine, the lockstep runners and the methods without one on `device` against the CPU references (view
+    methods over the first view_n samples, the others without a runner over batch_n: their CPU loops are the slow
+    part)."""
     from orchestrator.methods import make_method
     from orchestrator.methods.engine import run_bca_blocked_many
     from orchestrator.methods.lockstep import run_lockstep
@@ -99,10 +104,20 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int) -> bool:
         results.append(_compare(f"engine bca config {i}", bca_family_reference(feats, m.state, ids, K, m.config),
                                 trace))
     for card in method_cards():
-        x = view_feats[:view_n] if card.takes_views else feats
-        if card.lockstep_runner(x.ndim == 3) is None or card.text_encoder is not None:
+        if card.text_encoder is not None:
             continue  # prompt tuning runs a text tower: section 6 checks it
+        x = view_feats[:view_n] if card.takes_views else feats
         configs = methods_benchmark.differing_configs(card, 4, x.shape[0])
+        if card.lockstep_runner(x.ndim == 3) is None:
+            # its own run on the device (a batch method at its official size, over batch_n samples: a few batches)
+            x = x[:batch_n]
+            batch = card.batch_size or 1
+            for i, config in enumerate(configs[:2]):
+                config = {**config, **({card.stream_length: x.shape[0]} if card.stream_length else {})}
+                single = make_method(card.name, emb, ids, K, batch_size=batch, **config).run(x)
+                got = make_method(card.name, dev[1], dev[2], K, batch_size=batch, **config).run(x.to(device))
+                results.append(_compare(f"device {card.name} config {i}", single, got))
+            continue
         traces = run_lockstep([make_method(card.name, dev[1], dev[2], K, **c) for c in configs], x.to(device))
         for i, (config, trace) in enumerate(zip(configs, traces)):
             single = make_method(card.name, emb, ids, K, **config).run(x)
@@ -207,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheels", metavar="PYTHON", nargs="?", const="3.12",
                         help="print the commands that fetch and install the wheels to carry for the GPU machine's "
                              "Python (default 3.12), then exit")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                        help="which of the numbered sections to run (default: all)")
     args = parser.parse_args(argv)
     if args.wheels:
         print(wheel_commands(args.wheels))
@@ -215,22 +232,30 @@ def main(argv: list[str] | None = None) -> int:
     preset = QUICK if args.quick else FULL
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else f"{os.cpu_count()} cpus"
     print(f"device {device} ({name}), torch {torch.__version__}, python {sys.version.split()[0]}")
-    print(f"1. exact against the CPU references (K={preset['K']}, d={preset['d']}, n={preset['n']}, view methods "
-          f"{preset['view_n']} samples of 4 views):")
-    exact = check_exact(device, preset["K"], preset["d"], preset["n"], preset["view_n"])
-    print("2. methods' samples/s, single-stream and lockstep:")
-    methods_benchmark.main((["--quick"] if args.quick else []) + ["--device", device])
-    print("3. image encoders, random weights:")
-    if preset["encoders"]:
-        encoder_rates(device, preset["encoders"], preset["encoder_batch"])
-    else:
-        print("  skipped in --quick")
-    print("4. peak memory of a pack's method pass:")
-    peak_memory(device, preset["K"], preset["d"], preset["peak_n"], preset["peak_g"])
-    print("5. execute_trial end to end:")
-    trial_end_to_end(preset["K"], preset["d"], preset["n"])
-    print("6. prompt tuning, text towers with random weights:")
-    prompt_tuning(device, args.quick)
+    wanted = set(args.sections)
+    exact = True
+    if "exact" in wanted:
+        print(f"1. exact against the CPU references (K={preset['K']}, d={preset['d']}, n={preset['n']}, view methods "
+              f"{preset['view_n']} samples of 4 views, methods without a lockstep runner {preset['batch_n']}):")
+        exact = check_exact(device, preset["K"], preset["d"], preset["n"], preset["view_n"], preset["batch_n"])
+    if "rates" in wanted:
+        print("2. methods' samples/s, single-stream and lockstep:")
+        methods_benchmark.main((["--quick"] if args.quick else []) + ["--device", device])
+    if "encoders" in wanted:
+        print("3. image encoders, random weights:")
+        if preset["encoders"]:
+            encoder_rates(device, preset["encoders"], preset["encoder_batch"])
+        else:
+            print("  skipped in --quick")
+    if "peak" in wanted:
+        print("4. peak memory of a pack's method pass:")
+        peak_memory(device, preset["K"], preset["d"], preset["peak_n"], preset["peak_g"])
+    if "trial" in wanted:
+        print("5. execute_trial end to end:")
+        trial_end_to_end(preset["K"], preset["d"], preset["n"])
+    if "prompt" in wanted:
+        print("6. prompt tuning, text towers with random weights:")
+        prompt_tuning(device, args.quick)
     print("exact: " + ("all checks passed" if exact else "FAILED (see 1.)"))
     return 0 if exact else 1
 

@@ -20,6 +20,7 @@ autocast, this in float32. Timings are wall-clock on a possibly shared machine: 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import time
@@ -43,15 +44,21 @@ def _peak(device: str) -> str:
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (process peak RSS)"
 
 
-def tower_inputs(model: str, K: int, n: int, views: int, device: str):
-    """(text, class embeddings [K, d], view features [n, V, d]) for an open_clip model with random weights."""
+@functools.lru_cache(maxsize=None)
+def random_backbone(model: str, device: str):
+    """An open_clip model with random weights (loaded once per process: the study asks for it per dataset)."""
     from orchestrator.clip.backbone import load_backbone
-    from orchestrator.clip.prompts import prompt_text
     from orchestrator.clip.testing import register_tiny_models
 
     register_tiny_models()
-    backbone = load_backbone(model, None, device)
-    text = prompt_text(backbone, [f"class {k}" for k in range(K)])
+    return load_backbone(model, None, device)
+
+
+def tower_inputs(model: str, K: int, n: int, views: int, device: str):
+    """(text, class embeddings [K, d], view features [n, V, d]) for an open_clip model with random weights."""
+    from orchestrator.clip.prompts import prompt_text
+
+    text = prompt_text(random_backbone(model, device), [f"class {k}" for k in range(K)])
     with torch.no_grad():
         emb = F.normalize(text.tower(text.tower.embed(text.tokens), text.tokens.argmax(-1)), dim=-1)
     g = torch.Generator(device="cpu").manual_seed(0)

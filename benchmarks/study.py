@@ -25,12 +25,13 @@ class embeddings, 2 V d M flop per config-sample) reaches, and the projected wal
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import math
 import os
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,8 +39,13 @@ from benchmarks.methods import differing_configs
 from benchmarks.tables import markdown_table
 
 BACKBONES = {"RN50": 1024, "ViT-B-16": 512}
-FULL = {"slice": 256, "groups": 100, "orders": 100, "max_classes": None, "dim": None}
-QUICK = {"slice": 12, "groups": 3, "orders": 100, "max_classes": 12, "dim": 16}
+# slice / text_slice: samples measured at most per unit (prompt tuning: its text tower runs per sample); probe: the
+# first timed pass; unit_seconds: what the second pass may take, so the whole study fits one device call.
+FULL = {"slice": 256, "text_slice": 1, "probe": 8, "unit_seconds": 0.1, "groups": 100, "orders": 100,
+        "max_classes": None, "dim": None}
+QUICK = {"slice": 12, "text_slice": 2, "probe": 4, "unit_seconds": 0.02, "groups": 3, "orders": 100,
+         "max_classes": 12, "dim": 16}
+TINY_TOWER = "bca-tiny-vit"  # --quick's text tower (orchestrator.clip.testing)
 QUICK_DATASETS = ("imagenet-a", "dtd")
 
 
@@ -56,6 +62,9 @@ class Unit:
     peak_bytes: int
     gemm_fraction: float
     groups: int
+    order_free: bool = False  # episodic: every order gives the same per-sample outputs
+    prompt: bool = False      # runs CLIP's text tower (prompt tuning)
+    measured: int = 0         # samples of the timed pass
 
     @property
     def seconds(self) -> float:
@@ -91,47 +100,105 @@ def _peak_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # process-wide on a CPU
 
 
+@functools.lru_cache(maxsize=2)
 def study_inputs(K: int, d: int, n: int, views: int, device: str, seed: int = 0):
-    """Features ([n, d], or [n, V, d] with view 0 the sample's feature) near K random class embeddings."""
-    gen = torch.Generator().manual_seed(seed)
-    emb = torch.nn.functional.normalize(torch.randn(K, d, generator=gen), dim=-1)
-    labels = torch.randint(0, K, (n,), generator=gen)
-    base = torch.nn.functional.normalize(emb[labels] + 1.2 / math.sqrt(d) * torch.randn(n, d, generator=gen), dim=-1)
+    """Features ([n, d], or [n, V, d] with view 0 the sample's feature) near K random class embeddings, drawn on the
+    device (the methods of a unit's dataset and backbone share them: nothing changes them in place)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    emb = torch.nn.functional.normalize(torch.randn(K, d, generator=gen, device=device), dim=-1)
+    labels = torch.randint(0, K, (n,), generator=gen, device=device)
+    noise = torch.randn(n, d, generator=gen, device=device)
+    base = torch.nn.functional.normalize(emb[labels] + 1.2 / math.sqrt(d) * noise, dim=-1)
     if views > 1:
-        noisy = base[:, None] + 0.3 / math.sqrt(d) * torch.randn(n, views, d, generator=gen)
+        noisy = base[:, None] + 0.3 / math.sqrt(d) * torch.randn(n, views, d, generator=gen, device=device)
         noisy[:, 0] = base
         base = torch.nn.functional.normalize(noisy, dim=-1)
-    return base.to(device), emb.to(device), torch.arange(K, device=device)
+    return base, emb, torch.arange(K, device=device)
+
+
+def _text_inputs(card, K: int, m: int, views: int, backbone: str, quick: bool, device: str):
+    """A prompt-tuning unit's text (the backbone's text tower, random weights; --quick: the tiny test tower), class
+    embeddings and view features, and the flop of one config-sample: forward and backward through the tower's
+    transformer per tuning step (its weights are frozen: the backward costs about one forward), then the final
+    forward, each 2 x parameters x K prompts x tokens."""
+    from benchmarks.prompt import tower_inputs
+
+    text, emb, feats = tower_inputs(TINY_TOWER if quick else backbone, K, m, views, device)
+    params = sum(p.numel() for p in text.tower.transformer.parameters())
+    steps = int(card.defaults().get("steps", 1))
+    flop = 2 * params * K * text.tokens.shape[1] * (2 * steps + 1)
+    return text, emb, feats, flop
+
+
+def pass_width(card, K: int, d: int, m: int, groups: int, device: str, views: bool) -> int:
+    """G of a unit's pass: the preset's, capped where the configs' memory (the cost model's `config_bytes`, as the
+    sweep packs a GPU trial) would overfill the device; one stream where the configs would run one after another
+    anyway (no lockstep runner for these features; prompt tuning, whose text tower's activations fill the device
+    per sample), the same config-samples/s for less device time."""
+    from orchestrator.sweep.cost import PACK_MEMORY_FRACTION, config_bytes
+
+    if card.text_encoder is not None or card.lockstep_runner(views) is None:
+        return 1
+    if not device.startswith("cuda"):
+        return groups
+    budget = PACK_MEMORY_FRACTION * torch.cuda.get_device_properties(device).total_memory
+    return max(1, min(groups, int(budget // config_bytes(card.name, K, d, m))))
+
+
+def _timed_pass(call, device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    call()
+    _sync(device)
+    return time.perf_counter() - start
 
 
 def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: float) -> Unit:
+    """One unit's rate: a pass over a probe of the slice, then (where the probe was quick) over as much of the slice
+    as fits `unit_seconds`, so every unit costs about the same device time whatever its method."""
     from orchestrator.methods import run_traces_many
+    from orchestrator.methods.episodic import order_free
 
     K = min(dataset.num_classes, preset["max_classes"] or dataset.num_classes)
     d = preset["dim"] or BACKBONES[backbone]
     hparams = card.defaults(dataset.name)
     views = card.protocol_views(dataset.name).num_views if card.wants_views(hparams) else 1
-    m = min(preset["slice"], dataset.test_images)
-    feats, emb, ids = study_inputs(K, d, m, views, device)
-    if card.takes_views and views == 1:
+    batch = card.batch_size or 1
+    m = min(preset["text_slice"] if card.text_encoder else preset["slice"], dataset.test_images)
+    text, flop = None, 2 * views * d * K
+    if card.text_encoder is not None:
+        text, emb, feats, flop = _text_inputs(card, K, m, views, backbone, preset["dim"] is not None, device)
+        ids = torch.arange(K, device=device)
+    else:
+        feats, emb, ids = study_inputs(K, d, m, views, device)
+    if card.takes_views and feats.ndim == 2:
         feats = feats[:, None]  # a view method on a single-view protocol takes one view per sample
-    configs = [{"method": card.name, **c} for c in differing_configs(card, preset["groups"], m)]
+    groups = pass_width(card, K, feats.shape[-1], m, preset["groups"], device, feats.ndim == 3)
+    configs = [{"method": card.name, "batch_size": batch, **c} for c in differing_configs(card, groups, m)]
     for c in configs:
         c.update({k: v for k, v in hparams.items() if k not in c})
-    orders = None
-    if views > 1 and getattr(card.lockstep_runner(True), "takes_orders", False):
+    lockstep_orders = views > 1 and getattr(card.lockstep_runner(True), "takes_orders", False)
+
+    def run(length: int) -> None:
+        # where the runner steps orders together, stream g reads the prefix in its own order; elsewhere one
+        # order's G grid points do the same work per step
         gen = torch.Generator().manual_seed(1)
-        orders = torch.stack([torch.randperm(m, generator=gen) for _ in configs]).to(device)
-    run_traces_many(feats[:2], emb, ids, K, configs)  # first-call work (allocation, compilation) off the clock
-    _sync(device)
+        orders = torch.stack([torch.randperm(length, generator=gen) for _ in configs]).to(device) \
+            if lockstep_orders else None
+        run_traces_many(feats[:length], emb, ids, K, configs, text, orders=orders)
+
+    run(min(1 if text else 2, m))  # first-call work (allocation, compilation) off the clock
+    probe = min(m, max(batch, preset["probe"]))
     _peak_reset(device)
-    start = time.perf_counter()
-    run_traces_many(feats, emb, ids, K, configs, orders=orders)
-    _sync(device)
-    seconds = time.perf_counter() - start
-    rate = len(configs) * m / seconds
+    seconds, length = _timed_pass(lambda: run(probe), device), probe
+    fits = int(probe * preset["unit_seconds"] / max(seconds, 1e-9))
+    if fits > 2 * probe and m > probe:
+        length = min(m, fits // batch * batch or batch)
+        seconds = _timed_pass(lambda: run(length), device)
+    rate = len(configs) * length / seconds
     return Unit(dataset.name, backbone, card.name, dataset.test_images * preset["orders"], views, rate,
-                _peak_bytes(device), 2 * views * d * K * rate / gemm, len(configs))
+                _peak_bytes(device), flop * rate / gemm, len(configs), order_free(card.name),
+                card.text_encoder is not None, length)
 
 
 def makespan(units: list[Unit], devices: int, orders: int) -> float:
@@ -151,26 +218,62 @@ def makespan(units: list[Unit], devices: int, orders: int) -> float:
 def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
     from orchestrator.registry import method_label
 
-    lines = [["method", "device-s", "cfg-samples/s", "peak MB", "GEMM fraction", "share"]]
+    lines = [["method", "device-s", "cfg-samples/s", "G", "peak MB", "GEMM fraction", "share"]]
     total = sum(u.seconds for u in units)
     for method in dict.fromkeys(u.method for u in units):
         mine = [u for u in units if u.method == method]
         seconds = sum(u.seconds for u in mine)
         samples = sum(u.samples for u in mine)
         fraction = sum(u.gemm_fraction * u.seconds for u in mine) / seconds
-        lines.append([method_label(method), f"{seconds:,.0f}", f"{samples / seconds:,.0f}",
+        groups = sorted({u.groups for u in mine})
+        lines.append([method_label(method), f"{seconds:,.0f}", _rate(samples / seconds),
+                      f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}",
                       f"{max(u.peak_bytes for u in mine) / 2**20:,.0f}", f"{fraction:.2%}", f"{seconds / total:.0%}"])
     samples = sum(u.samples for u in units)
-    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}",
+    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}", "",
                   f"{max(u.peak_bytes for u in units) / 2**20:,.0f}",
                   f"{sum(u.gemm_fraction * u.seconds for u in units) / total:.2%}", "100%"])
     out = [markdown_table(lines, left_columns=1), "",
            f"device {device}; measured fp32 GEMM {gemm / 1e9:,.1f} Gflop/s; {samples:,} method-samples "
-           f"({orders} orders)"]
+           f"({orders} orders); GEMM fraction: the dominant products' flop (views x classes x d per config-sample; "
+           f"prompt tuning: its text tower's forward and backward) over that rate"]
     for n in (1, 8, 64):
         seconds = makespan(units, n, orders)
         out.append(f"projected on {n:>2} device(s): {seconds / 3600:.2f} h ({seconds:.3g} s)")
+    out.append("")
+    out.extend(_variants(units, orders))
     return "\n".join(out)
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _variants(units: list[Unit], orders: int) -> list[str]:
+    """The same study without what bounds it: prompt tuning, and order-free methods run over every order."""
+    from orchestrator.registry import method_label
+
+    out = []
+    prompt = sorted({u.method for u in units if u.prompt})
+    rest = [u for u in units if not u.prompt]
+    if prompt and rest:
+        seconds = makespan(rest, 1, orders)
+        out.append(f"without prompt tuning ({', '.join(method_label(m) for m in prompt)}): "
+                   f"{seconds / 3600:.2f} h on 1 device ({seconds:.3g} s)")
+    free = sorted({u.method for u in units if u.order_free})
+    if free:
+        # an episodic method's per-sample outputs are the same in every order: one order's pass, permuted, would
+        # give the others' rows (the sweep runs every order today, so this is what that reuse would save)
+        once = [replace(u, samples=u.samples // orders, groups=orders) if u.order_free else u for u in units]
+        variants = [("the whole study", once)]
+        if prompt:
+            variants.append(("without prompt tuning", [u for u in once if not u.prompt]))
+        for label, chosen in variants:
+            if chosen:
+                seconds = makespan(chosen, 1, orders)
+                out.append(f"{label}, order-free methods ({', '.join(method_label(m) for m in free)}) run once "
+                           f"instead of per order: {seconds / 3600:.2f} h on 1 device ({seconds:.3g} s)")
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,6 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slice", type=int, help="samples measured per unit (default 256)")
     parser.add_argument("--groups", type=int, help="streams per pass, G (default 100: all orders at once)")
     parser.add_argument("--orders", type=int, help="stream orders of the study (default 100)")
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="measure no new unit after S seconds; the report then covers the measured units only "
+                             "and says which were left (a device lent for minutes)")
     args = parser.parse_args(argv)
     preset = dict(QUICK if args.quick else FULL)
     for key in ("slice", "groups", "orders"):
@@ -198,13 +304,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {os.cpu_count()} cpus, device {args.device}; load average at start {os.getloadavg()[0]:.1f}")
     print(f"slice {preset['slice']} samples per unit, G = {preset['groups']} streams per pass, "
           f"{preset['orders']} orders", flush=True)
-    units = []
+    units, left = [], []
+    began = time.perf_counter()
     for dataset in datasets:
         for backbone in args.backbones:
             for card in cards:
-                units.append(measure_unit(card, dataset, backbone, preset, args.device, gemm))
-            print(f"  done {dataset.name} {backbone}", flush=True)
-    print(report(units, preset["orders"], gemm, args.device))
+                if args.time_limit is not None and time.perf_counter() - began > args.time_limit:
+                    left.append(f"{dataset.name} {backbone} {card.name}")
+                    continue
+                unit = measure_unit(card, dataset, backbone, preset, args.device, gemm)
+                units.append(unit)
+                print(f"  {dataset.name} {backbone} {card.name}: G = {unit.groups}, {unit.measured} samples timed, "
+                      f"{_rate(unit.rate)} cfg-samples/s, peak {unit.peak_bytes / 2**20:,.0f} MB", flush=True)
+    if units:
+        print(report(units, preset["orders"], gemm, args.device))
+    print(f"measured {len(units)} units in {time.perf_counter() - began:.0f} s")
+    if left:
+        print(f"NOT measured (--time-limit {args.time_limit:g} s reached), so not in the totals: {len(left)} units: "
+              + ", ".join(left))
 
 
 if __name__ == "__main__":

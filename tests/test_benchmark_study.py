@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 
 import pytest
@@ -37,3 +39,27 @@ def test_quick_study_prints_every_method_and_a_consistent_total(capsys):
     assert len(seconds) == 3 and seconds[0] >= seconds[1] >= seconds[2] > 0
     # 2 quick datasets (ImageNet-A 7,500 and DTD 1,692 test images) x 100 orders x 4 methods.
     assert f"{(7500 + 1692) * 100 * 4:,} method-samples" in out
+
+
+def test_quick_study_measures_every_registered_method():
+    """Every card runs in the study (batch methods at their official size, prompt tuning through a text tower), each
+    once per unit; the methods without a lockstep runner and prompt tuning measure one stream per pass."""
+    from orchestrator.registry import method_cards, method_label
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        study.main(["--quick", "--datasets", "dtd", "--backbones", "ViT-B-16"])
+    text = out.getvalue()
+    table = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^\| (\S[^|]*?)\s*\|[^|]*\|[^|]*\|\s*(\d*)\s*\|", text, re.M)}
+    for card in method_cards():
+        assert method_label(card.name) in table, card.name
+        alone = card.text_encoder is not None or card.lockstep_runner(card.takes_views) is None
+        assert (table[method_label(card.name)] == "1") == alone, card.name
+    assert "without prompt tuning" in text and "run once instead of per order" in text
+
+
+def test_time_limit_reports_the_units_left_out(capsys):
+    study.main(["--quick", "--datasets", "dtd", "--backbones", "RN50", "--methods", "clip", "bca", "--time-limit", "0"])
+    out = capsys.readouterr().out
+    assert "measured 0 units" in out and "| total" not in out
+    assert "NOT measured (--time-limit 0 s reached), so not in the totals: 2 units: dtd RN50 clip, dtd RN50 bca" in out
