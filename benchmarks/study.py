@@ -40,10 +40,10 @@ from benchmarks.tables import markdown_table
 
 BACKBONES = {"RN50": 1024, "ViT-B-16": 512}
 # slice / text_slice: samples measured at most per unit (prompt tuning: its text tower runs per sample); probe: the
-# first timed pass; unit_seconds: what the second pass may take, so the whole study fits one device call.
-FULL = {"slice": 256, "text_slice": 1, "probe": 8, "unit_seconds": 0.1, "groups": 100, "orders": 100,
+# first pass's samples; unit_seconds: what the last pass's samples may take, so the whole study fits one device call.
+FULL = {"slice": 256, "text_slice": 2, "probe": 8, "unit_seconds": 0.3, "groups": 100, "orders": 100,
         "max_classes": None, "dim": None}
-QUICK = {"slice": 12, "text_slice": 2, "probe": 4, "unit_seconds": 0.02, "groups": 3, "orders": 100,
+QUICK = {"slice": 16, "text_slice": 2, "probe": 2, "unit_seconds": 0.02, "groups": 3, "orders": 100,
          "max_classes": 12, "dim": 16}
 TINY_TOWER = "bca-tiny-vit"  # --quick's text tower (orchestrator.clip.testing)
 QUICK_DATASETS = ("imagenet-a", "dtd")
@@ -64,11 +64,13 @@ class Unit:
     groups: int
     order_free: bool = False  # episodic: every order gives the same per-sample outputs
     prompt: bool = False      # runs CLIP's text tower (prompt tuning)
-    measured: int = 0         # samples of the timed pass
+    measured: int = 0         # samples of the longest timed pass
+    setup_s: float = 0.0      # a pass's fixed cost (its G methods built), paid once per pass
+    passes: int = 1           # passes of G streams the study's orders take
 
     @property
     def seconds(self) -> float:
-        return self.samples / self.rate
+        return self.samples / self.rate + self.passes * self.setup_s
 
 
 def measured_gemm_rate(device: str, size: int) -> float:
@@ -187,18 +189,25 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
             if lockstep_orders else None
         run_traces_many(feats[:length], emb, ids, K, configs, text, orders=orders)
 
-    run(min(1 if text else 2, m))  # first-call work (allocation, compilation) off the clock
-    probe = min(m, max(batch, preset["probe"]))
+    # Three passes: over a samples (first-call work: allocation, compilation), over 2a, and over as much of the
+    # slice as fits unit_seconds. The last two differ by the per-sample cost of the pass; the rest of a pass is its
+    # setup (building G methods and their states), paid once per pass of a whole stream.
+    a = max(1, min(m // 4, max(batch, preset["probe"])))
+    t_first = _timed_pass(lambda: run(a), device)
     _peak_reset(device)
-    seconds, length = _timed_pass(lambda: run(probe), device), probe
-    fits = int(probe * preset["unit_seconds"] / max(seconds, 1e-9))
-    if fits > 2 * probe and m > probe:
-        length = min(m, fits // batch * batch or batch)
-        seconds = _timed_pass(lambda: run(length), device)
-    rate = len(configs) * length / seconds
+    t_base = _timed_pass(lambda: run(2 * a), device)
+    per = (t_base - t_first) / a  # an underestimate where the first pass paid first-call work: a longer last pass
+    fits = int(preset["unit_seconds"] / per) if per > 0 else m
+    length = min(m, max(4 * a, fits // batch * batch))
+    t_long = _timed_pass(lambda: run(length), device) if length > 2 * a else t_base
+    per = (t_long - t_base) / (length - 2 * a) if length > 2 * a else 0.0
+    if per <= 0:  # a slice too short for a third pass, or timing noise: the pass's whole time, an upper bound
+        per = t_long / length
+    setup = max(t_base - 2 * a * per, 0.0)
+    rate = len(configs) / per
     return Unit(dataset.name, backbone, card.name, dataset.test_images * preset["orders"], views, rate,
                 _peak_bytes(device), flop * rate / gemm, len(configs), order_free(card.name),
-                card.text_encoder is not None, length)
+                card.text_encoder is not None, length, setup, math.ceil(preset["orders"] / len(configs)))
 
 
 def makespan(units: list[Unit], devices: int, orders: int) -> float:
@@ -264,7 +273,8 @@ def _variants(units: list[Unit], orders: int) -> list[str]:
     if free:
         # an episodic method's per-sample outputs are the same in every order: one order's pass, permuted, would
         # give the others' rows (the sweep runs every order today, so this is what that reuse would save)
-        once = [replace(u, samples=u.samples // orders, groups=orders) if u.order_free else u for u in units]
+        once = [replace(u, samples=u.samples // orders, groups=orders, passes=1) if u.order_free else u
+                for u in units]
         variants = [("the whole study", once)]
         if prompt:
             variants.append(("without prompt tuning", [u for u in once if not u.prompt]))
@@ -314,8 +324,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 unit = measure_unit(card, dataset, backbone, preset, args.device, gemm)
                 units.append(unit)
-                print(f"  {dataset.name} {backbone} {card.name}: G = {unit.groups}, {unit.measured} samples timed, "
-                      f"{_rate(unit.rate)} cfg-samples/s, peak {unit.peak_bytes / 2**20:,.0f} MB", flush=True)
+                print(f"  {dataset.name} {backbone} {card.name}: G = {unit.groups}, up to {unit.measured} samples "
+                      f"timed, {_rate(unit.rate)} cfg-samples/s, setup {unit.setup_s:.3f} s/pass, peak "
+                      f"{unit.peak_bytes / 2**20:,.0f} MB", flush=True)
     if units:
         print(report(units, preset["orders"], gemm, args.device))
     print(f"measured {len(units)} units in {time.perf_counter() - began:.0f} s")

@@ -278,9 +278,16 @@ def make_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Te
     batch_size: samples per adaptation step (`BatchMethod`; a per-sample method takes 1 only). text: the text
     tower and class prompts (`orchestrator.methods.prompt.PromptText`) of a method whose card has a
     `text_encoder`; None for every other method."""
+    validate_class_inputs(class_embeddings, class_ids, num_classes)
+    return build_method(method, class_embeddings, class_ids, num_classes, batch_size, text, **hparams)
+
+
+def build_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
+                 batch_size: int = 1, text: Any = None, **hparams: Any) -> Method:
+    """`make_method` for class inputs already validated (`validate_class_inputs`): a pack builds G methods over
+    one set of class embeddings and checks it once."""
     card = method_card(method)
     resolved = card.resolve(hparams)
-    validate_class_inputs(class_embeddings, class_ids, num_classes)
     batch_size = check_batch_size(method, batch_size)
     if card.text_encoder is None and text is not None:
         raise ValueError(f"{method}: takes no text encoder (text=...); only methods whose card has a text_encoder do")

@@ -5,11 +5,12 @@
     run_traces_many(...) -> list[Trace], one per config, in config order
 
 Each config is a dict `{"method": name, **hparams}` (and `batch_size` for a batch method's step), validated
-exactly as `make_method` validates it. With `orders` [G, n] (int64), config g runs over features[orders[g]], the
-stream orders of one feature set (`orchestrator.methods.lockstep`). The configs whose cards name one lockstep
-runner taking the features' kind (`MethodCard.lockstep`; the BCA family's is the blocked engine, one feature per
-sample) go to it in one call per batch size (a batch method's runner honours its methods' `batch_size`); any
-other config runs on its own. Every result equals the separate run (lockstep: within float32 rounding, `orchestrator.methods.lockstep`).
+exactly as `make_method` validates it (the class inputs once for all). With `orders` [G, n] (int64), config g
+runs over features[orders[g]], the stream orders of one feature set (`orchestrator.methods.lockstep`). The
+configs whose cards name one lockstep runner taking the features' kind (`MethodCard.lockstep`; the BCA family's is
+the blocked engine, one feature per sample) go to it in one call per batch size (a batch method's runner honours
+its methods' `batch_size`); any other config runs on its own. Every result equals the separate run (lockstep:
+within float32 rounding, `orchestrator.methods.lockstep`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, Trace, make_method
+from orchestrator.methods.base import Method, Trace, build_method, validate_class_inputs
 from orchestrator.methods.lockstep import check_orders, run_over_orders
 from orchestrator.registry import method_card
 
@@ -30,8 +31,8 @@ def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: t
                          f"got {config!r}")
     hparams = {k: v for k, v in config.items() if k != "method"}
     needs_text = method_card(config["method"]).text_encoder is not None
-    return make_method(config["method"], class_embeddings, class_ids, num_classes,
-                       text=text if needs_text else None, **hparams)
+    return build_method(config["method"], class_embeddings, class_ids, num_classes,
+                        text=text if needs_text else None, **hparams)
 
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
@@ -42,6 +43,7 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
     `text` goes to the configs whose method runs the text encoder (`make_method`)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
+    validate_class_inputs(class_embeddings, class_ids, num_classes)  # once for the G methods sharing them
     methods = [_build(c, i, class_embeddings, class_ids, num_classes, text) for i, c in enumerate(configs)]
     if orders is not None:
         check_orders(features, orders, len(methods))
