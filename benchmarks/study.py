@@ -41,7 +41,7 @@ from benchmarks.tables import markdown_table
 BACKBONES = {"RN50": 1024, "ViT-B-16": 512}
 # slice / text_slice: samples measured at most per unit (prompt tuning: its text tower runs per sample); probe: the
 # first pass's samples; unit_seconds: what the last pass's samples may take, so the whole study fits one device call.
-FULL = {"slice": 256, "text_slice": 2, "probe": 8, "unit_seconds": 0.3, "groups": 100, "orders": 100,
+FULL = {"slice": 256, "text_slice": 2, "probe": 32, "unit_seconds": 0.3, "groups": 100, "orders": 100,
         "max_classes": None, "dim": None}
 QUICK = {"slice": 16, "text_slice": 2, "probe": 2, "unit_seconds": 0.02, "groups": 3, "orders": 100,
          "max_classes": 12, "dim": 16}
@@ -245,7 +245,8 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
     out = [markdown_table(lines, left_columns=1), "",
            f"device {device}; measured fp32 GEMM {gemm / 1e9:,.1f} Gflop/s; {samples:,} method-samples "
            f"({orders} orders); GEMM fraction: the dominant products' flop (views x classes x d per config-sample; "
-           f"prompt tuning: its text tower's forward and backward) over that rate"]
+           f"prompt tuning: its text tower's forward and backward) over that rate, above 100% where the configs "
+           f"share the product (Zero's and MTA's runner scores the views once for all)"]
     for n in (1, 8, 64):
         seconds = makespan(units, n, orders)
         out.append(f"projected on {n:>2} device(s): {seconds / 3600:.2f} h ({seconds:.3g} s)")
@@ -311,7 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     datasets = [dataset_card(name) for name in names]
     cards = [c for c in method_cards() if args.methods is None or c.name in args.methods]
     gemm = measured_gemm_rate(args.device, 256 if args.quick else 4096)
-    print(f"machine: {os.cpu_count()} cpus, device {args.device}; load average at start {os.getloadavg()[0]:.1f}")
+    name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(f"machine: {os.cpu_count()} cpus, device {args.device} ({name}); load average at start "
+          f"{os.getloadavg()[0]:.1f}")
     print(f"slice {preset['slice']} samples per unit, G = {preset['groups']} streams per pass, "
           f"{preset['orders']} orders", flush=True)
     units, left = [], []
@@ -331,8 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         print(report(units, preset["orders"], gemm, args.device))
     print(f"measured {len(units)} units in {time.perf_counter() - began:.0f} s")
     if left:
-        print(f"NOT measured (--time-limit {args.time_limit:g} s reached), so not in the totals: {len(left)} units: "
-              + ", ".join(left))
+        datasets_left = dict.fromkeys(unit.split()[0] for unit in left)
+        print(f"NOT measured (--time-limit {args.time_limit:g} s reached), so not in the totals: {len(left)} units, "
+              f"of {', '.join(datasets_left)}; first left: {left[0]}")
 
 
 if __name__ == "__main__":

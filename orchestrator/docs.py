@@ -179,7 +179,8 @@ def _plain(value: object) -> str:
 
 # ------------------------------------------------------------------------------------------- performance
 _CHECK = re.compile(r"^\s+(\S.*?\S)\s+ok\s+identical (True|False), max dpost (\S+), (\d+) of (\d+) samples")
-_NOISE = re.compile(r"^(\s+done \S+$|WARNING|.*Warning:|\s+torch\.|/)")
+# progress (a method done, benchmarks.study's per-unit lines) and library warnings with their source lines
+_NOISE = re.compile(r"^(\s+done \S+$|\s+\S+ \S+ \S+: G = \d+, |WARNING|.*Warning:|\s+torch\.|\s+W = torch\.|/)")
 
 
 def log_summary(path: Path) -> str:

@@ -62,4 +62,4 @@ def test_time_limit_reports_the_units_left_out(capsys):
     study.main(["--quick", "--datasets", "dtd", "--backbones", "RN50", "--methods", "clip", "bca", "--time-limit", "0"])
     out = capsys.readouterr().out
     assert "measured 0 units" in out and "| total" not in out
-    assert "NOT measured (--time-limit 0 s reached), so not in the totals: 2 units: dtd RN50 clip, dtd RN50 bca" in out
+    assert "NOT measured (--time-limit 0 s reached), so not in the totals: 2 units, of dtd; first left: dtd RN50 clip" in out

@@ -8,6 +8,9 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+import yaml
+
 from orchestrator.registry import method_cards, method_card, paper_datasets
 from orchestrator.sweep import cost
 from orchestrator.sweep.load import SpecError, load_spec
@@ -35,15 +38,24 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     assert "is not on this machine: planned for the machine that holds it" in out
     steps = int(re.search(r"estimated cost: ([\d,]+) online steps", out)[1].replace(",", ""))
     cpu = float(re.search(r"projected CPU-hours: ([\d,.]+)", out)[1].replace(",", ""))
-    projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs, rates from "
-                          r"benchmarks/logs/gpu-h100-2026-11-26.txt; at CPU rates: ([a-z_, ]+)\)", out)
+    projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs where a method "
+                          r"has a runner, rates from (.*?)(?:; at CPU rates: ([a-z_, ]+))?\)$", out, re.M)
     gpu = float(projected[1].replace(",", ""))
+    assert projected[2] == " and ".join(cost.GPU_RATES_LOGS)
     # the methods with no H100 rate yet are named, not silently priced at the H100's
-    assert projected[2] == "ctpt, ecalp, oga, rtpt, stata, tpt, transclip, zlap"
+    spec_methods = {m["method"] for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
+    unrated = sorted(m for m in spec_methods if method_card(m).gpu_samples_per_s is None)
+    assert (projected[3] or "") == ", ".join(unrated)
     # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones
     assert steps == sum(2 * 100 * _test_images(d) * (22 if d.startswith("imagenet-") else 21)
                         for d in paper_datasets())
-    assert 0 < gpu < cpu
+    # each method's samples at its H100 rate (every method of the spec has one)
+    samples = {m["method"]: sum(2 * 100 * _test_images(d) for d in m.get("datasets", paper_datasets()))
+               for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
+    rate = {m: method_card(m).gpu_samples_per_s or method_card(m).samples_per_s or cost.UNKNOWN_SAMPLES_PER_S
+            for m in samples}
+    expected = sum(count / rate[m] for m, count in samples.items()) / 3600
+    assert gpu == pytest.approx(expected, abs=0.05) and cpu > 0
     assert not (REPO / "results").exists()
 
 
@@ -63,15 +75,26 @@ def test_a_missing_data_root_still_refuses_a_sweep_that_would_run_here(tmp_path)
 
 
 def test_gpu_rates_are_the_h100_logs():
-    log = (REPO / cost.GPU_RATES_LOG).read_text()
-    table = {}
-    for line in log.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 8 and cells[5][:1].isdigit():
-            table[cells[0]] = float(cells[5].split()[0].replace(",", ""))
-    pack = float(re.search(r"32 bca configs x 2000 samples .*?, ([\d,]+) cfg-samples/s", log)[1].replace(",", ""))
+    """A card's gpu_samples_per_s is its method's H100 figure in the logs: the G = 32 lockstep column where the
+    method has a runner, else the single-stream one; prompt tuning's s/sample through the ViT-B/16 text tower."""
+    table, prompt, pack = {}, {}, None
+    for name in cost.GPU_RATES_LOGS:
+        log = (REPO / name).read_text()
+        for line in log.splitlines():
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) == 8 and cells[1][:1].isdigit():
+                rate = cells[5] if cells[5][:1].isdigit() else cells[1]
+                table[cells[0]] = float(rate.split()[0].replace(",", ""))
+        tower = log.split("ViT-B-16 text tower")[1:]
+        for name_, seconds in re.findall(r"^    (\w+) +chunked ([\d.]+) s/sample", tower[0] if tower else "", re.M):
+            prompt.setdefault(name_, round(1 / float(seconds), 2))
+        found = re.search(r"32 bca configs x 2000 samples .*?, ([\d,]+) cfg-samples/s", log)
+        pack = pack or (found and float(found[1].replace(",", "")))
     rated = {c.name: c.gpu_samples_per_s for c in method_cards() if c.gpu_samples_per_s is not None}
     for method, rate in rated.items():
-        assert rate == table.get(method_card(method).label, pack if method in ("clip", "la", "pa", "bca") else None), method
-    # every method of the log has its rate on its card
-    assert {c.label for c in method_cards() if c.name in rated} >= set(table)
+        expected = pack if method in ("clip", "la", "pa", "bca") else \
+            prompt.get(method, table.get(method_card(method).label))
+        assert rate == expected, method
+    # every method of the logs has its rate on its card
+    assert {c.label for c in method_cards() if c.name in rated} >= set(table) - {"CLIP", "CLIP+LA", "CLIP+PA", "BCA"}
+    assert set(rated) >= set(prompt)

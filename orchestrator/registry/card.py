@@ -206,9 +206,11 @@ class MethodCard:
     # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
     # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
     samples_per_s: float | None = None
-    # lockstep config-samples/s on one H100 at the same shapes (view methods: 8 views a sample), G = 32 configs a
-    # pass (the BCA family: its 32-config pack); from `orchestrator.sweep.cost.GPU_RATES_LOG`, which a test holds
-    # them to; the dry run's projected GPU-hours; None: not measured on a GPU (CPU rate used, and named)
+    # config-samples/s on one H100 at the same shapes (view methods: 8 views a sample): lockstep at G = 32 configs a
+    # pass where the method has a runner (the BCA family: its 32-config pack), else single-stream (a batch method at
+    # its official size; prompt tuning: a sample's step through the ViT-B/16 text tower at K = 1000); from
+    # `orchestrator.sweep.cost.GPU_RATES_LOGS`, which a test holds them to; the dry run's projected GPU-hours; None:
+    # not measured on a GPU (CPU rate used, and named)
     gpu_samples_per_s: float | None = None
     # its state holds a d x d covariance per class (DOTA): the memory plan of a GPU pack counts it
     class_covariance: bool = False

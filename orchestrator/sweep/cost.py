@@ -27,7 +27,7 @@ TRIAL_TARGET_S = 5.0
 TRIAL_MAX_S = 60.0
 # Where the cards' gpu_samples_per_s come from (tests/test_study_spec.py holds them to it); the projection of
 # `bca sweep --dry-run` uses them where a GPU will run the sweep.
-GPU_RATES_LOG = "benchmarks/logs/gpu-h100-2026-11-26.txt"
+GPU_RATES_LOGS = ("benchmarks/logs/gpu-h100-2026-11-26.txt", "benchmarks/logs/gpu-h100-2026-11-26-2.txt")
 # A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
 # rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
 UNKNOWN_SAMPLES_PER_S = 5.0
@@ -106,8 +106,9 @@ def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
             missing.append(method)
     return [f"projected CPU-hours: {cpu / 3600:,.1f} (one core a run, the cards' samples_per_s at K = M = 1000, "
             f"d = 512; {sum(samples.values()):,} samples through the methods)",
-            f"projected GPU-hours: {gpu / 3600:,.1f} (one H100, lockstep packs of 32 configs, rates from "
-            f"{GPU_RATES_LOG}" + (f"; at CPU rates: {', '.join(sorted(missing))}" if missing else "") + ")"]
+            f"projected GPU-hours: {gpu / 3600:,.1f} (one H100, lockstep packs of 32 configs where a method has a "
+            f"runner, rates from {' and '.join(GPU_RATES_LOGS)}"
+            + (f"; at CPU rates: {', '.join(sorted(missing))}" if missing else "") + ")"]
 
 
 def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[Run], int]] | None:

@@ -17,7 +17,7 @@ CARDS = (
                 per_dataset=dict.fromkeys(("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"),
                                           20.0)),
          LOGIT_SCALE),
-        inputs="views", views="augmix", text_encoder=TEXT,
+        inputs="views", views="augmix", text_encoder=TEXT, gpu_samples_per_s=1.93,
         source="hee-suk-yoon/C-TPT@085e6c2 tpt_classification.py (test_time_tuning, run_type tpt_ctpt), "
                "clip/custom_clip.py (l2_norm_mean_training); scripts/test_tpt_ctpt_fg.sh (lambda 50) and "
                "test_tpt_ctpt_ds.sh (lambda 20, --I_augmix: AugMix views on ImageNet and its variants too)",

@@ -27,5 +27,5 @@ CARDS = (
         source="cfuchs2023/OGA@26b6010 (OGA/OGA_core.py GaussAdapt; runner.py: update_memory on the batch, then "
                "get_log_probs and get_MAP with simplex_p=True; main.py defaults: batch 32, shot_capacity 8, tau 0.05, "
                "RidgeMoorePenrose, normalize_mu False, the same for every dataset)",
-        samples_per_s=201.0, batch_size=32),
+        samples_per_s=201.0, gpu_samples_per_s=11896.0, batch_size=32),
 )

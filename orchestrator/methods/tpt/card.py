@@ -20,7 +20,7 @@ CARDS = (
         "tpt", "TPT", 140, "prompt", "the prompt's 4 context tokens, one AdamW step per sample on the confident "
         "views' entropy, reset every sample (episodic; CLIP's text encoder runs at test time)",
         "orchestrator.methods.tpt.method:TPT", (LR, STEPS, KEEP, LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT,
+        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT, gpu_samples_per_s=1.91,
         source="azshue/TPT@16e2967 tpt_classification.py (test_time_tuning, test_time_adapt_eval), "
                "clip/custom_clip.py (PromptLearner, TextEncoder); views: AugMixAugmenter(n_views=batch_size - 1, "
                "augmix=len(set_id) > 1): crops on ImageNet and its variants, AugMix on the cross-domain sets",
