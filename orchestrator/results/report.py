@@ -46,10 +46,14 @@ SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant
 PAPER_FILE = "paper_results.json"
 
 
+_CONSOLE_WIDTH = 1000  # wider than any table the report builds (many datasets, gain columns, long row labels)
+
+
 def wide_console(file: Any = None) -> Console:
-    """A console wide enough for the paper's tables: piped output defaults to 80 columns, which folds them
-    (tables take only the width they need)."""
-    return Console(file=file, width=max(240, shutil.get_terminal_size().columns))
+    """A console wide enough for any table: piped output defaults to 80 columns, and a table wider than its
+    console cuts its cells short ("…"), digits included; tables take only the width they need, and a terminal
+    narrower than one wraps its lines rather than losing a number."""
+    return Console(file=file, width=max(_CONSOLE_WIDTH, shutil.get_terminal_size().columns))
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ METRICS = {m.name: m for m in metrics.RUN_METRICS}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream", "batch_size")
-_NAMED_WHEREVER_IT_VARIES = ("stream",)
+_NAMED_WHEREVER_IT_VARIES = ("stream", "batch_size")
 
 
 def backbone_label(name: str) -> str:
@@ -167,7 +171,8 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
     # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
     distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
-    # a stream that differs anywhere is named on every row: rows of different protocols are not comparable
+    # a stream or batch size that differs anywhere is named on every row: rows of different protocols are not
+    # comparable
     everywhere = [c for c in _NAMED_WHEREVER_IT_VARIES if c in candidates and runs[c].nunique(dropna=False) > 1]
     split: set[str] = set()
     for (backbone, method), counts in most.iterrows():
@@ -399,7 +404,11 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
     cells, gain_cells = _aggregate(runs, layout, metric) if len(runs) else ({}, {})
     columns = layout.columns
-    gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
+    datasets, averages = [label for _, label in layout.datasets], [label for label, _ in layout.averages]
+    # the paper's tables give the gain on their averages, the headline; a table of other datasets gives it on each
+    # dataset too: they are separate results (a gain that holds on one dataset and not another shows), not one
+    # benchmark
+    gain_columns = datasets + averages if layout.key == "generic" else averages or datasets
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
     published_only: dict[str, str] = {}  # methods not run here (e.g. TPT): their label as the paper prints it
