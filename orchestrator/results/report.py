@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -46,14 +47,15 @@ SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant
 PAPER_FILE = "paper_results.json"
 
 
-_CONSOLE_WIDTH = 1000  # wider than any table the report builds (many datasets, gain columns, long row labels)
-
-
-def wide_console(file: Any = None) -> Console:
-    """A console wide enough for any table: piped output defaults to 80 columns, and a table wider than its
-    console cuts its cells short ("…"), digits included; tables take only the width they need, and a terminal
-    narrower than one wraps its lines rather than losing a number."""
-    return Console(file=file, width=max(_CONSOLE_WIDTH, shutil.get_terminal_size().columns))
+def wide_console(file: Any = None, fit: Sequence[Any] = ()) -> Console:
+    """A console wide enough for the paper's tables (piped output defaults to 80 columns, which folds them), and
+    for each renderable in `fit` (the report's tables) as wide as it is whole: a table wider than its console cuts
+    its cells short ("…"), digits included; a terminal narrower than the table wraps its lines instead."""
+    console = Console(file=file, width=max(240, shutil.get_terminal_size().columns))
+    unbounded = console.options.update_width(2**20)  # a measurement is capped at the width it is given
+    need = max((Measurement.get(console, unbounded, r).maximum for r in fit), default=0)
+    console.width = max(console.width, need)
+    return console
 
 
 @dataclass(frozen=True)
