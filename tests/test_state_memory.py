@@ -4,8 +4,8 @@ every tensor its method object keeps after running a stream (what it carries fro
 transient work arrays are not state), counted once per storage, the inputs (class embeddings, features) left out.
 
 Every method that runs without CLIP's text tower is measured at a small shape; a few at the table's shape (K = 1000,
-d = 512: BCA, TDA, OGA, DMN-ZS, ECALP, StatA; DOTA's 1 GB of covariances stays at the small shape). The prompt-tuning
-methods (TPT, C-TPT, R-TPT) need a text tower and are not measured here."""
+d = 512: BCA, TDA, OGA, DMN-ZS, ECALP, StatA; DOTA's 1 GB of covariances stays at the small shape); the
+prompt-tuning methods (TPT, C-TPT, R-TPT) on the tiny test backbones' text towers."""
 
 from __future__ import annotations
 
@@ -102,3 +102,28 @@ def test_a_state_expression_other_than_arithmetic_on_its_names_is_refused(words,
     card = MethodCard("toy", "Toy", 1, "x", "", "m:C", (HParam("shot", "int", 3, "cache size", "size", low=1),),
                       state_words="K*shot*d + K/4")
     assert card.state_bytes(10, 4) == 4 * (10 * 3 * 4 + 2.5)
+
+
+@pytest.mark.parametrize("model", ["bca-tiny-vit", "bca-tiny-rn"])
+def test_the_prompt_tuning_state_is_what_a_run_holds(model):
+    """TPT, C-TPT and R-TPT on the tiny test backbones' text towers (token width w = 128, d = 64): the prompts'
+    token embeddings and the initial text features their cards count."""
+    from orchestrator.clip.backbone import load_backbone
+    from orchestrator.clip.prompts import prompt_text
+    from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
+
+    assert model in (TINY_VIT, TINY_RN)
+    register_tiny_models()
+    text = prompt_text(load_backbone(model, None, "cpu"), ["dog", "cat", "golden retriever", "tabby_cat", "airplane"])
+    with torch.no_grad():
+        embedded = text.tower.embed(text.tokens)
+        embeddings = F.normalize(text.tower(embedded, text.tokens.argmax(-1)), dim=-1)
+    (num_classes, dim), width = embeddings.shape, embedded.shape[-1]
+    views = F.normalize(torch.randn(4, VIEWS, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
+    for name in ("tpt", "ctpt", "rtpt"):
+        ids = torch.arange(num_classes)
+        method = make_method(name, embeddings, ids, num_classes, text=text)
+        method.run(views)
+        held = held_bytes(method, [embeddings, ids, views, text.tokens])
+        stated = method_card(name).state_bytes(num_classes, dim, text_width=width)
+        assert abs(held - stated) <= TOLERANCE * held, (name, held, stated)

@@ -15,9 +15,9 @@ KEEP = HParam("keep", "float", 0.1, "fraction of lowest-entropy views in the los
 # (width 512, 12 layers, 77 tokens): TextTower.saved_bytes_per_prompt, as `python -m benchmarks.prompt` prints it.
 TEXT = TextEncoderUse(device="gpu", mb_per_class=18.2)
 # the class prompts' token embeddings [K, 77, w] (prefix and suffix of the context), the initial context [4, w],
-# the int64 end-of-text positions [K] and the initial text features [K, d], at a text width w = d (ViT-B/16); a
-# step's activations are TEXT's
-PROMPT_WORDS = "77*K*d + K*d + 2*K + 4*d"
+# the int64 end-of-text positions [K] and the initial text features [K, d] (w = d in ViT-B/16's text tower, half d
+# in RN50's); a step's activations are TEXT's
+PROMPT_WORDS = "77*K*w + 4*w + K*d + 2*K"
 
 CARDS = (
     MethodCard(
