@@ -58,15 +58,39 @@ def _cost(card) -> str:
     return "; ".join(parts) or "-"
 
 
+MEMORY_SHAPE = (1000, 512)  # the methods table's K and d for the state's memory, as for the cost's samples/s
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _memory(card) -> str:
+    """The card's state at MEMORY_SHAPE (`orchestrator.sweep.cost.state_bytes`, what a GPU pack's memory plan
+    counts), with its growth per sample where it grows with the stream."""
+    from orchestrator.sweep.cost import state_bytes
+
+    start = state_bytes(card.name, *MEMORY_SHAPE)
+    text = _size(start) if start else "none"
+    growth = state_bytes(card.name, *MEMORY_SHAPE, 1) - start
+    return text + (f" + {_size(growth)} a sample seen" if growth else "")
+
+
 def methods_table() -> str:
-    """One row per registered method: name, label, what adapts, inputs, cost, hyperparameters with defaults."""
-    rows = ["| method | label | what adapts | inputs | cost | hyperparameters (defaults) |",
-            "|---|---|---|---|---|---|"]
+    """One row per registered method: name, label, what adapts, inputs, cost, state memory, hyperparameters with
+    defaults."""
+    k, d = MEMORY_SHAPE
+    rows = [f"| method | label | what adapts | inputs | cost | state memory (K = {k}, d = {d}) | "
+            "hyperparameters (defaults) |",
+            "|---|---|---|---|---|---|---|"]
     for card in method_cards():
         inputs = {"single": "one feature", "views": "views", "either": "one feature or views"}[card.inputs]
         if card.batch_size is not None:
             inputs += f", batches of {card.batch_size}"
-        rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | {_cost(card)} | "
+        rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | {_cost(card)} | {_memory(card)} | "
                     f"{', '.join(_default(h) for h in card.hparams)} |")
     return "\n".join(rows)
 

@@ -65,6 +65,10 @@ ELSEWHERE = {
     "bca sweep experiments/sharded.yaml --dry-run":
         "tests/test_sweep_shards.py::test_the_docs_sharded_spec_runs_with_the_docs_commands",
     "bca sweep experiments/sharded.yaml": "tests/test_sweep_shards.py::test_the_docs_sharded_spec_runs_with_the_docs_commands",
+    "bca sweep experiments/transductive.yaml":
+        "tests/test_transductive_report.py::test_the_report_shows_transclip_and_zlap_collapsing_on_few_class_batches",
+    "bca report --sweep transductive":
+        "tests/test_transductive_report.py::test_the_report_shows_transclip_and_zlap_collapsing_on_few_class_batches",
     # a wrapper that runs tests/reliability and the related tests of other modules (minutes) and counts them
     "python -m benchmarks.reliability": "tests/reliability",
     # the whole study needs a GPU; its quick mode and its test run in minutes

@@ -106,8 +106,9 @@ def test_on_a_gpu_a_pack_is_sized_by_the_devices_memory(tmp_path):
     spec = load_spec(write_spec(tmp_path, n=2000, seeds=[1], methods=methods, resources={"gpu": 0.5, "cpus": 1}))
     runs = expand(spec)
     per_bca = cost.config_bytes("bca", 6, 16, 2000)
-    assert per_bca == 4 * (2000 * (6 + 3) + 6 * (16 + 6))
-    assert cost.config_bytes("dota", 6, 16, 2000) == per_bca + 4 * 6 * 16 * 16
+    # the trace and the card's state: U, V, C1, C2 for BCA; DOTA's scatter [K, d, d] besides its means and precision
+    assert per_bca == 4 * (2000 * (6 + 3) + 6 * (16 + 6 + 2))
+    assert cost.config_bytes("dota", 6, 16, 2000) == 4 * (2000 * (6 + 3) + 6 * 16 * 16 + 2 * 16 * 16 + 2 * 6 * 16 + 6 + 4)
     device = 80 * 2**30
     memory = cost.sweep_memory(spec, device)
     assert memory[0] == cost.PACK_MEMORY_FRACTION * 0.5 * device

@@ -15,6 +15,7 @@ import pytest
 
 from orchestrator.methods import make_method
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.schema import setting_id
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
@@ -40,9 +41,10 @@ def test_official_batch_sizes_cross_the_methods_and_keep_every_batch_1_run_id(tm
     plain = {(r.method, r.batch_size): r.run_id for r in expand(spec_in(tmp_path))}
     crossed = spec_in(tmp_path, batch_size=[1, "official"], stream=["iid", {"dirichlet": {"gamma": 0.1}}])
     runs = expand(crossed)
-    # clip and bca adapt per sample: their 'official' is 1, so each runs once per stream; oga at 1 and 32
+    # clip and bca adapt per sample: their 'official' is 1, so each runs once per stream; oga at 1 and 32; clip,
+    # the baseline, also on the Dirichlet order drawn for batches of 32 (below)
     assert sorted((r.method, r.batch_size) for r in runs) == sorted(
-        [(m, 1) for m in ("clip", "bca", "oga") for _ in range(2)] + [("oga", 32)] * 2)
+        [(m, 1) for m in ("clip", "bca", "oga") for _ in range(2)] + [("oga", 32)] * 2 + [("clip", 1)])
     assert {(r.method, r.batch_size): r.run_id for r in expand(spec_in(tmp_path))} == plain
     batch = [r for r in runs if r.batch_size == 32]
     assert all(r.config["batch_size"] == 32 for r in batch)
@@ -50,6 +52,12 @@ def test_official_batch_sizes_cross_the_methods_and_keep_every_batch_1_run_id(tm
     # a Dirichlet order at batch 32 takes StatA's slots from it, and the run's stream says so
     streams = sorted(str(r.config["stream"]) for r in batch)
     assert streams == ["iid", str({"dirichlet": {"gamma": 0.1, "slots": "batches", "batch": 32}})]
+    # every batch run has its zero-shot baseline on the same order: a CLIP run at batch size 1 of its setting
+    baselines = {str(r.config["stream"]): r for r in runs if r.method == "clip"}
+    for run in batch:
+        clip = baselines[str(run.config["stream"])]
+        assert "batch_size" not in clip.config and clip.source == run.source
+        assert setting_id(clip.config) == setting_id(run.config)
     # an entry's own batch sizes replace the spec's
     own = spec_in(tmp_path, batch_size=[1], methods=[{"method": "oga", "batch_size": [8, 32]}])
     assert [r.batch_size for r in expand(own)] == [8, 32]
@@ -195,7 +203,8 @@ def test_every_batch_method_sweeps_at_its_official_size_and_at_1(tmp_path):
     runs = expand(loaded)
     sizes = {(r.method, r.batch_size) for r in runs}
     assert sizes == {("clip", 1)} | {(m, b) for m in batch_methods for b in (1, registry.method_card(m).batch_size)}
-    assert len(runs) == 2 * 3 * len(sizes)
+    # and CLIP, the baseline, also on each dataset's Dirichlet order drawn for each batch size above 1
+    assert len(runs) == 2 * 3 * len(sizes) + 2 * len({b for _, b in sizes if b > 1})
     written = rows(loaded.results_dir)
     settings = settings_of(loaded)
     for run in runs:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import math
 import numbers
+import operator
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -119,6 +121,30 @@ class HParam:
         return value
 
 
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _arithmetic(text: str, names: Mapping[str, Any], what: str) -> float:
+    """The value of `text`, an expression of numbers, `names` and + - * / ( ) only (a card's plain-data formula)."""
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return value(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in names and isinstance(names[node.id], (int, float)):
+            return names[node.id]
+        raise ValueError(f"{what}: {text!r} must use numbers, + - * / ( ) and the names {sorted(names)} "
+                         f"(numeric ones), got {ast.unparse(node)!r}")
+
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"{what}: {text!r} is not an arithmetic expression ({e.msg})") from None
+    return value(tree)
+
+
 DEVICES = ("gpu", "any")
 
 
@@ -212,8 +238,12 @@ class MethodCard:
     # `orchestrator.sweep.cost.GPU_RATES_LOGS`, which a test holds them to; the dry run's projected GPU-hours; None:
     # not measured on a GPU (CPU rate used, and named)
     gpu_samples_per_s: float | None = None
-    # its state holds a d x d covariance per class (DOTA): the memory plan of a GPU pack counts it
-    class_covariance: bool = False
+    # the memory its state holds, in 4-byte words (an int64 counts 2, a bool 1/4), as an expression in K (classes),
+    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given) and its hparams (at
+    # their defaults): what its method object keeps from
+    # sample to sample (tests/test_state_memory.py holds it to a real run's tensors); `state_bytes` evaluates it for
+    # the cost model's memory plan of a GPU pack and for the methods table; None: unknown (a plugin)
+    state_words: str | None = None
     # the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees the
     # stream a batch at a time); None: a per-sample method, which runs at batch size 1
     batch_size: int | None = None
@@ -264,6 +294,18 @@ class MethodCard:
             value = getattr(self, field_name)
             if value is not None and value not in names:
                 raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
+        if self.state_words is not None:
+            self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w and its hparams is refused here
+
+    def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None) -> int:
+        """Bytes of its state (`state_words`) at K = num_classes, d = dim after `samples` samples, w = text_width
+        (its text tower's token width; None: d, as in ViT-B/16), hparams at their defaults; a ValueError where it
+        has no state_words or they are not such an expression."""
+        if self.state_words is None:
+            raise ValueError(f"method {self.name!r}: its card gives no state_words")
+        names = {**self.defaults(), "K": num_classes, "d": dim, "n": samples,
+                 "w": dim if text_width is None else text_width}
+        return int(math.ceil(4 * _arithmetic(self.state_words, names, f"method {self.name!r} state_words")))
 
     @property
     def takes_views(self) -> bool:

@@ -159,7 +159,6 @@ def report_cmd(
         _err(f"--metric: unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
         raise typer.Exit(2)
     results = _existing_results(results)
-    console = wide_console()
     with ResultsDB(results) as db:
         tables = report_tables(db, sweep=sweep, paper=paper, metric=metric)
         _warn_bad_files(db)
@@ -171,8 +170,10 @@ def report_cmd(
             if sweep:
                 raise typer.Exit(1)
             return
-    for table in tables:
-        console.print(table.render())
+    rendered = [table.render() for table in tables]
+    console = wide_console(fit=rendered)
+    for table in rendered:
+        console.print(table)
     for line in _dataset_versions(results, sweep):
         _err(f"warning: {line}")
 

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -46,10 +47,15 @@ SIGNIFICANT = "*"  # on a cell whose gain over the row's baseline is significant
 PAPER_FILE = "paper_results.json"
 
 
-def wide_console(file: Any = None) -> Console:
-    """A console wide enough for the paper's tables: piped output defaults to 80 columns, which folds them
-    (tables take only the width they need)."""
-    return Console(file=file, width=max(240, shutil.get_terminal_size().columns))
+def wide_console(file: Any = None, fit: Sequence[Any] = ()) -> Console:
+    """A console wide enough for the paper's tables (piped output defaults to 80 columns, which folds them), and
+    for each renderable in `fit` (the report's tables) as wide as it is whole: a table wider than its console cuts
+    its cells short ("…"), digits included; a terminal narrower than the table wraps its lines instead."""
+    console = Console(file=file, width=max(240, shutil.get_terminal_size().columns))
+    unbounded = console.options.update_width(2**20)  # a measurement is capped at the width it is given
+    need = max((Measurement.get(console, unbounded, r).maximum for r in fit), default=0)
+    console.width = max(console.width, need)
+    return console
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ METRICS = {m.name: m for m in metrics.RUN_METRICS}
 
 # Run settings that may tell rows of one method apart (besides every hparam column).
 _VARIANT_CANDIDATES = ("sweep", "pretrained", "templates", "num_templates", "views", "stream", "batch_size")
-_NAMED_WHEREVER_IT_VARIES = ("stream",)
+_NAMED_WHEREVER_IT_VARIES = ("stream", "batch_size")
 
 
 def backbone_label(name: str) -> str:
@@ -167,7 +173,8 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
     # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
     distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
-    # a stream that differs anywhere is named on every row: rows of different protocols are not comparable
+    # a stream or batch size that differs anywhere is named on every row: rows of different protocols are not
+    # comparable
     everywhere = [c for c in _NAMED_WHEREVER_IT_VARIES if c in candidates and runs[c].nunique(dropna=False) > 1]
     split: set[str] = set()
     for (backbone, method), counts in most.iterrows():
@@ -399,7 +406,11 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
     cells, gain_cells = _aggregate(runs, layout, metric) if len(runs) else ({}, {})
     columns = layout.columns
-    gain_columns = [label for label, _ in layout.averages] or [label for _, label in layout.datasets]
+    datasets, averages = [label for _, label in layout.datasets], [label for label, _ in layout.averages]
+    # the paper's tables give the gain on their averages, the headline; a table of other datasets gives it on each
+    # dataset too: they are separate results (a gain that holds on one dataset and not another shows), not one
+    # benchmark
+    gain_columns = datasets + averages if layout.key == "generic" else averages or datasets
 
     paper_rows: dict[tuple[str, str], dict[str, float]] = {}
     published_only: dict[str, str] = {}  # methods not run here (e.g. TPT): their label as the paper prints it

@@ -124,12 +124,17 @@ def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Call
 
 def config_bytes(method: str, num_classes: int, dim: int, length: int) -> int:
     """A config's memory in a lockstep pass, float32: its trace (posteriors [n, K] and three per-sample columns)
-    and its state, rows of d + K per class (U and V, a cache's keys and values) and a d x d
-    covariance per class where its card says so."""
+    and its state (`state_bytes`)."""
+    return 4 * length * (num_classes + 3) + state_bytes(method, num_classes, dim, length)
+
+
+def state_bytes(method: str, num_classes: int, dim: int, length: int = 0) -> int:
+    """A config's state after `length` samples: its card's `state_words` (the methods table's memory column); a
+    card without them (a plugin), rows of d + K per class (U and V, a cache's keys and values), float32."""
     card = find_method(method)
-    covariance = card is not None and card.class_covariance
-    state = num_classes * (dim + num_classes) + (num_classes * dim * dim if covariance else 0)
-    return 4 * (length * (num_classes + 3) + state)
+    if card is not None and card.state_words is not None:
+        return card.state_bytes(num_classes, dim, length)
+    return 4 * num_classes * (dim + num_classes)
 
 
 def source_shape(source: Any) -> tuple[int, int]:

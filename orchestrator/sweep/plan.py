@@ -7,6 +7,10 @@ A trial is one run, or with `pack: G` up to G runs (`pack: auto`, the default: a
 sizes) that share a data source (same features, class embeddings
 and stream order) and run through the multi-config engine in one pass.
 
+Zero-shot CLIP, the baseline gains are measured against, runs on every stream order a batch run of its data
+source reads as well as on its own: a Dirichlet order's slots depend on the batch size (`stream_for_batch`), so a
+batch run's baseline is CLIP on that very order (one more CLIP run per such order, at batch size 1).
+
 Synthetic datasets do not depend on a backbone or template set: each runs once per (method config, seed),
 with backbone 'synthetic'. Its seed generates the benchmark; the stream is the scenario's own order.
 Real datasets stream in a seeded permutation of the dataset (the trial stores it with the run).
@@ -35,7 +39,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
                                        protocol_from_spec, stream_for_batch)
-from orchestrator.registry import method_card
+from orchestrator.registry import baseline_method, method_card
 from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -315,18 +319,30 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
     return out
 
 
-def _at_batch(source: DataSource, fields: dict, batch_size: int) -> tuple[DataSource, dict]:
+def _at_batch(source: DataSource, fields: dict, batch_size: int, stream_batch: int | None = None
+              ) -> tuple[DataSource, dict]:
     """A data source and its config fields for runs at `batch_size`: the size in the config (only when it is not
-    1, so every batch-1 run keeps its run_id) and a Dirichlet stream's slots from it (`stream_for_batch`)."""
-    if batch_size == 1:
-        return source, fields
-    fields = {**fields, "batch_size": batch_size}
-    if "stream" in fields:
-        stream = stream_for_batch(fields["stream"], batch_size)
+    1, so every batch-1 run keeps its run_id) and a Dirichlet stream's slots from `stream_batch` (default: the
+    batch size; `stream_for_batch`)."""
+    stream_batch = batch_size if stream_batch is None else stream_batch
+    if batch_size != 1:
+        fields = {**fields, "batch_size": batch_size}
+    if stream_batch != 1 and "stream" in fields:
+        stream = stream_for_batch(fields["stream"], stream_batch)
         if stream != fields["stream"]:
-            fields["stream"] = stream
+            fields = {**fields, "stream": stream}
             source = replace(source, stream=canonical_json(stream))
     return source, fields
+
+
+def _steps(spec: SweepSpec, entry: Any, sizes: list[int]) -> list[tuple[int, int]]:
+    """(batch size, batch size its stream is drawn for) of an entry's runs on a source whose entries run at
+    `sizes`: its own sizes; the zero-shot baseline (batch size 1) also reads the stream of every batch size
+    there, so a batch run's gain has its baseline on the same order (a Dirichlet order depends on it)."""
+    own = [(b, b) for b in spec.entry_batch_sizes(entry)]
+    if entry.method != baseline_method():
+        return own
+    return list(dict.fromkeys(own + [(1, b) for b in sizes]))
 
 
 def _others(protocol: Protocol) -> tuple[str, ...]:
@@ -422,12 +438,13 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
         groups = _entries_by_inputs(spec, dataset)
         for seed in spec.seeds:
             for (views, templates), entries in groups.items():
+                sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
                         axes = _axes(entry.method, None if plain_source.is_synthetic else plain_source.dataset,
                                      method_grid(entry))
-                        for batch_size in spec.entry_batch_sizes(entry):
-                            source, fields = _at_batch(plain_source, plain_fields, batch_size)
+                        for batch_size, stream_batch in _steps(spec, entry, sizes):
+                            source, fields = _at_batch(plain_source, plain_fields, batch_size, stream_batch)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields})
                             del base["hparams"]

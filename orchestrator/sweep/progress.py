@@ -305,5 +305,6 @@ def summary_table(results_dir: str, sweep: str) -> str:
     if table.empty:
         return "no finished runs to tabulate yet"
     buffer = io.StringIO()
-    wide_console(file=buffer).print(table.render())
+    rendered = table.render()
+    wide_console(file=buffer, fit=[rendered]).print(rendered)
     return buffer.getvalue().rstrip()

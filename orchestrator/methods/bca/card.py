@@ -46,23 +46,25 @@ _BCA_VIEWS = {"inputs": "either", "views_when": {"view_selection": ("adaptive",)
               "lockstep": "orchestrator.methods.bca.lockstep:run_bca_lockstep"}
 
 _BCA_SOURCE = "BCA, CVPR 2025 (paper Algorithm 1; public code's two thresholds)"
+# U [M, d], V [M, K], C1 and C2 [M], at M = K (CLIP holds the same, unadapted)
+_BCA_WORDS = "K*d + K*K + 2*K"
 
 CARDS = (
     MethodCard(
         "clip", "CLIP", 0, "clip", "nothing: softmax(logit_scale · U f) summed into the K classes",
-        "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"),
+        "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"), state_words=_BCA_WORDS,
         source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], samples_per_s=27783.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)",
         "orchestrator.methods.bca.method:LikelihoodAdaptation",
-        (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), source=_BCA_SOURCE,
+        (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS, source=_BCA_SOURCE,
         **_BCA_VIEWS, samples_per_s=25731.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca.method:PriorAdaptation",
-        (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"),
+        (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS,
         source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=22292.0, gpu_samples_per_s=36826.0),
     MethodCard(
         "bca", "BCA", 30, "bca", "both U and V (Algorithm 1)", "orchestrator.methods.bca.method:BCA",
         (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2",
-        state=("U", "V", "C1", "C2"), source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=19314.0, gpu_samples_per_s=36826.0),
+        state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS, source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=19314.0, gpu_samples_per_s=36826.0),
 )

@@ -17,6 +17,7 @@ CARDS = (
             LOGIT_SCALE,
         ),
         inputs='views', views='augmix', group_views={'ood': 'crops'}, view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
+        state_words='K*memory_size*d + K*memory_size + K*d + 2*K',  # memory, its entropies, prototypes, int64 counts
         source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference); views: dmn_main.py:419-420 AugMixAugmenter(n_views=batch_size - 1, augmix=len(set_id) > 1) with bs=32 (scripts/run.sh:12): 31 crops on ImageNet and its variants, 31 AugMix views on the cross-domain sets',
         lockstep="orchestrator.methods.dmn_zs.lockstep:run_dmn_lockstep", samples_per_s=325.0, gpu_samples_per_s=8658.0),
 )

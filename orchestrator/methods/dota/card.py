@@ -31,5 +31,7 @@ CARDS = (
         source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); views: utils.py:156-168 build_test_data_loader, 64 "
                "AugMix views on ImageNet-A/-V2/-R/-Sketch, the original view elsewhere",
         lockstep="orchestrator.methods.dota.lockstep:run_dota_lockstep", samples_per_s=5.0, gpu_samples_per_s=4664.0,
-        class_covariance=True),
+        # text, mu [K, d], scatter [K, d, d], the shared precision's factor and an identity [d, d], counts [K], two
+        # float64 scalars
+        state_words="K*d*d + 2*d*d + 2*K*d + K + 4"),
 )

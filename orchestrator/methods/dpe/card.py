@@ -23,6 +23,9 @@ CARDS = (
             HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
         ),
         inputs='views', views='augmix', view_scope='protocol', group_views={'ood': 'augmix'}, state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+        # prototypes and the cache mean [K, d], cache keys [K, shot, d] with their flat copy, its int64 classes and
+        # entropies, bool flags [K]
+        state_words='2*K*shot*d + 2*K*d + 3*K*shot + K/4',
         source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/; views: utils.py:201-210 build_test_data_loader gives ImageNet and its variants get_preprocess() (utils.py:177, 63 AugMix views + the original), the cross-domain sets the plain preprocess (utils.py:212-215)',
         lockstep="orchestrator.methods.dpe.lockstep:run_dpe_lockstep", samples_per_s=106.0, gpu_samples_per_s=5551.0),
 )

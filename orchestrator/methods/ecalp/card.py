@@ -18,5 +18,7 @@ CARDS = (
          HParam("iterations", "int", 3, "label-propagation iterations per sample", "count", low=1)),
         source="Yushu-Li/ECALP@96ddf0b (main.py, utils/iterative_label_propagation.py), zero-shot; one setting "
                "for every dataset",
-        samples_per_s=18.0, gpu_samples_per_s=295.0),
+        # per sample seen: its two d-vectors, k-NN list and text neighbours (similarities and int64 indices), a
+        # carried value and class; its buffers grow by doubling (up to twice this); the texts [K, d]
+        state_words="n*(2*d + 3*k_image + 3*k_text + 3) + K*d + d", samples_per_s=18.0, gpu_samples_per_s=295.0),
 )

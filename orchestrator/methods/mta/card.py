@@ -16,7 +16,7 @@ CARDS = (
                    low=0.0),
             LOGIT_SCALE,
         ),
-        inputs='views', views='crops', state=(),
+        inputs='views', views='crops', state=(), state_words='K*d',
         source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py; views: main.py:172-173 AugMixAugmenter(n_views=batch_size - 1, '
                'augmix=len(set_id) > 1 and args.tpt): crops on every dataset (AugMix only with --tpt)',
         # the official run embeds one prompt per class, "a photo of a {}." (main.py:113, 339; custom_clip.py:300-307)

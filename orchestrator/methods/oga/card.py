@@ -24,6 +24,9 @@ CARDS = (
                 "off by default)", "flag"),
          LOGIT_SCALE),
         state=("mus", "inv_sigma", "memory_filled", "memory_entropy"),
+        # memory [K, slots, d] with its entropies and bool fill flags, the inverse covariance [d, d], means and
+        # prototypes [K, d]
+        state_words="K*shot_capacity*d + 1.25*K*shot_capacity + d*d + 2*K*d",
         source="cfuchs2023/OGA@26b6010 (OGA/OGA_core.py GaussAdapt; runner.py: update_memory on the batch, then "
                "get_log_probs and get_MAP with simplex_p=True; main.py defaults: batch 32, shot_capacity 8, tau 0.05, "
                "RidgeMoorePenrose, normalize_mu False, the same for every dataset)",

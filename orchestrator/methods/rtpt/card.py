@@ -4,7 +4,7 @@ ensemble of the tuned views, reset every sample."""
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.methods.tpt.card import KEEP, LR, STEPS, TEXT
+from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
 from orchestrator.registry.card import HParam, MethodCard
 
 CARDS = (
@@ -22,7 +22,8 @@ CARDS = (
                 "the code's evident intent), code = similarities >= 1.0 (the code's literal mask, which keeps a view's "
                 "own similarity wherever rounding puts it below 1)", "choice", choices=("self", "code")),
          LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT, gpu_samples_per_s=1.93,
+        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT, state_words=PROMPT_WORDS,
+        gpu_samples_per_s=1.93,
         source="TomSheng21/R-TPT@961483d rtpt.py (test_time_tuning, entropy_avg, get_top_sim, test_time_adapt_eval); "
                "views: AugMixAugmenter(n_views=batch_size - 1, augmix=len(dset) > 1): crops on ImageNet and its "
                "variants, AugMix on the cross-domain sets",

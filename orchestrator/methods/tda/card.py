@@ -29,6 +29,9 @@ _TDA = (
     LOGIT_SCALE,
 )
 TDA_STATE = ("pos_keys", "pos_entropy", "neg_keys", "neg_entropy", "neg_values")
+# each cache: keys [K, shot, d] and their flat copy [K shot, d] with its int64 classes, entropies [K, shot]; the
+# negative one also values [K, shot, K] and their flat copy
+TDA_WORDS = "2*K*(pos_shot + neg_shot)*d + 3*K*(pos_shot + neg_shot) + 2*K*neg_shot*K"
 _TDA_SOURCE = ("kdiAAA/TDA@e697fb0 (tda_runner.py, utils.py, configs/); views: utils.py:127-139 "
                "build_test_data_loader, get_ood_preprocess() (utils.py:94-103, 63 AugMix views) on ImageNet-A/-V2/-R/-Sketch")
 
@@ -42,9 +45,10 @@ FAMILY = "tda"  # the chart colour family of TDA and the methods built on its ca
 CARDS = (
     MethodCard(
         "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", (*_TDA, _STATE_DTYPE),
-        state=TDA_STATE, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0, gpu_samples_per_s=19119.0),
+        state=TDA_STATE, state_words=TDA_WORDS, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0, gpu_samples_per_s=19119.0),
     MethodCard(
         "tda_pa", "TDA+PA", 50, FAMILY, "TDA's caches + BCA's prior", "orchestrator.methods.tda.method:TDAWithPrior",
         (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*TDA_STATE, "V", "C2"),
+        state_words=TDA_WORDS + " + K*K + K",
         source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=1471.0, gpu_samples_per_s=12071.0),
 )

@@ -29,7 +29,8 @@ CARDS = (
         (HParam("mu_init", "str", "text", "initial class means: text (the text embeddings, StatA's solver) or "
                 "confident (each class's 8 most confident samples, TransCLIP's own code)", "choice",
                 choices=("text", "confident")), *TRANSDUCTIVE),
-        state=(), batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW, samples_per_s=138.0, gpu_samples_per_s=8012.0,
+        state=(), state_words='K*d', batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW, samples_per_s=138.0,
+        gpu_samples_per_s=8012.0,
         source="MaxZanella/StatA@eea8637 solvers/TransCLIP.py, main.py get_hp (as StatA compares it; "
                "MaxZanella/transduction-for-vlms@6a9e8f3 TransCLIP_solver is the original, means from confident "
                "samples)"),
