@@ -237,3 +237,21 @@ def test_a_damaged_manifest_is_named(tmp_path):
     schema.manifest_file(tmp_path).write_text(json.dumps({"format": 99}))
     result = CliRunner().invoke(app, ["compact", str(tmp_path)])
     assert result.exit_code == 2 and "manifest.json" in result.output and "format" in result.output
+
+
+def test_paired_view_mixes_materialised_and_row_pairings_exactly(tmp_path):
+    """Pairings materialised at compaction, of a run compacted before its baseline existed, and of a live run
+    against a compacted baseline: the paired view equals paired_against (every pair from the rows)."""
+    for seed in (1, 2):
+        write_fake_run(tmp_path, _config(seed, method="clip"), n=80)
+        write_fake_run(tmp_path, _config(seed), n=80)
+    write_fake_run(tmp_path, _config(3), n=80)  # compacted before its CLIP run is written
+    store.compact(tmp_path)
+    write_fake_run(tmp_path, _config(3, method="clip"), n=80)
+    write_fake_run(tmp_path, _config(1, hparams={"tau": 0.5, "n1": 30000, "n2": 10}), n=80)  # live, CLIP compacted
+    with ResultsDB(tmp_path) as db:
+        unpaired = db.df("SELECT run_id FROM unpaired_pairs")["run_id"]
+        view = db.df("SELECT * FROM paired ORDER BY run_id")
+        rows = db.df("SELECT * EXCLUDE (baseline) FROM paired_against('clip') ORDER BY run_id")
+    assert len(unpaired) == 2 and len(view) == 4
+    pd.testing.assert_frame_equal(view.drop(columns="baseline"), rows, check_dtype=False)

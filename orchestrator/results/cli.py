@@ -12,12 +12,15 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from orchestrator.results import schema
 from orchestrator.results.metrics import RUN_METRICS
+
+if TYPE_CHECKING:
+    from orchestrator.results.db import ResultsDB
 
 # Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
 REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
@@ -171,22 +174,20 @@ def report_cmd(
             if sweep:
                 raise typer.Exit(1)
             return
+        versions = _dataset_versions(db, sweep)
     for table in tables:
         console.print(table.render())
-    for line in _dataset_versions(results, sweep):
+    for line in versions:
         _err(f"warning: {line}")
 
 
-def _dataset_versions(results: Path, sweep: str | None) -> list[str]:
+def _dataset_versions(db: ResultsDB, sweep: str | None) -> list[str]:
     """A line per dataset whose finished runs were made on different versions of its image list (images added or
     removed between runs): their numbers are not comparable."""
-    from orchestrator.results.db import ResultsDB
-
     where = " AND sweep = $sweep" if sweep is not None else ""
     sql = ("SELECT dataset, data_fingerprint, count(*) AS n, min(run_id) AS example FROM runs WHERE status = "
            f"'finished' AND data_fingerprint IS NOT NULL{where} GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2")
-    with ResultsDB(results) as db:
-        rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
+    rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
     by_dataset: dict[str, list[dict]] = {}
     for row in rows:
         by_dataset.setdefault(row["dataset"], []).append(row)

@@ -85,6 +85,8 @@ _LIVE_SAMPLES = "live_samples"
 _COMPUTE_ROWS = "metrics_rows"
 _RUN_METRICS = "run_metrics"
 _MATERIALISED_PAIRS = "materialised_pairs"
+_UNPAIRED = "unpaired_pairs"
+_LITERAL_IDS = 5000
 _STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
 
@@ -209,7 +211,7 @@ class ResultsDB:
             key = (catalog.stamp, tuple(seg.id for seg in segments), bool(s_good) if use_glob else tuple(s_good),
                    tuple(sorted(s_cols)), tuple((path, stamp) for path, stamp, _ in rows))
             if key != self._key:
-                self._build_compacted(catalog, segments)
+                self._build_compacted(segments)
                 self._build_runs([table for _, _, table in rows], segments)
                 self._build_samples(s_good, use_glob, s_cols, segments)
                 self._build_metrics(segments)
@@ -217,26 +219,29 @@ class ResultsDB:
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 baseline = _sql_str(registry.baseline_method())
                 self._con.execute(_PAIRED_SQL)
-                self._con.execute(_paired_sql(baseline, _MATERIALISED_PAIRS if self._fresh else None))
+                self._con.execute(_paired_sql(baseline, self._unpaired(segments, baseline)))
                 self._con.execute(_GAINS_SQL)
                 self._con.execute(_summary_sql(hparams))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())
             return self.bad_files
 
-    def _build_compacted(self, catalog: store.Catalog, segments: list[store.Segment]) -> None:
-        """_compacted: the runs the segments hold (their live files, if any are left, are not read)."""
-        held = {seg.id for seg in segments}
-        ids = [(run_id, seg) for run_id, (seg, _n) in catalog.compacted().items()]
-        table = pa.table({"run_id": pa.array([r for r, _ in ids], pa.string()),
-                          "segment": pa.array([g for _, g in ids], pa.string())})
-        self._con.register("compacted_arrow", table)
+    def _build_compacted(self, segments: list[store.Segment]) -> None:
+        """_compacted: the runs the good segments hold (their live files, if any are left, are not read; a bad
+        segment's runs are in no view). Read by DuckDB from the segments' runs files: a study's 10^5 run ids never
+        pass through Python objects on open."""
+        if not segments:
+            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} (run_id VARCHAR, segment VARCHAR)")
+            return
+        where = pa.table({"filename": [str(seg.path(self.results_dir, "runs")) for seg in segments],
+                          "segment": [seg.id for seg in segments]})
+        self._con.register("segment_names", where)
         try:
-            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT * FROM compacted_arrow")
+            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT r.run_id, n.segment FROM "
+                              f"read_parquet([{', '.join(_sql_str(f) for f in where.column('filename').to_pylist())}],"
+                              f" filename = true) r JOIN segment_names n USING (filename)")
         finally:
-            self._con.unregister("compacted_arrow")
-        if held != {seg.id for seg in catalog.segments}:  # a bad segment: its runs are in no view
-            self._con.execute(f"DELETE FROM {_COMPACTED} WHERE segment NOT IN ({', '.join(map(_sql_str, held)) or 'NULL'})")
+            self._con.unregister("segment_names")
 
     def _segment_source(self, segments: list[store.Segment], kind: str) -> str:
         paths = ", ".join(_sql_str(str(seg.path(self.results_dir, kind))) for seg in segments)
@@ -304,6 +309,27 @@ class ResultsDB:
             computed = (f"SELECT {wanted} FROM {self._segment_source(fresh, 'metrics')} "
                         f"UNION ALL BY NAME {computed}")
         self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_METRICS} AS {computed}")
+
+    def _unpaired(self, segments: list[store.Segment], baseline: str) -> list[str] | None:
+        """The pairs (run_id, baseline_run) whose counts the paired view computes from the rows: those of runs with no
+        materialised pairing (live runs, runs compacted before their baseline, segments written before pairing was
+        materialised), kept in a small table; None when no segment materialised pairings (every pair from the
+        rows). Returns the run ids whose rows those pairs read (the runs and their baselines)."""
+        if not self._fresh:
+            return None
+        live = f"SELECT run_id, method FROM {_RUNS_TABLE} WHERE run_id NOT IN (SELECT run_id FROM {_COMPACTED})"
+        ids = (f"SELECT run_id, method FROM {self._segment_source(segments, 'runs')} UNION ALL {live}"
+               if segments else live)
+        self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} AS SELECT run_id FROM ({ids}) WHERE method <> "
+                          f"{baseline} AND run_id NOT IN (SELECT run_id FROM {_MATERIALISED_PAIRS})")
+        if self._con.execute(f"SELECT count(*) FROM {_UNPAIRED}").fetchone()[0]:
+            among = f"(SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM {_UNPAIRED}))"
+            self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} AS "
+                              f"{baseline_pairs_sql('runs', baseline, among)}")
+        else:
+            self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} (run_id VARCHAR, baseline_run VARCHAR)")
+        rows = self._con.execute(f"SELECT run_id, baseline_run FROM {_UNPAIRED}").fetchall()
+        return sorted({r for row in rows for r in row})
 
     def _build_runs(self, tables: list[pa.Table], segments: list[store.Segment]) -> None:
         """runs = the segments' runs files and the live rows (one small file per run, kept in an in-memory table)
@@ -511,14 +537,21 @@ _PAIRED_SQL = ("CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE
                                                   "samples"), "baseline_method"))
 
 
-def _paired_sql(baseline: str, materialised: str | None) -> str:
-    """paired: materialised by compaction where its baseline was compacted then, else computed from the rows."""
-    pairs = f"({baseline_pairs_sql('runs', baseline)})"
-    counts = paired_rows_sql(pairs, "samples", "samples")
-    if materialised is not None:
+def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
+    """paired: materialised by compaction where its baseline was compacted then; the other pairs (_UNPAIRED, over
+    the rows of the runs `unpaired` names: a literal list, so only their row groups are read) from the rows; every
+    pair from the rows when `unpaired` is None (no materialised pairing)."""
+    if unpaired is None:
+        counts = paired_rows_sql(f"({baseline_pairs_sql('runs', baseline)})", "samples", "samples")
+    else:
         cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
-        rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
-        counts = f"SELECT {cols} FROM {materialised} UNION ALL BY NAME {paired_rows_sql(rest, 'samples', 'samples')}"
+        counts = f"SELECT {cols} FROM {_MATERIALISED_PAIRS}"
+        if unpaired:
+            # a literal list prunes row groups; past a few thousand runs binding it costs more than it saves
+            ids = (", ".join(map(_sql_str, unpaired)) if len(unpaired) <= _LITERAL_IDS
+                   else f"SELECT run_id FROM {_UNPAIRED} UNION ALL SELECT baseline_run FROM {_UNPAIRED}")
+            rows = f"(SELECT * FROM samples WHERE run_id IN ({ids}))"
+            counts += f" UNION ALL BY NAME {paired_rows_sql(_UNPAIRED, rows, rows)}"
     return f"CREATE OR REPLACE VIEW paired AS {paired_statistics_sql(counts, baseline)}"
 
 
