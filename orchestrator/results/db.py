@@ -86,6 +86,8 @@ _COMPUTE_ROWS = "metrics_rows"
 _RUN_METRICS = "run_metrics"
 _MATERIALISED_PAIRS = "materialised_pairs"
 _UNPAIRED = "unpaired_pairs"
+# Each compacted run's curve as compaction materialised it (run_curves_sql), for the dashboard's stream curves.
+_RUN_CURVES = "run_curves"
 _LITERAL_IDS = 5000
 _STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
@@ -122,6 +124,7 @@ class ResultsDB:
         self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
+        self._used_hparams: tuple[tuple | None, list[str]] | None = None
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -175,6 +178,20 @@ class ResultsDB:
     def hparam_names(self) -> list[str]:
         """The runs view's hyperparameter columns: every registered method's, then those only the files carry."""
         return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
+
+    @property
+    def used_hparam_names(self) -> list[str]:
+        """hparam_names less those NULL in every run (the hparams of methods not run here): what a frame of every
+        run needs (tens of empty columns over 10^5 runs cost seconds in pandas); the views keep them all. Found
+        once per version of the views."""
+        with self._lock:
+            self.refresh()
+            if self._used_hparams is None or self._used_hparams[0] != self._key:
+                names = self.hparam_names
+                counts = self._con.execute("SELECT " + ", ".join(f"count({_ident(h)})" for h in names)
+                                           + " FROM runs").fetchone() if names else ()
+                self._used_hparams = (self._key, [h for h, n in zip(names, counts) if n])
+            return list(self._used_hparams[1])
 
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files. A file
@@ -292,9 +309,16 @@ class ResultsDB:
     def _build_metrics(self, segments: list[store.Segment]) -> None:
         """The per-run metrics: materialised by compaction, except for segments written before a metric existed
         (computed from their rows here, as for live runs)."""
-        fresh = [seg for seg in segments if set(seg.metrics_columns) == set(SEGMENT_METRICS_COLUMNS)]
+        fresh = [seg for seg in segments if set(MATERIALISED_METRICS) <= set(seg.metrics_columns)]
         stale = [seg for seg in segments if seg not in fresh]
         self._fresh = bool(fresh)
+        curved = [seg for seg in segments if set(SEGMENT_METRICS_COLUMNS) <= set(seg.metrics_columns)]
+        cols = ", ".join(map(_ident, ("run_id", "s_backbone", "s_dataset", *CURVE_COLUMNS)))
+        self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_CURVES} AS SELECT {cols} FROM "
+                          + (self._segment_source(curved, "metrics") if curved else
+                             "(SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS s_backbone, NULL::VARCHAR AS s_dataset, "
+                             "NULL::BIGINT AS curve_window, NULL::BIGINT[] AS curve_win, NULL::BIGINT[] AS curve_n, "
+                             "NULL::BIGINT[] AS curve_k) WHERE false"))
         if fresh:
             cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
             self._con.execute(f"CREATE OR REPLACE VIEW {_MATERIALISED_PAIRS} AS SELECT {cols} FROM "
@@ -513,8 +537,55 @@ GROUP BY ALL"""
 
 
 PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
-# A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
-SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+
+# A run's stream curve: accuracy per window of stream positions, about CURVE_POINTS windows over the run.
+CURVE_POINTS = 25
+
+
+def curve_window(rows: int) -> int:
+    """The window giving about CURVE_POINTS points over `rows` stream positions (the dashboard's default, and the
+    window compaction materialises each run's curve at)."""
+    return max(1, -(-int(rows) // CURVE_POINTS))
+
+
+def window_counts_sql(samples: str, window: str) -> str:
+    """(run_id, win, n, k) of each run in `samples`: rows and correct predictions per window of `window` stream
+    positions (a SQL expression, per run or constant). The one definition of a curve's counts."""
+    return f"""
+SELECT s.run_id, s.sample_idx // {window} AS win, count(*) AS n, sum(s.correct::INTEGER)::BIGINT AS k
+FROM {samples} s GROUP BY ALL"""
+
+
+def curve_points_sql(counts: str) -> str:
+    """Cumulative and windowed accuracy (in %) at each window's end of `counts` (window_counts_sql's columns)."""
+    return f"""
+SELECT run_id, win,
+       sum(n) OVER w AS position,
+       100.0 * sum(k) OVER w / sum(n) OVER w AS cumulative,
+       100.0 * k / n AS windowed
+FROM ({counts})
+WINDOW w AS (PARTITION BY run_id ORDER BY win ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+ORDER BY run_id, win"""
+
+
+def run_curves_sql(samples: str) -> str:
+    """Per run of `samples`: its curve's counts at curve_window(its rows), as lists by window (materialised by
+    compaction; recomputed by `bca verify`)."""
+    return f"""
+WITH w AS (SELECT run_id, greatest(1, ceil(count(*) / {CURVE_POINTS}))::BIGINT AS curve_window
+           FROM {samples} GROUP BY run_id),
+c AS ({window_counts_sql(f"(SELECT s.*, w.curve_window FROM {samples} s JOIN w USING (run_id))", "s.curve_window")})
+SELECT run_id, any_value(w.curve_window) AS curve_window, list(win ORDER BY win) AS curve_win,
+       list(n ORDER BY win) AS curve_n, list(k ORDER BY win) AS curve_k
+FROM c JOIN w USING (run_id) GROUP BY run_id"""
+
+
+CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
+# What compaction materialises besides the curve, and a segment's whole metrics file (run_id, the per-run metrics,
+# the run's pairing against its baseline, its curve). A segment written before the curves existed gets them on
+# the next `compact` (store.compact); until then its runs' curves are read from their rows.
+MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS)
 
 
 def paired_statistics_sql(counts: str, baseline: str) -> str:
