@@ -317,3 +317,15 @@ def test_older_segments_get_curves_and_verify_recomputes_them(tmp_path):
     problems = verify_results(tmp_path).problems
     assert [p.kind for p in problems] == ["stale_metrics"] and "stream curve" in problems[0].detail
     assert "window(s) [3]" in problems[0].detail
+
+
+def test_bca_report_prints_the_same_numbers_from_aggregates_as_from_rows(tmp_path):
+    """Before compaction every number of `bca report` comes from the rows; after it, from the materialised per-run
+    metrics and pairings (a live run beside them still from its rows): the printed report is the same."""
+    _mixed_results(tmp_path)
+    runner = CliRunner()
+    before = runner.invoke(app, ["report", "--results", str(tmp_path)])
+    store.compact(tmp_path)
+    after = runner.invoke(app, ["report", "--results", str(tmp_path)])
+    assert before.exit_code == after.exit_code == 0
+    assert "Δ CLIP" in before.stdout and before.stdout == after.stdout
