@@ -115,9 +115,9 @@ def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
     """One row per run that has samples: the accuracy view plus every runs-view column it does not carry (costs,
     error, and any metric column added to the runs table), so new metric columns reach the dashboard as they are
     added to either view."""
-    carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
+    carried = set(db.columns("accuracy"))
     unused = [h for h in db.hparam_names if h not in set(hparam_columns(db)) and h in carried]
-    extra = [c for c in db.df("SELECT * FROM runs LIMIT 0").columns
+    extra = [c for c in db.columns("runs")
              if c not in carried and c not in _HEAVY and c not in unused]
     columns = "".join(f', r."{c}"' for c in extra)
     exclude = f" EXCLUDE ({', '.join(map(_quoted, unused))})" if unused else ""

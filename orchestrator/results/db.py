@@ -125,6 +125,7 @@ class ResultsDB:
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
         self._used_hparams: tuple[tuple | None, list[str]] | None = None
+        self._columns: dict[str, tuple[tuple | None, list[str]]] = {}
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -178,6 +179,17 @@ class ResultsDB:
     def hparam_names(self) -> list[str]:
         """The runs view's hyperparameter columns: every registered method's, then those only the files carry."""
         return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
+
+    def columns(self, view: str) -> list[str]:
+        """A view's column names (one of VIEWS), found once per version of the views."""
+        if view not in VIEWS:
+            raise ValueError(f"columns: expected one of the views {', '.join(VIEWS)}, got {view!r}")
+        with self._lock:
+            self.refresh()
+            if self._columns.get(view, (None,))[0] != self._key:
+                names = self._run(lambda cur: [d[0] for d in cur.execute(f"SELECT * FROM {view} LIMIT 0").description])
+                self._columns[view] = (self._key, names)
+            return list(self._columns[view][1])
 
     @property
     def used_hparam_names(self) -> list[str]:

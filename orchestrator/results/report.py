@@ -121,12 +121,12 @@ def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     where = " WHERE sweep = $sweep" if sweep is not None else ""
     params = {"sweep": sweep} if sweep is not None else None
     extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
-    accuracy = db.df("SELECT * FROM accuracy LIMIT 0").columns
+    accuracy = db.columns("accuracy")
     used = set(db.used_hparam_names)
     # hparams no run has (other methods'): left out, as empty columns of 10^5 runs cost seconds in pandas
     unused = [c for c in db.hparam_names if c not in used and c in accuracy]
     carried = set(accuracy) - set(unused)
-    bare = ", ".join(f'"{c}"' for c in db.df("SELECT * FROM runs LIMIT 0").columns
+    bare = ", ".join(f'"{c}"' for c in db.columns("runs")
                      if c in carried and c not in METRICS and c not in ("n_ood", "n_rows", "n_distinct", "complete"))
     exclude = " EXCLUDE (" + ", ".join(f'"{c}"' for c in unused) + ")" if unused else ""
     return db.df(f"""
