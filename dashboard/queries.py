@@ -116,7 +116,8 @@ def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
     error, and any metric column added to the runs table), so new metric columns reach the dashboard as they are
     added to either view."""
     carried = set(db.columns("accuracy"))
-    unused = [h for h in db.hparam_names if h not in set(hparam_columns(db)) and h in carried]
+    used = set(hparam_columns(db))
+    unused = [h for h in db.hparam_names if h not in used and h in carried]
     extra = [c for c in db.columns("runs")
              if c not in carried and c not in _HEAVY and c not in unused]
     columns = "".join(f', r."{c}"' for c in extra)
@@ -194,7 +195,7 @@ def online_curves(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset:
     far) and windowed (the window alone), both in %. One row per (run, window); aggregated in DuckDB. When every
     run is compacted and `window` is the one its curve was materialised at (the default for runs of one length),
     read from those few points per run; else from the rows of these runs only (the same SQL over the same counts,
-    tests/test_dashboard_units.py)."""
+    tests/test_results_store.py)."""
     params = {"backbone": backbone, "dataset": dataset, "window": int(window)}
     ids = sorted(set(run_ids))
     where = f"s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window AND {_runs_filter(ids)}"
