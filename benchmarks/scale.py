@@ -11,7 +11,8 @@ trials cost with and without automatic packing.
    of BCA runs, K = 1000), not copied. Each run also gets `bca verify`-checkable metrics.
 2. Reads, each in a fresh process (its time, and its peak resident memory): open (ResultsDB()), a count over
    samples, aggregates over the accuracy and summary views, `bca report` end to end, the dashboard's first page
-   and one run's page (Streamlit AppTest).
+   and one run's page (Streamlit AppTest: the page's script run in a fresh process, its imports of the dashboard
+   and orchestrator included, streamlit's own import not, as a running `bca dashboard` has it loaded).
 3. Sweeps: a `--sweep-runs` grid of 300-sample synthetic runs with the spec's defaults (`pack: auto`), end to
    end (`bca sweep`, Ray's start included), and `--unpacked-runs` of the same grid with `pack: 1`; per-run
    wall time of each, and Tune's state per run.
@@ -173,7 +174,7 @@ def _measure(kind: str, root: str) -> dict:
                 run = db.sql("SELECT run_id FROM runs WHERE method = 'bca' LIMIT 1").to_pylist()[0]["run_id"]
             at.query_params["page"] = "Run"
             at.query_params["run"] = run
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()  # a page's time: the script run (the dashboard's imports and queries included)
         at.run()
         out["seconds"] = time.perf_counter() - t0
         out["errors"] = [str(e.value)[:200] for e in at.exception]

@@ -18,7 +18,7 @@ import pandas as pd
 
 from orchestrator import registry
 from orchestrator.results import evidence, report
-from orchestrator.results.db import ResultsDB
+from orchestrator.results.db import CURVE_POINTS, ResultsDB, curve_points_sql, curve_window, window_counts_sql
 from orchestrator.results.metrics import worst_count
 from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
 
@@ -92,7 +92,7 @@ def _clean(value: Any) -> Any:
 
 def run_table(db: ResultsDB) -> pd.DataFrame:
     """Every run of the runs table (also those with no samples yet): the listing's columns and every hparam."""
-    columns = ", ".join(f'"{c}"' for c in (*LISTING_COLUMNS, *db.hparam_names))
+    columns = ", ".join(f'"{c}"' for c in (*LISTING_COLUMNS, *hparam_columns(db)))
     return db.df(f"SELECT {columns} FROM runs ORDER BY updated_at DESC NULLS LAST, run_id")
 
 
@@ -115,10 +115,14 @@ def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
     """One row per run that has samples: the accuracy view plus every runs-view column it does not carry (costs,
     error, and any metric column added to the runs table), so new metric columns reach the dashboard as they are
     added to either view."""
-    carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
-    extra = [c for c in db.df("SELECT * FROM runs LIMIT 0").columns if c not in carried and c not in _HEAVY]
+    carried = set(db.columns("accuracy"))
+    used = set(hparam_columns(db))
+    unused = [h for h in db.hparam_names if h not in used and h in carried]
+    extra = [c for c in db.columns("runs")
+             if c not in carried and c not in _HEAVY and c not in unused]
     columns = "".join(f', r."{c}"' for c in extra)
-    return db.df(f"SELECT a.*{columns}, p.helped, p.hurt FROM accuracy a LEFT JOIN runs r USING (run_id) "
+    exclude = f" EXCLUDE ({', '.join(map(_quoted, unused))})" if unused else ""
+    return db.df(f"SELECT a.*{exclude}{columns}, p.helped, p.hurt FROM accuracy a LEFT JOIN runs r USING (run_id) "
                  "LEFT JOIN paired p USING (run_id) ORDER BY a.backbone, a.dataset, a.method, a.run_id")
 
 
@@ -136,7 +140,12 @@ def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def hparam_columns(db: ResultsDB) -> list[str]:
-    return db.hparam_names
+    """The hyperparameters some run has a value of (the frames above carry only these)."""
+    return db.used_hparam_names
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def series_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> pd.Series:
@@ -183,29 +192,26 @@ def _runs_filter(run_ids: Sequence[str]) -> str:
 # -------------------------------------------------------------------------------------- stream curves
 def online_curves(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset: str, window: int) -> pd.DataFrame:
     """Accuracy against stream position per run, in windows of `window` samples: cumulative (all samples so
-    far) and windowed (the window alone), both in %. One row per (run, window); aggregated in DuckDB, reading
-    the backbone/dataset partitions only."""
+    far) and windowed (the window alone), both in %. One row per (run, window); aggregated in DuckDB. When every
+    run is compacted and `window` is the one its curve was materialised at (the default for runs of one length),
+    read from those few points per run; else from the rows of these runs only (the same SQL over the same counts,
+    tests/test_results_store.py)."""
     params = {"backbone": backbone, "dataset": dataset, "window": int(window)}
-    return db.df(f"""
-WITH win AS (
-    SELECT run_id, sample_idx // $window AS win, count(*) AS n, sum(correct::INTEGER) AS k
-    FROM samples
-    WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(run_ids)}
-    GROUP BY ALL
-)
-SELECT run_id, win,
-       sum(n) OVER w AS position,
-       100.0 * sum(k) OVER w / sum(n) OVER w AS cumulative,
-       100.0 * k / n AS windowed
-FROM win
-WINDOW w AS (PARTITION BY run_id ORDER BY win ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-ORDER BY run_id, win
-""", params)
+    ids = sorted(set(run_ids))
+    where = f"s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window AND {_runs_filter(ids)}"
+    have = db.sql(f"SELECT count(*) AS n FROM run_curves WHERE {where}", params).to_pylist()[0]["n"]
+    if ids and have == len(ids):
+        counts = (f"SELECT run_id, unnest(curve_win) AS win, unnest(curve_n) AS n, unnest(curve_k) AS k "
+                  f"FROM run_curves WHERE {where}")
+    else:
+        rows = f"(SELECT * FROM samples WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(ids)})"
+        counts = window_counts_sql(rows, "$window")
+    return db.df(curve_points_sql(counts), params)
 
 
-def default_window(max_rows: int, points: int = 25) -> int:
-    """A window giving about `points` points per curve."""
-    return max(1, int(np.ceil(max_rows / points)))
+def default_window(max_rows: int, points: int = CURVE_POINTS) -> int:
+    """A window giving about `points` points per curve (at the default, the window compaction materialises)."""
+    return curve_window(max_rows) if points == CURVE_POINTS else max(1, int(np.ceil(max_rows / points)))
 
 
 # ---------------------------------------------------------------------------------------- per class

@@ -237,3 +237,95 @@ def test_a_damaged_manifest_is_named(tmp_path):
     schema.manifest_file(tmp_path).write_text(json.dumps({"format": 99}))
     result = CliRunner().invoke(app, ["compact", str(tmp_path)])
     assert result.exit_code == 2 and "manifest.json" in result.output and "format" in result.output
+
+
+def test_paired_view_mixes_materialised_and_row_pairings_exactly(tmp_path):
+    """Pairings materialised at compaction, of a run compacted before its baseline existed, and of a live run
+    against a compacted baseline: the paired view equals paired_against (every pair from the rows)."""
+    for seed in (1, 2):
+        write_fake_run(tmp_path, _config(seed, method="clip"), n=80)
+        write_fake_run(tmp_path, _config(seed), n=80)
+    write_fake_run(tmp_path, _config(3), n=80)  # compacted before its CLIP run is written
+    store.compact(tmp_path)
+    write_fake_run(tmp_path, _config(3, method="clip"), n=80)
+    write_fake_run(tmp_path, _config(1, hparams={"tau": 0.5, "n1": 30000, "n2": 10}), n=80)  # live, CLIP compacted
+    with ResultsDB(tmp_path) as db:
+        unpaired = db.df("SELECT run_id FROM unpaired_pairs")["run_id"]
+        view = db.df("SELECT * FROM paired ORDER BY run_id")
+        rows = db.df("SELECT * EXCLUDE (baseline) FROM paired_against('clip') ORDER BY run_id")
+    assert len(unpaired) == 2 and len(view) == 4
+    pd.testing.assert_frame_equal(view.drop(columns="baseline"), rows, check_dtype=False)
+
+
+def _curves(root, window=None, extra=()):
+    from dashboard import queries
+
+    with ResultsDB(root) as db:
+        runs = db.df("SELECT run_id, n_rows FROM accuracy WHERE backbone = 'RN50' AND dataset = 'imagenet'")
+        ids = [*runs["run_id"], *extra]
+        window = window or queries.default_window(int(runs["n_rows"].max()))
+        return queries.online_curves(db, ids, "RN50", "imagenet", window), db.df("SELECT * FROM run_curves")
+
+
+def test_stream_curves_read_from_compaction_equal_those_from_the_rows(tmp_path):
+    """The dashboard's stream curves: from the points compaction materialised when every shown run is compacted
+    at the default window; from the rows otherwise (another window, a live run among them): the same numbers."""
+    for seed in (1, 2, 3):
+        write_fake_run(tmp_path, _config(seed, method="clip"), n=137)
+        write_fake_run(tmp_path, _config(seed), n=137, accuracy=0.8)
+    rows, _ = _curves(tmp_path)
+    rows7, _ = _curves(tmp_path, window=7)
+    store.compact(tmp_path)
+    compacted, materialised = _curves(tmp_path)
+    assert len(materialised) == 6 and set(materialised["curve_window"]) == {6}  # ceil(137 / 25)
+    assert len(compacted) == 6 * 23 and not compacted.empty
+    pd.testing.assert_frame_equal(rows, compacted)
+    pd.testing.assert_frame_equal(rows7, _curves(tmp_path, window=7)[0])
+    live = write_fake_run(tmp_path, _config(4), n=137)
+    mixed, _ = _curves(tmp_path)
+    pd.testing.assert_frame_equal(mixed[mixed["run_id"] != live.run_id].reset_index(drop=True), rows)
+    assert verify_results(tmp_path).ok
+
+
+def test_older_segments_get_curves_and_verify_recomputes_them(tmp_path):
+    make_fake_results(tmp_path, seeds=(1, 2))
+    rows, _ = _curves(tmp_path)
+    store.compact(tmp_path)
+    # a segment as written before curves were materialised: its metrics file and manifest entry without them
+    manifest = schema.manifest_file(tmp_path)
+    data = json.loads(manifest.read_text())
+    seg = store.load_catalog(tmp_path).segments[0]
+    path = seg.path(tmp_path, "metrics")
+    pq.write_table(pq.read_table(path).drop_columns(["curve_window", "curve_win", "curve_n", "curve_k"]), path)
+    for entry in data["segments"]:
+        entry["metrics_columns"] = [c for c in entry["metrics_columns"] if not c.startswith("curve_")]
+    manifest.write_text(json.dumps(data))
+    before, materialised = _curves(tmp_path)
+    assert materialised.empty
+    pd.testing.assert_frame_equal(rows, before)
+    assert store.compact(tmp_path).curves_added == 1
+    after, materialised = _curves(tmp_path)
+    assert len(materialised) == 4  # make_fake_results' four runs of seeds 1 and 2
+    pd.testing.assert_frame_equal(rows, after)
+    assert verify_results(tmp_path).ok
+    # a tampered curve is named
+    table = pq.read_table(path)
+    k = table.column("curve_k").to_pylist()
+    k[0][3] += 1
+    pq.write_table(table.set_column(table.schema.get_field_index("curve_k"), "curve_k",
+                                    pa.array(k, table.schema.field("curve_k").type)), path)
+    problems = verify_results(tmp_path).problems
+    assert [p.kind for p in problems] == ["stale_metrics"] and "stream curve" in problems[0].detail
+    assert "window(s) [3]" in problems[0].detail
+
+
+def test_bca_report_prints_the_same_numbers_from_aggregates_as_from_rows(tmp_path):
+    """Before compaction every number of `bca report` comes from the rows; after it, from the materialised per-run
+    metrics and pairings (a live run beside them still from its rows): the printed report is the same."""
+    _mixed_results(tmp_path)
+    runner = CliRunner()
+    before = runner.invoke(app, ["report", "--results", str(tmp_path)])
+    store.compact(tmp_path)
+    after = runner.invoke(app, ["report", "--results", str(tmp_path)])
+    assert before.exit_code == after.exit_code == 0
+    assert "Δ CLIP" in before.stdout and before.stdout == after.stdout

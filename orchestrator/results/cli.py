@@ -12,12 +12,15 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from orchestrator.results import schema
 from orchestrator.results.metrics import RUN_METRICS
+
+if TYPE_CHECKING:
+    from orchestrator.results.db import ResultsDB
 
 # Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
 REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
@@ -170,24 +173,22 @@ def report_cmd(
             if sweep:
                 raise typer.Exit(1)
             return
+        versions = _dataset_versions(db, sweep)
     rendered = [table.render() for table in tables]
     console = wide_console(fit=rendered)
     for table in rendered:
         console.print(table)
-    for line in _dataset_versions(results, sweep):
+    for line in versions:
         _err(f"warning: {line}")
 
 
-def _dataset_versions(results: Path, sweep: str | None) -> list[str]:
+def _dataset_versions(db: ResultsDB, sweep: str | None) -> list[str]:
     """A line per dataset whose finished runs were made on different versions of its image list (images added or
     removed between runs): their numbers are not comparable."""
-    from orchestrator.results.db import ResultsDB
-
     where = " AND sweep = $sweep" if sweep is not None else ""
     sql = ("SELECT dataset, data_fingerprint, count(*) AS n, min(run_id) AS example FROM runs WHERE status = "
            f"'finished' AND data_fingerprint IS NOT NULL{where} GROUP BY 1, 2 ORDER BY 1, 3 DESC, 2")
-    with ResultsDB(results) as db:
-        rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
+    rows = db.sql(sql, {"sweep": sweep} if sweep is not None else None).to_pylist()
     by_dataset: dict[str, list[dict]] = {}
     for row in rows:
         by_dataset.setdefault(row["dataset"], []).append(row)
@@ -241,6 +242,7 @@ def compact_cmd(
         raise typer.Exit(2)
     print(f"{root}: {done.runs} run(s), {done.rows} row(s) compacted into {len(done.segments)} new segment(s)"
           + (f"; {done.merged} small segments merged" if done.merged else "")
+          + (f"; {done.curves_added} older segment(s) given their runs' stream curves" if done.curves_added else "")
           + (f"; {done.leftovers} leftover run(s) removed" if done.leftovers else "")
           + (f"; {orphans} orphan segment file(s) removed" if orphans else ""))
 

@@ -85,6 +85,10 @@ _LIVE_SAMPLES = "live_samples"
 _COMPUTE_ROWS = "metrics_rows"
 _RUN_METRICS = "run_metrics"
 _MATERIALISED_PAIRS = "materialised_pairs"
+_UNPAIRED = "unpaired_pairs"
+# Each compacted run's curve as compaction materialised it (run_curves_sql), for the dashboard's stream curves.
+_RUN_CURVES = "run_curves"
+_LITERAL_IDS = 5000
 _STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
 
@@ -120,6 +124,8 @@ class ResultsDB:
         self._run_rows: dict[Path, tuple[tuple[int, int], pa.Table]] = {}
         self._bad: list[BadFile] = []
         self.extra_run_columns: list[str] = []
+        self._used_hparams: tuple[tuple | None, list[str]] | None = None
+        self._columns: dict[str, tuple[tuple | None, list[str]]] = {}
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -174,6 +180,31 @@ class ResultsDB:
         """The runs view's hyperparameter columns: every registered method's, then those only the files carry."""
         return [c.name for c in schema.hparam_columns()] + self.extra_run_columns
 
+    def columns(self, view: str) -> list[str]:
+        """A view's column names (one of VIEWS), found once per version of the views."""
+        if view not in VIEWS:
+            raise ValueError(f"columns: expected one of the views {', '.join(VIEWS)}, got {view!r}")
+        with self._lock:
+            self.refresh()
+            if self._columns.get(view, (None,))[0] != self._key:
+                names = self._run(lambda cur: [d[0] for d in cur.execute(f"SELECT * FROM {view} LIMIT 0").description])
+                self._columns[view] = (self._key, names)
+            return list(self._columns[view][1])
+
+    @property
+    def used_hparam_names(self) -> list[str]:
+        """hparam_names less those NULL in every run (the hparams of methods not run here): what a frame of every
+        run needs (tens of empty columns over 10^5 runs cost seconds in pandas); the views keep them all. Found
+        once per version of the views."""
+        with self._lock:
+            self.refresh()
+            if self._used_hparams is None or self._used_hparams[0] != self._key:
+                names = self.hparam_names
+                counts = self._con.execute("SELECT " + ", ".join(f"count({_ident(h)})" for h in names)
+                                           + " FROM runs").fetchone() if names else ()
+                self._used_hparams = (self._key, [h for h, n in zip(names, counts) if n])
+            return list(self._used_hparams[1])
+
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files. A file
         that fails while the views are bound (a damaged segment's footer) is marked bad and the views rebuilt."""
@@ -209,7 +240,7 @@ class ResultsDB:
             key = (catalog.stamp, tuple(seg.id for seg in segments), bool(s_good) if use_glob else tuple(s_good),
                    tuple(sorted(s_cols)), tuple((path, stamp) for path, stamp, _ in rows))
             if key != self._key:
-                self._build_compacted(catalog, segments)
+                self._build_compacted(segments)
                 self._build_runs([table for _, _, table in rows], segments)
                 self._build_samples(s_good, use_glob, s_cols, segments)
                 self._build_metrics(segments)
@@ -217,26 +248,29 @@ class ResultsDB:
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
                 baseline = _sql_str(registry.baseline_method())
                 self._con.execute(_PAIRED_SQL)
-                self._con.execute(_paired_sql(baseline, _MATERIALISED_PAIRS if self._fresh else None))
+                self._con.execute(_paired_sql(baseline, self._unpaired(segments, baseline)))
                 self._con.execute(_GAINS_SQL)
                 self._con.execute(_summary_sql(hparams))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())
             return self.bad_files
 
-    def _build_compacted(self, catalog: store.Catalog, segments: list[store.Segment]) -> None:
-        """_compacted: the runs the segments hold (their live files, if any are left, are not read)."""
-        held = {seg.id for seg in segments}
-        ids = [(run_id, seg) for run_id, (seg, _n) in catalog.compacted().items()]
-        table = pa.table({"run_id": pa.array([r for r, _ in ids], pa.string()),
-                          "segment": pa.array([g for _, g in ids], pa.string())})
-        self._con.register("compacted_arrow", table)
+    def _build_compacted(self, segments: list[store.Segment]) -> None:
+        """_compacted: the runs the good segments hold (their live files, if any are left, are not read; a bad
+        segment's runs are in no view). Read by DuckDB from the segments' runs files: a study's 10^5 run ids never
+        pass through Python objects on open."""
+        if not segments:
+            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} (run_id VARCHAR, segment VARCHAR)")
+            return
+        where = pa.table({"filename": [str(seg.path(self.results_dir, "runs")) for seg in segments],
+                          "segment": [seg.id for seg in segments]})
+        self._con.register("segment_names", where)
         try:
-            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT * FROM compacted_arrow")
+            self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT r.run_id, n.segment FROM "
+                              f"read_parquet([{', '.join(_sql_str(f) for f in where.column('filename').to_pylist())}],"
+                              f" filename = true) r JOIN segment_names n USING (filename)")
         finally:
-            self._con.unregister("compacted_arrow")
-        if held != {seg.id for seg in catalog.segments}:  # a bad segment: its runs are in no view
-            self._con.execute(f"DELETE FROM {_COMPACTED} WHERE segment NOT IN ({', '.join(map(_sql_str, held)) or 'NULL'})")
+            self._con.unregister("segment_names")
 
     def _segment_source(self, segments: list[store.Segment], kind: str) -> str:
         paths = ", ".join(_sql_str(str(seg.path(self.results_dir, kind))) for seg in segments)
@@ -287,9 +321,16 @@ class ResultsDB:
     def _build_metrics(self, segments: list[store.Segment]) -> None:
         """The per-run metrics: materialised by compaction, except for segments written before a metric existed
         (computed from their rows here, as for live runs)."""
-        fresh = [seg for seg in segments if set(seg.metrics_columns) == set(SEGMENT_METRICS_COLUMNS)]
+        fresh = [seg for seg in segments if set(MATERIALISED_METRICS) <= set(seg.metrics_columns)]
         stale = [seg for seg in segments if seg not in fresh]
         self._fresh = bool(fresh)
+        curved = [seg for seg in segments if set(SEGMENT_METRICS_COLUMNS) <= set(seg.metrics_columns)]
+        cols = ", ".join(map(_ident, ("run_id", "s_backbone", "s_dataset", *CURVE_COLUMNS)))
+        self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_CURVES} AS SELECT {cols} FROM "
+                          + (self._segment_source(curved, "metrics") if curved else
+                             "(SELECT NULL::VARCHAR AS run_id, NULL::VARCHAR AS s_backbone, NULL::VARCHAR AS s_dataset, "
+                             "NULL::BIGINT AS curve_window, NULL::BIGINT[] AS curve_win, NULL::BIGINT[] AS curve_n, "
+                             "NULL::BIGINT[] AS curve_k) WHERE false"))
         if fresh:
             cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
             self._con.execute(f"CREATE OR REPLACE VIEW {_MATERIALISED_PAIRS} AS SELECT {cols} FROM "
@@ -304,6 +345,27 @@ class ResultsDB:
             computed = (f"SELECT {wanted} FROM {self._segment_source(fresh, 'metrics')} "
                         f"UNION ALL BY NAME {computed}")
         self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_METRICS} AS {computed}")
+
+    def _unpaired(self, segments: list[store.Segment], baseline: str) -> list[str] | None:
+        """The pairs (run_id, baseline_run) whose counts the paired view computes from the rows: those of runs with no
+        materialised pairing (live runs, runs compacted before their baseline, segments written before pairing was
+        materialised), kept in a small table; None when no segment materialised pairings (every pair from the
+        rows). Returns the run ids whose rows those pairs read (the runs and their baselines)."""
+        if not self._fresh:
+            return None
+        live = f"SELECT run_id, method FROM {_RUNS_TABLE} WHERE run_id NOT IN (SELECT run_id FROM {_COMPACTED})"
+        ids = (f"SELECT run_id, method FROM {self._segment_source(segments, 'runs')} UNION ALL {live}"
+               if segments else live)
+        self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} AS SELECT run_id FROM ({ids}) WHERE method <> "
+                          f"{baseline} AND run_id NOT IN (SELECT run_id FROM {_MATERIALISED_PAIRS})")
+        if self._con.execute(f"SELECT count(*) FROM {_UNPAIRED}").fetchone()[0]:
+            among = f"(SELECT * FROM runs WHERE run_id IN (SELECT run_id FROM {_UNPAIRED}))"
+            self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} AS "
+                              f"{baseline_pairs_sql('runs', baseline, among)}")
+        else:
+            self._con.execute(f"CREATE OR REPLACE TABLE {_UNPAIRED} (run_id VARCHAR, baseline_run VARCHAR)")
+        rows = self._con.execute(f"SELECT run_id, baseline_run FROM {_UNPAIRED}").fetchall()
+        return sorted({r for row in rows for r in row})
 
     def _build_runs(self, tables: list[pa.Table], segments: list[store.Segment]) -> None:
         """runs = the segments' runs files and the live rows (one small file per run, kept in an in-memory table)
@@ -487,8 +549,55 @@ GROUP BY ALL"""
 
 
 PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
-# A segment's metrics file: run_id, the per-run metrics, and the run's pairing against its baseline.
-SEGMENT_METRICS_COLUMNS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+
+# A run's stream curve: accuracy per window of stream positions, about CURVE_POINTS windows over the run.
+CURVE_POINTS = 25
+
+
+def curve_window(rows: int) -> int:
+    """The window giving about CURVE_POINTS points over `rows` stream positions (the dashboard's default, and the
+    window compaction materialises each run's curve at)."""
+    return max(1, -(-int(rows) // CURVE_POINTS))
+
+
+def window_counts_sql(samples: str, window: str) -> str:
+    """(run_id, win, n, k) of each run in `samples`: rows and correct predictions per window of `window` stream
+    positions (a SQL expression, per run or constant). The one definition of a curve's counts."""
+    return f"""
+SELECT s.run_id, s.sample_idx // {window} AS win, count(*) AS n, sum(s.correct::INTEGER)::BIGINT AS k
+FROM {samples} s GROUP BY ALL"""
+
+
+def curve_points_sql(counts: str) -> str:
+    """Cumulative and windowed accuracy (in %) at each window's end of `counts` (window_counts_sql's columns)."""
+    return f"""
+SELECT run_id, win,
+       sum(n) OVER w AS position,
+       100.0 * sum(k) OVER w / sum(n) OVER w AS cumulative,
+       100.0 * k / n AS windowed
+FROM ({counts})
+WINDOW w AS (PARTITION BY run_id ORDER BY win ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+ORDER BY run_id, win"""
+
+
+def run_curves_sql(samples: str) -> str:
+    """Per run of `samples`: its curve's counts at curve_window(its rows), as lists by window (materialised by
+    compaction; recomputed by `bca verify`)."""
+    return f"""
+WITH w AS (SELECT run_id, greatest(1, ceil(count(*) / {CURVE_POINTS}))::BIGINT AS curve_window
+           FROM {samples} GROUP BY run_id),
+c AS ({window_counts_sql(f"(SELECT s.*, w.curve_window FROM {samples} s JOIN w USING (run_id))", "s.curve_window")})
+SELECT run_id, any_value(w.curve_window) AS curve_window, list(win ORDER BY win) AS curve_win,
+       list(n ORDER BY win) AS curve_n, list(k ORDER BY win) AS curve_k
+FROM c JOIN w USING (run_id) GROUP BY run_id"""
+
+
+CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
+# What compaction materialises besides the curve, and a segment's whole metrics file (run_id, the per-run metrics,
+# the run's pairing against its baseline, its curve). A segment written before the curves existed gets them on
+# the next `compact` (store.compact); until then its runs' curves are read from their rows.
+MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
+SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS)
 
 
 def paired_statistics_sql(counts: str, baseline: str) -> str:
@@ -511,14 +620,21 @@ _PAIRED_SQL = ("CREATE OR REPLACE MACRO paired_against(baseline_method) AS TABLE
                                                   "samples"), "baseline_method"))
 
 
-def _paired_sql(baseline: str, materialised: str | None) -> str:
-    """paired: materialised by compaction where its baseline was compacted then, else computed from the rows."""
-    pairs = f"({baseline_pairs_sql('runs', baseline)})"
-    counts = paired_rows_sql(pairs, "samples", "samples")
-    if materialised is not None:
+def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
+    """paired: materialised by compaction where its baseline was compacted then; the other pairs (_UNPAIRED, over
+    the rows of the runs `unpaired` names: a literal list, so only their row groups are read) from the rows; every
+    pair from the rows when `unpaired` is None (no materialised pairing)."""
+    if unpaired is None:
+        counts = paired_rows_sql(f"({baseline_pairs_sql('runs', baseline)})", "samples", "samples")
+    else:
         cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
-        rest = f"(SELECT * FROM {pairs} WHERE run_id NOT IN (SELECT run_id FROM {materialised}))"
-        counts = f"SELECT {cols} FROM {materialised} UNION ALL BY NAME {paired_rows_sql(rest, 'samples', 'samples')}"
+        counts = f"SELECT {cols} FROM {_MATERIALISED_PAIRS}"
+        if unpaired:
+            # a literal list prunes row groups; past a few thousand runs binding it costs more than it saves
+            ids = (", ".join(map(_sql_str, unpaired)) if len(unpaired) <= _LITERAL_IDS
+                   else f"SELECT run_id FROM {_UNPAIRED} UNION ALL SELECT baseline_run FROM {_UNPAIRED}")
+            rows = f"(SELECT * FROM samples WHERE run_id IN ({ids}))"
+            counts += f" UNION ALL BY NAME {paired_rows_sql(_UNPAIRED, rows, rows)}"
     return f"CREATE OR REPLACE VIEW paired AS {paired_statistics_sql(counts, baseline)}"
 
 

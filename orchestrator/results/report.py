@@ -127,12 +127,17 @@ def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     where = " WHERE sweep = $sweep" if sweep is not None else ""
     params = {"sweep": sweep} if sweep is not None else None
     extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
-    carried = set(db.df("SELECT * FROM accuracy LIMIT 0").columns)
-    bare = ", ".join(f'"{c}"' for c in db.df("SELECT * FROM runs LIMIT 0").columns
+    accuracy = db.columns("accuracy")
+    used = set(db.used_hparam_names)
+    # hparams no run has (other methods'): left out, as empty columns of 10^5 runs cost seconds in pandas
+    unused = [c for c in db.hparam_names if c not in used and c in accuracy]
+    carried = set(accuracy) - set(unused)
+    bare = ", ".join(f'"{c}"' for c in db.columns("runs")
                      if c in carried and c not in METRICS and c not in ("n_ood", "n_rows", "n_distinct", "complete"))
+    exclude = " EXCLUDE (" + ", ".join(f'"{c}"' for c in unused) + ")" if unused else ""
     return db.df(f"""
 SELECT * FROM (
-    SELECT a.*, {extra} FROM accuracy a LEFT JOIN runs r USING (run_id)
+    SELECT a.*{exclude}, {extra} FROM accuracy a LEFT JOIN runs r USING (run_id)
     UNION ALL BY NAME
     SELECT {bare}, {extra}, 0 AS n_rows, false AS complete FROM runs r
     WHERE run_id NOT IN (SELECT run_id FROM accuracy)
@@ -400,7 +405,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     runs = runs.assign(key=runs["dataset"] if layout.key == "generic" else per_value(runs["dataset"],
                                                                                      registry.dataset_key))
     runs = runs[runs["key"].isin(keys)]
-    hparams = db.hparam_names
+    hparams = db.used_hparam_names
     runs, split = _with_row_labels(runs, hparams)
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")

@@ -193,6 +193,7 @@ class CompactReport:
     merged: int = 0          # small segments merged into larger ones
     leftovers: int = 0       # live files of already compacted runs removed
     given_back: list[str] = field(default_factory=list)  # runs whose live files changed while compacting
+    curves_added: int = 0    # segments written before curves were materialised, given their runs' curves
 
 
 @dataclass
@@ -271,7 +272,7 @@ def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment
 
     from orchestrator import registry
     from orchestrator.results.db import (SEGMENT_METRICS_COLUMNS, _sql_str, baseline_pairs_sql, paired_rows_sql,
-                                         run_metrics_sql)
+                                         run_curves_sql, run_metrics_sql)
 
     con = duckdb.connect(":memory:")
     try:
@@ -293,6 +294,7 @@ def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment
         return con.sql(f"""
 SELECT {cols} FROM ({run_metrics_sql("seg_samples", "seg_runs")}) m
 LEFT JOIN ({paired_rows_sql("pairs", "seg_samples", "base_rows")}) p USING (run_id)
+LEFT JOIN ({run_curves_sql("seg_samples")}) c USING (run_id)
 ORDER BY run_id""").to_arrow_table()
     finally:
         con.close()
@@ -331,6 +333,33 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[S
     atomic_write(seg.path(root, "metrics"), write_table(_metrics(root, samples, runs, others), b"segment-metrics"),
                  "results segment metrics")
     return seg
+
+
+def _add_curves(root: Path, seg: Segment) -> Segment:
+    """A segment written before curves were materialised, with its runs' curves (db.run_curves_sql over its rows)
+    added to its metrics file: the file is replaced atomically with the same columns and the curves; the manifest,
+    written by the caller, then lists them (a crash in between leaves a file whose extra columns nobody reads)."""
+    import duckdb
+
+    from orchestrator.results.db import CURVE_COLUMNS, run_curves_sql
+
+    path = seg.path(root, "metrics")
+    metrics = pq.read_table(path).replace_schema_metadata(None)
+    metrics = metrics.drop_columns([c for c in CURVE_COLUMNS if c in metrics.column_names])
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("seg_samples", pq.read_table(seg.path(root, "samples"), columns=["run_id", "sample_idx", "correct"]))
+        con.register("seg_metrics", metrics)
+        cols = ", ".join(f'c."{c}"' for c in CURVE_COLUMNS)
+        table = con.sql(f"SELECT m.*, {cols} FROM seg_metrics m LEFT JOIN ({run_curves_sql('seg_samples')}) c "
+                        "USING (run_id) ORDER BY run_id").to_arrow_table()
+    finally:
+        con.close()
+    meta = {schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii"), schema.META_KIND: b"segment-metrics"}
+    atomic_write(path, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd",
+                                                  row_group_size=ROW_GROUP_ROWS), "results segment metrics")
+    return Segment(seg.id, seg.rows, seg.runs, (*seg.metrics_columns, *(c for c in CURVE_COLUMNS
+                                                                       if c not in seg.metrics_columns)))
 
 
 def _remove_live(writer: Any) -> None:
@@ -383,9 +412,10 @@ def _batches(lives: list[_Live], limit: int) -> Iterator[list[_Live]]:
 
 def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS, min_runs: int = 1) -> CompactReport:
     """Move every finished, complete live run into segments of at most `segment_rows` rows (a run is never
-    split), merge small segments, and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
+    split), merge small segments, give segments written before curves were materialised their curves
+    (`_add_curves`), and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
     running writers and readers, on any node of shared storage (see the module docstring)."""
-    from orchestrator.results.db import concat_runs
+    from orchestrator.results.db import CURVE_COLUMNS, concat_runs
 
     root = schema.resolve_results_dir(results_dir)
     report = CompactReport()
@@ -394,6 +424,12 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
     with catalog_lock(root):
         catalog = load_catalog(root)
         segments = list(catalog.segments)
+        curveless = [seg for seg in segments if not set(CURVE_COLUMNS) <= set(seg.metrics_columns)]
+        if curveless:
+            upgraded = {seg.id: _add_curves(root, seg) for seg in curveless}
+            segments = [upgraded.get(seg.id, seg) for seg in segments]
+            _write_manifest(root, segments)
+            report.curves_added = len(curveless)
         finished, leftovers = _live_runs(root, catalog.compacted())
         for writer in leftovers:
             _remove_live(writer)

@@ -27,8 +27,8 @@ from pathlib import Path
 import math
 
 from orchestrator.results import files, schema, store
-from orchestrator.results.db import (PAIRED_COLUMNS, RUN_METRICS_COLUMNS, ResultsDB, _sql_str, paired_rows_sql,
-                                     run_metrics_sql)
+from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_COLUMNS, RUN_METRICS_COLUMNS, ResultsDB, _sql_str,
+                                     paired_rows_sql, run_curves_sql, run_metrics_sql)
 
 TEMP_GRACE_S = 60.0
 
@@ -212,8 +212,21 @@ def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Pro
             if differ:
                 out_pairs = ", ".join(f"{c} = {have[c]!r}, recomputed {again.get(c)!r}" for c in differ)
                 fresh.append({"run_id": run_id, "_pairs": out_pairs})
+    if set(CURVE_COLUMNS) <= set(seg.metrics_columns):
+        curves = {r["run_id"]: r for r in db.sql(run_curves_sql(rows)).to_pylist()}
+        for have in db.sql(f"SELECT run_id, {', '.join(CURVE_COLUMNS)} FROM read_parquet("
+                           f"{_sql_str(str(seg.path(root, 'metrics')))})").to_pylist():
+            again = curves.get(have["run_id"], {})
+            if any(have[c] != again.get(c) for c in CURVE_COLUMNS):
+                fresh.append({"run_id": have["run_id"], "_curve": f"window {have['curve_window']}, "
+                              f"{len(have['curve_n'] or [])} point(s); recomputed from the rows: window "
+                              f"{again.get('curve_window')}, {len(again.get('curve_n') or [])} point(s), "
+                              f"differing at window(s) {_differing(have, again)}"})
     out = []
     for r in fresh:
+        if "_curve" in r:
+            out.append(Problem("stale_metrics", r["run_id"], f"materialised stream curve: {r['_curve']}"))
+            continue
         if "_pairs" in r:
             out.append(Problem("stale_metrics", r["run_id"], f"materialised pairing against the baseline: {r['_pairs']}"))
             continue
@@ -226,6 +239,13 @@ def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Pro
             out.append(Problem("stale_metrics", r["run_id"], "materialised " + ", ".join(
                 f"{c} = {have[c]!r}, recomputed {r[c]!r}" for c in differ)))
     return out
+
+
+def _differing(have: dict, again: dict) -> list:
+    """The windows where a stored curve's counts differ from the recomputed ones (a few, for the message)."""
+    stored = dict(zip(have["curve_win"] or [], zip(have["curve_n"] or [], have["curve_k"] or [])))
+    fresh = dict(zip(again.get("curve_win") or [], zip(again.get("curve_n") or [], again.get("curve_k") or [])))
+    return sorted(w for w in stored.keys() | fresh.keys() if stored.get(w) != fresh.get(w))[:5]
 
 
 def _same(a: object, b: object) -> bool:
