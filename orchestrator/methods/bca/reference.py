@@ -58,11 +58,12 @@ float32 from the stored values.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
 
-from orchestrator.methods.base import StageTimer, Trace, empty_trace
+from orchestrator.methods.base import StageTimer, Trace
 from orchestrator.methods.views import PROTOCOL_KEEP, lowest_entropy_logit_views
 
 SELECT_ON = ("likelihood", "posterior")
@@ -150,12 +151,17 @@ def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor],
     """Run the per-sample loop over `features` [n, d] (or [n, V, d], views selected adaptively) from `state`
     (not modified); the Trace holds the new state."""
     U, V = state["U"].clone(), state["V"].clone()
-    C1, C2 = state["C1"].clone(), state["C2"].clone()
-    # float32 mirrors of the stored rows: the logits and posteriors are always computed in float32.
+    # The counters as Python floats, each rounded to float32 where it is stored, as the state's tensors hold them;
+    # the per-sample outputs as lists: tensor element access costs more than the step's arithmetic on views.
+    C1, C2 = state["C1"].tolist(), state["C2"].tolist()
+    # float32 mirrors of the stored rows (the stored rows themselves in float32): the logits and posteriors are
+    # always computed in float32.
     U32, V32 = U.float(), V.float()
+    mirror_u, mirror_v = U32 is not U, V32 is not V
     n = features.shape[0]
-    posteriors, selected, gated, gated_prior = empty_trace(n, num_classes, features.device)
-    rows = rows_of_classes(class_ids, num_classes) if cfg.select_on == "posterior" else None
+    posteriors = torch.zeros(n, num_classes, dtype=torch.float32, device=features.device)
+    selected, gated, gated_prior = [-1] * n, [False] * n, [False] * n
+    rows = rows_of_classes(class_ids, num_classes).tolist() if cfg.select_on == "posterior" else None
     timer = StageTimer()
     for i in range(n):
         with timer("logits"):
@@ -172,27 +178,38 @@ def bca_family_reference(features: torch.Tensor, state: dict[str, torch.Tensor],
             continue
         with timer("update"):
             if cfg.select_on == "likelihood":
-                s = int(torch.argmax(p))
-                conf = float(p[s])
+                conf, s = p.max(dim=0)
+                conf, s = float(conf), int(s)
             else:
-                k = int(torch.argmax(post))
-                conf = float(post[k])
-                s = int(rows[k])
+                conf, k = post.max(dim=0)
+                conf, s = float(conf), rows[int(k)]
             selected[i] = s
             if cfg.adapt_likelihood and conf > cfg.tau_likelihood:
-                a, b, c_next = update_weights(cfg.update, float(C1[s]), cfg.n1, cfg.decay)
+                a, b, c_next = update_weights(cfg.update, C1[s], cfg.n1, cfg.decay)
                 U[s] = normalise(blend(U[s], f, a, b))
-                U32[s] = U[s].float()
-                C1[s] = c_next
+                if mirror_u:
+                    U32[s] = U[s].float()
+                C1[s] = _float32(c_next)
                 gated[i] = True
             if cfg.adapt_prior and conf > cfg.tau_prior:
-                a, b, c_next = update_weights(cfg.update, float(C2[s]), cfg.n2, cfg.decay)
+                a, b, c_next = update_weights(cfg.update, C2[s], cfg.n2, cfg.decay)
                 V[s] = blend(V[s], post, a, b)
-                V32[s] = V[s].float()
-                C2[s] = c_next
+                if mirror_v:
+                    V32[s] = V[s].float()
+                C2[s] = _float32(c_next)
                 gated_prior[i] = True
-    return Trace(posteriors, selected, gated, gated_prior,
-                 state={"U": U, "V": V, "C1": C1, "C2": C2}, timings=timer.seconds)
+    device = features.device
+    return Trace(posteriors, torch.tensor(selected, dtype=torch.int64, device=device),
+                 torch.tensor(gated, dtype=torch.bool, device=device),
+                 torch.tensor(gated_prior, dtype=torch.bool, device=device),
+                 state={"U": U, "V": V, "C1": torch.tensor(C1, dtype=torch.float32, device=state["C1"].device),
+                        "C2": torch.tensor(C2, dtype=torch.float32, device=state["C2"].device)},
+                 timings=timer.seconds)
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32, as a counter stored in the state's float32 tensor."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def official_bca(views: torch.Tensor, U0: torch.Tensor, *, n1: float, n2: float, tau_u: float, tau_v: float,
