@@ -50,8 +50,12 @@ def _default(h: HParam) -> str:
 
 def _cost(card) -> str:
     """The card's cost prior: samples/s of one stream on one CPU core at K = M = 1000, d = 512 (its
-    benchmarks.methods log), and the text encoder's memory per class where the method runs one."""
+    benchmarks.methods log), on one H100 where measured (`gpu_samples_per_s`), and the text encoder's memory per
+    class where the method runs one."""
     parts = [] if card.samples_per_s is None else [f"{card.samples_per_s:,.0f} samples/s"]
+    if card.gpu_samples_per_s is not None:
+        rate = card.gpu_samples_per_s
+        parts.append(f"{rate:,.0f} on an H100" if rate >= 100 else f"{rate:.3g} samples/s on an H100")
     if card.text_encoder is not None:
         parts.append(f"{card.text_encoder.mb_per_class:g} MB per class a sample (text encoder, "
                      f"{card.text_encoder.device})")
