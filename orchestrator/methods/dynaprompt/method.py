@@ -37,17 +37,23 @@ Where the official code and the paper or this port differ (this follows the code
   prompts whose entropy is below and whose plpd is above the fresh prompt's, in id order, then the fresh one.
 - The paper calls the second criterion a probability difference; the code's plpd is a difference of the largest
   scaled logits, each view's own largest class, and this follows it.
-- Ties: the fresh prompts are identical, so their entropies and plpds tie exactly; the code's torch.topk leaves
-  the order of ties unspecified. Here ties rank by prompt id (a stable sort), so on the first sample only the
-  fresh prompt is chosen.
+- Ties: the fresh prompts are equal, and so are prompts chosen and tuned together from one state (twins); their
+  entropies and plpds tie, which the code's batched fp16 forward breaks by rounding noise and its torch.topk
+  leaves unspecified. Here equal prompts are one context for the tower, the logits, the entropy and the plpd,
+  so they tie exactly, and ties rank by prompt id (a stable sort): on the first sample only the fresh prompt is
+  chosen.
 - The official step runs under fp16 autocast with a GradScaler (init scale 1000) on fp16 CLIP weights; here
   everything is float32 (as TPT). int(V * keep) is floored at one view; with a single view (no augmented view)
   every plpd is 0. s is the logit_scale hparam.
 - The code's one forward runs every prompt with gradients; here that forward (selection and confident views) runs
-  without them, the fresh prompts all taking the initial context's features, computed once; then only the chosen
-  prompts run again with gradients, a block of them at a time, each prompt's loss weighted by how often it was
-  chosen: the code's gradient (its loss reads the chosen prompts alone), up to rounding, with a step's
-  activations bounded by one pass's budget (`PASS_BYTES`) instead of growing with the buffer.
+  without them, over the distinct contexts; then only the chosen prompts' contexts run again with gradients, a
+  block at a time, each prompt's gradient scaled by its share of the mean: the code's gradient (its loss reads
+  the chosen prompts alone), up to rounding, with a step's activations bounded by one pass's budget
+  (`PASS_BYTES`) instead of growing with the buffer.
+- An AdamW first step moves each entry by about lr in its gradient's sign; the entropy of a confident view has
+  gradient entries below float32's (and fp16's) rounding noise, whose sign is then arbitrary. Two faithful
+  implementations, this one and `reference.py`, agree to 1e-5 on the tests' streams, and part by up to 2 lr in
+  such entries on streams where the buffer's prompts grow very confident.
 - The "noapp" ablation (no deletion) and CoCoOp initialisation are not part of the method and are left out.
 The class embeddings a sweep passes are not used: the class text features are the prompts' own, from the text
 tower. `reference.py` is the plain per-sample loop (every prompt through the text tower alone, as the code's
@@ -76,13 +82,15 @@ def ranked(values: torch.Tensor) -> list[int]:
     return torch.sort(values, descending=True, stable=True).indices.tolist()
 
 
-def choose(logits: torch.Tensor, init: int, rule: str) -> list[int]:
-    """The prompts a sample tunes and predicts with, from every prompt's view logits [V, P, K] (no gradient) and
-    the fresh prompt `init`: test_time_tuning's selection (module docstring, step 2b); repeats possible."""
-    P = logits.shape[1]
-    ent = entropy(logits).mean(0)
+def choose(logits: torch.Tensor, row: torch.Tensor, init: int, rule: str) -> list[int]:
+    """The prompts a sample tunes and predicts with (test_time_tuning's selection, module docstring step 2b;
+    repeats possible), from the view logits [V, u, K] of the buffer's distinct contexts (no gradient), `row` [P]
+    each prompt's context and the fresh prompt `init`. Entropy and plpd are taken per context, so that equal
+    prompts tie exactly."""
+    ent = entropy(logits).mean(0)[row]
     top = logits.max(dim=-1).values
-    pd = (top[0] - top[1:]).mean(0) if logits.shape[0] > 1 else torch.zeros_like(ent)
+    pd = ((top[0] - top[1:]).mean(0) if logits.shape[0] > 1 else torch.zeros_like(top[0]))[row]
+    P = len(row)
     if rule == "intended":
         return [j for j in range(P) if ent[j] < ent[init] and pd[j] > pd[init]] + [init]
     ent_order = ranked(ent)
@@ -113,32 +121,32 @@ class DynaPrompt(Method):
     def _run(self, features: torch.Tensor):
         return self.run_steps(features)
 
-    def buffer_features(self) -> torch.Tensor:
-        """[P, K, d] every prompt's class text features (no gradient): the fresh ones the initial context's."""
-        used = [j for j, u in enumerate(self.uses) if u]
-        out = self.prompts.init_features.expand(len(self.uses), -1, -1).clone()
-        if used:
-            out[used] = self.prompts.features(self.prompts.ctx_init + self.offsets[used])
-        return out
-
-    def chosen_features(self, chosen: list[int]) -> torch.Tensor:
-        """[m, K, d] the chosen prompts' features (no gradient; each distinct prompt through the tower once)."""
-        distinct = list(dict.fromkeys(chosen))
-        feats = self.prompts.features(self.prompts.ctx_init + self.offsets[distinct])
-        return feats[[distinct.index(j) for j in chosen]]
+    def contexts(self, prompts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distinct contexts [u, n_ctx, w] of these prompts, by value, and each prompt's row in them: prompts
+        tuned together from one state stay equal (twins), and go through the tower as one, so that their
+        entropies and plpds tie exactly as the code's equal prompts do (module notes)."""
+        offsets = self.offsets.detach()[prompts]
+        distinct, row = torch.unique(offsets.flatten(1), dim=0, return_inverse=True)
+        return self.prompts.ctx_init + distinct.view(-1, *offsets.shape[1:]), row
 
     def tune(self, views: torch.Tensor, chosen: list[int], optimizer: torch.optim.Optimizer) -> None:
         """One AdamW step on the mean over the chosen prompts (repeats counted) of TPT's entropy over the kept views
-        [k, d]: its gradient summed over blocks of `chunk` distinct prompts, so that a step's activations stay
-        within one pass's budget whatever the buffer's size."""
+        [k, d]. Each distinct context's gradient is taken once, over blocks of `chunk` contexts (a step's
+        activations stay within one pass's budget whatever the buffer's size), and each chosen prompt's gradient is
+        its context's times its share of the mean; the other prompts' gradients are zero."""
         distinct = list(dict.fromkeys(chosen))
-        weight = torch.tensor([chosen.count(j) / len(chosen) for j in distinct], device=views.device)
-        optimizer.zero_grad()
+        ctx, row = self.contexts(distinct)
+        grads = []
         with torch.enable_grad():
-            for s in range(0, len(distinct), self.chunk):
-                feats = self.prompts.features(self.prompts.ctx_init + self.offsets[distinct[s:s + self.chunk]])
-                z = self.hp["logit_scale"] * torch.einsum("vd,ckd->cvk", views, feats)
-                (avg_entropy(z) * weight[s:s + self.chunk]).sum().backward()
+            for s in range(0, len(ctx), self.chunk):
+                block = ctx[s:s + self.chunk].clone().requires_grad_(True)
+                z = self.hp["logit_scale"] * torch.einsum("vd,ckd->cvk", views, self.prompts.features(block))
+                grads.append(torch.autograd.grad(avg_entropy(z).sum(), block)[0])
+        grads = torch.cat(grads)
+        grad = torch.zeros_like(self.offsets)
+        for i, j in enumerate(distinct):
+            grad[j] = (chosen.count(j) / len(chosen)) * grads[row[i]]
+        self.offsets.grad = grad
         optimizer.step()
 
     def _step(self, views: torch.Tensor, timer: StageTimer) -> tuple[torch.Tensor, int, bool]:
@@ -151,10 +159,11 @@ class DynaPrompt(Method):
         optimizer = torch.optim.AdamW([self.offsets], lr=self.hp["lr"])   # fresh per sample: the code's reload
         for _ in range(self.hp["steps"]):
             with timer("logits"), torch.no_grad():
-                logits = self.hp["logit_scale"] * torch.einsum("vd,pkd->vpk", views, self.buffer_features())
-                chosen = choose(logits, self.order[0], self.hp["selection"])
+                ctx, row = self.contexts(list(range(len(self.uses))))
+                logits = self.hp["logit_scale"] * torch.einsum("vd,ukd->vuk", views, self.prompts.features(ctx))
+                chosen = choose(logits, row, self.order[0], self.hp["selection"])
                 # the views of lowest entropy averaged over the chosen prompts (select_confident_samples)
-                z = logits[:, chosen]
+                z = logits[:, row[chosen]]
                 view_entropy = (-(z.softmax(-1) * z.log_softmax(-1)).sum(-1)).mean(-1)
                 keep = torch.argsort(view_entropy, stable=True)[:kept_count(views.shape[0], self.hp["keep"])]
             for j in chosen:
@@ -164,5 +173,7 @@ class DynaPrompt(Method):
             with timer("update"):
                 self.tune(views[keep], chosen, optimizer)
         with timer("posterior"), torch.no_grad():
-            post = torch.softmax((self.hp["logit_scale"] * self.chosen_features(chosen) @ views[0]).mean(0), dim=-1)
+            ctx, row = self.contexts(chosen)
+            logits = self.hp["logit_scale"] * self.prompts.features(ctx) @ views[0]
+            post = torch.softmax(logits[row].mean(0), dim=-1)
         return post, -1, False

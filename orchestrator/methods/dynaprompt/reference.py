@@ -1,8 +1,9 @@
 """DynaPrompt one sample at a time, transcribed from the official test_time_adapt_eval and test_time_tuning
 (zzzx1224/DynaPrompt dynap_classification.py, --onlinetpt) and its PromptLearner (clip/custom_clip_lessctx.py) in
 float32: one parameter holding every prompt's context offset, each prompt's K class prompts through the text tower
-on their own and with gradients (the code's forward), the selection on the detached logits, a fresh
-torch.optim.AdamW per sample. Ties in the code's topk rank by prompt id (the method's module notes). The tests hold
+on their own and with gradients (the code's forward), the selection on the detached logits (each prompt's
+entropy and plpd on its own, so that equal prompts tie exactly), a fresh torch.optim.AdamW per sample. Ties in
+the code's topk rank by prompt id (the method's module notes). The tests hold
 `DynaPrompt` to it."""
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, 
         optimizer.load_state_dict(optim_state)
         for _ in range(steps):
             with torch.enable_grad():
-                text_features = torch.cat([learner.text_features(p) for p in range(num_p)])
-                output = logit_scale * images @ text_features.t()                      # [V, num_p * K]
-                p_pred = output.view(output.size()[0], num_p, -1).detach()
-                p_ent = entropy(p_pred).mean(0)
-                if p_pred.shape[0] > 1:
-                    plpd = (p_pred[0].max(-1)[0].unsqueeze(0) - p_pred[1:].max(dim=-1)[0]).mean(0)
+                # each prompt's logits, entropy and plpd on their own: equal prompts tie exactly
+                outputs = [logit_scale * images @ learner.text_features(p).t() for p in range(num_p)]   # [V, K]
+                output = torch.stack(outputs, dim=1)                                                  # [V, P, K]
+                p_ent = torch.stack([entropy(o.detach()).mean(0) for o in outputs])
+                if images.shape[0] > 1:
+                    plpd = torch.stack([(o.detach()[0].max(-1)[0].unsqueeze(0) - o.detach()[1:].max(dim=-1)[0]).mean(0)
+                                        for o in outputs])
                 else:
                     plpd = torch.zeros(num_p)
                 init_p_position = learner.ctx_order[0]
@@ -96,7 +98,7 @@ def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, 
                         exactnumber = torch.cat([ent_order[alllist], ent_order[[exact]]]).tolist()
                     else:
                         exactnumber = [ent_order[exact].item()]
-                output = output.view(output.size()[0], num_p, -1)[:, exactnumber]      # [V, m, K]
+                output = output[:, exactnumber]                                          # [V, m, K]
                 for i in exactnumber:
                     learner.ctx_order.remove(i)
                     learner.ctx_use[i] += 1
@@ -107,8 +109,7 @@ def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, 
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
-            feats = torch.cat([learner.text_features(p) for p in exactnumber])
-            logits = (logit_scale * images[0] @ feats.t()).view(len(exactnumber), -1).mean(0)
+            logits = torch.stack([logit_scale * images[0] @ learner.text_features(p).t() for p in exactnumber]).mean(0)
             out.append(F.softmax(logits, dim=-1))
         log.append({"chosen": list(exactnumber), "order": list(learner.ctx_order), "uses": list(learner.ctx_use),
                     "deleted": deleted})
