@@ -66,7 +66,7 @@ from typing import Any
 
 import torch
 
-from orchestrator.methods.base import Method, StageTimer
+from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prompt import PASS_BYTES, ClassPrompts, PromptText, avg_entropy
 from orchestrator.methods.views import kept_count
 
@@ -116,9 +116,9 @@ class DynaPrompt(Method):
         self.order = list(range(P))                           # ctx_order: least recently chosen first
         self.uses = [0] * P                                   # ctx_use: times chosen since last fresh
         self.deleted = 0                                      # prompts reset to fresh so far
-        self.chunk = max(1, PASS_BYTES // max(1, self.prompts.saved_bytes))   # distinct prompts per backward
+        self.chunk = max(1, PASS_BYTES // max(1, self.prompts.saved_bytes))   # distinct contexts per backward
 
-    def _run(self, features: torch.Tensor):
+    def _run(self, features: torch.Tensor) -> Trace:
         return self.run_steps(features)
 
     def contexts(self, prompts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
