@@ -1,13 +1,14 @@
 """Prompt tuning's cost per sample: `python -m benchmarks.prompt` (`--quick`: the tiny test tower, a smoke run).
 
-TPT, C-TPT and R-TPT run CLIP's text tower forward and backward over K class prompts per sample (`orchestrator.
-methods.prompt`). For each text tower (random weights: the cost does not depend on them) and method, on random
-unit view features near the class text features (64 views, view 0 the original):
+TPT, C-TPT, R-TPT and DynaPrompt run CLIP's text tower forward and backward over K class prompts per sample
+(`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on them) and
+method, on random unit view features near the class text features (64 views, view 0 the original):
 
-- chunked s/sample: the method as a sweep runs it, several samples' contexts in one text-tower pass;
+- chunked s/sample: the episodic method as a sweep runs it, several samples' contexts in one text-tower pass;
 - one-by-one s/sample: the same method with one sample per pass (its chunk forced to 1);
+- stream s/sample: DynaPrompt (online, no chunks) over the samples in order, its buffer of 12 prompts filling;
 - reference s/sample (`--reference`): the plain per-sample transcription of the official loop
-  (`orchestrator.methods.tpt.reference`), TPT only;
+  (`orchestrator.methods.tpt.reference`, `orchestrator.methods.dynaprompt.reference`), TPT and DynaPrompt;
 - MB per class: the activations autograd keeps per class prompt in one step (`TextTower.saved_bytes_per_prompt`,
   float32; the card's `text_encoder.mb_per_class` is this at the ViT-B/16 and RN50 towers);
 - peak memory: the device's peak allocation on a GPU, the process's peak resident set on a CPU.
@@ -70,6 +71,7 @@ def tower_inputs(model: str, K: int, n: int, views: int, device: str):
 def measure(model: str, methods: tuple[str, ...], K: int, n: int, views: int, device: str,
             reference: bool) -> list[str]:
     from orchestrator.methods import make_method
+    from orchestrator.methods.episodic import order_free
     from orchestrator.methods.tpt.reference import run_reference
 
     text, emb, x = tower_inputs(model, K, n, views, device)
@@ -80,6 +82,9 @@ def measure(model: str, methods: tuple[str, ...], K: int, n: int, views: int, de
     for name in methods:
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
+        if not order_free(name):
+            lines.append(_stream_line(name, text, emb, ids, x, device, reference) + f"; peak {_peak(device)}")
+            continue
         timed = {}
         for label, chunk in (("chunked", None), ("one-by-one", 1)):
             method = make_method(name, emb, ids, K, text=text)
@@ -96,12 +101,35 @@ def measure(model: str, methods: tuple[str, ...], K: int, n: int, views: int, de
             start = time.perf_counter()
             ref = run_reference(x, text, 5e-3, 1, 0.1, 100.0)
             _sync(device)
-            diff = float((timed["chunked"][2] - ref).abs().max())
-            same = torch.equal(timed["chunked"][2].argmax(1), ref.argmax(1))
-            line += (f", reference {(time.perf_counter() - start) / n:.3f} s/sample (predictions "
-                     f"{'identical' if same else 'DIFFER'}, max dpost {diff:.0e})")
+            line += _agreement(timed["chunked"][2], ref, (time.perf_counter() - start) / n)
         lines.append(line + f"; peak {_peak(device)}")
     return lines
+
+
+def _agreement(post: torch.Tensor, ref: torch.Tensor, seconds: float) -> str:
+    same = torch.equal(post.argmax(1), ref.argmax(1))
+    return (f", reference {seconds:.3f} s/sample (predictions {'identical' if same else 'DIFFER'}, max dpost "
+            f"{float((post - ref).abs().max()):.0e})")
+
+
+def _stream_line(name: str, text, emb: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, device: str,
+                 reference: bool) -> str:
+    """An online method's cost: one run over the samples in order (its state carries, so no chunks)."""
+    from orchestrator.methods import make_method
+    from orchestrator.methods.dynaprompt.reference import run_reference
+
+    method = make_method(name, emb, ids, len(ids), text=text)
+    _sync(device)
+    start = time.perf_counter()
+    post = method.run(x).posteriors
+    _sync(device)
+    line = f"    {name:<5} stream {(time.perf_counter() - start) / len(x):.3f} s/sample ({method.hp['prompts']} prompts)"
+    if reference:
+        start = time.perf_counter()
+        ref, _ = run_reference(x, text, **method.hp)
+        _sync(device)
+        line += _agreement(post, ref, (time.perf_counter() - start) / len(x))
+    return line
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--towers", nargs="+", help="open_clip model names (default: ViT-B-16 RN50; quick: tiny)")
     parser.add_argument("--K", type=int, help="classes (default 1000; quick 20)")
     parser.add_argument("--n", type=int, help="samples per measurement (default 4)")
-    parser.add_argument("--methods", nargs="+", default=["tpt", "ctpt", "rtpt"])
-    parser.add_argument("--reference", action="store_true", help="also time TPT's per-sample reference loop")
+    parser.add_argument("--methods", nargs="+", default=["tpt", "ctpt", "rtpt", "dynaprompt"])
+    parser.add_argument("--reference", action="store_true",
+                        help="also time TPT's and DynaPrompt's per-sample reference loops")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on a CPU")
     args = parser.parse_args(argv)

@@ -58,6 +58,9 @@ OFFICIAL = {
              _by_group("crops", "crops", "augmix")),
     "tpt": ("azshue/TPT@16e2967 tpt_classification.py AugMixAugmenter(augmix=len(set_id) > 1)",
             _by_group("crops", "crops", "augmix")),
+    # DynaPrompt: dynap_classification.py:252-253, TPT's rule with batch_size 64 (scripts/test_dynap.sh).
+    "dynaprompt": ("zzzx1224/DynaPrompt@acd33cf dynap_classification.py:252-253 AugMixAugmenter(augmix=len(set_id) > 1)",
+                   _by_group("crops", "crops", "augmix")),
     # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.

@@ -5,7 +5,7 @@ transient work arrays are not state), counted once per storage, the inputs (clas
 
 Every method that runs without CLIP's text tower is measured at a small shape; a few at the table's shape (K = 1000,
 d = 512: BCA, TDA, OGA, DMN-ZS, ECALP, StatA; DOTA's 1 GB of covariances stays at the small shape); the
-prompt-tuning methods (TPT, C-TPT, R-TPT) on the tiny test backbones' text towers."""
+prompt-tuning methods (TPT, C-TPT, R-TPT, DynaPrompt) on the tiny test backbones' text towers."""
 
 from __future__ import annotations
 
@@ -106,8 +106,8 @@ def test_a_state_expression_other_than_arithmetic_on_its_names_is_refused(words,
 
 @pytest.mark.parametrize("model", ["bca-tiny-vit", "bca-tiny-rn"])
 def test_the_prompt_tuning_state_is_what_a_run_holds(model):
-    """TPT, C-TPT and R-TPT on the tiny test backbones' text towers (token width w = 128, d = 64): the prompts'
-    token embeddings and the initial text features their cards count."""
+    """TPT, C-TPT, R-TPT and DynaPrompt on the tiny test backbones' text towers (token width w = 128, d = 64): the
+    prompts' token embeddings, the initial text features and DynaPrompt's buffer of contexts their cards count."""
     from orchestrator.clip.backbone import load_backbone
     from orchestrator.clip.prompts import prompt_text
     from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
@@ -120,7 +120,7 @@ def test_the_prompt_tuning_state_is_what_a_run_holds(model):
         embeddings = F.normalize(text.tower(embedded, text.tokens.argmax(-1)), dim=-1)
     (num_classes, dim), width = embeddings.shape, embedded.shape[-1]
     views = F.normalize(torch.randn(4, VIEWS, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
-    for name in ("tpt", "ctpt", "rtpt"):
+    for name in ("tpt", "ctpt", "rtpt", "dynaprompt"):
         ids = torch.arange(num_classes)
         method = make_method(name, embeddings, ids, num_classes, text=text)
         method.run(views)

@@ -33,8 +33,8 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # 21 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
-    assert "sweep paper_study (dry run: nothing is run or written): 63,800 runs, 0 finished" in out
+    # 22 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
+    assert "sweep paper_study (dry run: nothing is run or written): 66,800 runs, 0 finished" in out
     assert "is not on this machine: planned for the machine that holds it" in out
     steps = int(re.search(r"estimated cost: ([\d,]+) online steps", out)[1].replace(",", ""))
     cpu = float(re.search(r"projected CPU-hours: ([\d,.]+)", out)[1].replace(",", ""))
@@ -47,7 +47,7 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     unrated = sorted(m for m in spec_methods if method_card(m).gpu_samples_per_s is None)
     assert (projected[3] or "") == ", ".join(unrated)
     # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones
-    assert steps == sum(2 * 100 * _test_images(d) * (22 if d.startswith("imagenet-") else 21)
+    assert steps == sum(2 * 100 * _test_images(d) * (23 if d.startswith("imagenet-") else 22)
                         for d in paper_datasets())
     # each method's samples at its H100 rate (every method of the spec has one)
     samples = {m["method"]: sum(2 * 100 * _test_images(d) for d in m.get("datasets", paper_datasets()))

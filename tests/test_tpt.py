@@ -1,5 +1,7 @@
 """TPT-family prompt tuning: the text tower at test time, the chunked solve against the per-sample reference
-(official equations, one sample through the text tower at a time), on streams where tuning changes predictions."""
+(official equations, one sample through the text tower at a time), on streams where tuning changes predictions;
+DynaPrompt's online buffer against its own per-sample reference, on a stream where prompts are appended, chosen
+together and deleted."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.prompts import prompt_text
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
 from orchestrator.methods import make_method, run_stream_many
+from orchestrator.methods.dynaprompt.reference import run_reference as dynaprompt_reference
 from orchestrator.methods.tpt.reference import run_reference
 
 NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
@@ -96,6 +99,75 @@ def test_a_pack_equals_its_runs(text, stream):
         assert torch.equal(preds[g], alone.argmax(1))
 
 
+# ---------------------------------------------------------------------------------------------- DynaPrompt
+
+@pytest.fixture(scope="module")
+def long_stream(text):
+    """Class embeddings at the initial context and 20 samples of 16 views near them: longer than the default
+    buffer of 12 prompts, so that it fills and deletes."""
+    with torch.no_grad():
+        emb = F.normalize(text.tower(text.tower.embed(text.tokens), text.tokens.argmax(-1)), dim=-1)
+    g = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, K, (20,), generator=g)
+    return emb, F.normalize(torch.randn(20, 16, emb.shape[1], generator=g) + 3 * emb[labels][:, None], dim=-1)
+
+
+DYNA = {"lr": 5e-3, "steps": 1, "keep": 0.1, "logit_scale": 100.0, "prompts": 12, "selection": "code"}
+
+
+# As for TPT above: an AdamW first step moves each entry by about lr in its gradient's sign, and the entropy of a
+# confident view has gradient entries below float32's rounding noise, so the gap to the reference grows with lr, and
+# with the stream, as the buffer's prompts grow confident (smaller lr for the intended rule's buffer of 4 and for two
+# steps).
+@pytest.mark.parametrize("hp", [{}, {"prompts": 4, "selection": "intended", "lr": 2e-3},
+                                {"prompts": 4, "steps": 2, "lr": 1e-3}])
+def test_dynaprompt_equals_its_per_sample_reference_as_its_buffer_appends_chooses_and_deletes(text, long_stream, hp):
+    emb, views = long_stream
+    method = make_method("dynaprompt", emb, torch.arange(K), K, text=text, **hp)
+    post = method.run(views).posteriors
+    ref, log = dynaprompt_reference(views, text, **{**DYNA, **hp})
+    assert torch.equal(post.argmax(1), ref.argmax(1))
+    assert (post - ref).abs().max() <= 1e-5
+    assert method.order == log[-1]["order"] and method.uses == log[-1]["uses"]
+    # the buffer's adaptive parts act: prompts deleted and replaced by fresh ones, buffer prompts chosen beside
+    # the fresh one, and the tuning changes predictions
+    assert method.deleted == sum(entry["deleted"] is not None for entry in log) >= 3
+    assert sum(len(entry["chosen"]) > 1 for entry in log) >= 3
+    zero_shot = torch.softmax(100.0 * views[:, 0] @ emb.T, dim=-1)
+    assert (post.argmax(1) != zero_shot.argmax(1)).sum() >= 2
+
+
+def test_dynaprompt_twins_tie_exactly_as_in_the_reference():
+    """Prompts tuned together from one state stay equal (twins) and tie in the next selections: on the benchmark's
+    stream (20 classes named alike, random tower) the method breaks those ties as the reference does, by id, where
+    a batched pass's rounding would break them at random and the buffer would part from the reference."""
+    from benchmarks.prompt import tower_inputs
+
+    text20, emb, views = tower_inputs("bca-tiny-vit", 20, 16, 16, "cpu")
+    post = make_method("dynaprompt", emb, torch.arange(20), 20, text=text20).run(views).posteriors
+    ref, log = dynaprompt_reference(views, text20, **DYNA)
+    assert max(len(set(entry["chosen"])) for entry in log) >= 3  # several fresh prompts chosen and tuned at once
+    assert torch.equal(post.argmax(1), ref.argmax(1)) and (post - ref).abs().max() <= 1e-5
+
+
+def test_dynaprompt_carries_its_buffer_along_the_stream(text, long_stream):
+    """A stream in two parts equals it at once; the same samples in another order get other posteriors (the
+    buffer depends on the order: no shards, unlike the episodic methods); the tuning step's backward in blocks of
+    prompts equals it in one."""
+    emb, views = long_stream
+    whole = make_method("dynaprompt", emb, torch.arange(K), K, text=text, prompts=4).run(views).posteriors
+    parts = make_method("dynaprompt", emb, torch.arange(K), K, text=text, prompts=4)
+    split = torch.cat([parts.run(views[:7]).posteriors, parts.run(views[7:]).posteriors])
+    assert torch.equal(whole, split)
+    backwards = make_method("dynaprompt", emb, torch.arange(K), K, text=text, prompts=4).run(views.flip(0))
+    assert (whole - backwards.posteriors.flip(0)).abs().max() > 1e-3
+    # the step's backward one prompt at a time (as at K = 1000 on the ViT-B/16 tower) equals it in one block
+    blocks = make_method("dynaprompt", emb, torch.arange(K), K, text=text, prompts=4)
+    blocks.chunk = 1
+    one = blocks.run(views).posteriors
+    assert torch.equal(whole.argmax(1), one.argmax(1)) and (whole - one).abs().max() <= 1e-5
+
+
 def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
     emb, _ = stream
     with pytest.raises(ValueError, match=r"tpt: runs CLIP's text encoder at test time"):
@@ -106,7 +178,7 @@ def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
         make_method("tpt", emb[:4], torch.arange(4), 4, text=text)
 
 
-@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt"])
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "dynaprompt"])
 def test_defaults_on_an_empty_stream_and_on_one_view(text, stream, method):
     emb, views = stream
     assert make_method(method, emb, torch.arange(K), K, text=text).run(views[:0]).posteriors.shape == (0, K)
@@ -122,5 +194,5 @@ def test_the_cards_memory_per_class_is_the_measured_one():
 
     tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
     measured = tower.saved_bytes_per_prompt(77) / 2**20
-    for name in ("tpt", "ctpt", "rtpt"):
+    for name in ("tpt", "ctpt", "rtpt", "dynaprompt"):  # DynaPrompt backpropagates a block of prompts, from one up
         assert method_card(name).text_encoder.mb_per_class == round(measured, 1)

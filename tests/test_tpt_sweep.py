@@ -1,7 +1,8 @@
 """Prompt tuning in a sweep as a user meets it: the dry run says which methods run CLIP's text encoder at test time
 and what they need, a synthetic dataset is refused for them (exit 2, naming the method and why), and TPT, C-TPT and
 R-TPT run in a Ray sweep on a real-layout image dataset with the tiny open_clip model, their rows in `bca report`
-and the dashboard beside zero-shot CLIP."""
+and the dashboard beside zero-shot CLIP, and DynaPrompt (online) with them; DynaPrompt's stream is refused
+shards."""
 
 from __future__ import annotations
 
@@ -56,6 +57,15 @@ def test_a_synthetic_dataset_is_refused_for_prompt_tuning(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_dynaprompts_stream_is_refused_shards(tmp_path):
+    """DynaPrompt's buffer carries from sample to sample: `shards: 2` exits 2 naming the entry; TPT's is planned."""
+    r = bca("sweep", str(real_spec(tmp_path, methods=[{"method": "tpt", "shards": 2},
+                                                      {"method": "dynaprompt", "shards": 2}])), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert "methods[1].shards: 'dynaprompt' carries its state from sample to sample" in r.stderr
+    assert "methods[0].shards" not in r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_path, monkeypatch):
@@ -64,20 +74,21 @@ def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_pat
 
     from dashboard import APP_PATH, RESULTS_ENV
 
-    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt")])
+    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt", "dynaprompt")])
     r = bca("sweep", str(path), "--yes")
     assert r.exit_code == 0, r.output
-    assert "4/4 runs finished, 0 failed" in r.stdout
+    assert "5/5 runs finished, 0 failed" in r.stdout
     results = str(tmp_path / "results")
     report = bca("report", "--results", results)
     assert report.exit_code == 0, report.output
-    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT"))
+    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT", "DynaPrompt"))
     rows = bca("query", "--results", results, "SELECT method, count(*) AS n FROM samples GROUP BY method ORDER BY method")
     assert rows.exit_code == 0, rows.output
     cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows.stdout.splitlines() if ln.startswith("│")]
-    assert [c for c in cells if c[0] != "method"] == [["clip", "9"], ["ctpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
+    assert [c for c in cells if c[0] != "method"] == [["clip", "9"], ["ctpt", "9"], ["dynaprompt", "9"], ["rtpt", "9"],
+                                                      ["tpt", "9"]]
     monkeypatch.setenv(RESULTS_ENV, results)
     at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
-    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT"))
+    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT", "DynaPrompt"))

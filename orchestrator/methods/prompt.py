@@ -12,6 +12,10 @@ computation sees (up to kernel rounding); only the text tower runs in the method
 
 `orchestrator.clip.prompts.prompt_text` builds one from a loaded backbone; nothing here reads a file.
 
+ClassPrompts holds the K class prompts around a context and runs the text tower on many contexts' prompts in one
+pass; PromptTuning (TPT, C-TPT, R-TPT) and DynaPrompt (online: a buffer of contexts along the stream,
+`orchestrator.methods.dynaprompt`) both build on it.
+
 PromptTuning (an `Episodic` method) solves a chunk of samples together: each sample's context is its own
 [B, n_ctx, w] row, the B * K prompts go through the text tower in one pass, the per-sample losses are summed
 (their gradients stay each sample's own) and one torch.optim.AdamW steps the [B, n_ctx, w] parameter, which is
@@ -137,6 +141,33 @@ def confident_views(logits: torch.Tensor, keep: float) -> torch.Tensor:
     return torch.argsort(entropy, dim=1, stable=True)[:, :kept_count(logits.shape[1], keep)]
 
 
+class ClassPrompts:
+    """The K class prompts around a learnable context, as CoOp's PromptLearner lays them out: class k's prompt is
+    [SOS] ctx [name_k] . [EOS], and `features(ctx)` runs the text tower on B contexts' B * K prompts in one pass."""
+
+    def __init__(self, method: str, text: Any, num_classes: int, device: torch.device) -> None:
+        text = check_prompt_text(method, text, num_classes, device)
+        self.tower, self.n_ctx, self.num_classes = text.tower, text.n_ctx, num_classes
+        with torch.no_grad():
+            embedded = self.tower.embed(text.tokens)
+        self.prefix = embedded[:, :1]                          # [K, 1, w] start token
+        self.ctx_init = embedded[0, 1:1 + self.n_ctx].clone()  # [n_ctx, w] "a photo of a"
+        self.suffix = embedded[:, 1 + self.n_ctx:]             # [K, L - 1 - n_ctx, w] class name, '.', end, padding
+        self.eot = text.tokens.argmax(dim=-1)
+        with torch.no_grad():
+            self.init_features = self.features(self.ctx_init[None])[0]   # [K, d]
+        # activations one context's K prompts keep in a tuning step
+        self.saved_bytes = num_classes * self.tower.saved_bytes_per_prompt(text.tokens.shape[1])
+
+    def features(self, ctx: torch.Tensor) -> torch.Tensor:
+        """[B, n_ctx, w] contexts -> [B, K, d] L2-normalised class text features, all B * K prompts in one pass."""
+        B, K = ctx.shape[0], self.num_classes
+        prompts = torch.cat([self.prefix.expand(B, -1, -1, -1), ctx[:, None].expand(-1, K, -1, -1),
+                             self.suffix.expand(B, -1, -1, -1)], dim=2)
+        feats = self.tower(prompts.reshape(B * K, *prompts.shape[2:]), self.eot.repeat(B))
+        return F.normalize(feats, dim=-1).view(B, K, -1)
+
+
 class PromptTuning(Episodic):
     """Base of TPT, C-TPT and R-TPT: per sample, the context starts at its init, `steps` AdamW steps minimise
     `loss` over the confident views, and the original view (view 0) is predicted with the tuned context.
@@ -147,26 +178,8 @@ class PromptTuning(Episodic):
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int, *,
                  text: PromptText, **hparams: Any) -> None:
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
-        text = check_prompt_text(self.name, text, num_classes, class_embeddings.device)
-        self.tower, self.n_ctx = text.tower, text.n_ctx
-        with torch.no_grad():
-            embedded = self.tower.embed(text.tokens)
-        self.prefix = embedded[:, :1]                          # [K, 1, w] start token
-        self.ctx_init = embedded[0, 1:1 + self.n_ctx].clone()  # [n_ctx, w] "a photo of a"
-        self.suffix = embedded[:, 1 + self.n_ctx:]             # [K, L - 1 - n_ctx, w] class name, '.', end, padding
-        self.eot = text.tokens.argmax(dim=-1)
-        with torch.no_grad():
-            self.init_features = self.text_features(self.ctx_init[None])[0]   # [K, d]
-        per_sample = num_classes * self.tower.saved_bytes_per_prompt(text.tokens.shape[1])
-        self.chunk = max(1, min(MAX_CHUNK, PASS_BYTES // max(1, per_sample)))
-
-    def text_features(self, ctx: torch.Tensor) -> torch.Tensor:
-        """[B, n_ctx, w] contexts -> [B, K, d] L2-normalised class text features, all B * K prompts in one pass."""
-        B, K = ctx.shape[0], self.num_classes
-        prompts = torch.cat([self.prefix.expand(B, -1, -1, -1), ctx[:, None].expand(-1, K, -1, -1),
-                             self.suffix.expand(B, -1, -1, -1)], dim=2)
-        feats = self.tower(prompts.reshape(B * K, *prompts.shape[2:]), self.eot.repeat(B))
-        return F.normalize(feats, dim=-1).view(B, K, -1)
+        self.prompts = ClassPrompts(self.name, text, num_classes, class_embeddings.device)
+        self.chunk = max(1, min(MAX_CHUNK, PASS_BYTES // max(1, self.prompts.saved_bytes)))
 
     def shared_key(self, views: int) -> tuple:
         return (self.hp["logit_scale"], kept_count(views, self.hp["keep"]))
@@ -174,7 +187,7 @@ class PromptTuning(Episodic):
     def shared(self, chunk: torch.Tensor) -> torch.Tensor:
         """Each sample's confident views [c, k] by their logits at the initial context (official: chosen on the
         first step's output, which is at the initial context, and kept for the later steps)."""
-        return confident_views(self.hp["logit_scale"] * chunk @ self.init_features.T, self.hp["keep"])
+        return confident_views(self.hp["logit_scale"] * chunk @ self.prompts.init_features.T, self.hp["keep"])
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """[B] each sample's loss from its confident views' logits [B, k, K] and its class text features
@@ -184,17 +197,17 @@ class PromptTuning(Episodic):
     def solve(self, chunk: torch.Tensor, shared: torch.Tensor, start: int) -> torch.Tensor:
         B, scale = chunk.shape[0], self.hp["logit_scale"]
         views = torch.gather(chunk, 1, shared[..., None].expand(-1, -1, chunk.shape[-1]))     # [B, k, d]
-        ctx = self.ctx_init.expand(B, -1, -1).clone().requires_grad_(True)
+        ctx = self.prompts.ctx_init.expand(B, -1, -1).clone().requires_grad_(True)
         optimizer = torch.optim.AdamW([ctx], lr=self.hp["lr"])   # fresh per sample: official optim_state reload
         with torch.enable_grad():
             for _ in range(self.hp["steps"]):
-                features = self.text_features(ctx)
+                features = self.prompts.features(ctx)
                 logits = scale * views @ features.transpose(1, 2)
                 optimizer.zero_grad()
                 self.loss(logits, features).sum().backward()
                 optimizer.step()
         with torch.no_grad():
-            return self.predict(chunk, self.text_features(ctx))
+            return self.predict(chunk, self.prompts.features(ctx))
 
     def predict(self, chunk: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """[B, K] posteriors of the samples' views [B, V, d] under their tuned class text features [B, K, d]: TPT
