@@ -40,12 +40,12 @@ from benchmarks.tables import markdown_table
 
 BACKBONES = {"RN50": 1024, "ViT-B-16": 512}
 # slice / text_slice: samples measured at most per unit (prompt tuning: its text tower runs per sample); probe: the
-# first pass's samples; unit_seconds: what the last pass's samples may take, so the whole study fits one device call.
+# first pass's samples; unit_seconds: what the last pass's samples may take, so the whole study fits one device call;
+# tower: the text tower of prompt tuning (None: the backbone's; --quick: the tiny test tower).
 FULL = {"slice": 256, "text_slice": 2, "probe": 32, "unit_seconds": 0.3, "groups": 100, "orders": 100,
-        "max_classes": None, "dim": None}
+        "max_classes": None, "dim": None, "tower": None}
 QUICK = {"slice": 16, "text_slice": 2, "probe": 2, "unit_seconds": 0.02, "groups": 3, "orders": 100,
-         "max_classes": 12, "dim": 16}
-TINY_TOWER = "bca-tiny-vit"  # --quick's text tower (orchestrator.clip.testing)
+         "max_classes": 12, "dim": 16, "tower": "bca-tiny-vit"}
 QUICK_DATASETS = ("imagenet-a", "dtd")
 
 
@@ -118,14 +118,14 @@ def study_inputs(K: int, d: int, n: int, views: int, device: str, seed: int = 0)
     return base, emb, torch.arange(K, device=device)
 
 
-def _text_inputs(card, K: int, m: int, views: int, backbone: str, quick: bool, device: str):
-    """A prompt-tuning unit's text (the backbone's text tower, random weights; --quick: the tiny test tower), class
+def _text_inputs(card, K: int, m: int, views: int, tower: str, device: str):
+    """A prompt-tuning unit's text (the open_clip model `tower`'s text tower, random weights), class
     embeddings and view features, and the flop of one config-sample: forward and backward through the tower's
     transformer per tuning step (its weights are frozen: the backward costs about one forward), then the final
     forward, each 2 x parameters x K prompts x tokens."""
     from benchmarks.prompt import tower_inputs
 
-    text, emb, feats = tower_inputs(TINY_TOWER if quick else backbone, K, m, views, device)
+    text, emb, feats = tower_inputs(tower, K, m, views, device)
     params = sum(p.numel() for p in text.tower.transformer.parameters())
     steps = int(card.defaults().get("steps", 1))
     flop = 2 * params * K * text.tokens.shape[1] * (2 * steps + 1)
@@ -156,8 +156,8 @@ def _timed_pass(call, device: str) -> float:
 
 
 def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: float) -> Unit:
-    """One unit's rate: a pass over a probe of the slice, then (where the probe was quick) over as much of the slice
-    as fits `unit_seconds`, so every unit costs about the same device time whatever its method."""
+    """One unit's rate and a pass's setup, from three passes over growing prefixes of its slice (the last as long as
+    fits `unit_seconds`, so every unit costs about the same device time whatever its method)."""
     from orchestrator.methods import run_traces_many
     from orchestrator.methods.episodic import order_free
 
@@ -169,7 +169,7 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     m = min(preset["text_slice"] if card.text_encoder else preset["slice"], dataset.test_images)
     text, flop = None, 2 * views * d * K
     if card.text_encoder is not None:
-        text, emb, feats, flop = _text_inputs(card, K, m, views, backbone, preset["dim"] is not None, device)
+        text, emb, feats, flop = _text_inputs(card, K, m, views, preset["tower"] or backbone, device)
         ids = torch.arange(K, device=device)
     else:
         feats, emb, ids = study_inputs(K, d, m, views, device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.methods.transclip.card import STATA_BATCH, STATA_SINGLE_VIEW, TRANSDUCTIVE
+from orchestrator.methods.transclip.card import PER_BATCH, TRANSDUCTIVE
 from orchestrator.registry.card import HParam, MethodCard
 
 CARDS = (
@@ -15,8 +15,7 @@ CARDS = (
          HParam("soft_beta", "bool", False, "n_k as the soft mass sum_i z_ik instead of the count of samples "
                 "predicted k (official default: counts)", "flag"),
          *TRANSDUCTIVE),
-        state=(), state_words='K*d', batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW, samples_per_s=117.0,
-        gpu_samples_per_s=6152.0,
+        **PER_BATCH, samples_per_s=117.0, gpu_samples_per_s=6152.0,
         source="MaxZanella/StatA@eea8637 solvers/StatA.py, main.py (--online, get_hp); every dataset alike "
                "(scripts/StatA_online.sh)"),
 )

@@ -20,6 +20,9 @@ TRANSDUCTIVE = (
            "count", low=0),
     LOGIT_SCALE,
 )
+# what every per-batch card of StatA's comparison shares: no state between batches but the text embeddings, batches
+# of 128, StatA's single-view datasets
+PER_BATCH = dict(state=(), state_words="K*d", batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW)
 
 CARDS = (
     MethodCard(
@@ -29,8 +32,7 @@ CARDS = (
         (HParam("mu_init", "str", "text", "initial class means: text (the text embeddings, StatA's solver) or "
                 "confident (each class's 8 most confident samples, TransCLIP's own code)", "choice",
                 choices=("text", "confident")), *TRANSDUCTIVE),
-        state=(), state_words='K*d', batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW, samples_per_s=138.0,
-        gpu_samples_per_s=8012.0,
+        **PER_BATCH, samples_per_s=138.0, gpu_samples_per_s=8012.0,
         source="MaxZanella/StatA@eea8637 solvers/TransCLIP.py, main.py get_hp (as StatA compares it; "
                "MaxZanella/transduction-for-vlms@6a9e8f3 TransCLIP_solver is the original, means from confident "
                "samples)"),
