@@ -184,6 +184,9 @@ class Trial(NamedTuple):
     source: DataSource
     runs: tuple[Run, ...]
     shard: Shard | None = None  # one shard of its single run's stream (orchestrator.sweep.shard)
+    # a replay trial's computed runs, one per configuration (its other runs are their orders: sweep.replay); ()
+    # for any other trial
+    replay: tuple[Run, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -514,7 +517,9 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}
+    free: dict[tuple[DataSource, bool], list[Run]] = {}  # order-free runs by their source's first order
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
+    episodic: dict[str, bool] = {}
     trials: list[Trial] = []
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
@@ -530,10 +535,43 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
                 run.source, run.source.views != "single" and card.takes_views)
         if key is None:
             key = (run.source, run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
-        groups.setdefault(key, []).append(run)
+        if run.method not in episodic:
+            from orchestrator.methods.episodic import order_free
+
+            episodic[run.method] = order_free(run.method)
+        if episodic[run.method]:
+            free.setdefault((replace(key[0], order_index=0), key[1]), []).append(run)
+        else:
+            groups.setdefault(key, []).append(run)
     for (source, _views), group in groups.items():
         trials += [Trial(_trial_key(members), source, members) for members in chunk(group)]
+    for group in free.values():
+        trials += _replay_trials(group, chunk)
     return trials
+
+
+def _replay_trials(group: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
+    """Trials of order-free runs of one data source over its orders: where they span more than one order, each
+    trial holds every order of the configurations it computes (chunked by those configurations' costs, one run
+    standing for each), so that a configuration is computed once (orchestrator.sweep.replay)."""
+    if len({run.source for run in group}) == 1:
+        return [Trial(_trial_key(members), members[0].source, members) for members in chunk(group)]
+    from orchestrator.sweep.replay import replay_key
+
+    orders: dict[str, list[Run]] = {}
+    for run in group:
+        orders.setdefault(replay_key(run), []).append(run)
+    by_first = {id(runs[0]): runs for runs in orders.values()}
+    trials = []
+    for members in chunk([runs[0] for runs in orders.values()]):
+        every = tuple(run for first in members for run in by_first[id(first)])
+        trials.append(Trial(_trial_key(every), every[0].source, every, replay=members))
+    return trials
+
+
+def computed_runs(trial: Trial) -> tuple[Run, ...]:
+    """The runs a trial's method passes compute: a replay trial's one per configuration, else all of them."""
+    return trial.replay or trial.runs
 
 
 def _trial_key(members: tuple[Run, ...]) -> str:

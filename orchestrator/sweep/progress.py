@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ray import tune
 
 from orchestrator.data.streams import stream_label
-from orchestrator.sweep.plan import Run, Trial
+from orchestrator.sweep.plan import Run, Trial, computed_runs
 
 
 def format_seconds(seconds: float) -> str:
@@ -154,7 +154,7 @@ class ProgressCallback(tune.Callback):
             return "?"
         done = left = 0.0
         for key, plan in self.trials.items():
-            cost = sum(self._cost(run) for run in plan.runs) / (plan.shard.count if plan.shard else 1)
+            cost = sum(self._cost(run) for run in computed_runs(plan)) / (plan.shard.count if plan.shard else 1)
             share = 1.0 if key in self.ended else self.running.get(key, 0.0)
             done += share * cost
             left += (1.0 - share) * cost
