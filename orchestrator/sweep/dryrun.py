@@ -154,7 +154,33 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         lines.append(f"order-free runs computed once over their orders: {sum(len(t.runs) for t in replayed):,} runs of "
                      f"{', '.join(dict.fromkeys(r.method for t in replayed for r in t.runs))}, "
                      f"{sum(len(t.replay) for t in replayed):,} configurations computed (the cost counts those)")
+    alone = stepping_alone(trials)
+    if alone:
+        lines.append(f"{sum(alone.values()):,} runs of {', '.join(alone)} are the only stream of their order in "
+                     f"their lockstep pass (one configuration per order, a runner that steps one order at a time): "
+                     f"the projected GPU-hours price them at their cards' rates, measured on packs of 32 configs, "
+                     f"which overstate their speed")
     return lines + projected_hours(computed, lambda source: lengths[source])
+
+
+def stepping_alone(trials: list[Trial]) -> Counter:
+    """Per method, the runs that a lockstep runner would step with no other stream beside them: a runner that
+    does not take orders (`lockstep.takes_orders`) runs each order's streams of a pass in turn."""
+    alone: Counter = Counter()
+    for trial in trials:
+        if trial.replay or trial.shard is not None:
+            continue
+        passes: dict[tuple, list[Run]] = {}
+        for run in trial.runs:
+            card = method_card(run.method)
+            runner = card.lockstep_runner(run.source.views != "single" and card.wants_views(run.hparams))
+            if runner is not None:  # a card without one states its single-stream rate
+                order = None if getattr(runner, "takes_orders", False) else run.source
+                passes.setdefault((id(runner), run.batch_size, order), []).append(run)
+        for runs in passes.values():
+            if len(runs) == 1:
+                alone[runs[0].method] += 1
+    return alone
 
 
 def _skipped_batch_sizes(spec: SweepSpec) -> list[str]:

@@ -467,10 +467,12 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         raise
 
 
-def pack_traces(runs: list[Run], stream: Stream, text: Any = None) -> tuple[list[Any], float, float]:
+def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch.Tensor | None = None
+                ) -> tuple[list[Any], float, float]:
     """Each run's trace over the stream from one pass of the multi-config engine per kind of features the runs
     take (views, a view axis over single features, or features; exact per run), the warm-up's seconds and the
-    passes' seconds."""
+    passes' seconds. `orders` [runs, n]: run i's stream is the stream's samples in the order orders[i]
+    (orchestrator.sweep.orders)."""
     from orchestrator.methods.many import run_traces_many
 
     traces: list[Any] = [None] * len(runs)
@@ -482,15 +484,15 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None) -> tuple[list
                     **_method_hparams(runs[i].config, len(stream))} for i in picked]
         passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
 
-    def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
+    def run_pass(configs: list[dict], features: torch.Tensor, order: torch.Tensor | None = None) -> list[Any]:
         return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
-                               text)
+                               text, order)
 
     warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
                        lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
     began = time.perf_counter()
     for picked, configs, features in passes:
-        for i, trace in zip(picked, run_pass(configs, features)):
+        for i, trace in zip(picked, run_pass(configs, features, None if orders is None else orders[picked])):
             traces[i] = trace
     return traces, warmup_s, time.perf_counter() - began
 
@@ -559,10 +561,10 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
     load_plugins(settings.plugins)
     keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
-        if trial.replay:  # order-free runs over several orders
-            from orchestrator.sweep.replay import execute_replay
+        if any(run.source != trial.source for run in todo):  # several orders of one data source
+            from orchestrator.sweep.orders import execute_orders
 
-            return execute_replay(todo, settings, peak=peak, progress=progress)
+            return execute_orders(todo, settings, peak=peak, progress=progress)
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         text = _prompt_text([run.config for run in todo], trial.source, stream)
