@@ -113,6 +113,12 @@ def test_the_plan_packs_a_sources_orders_and_computes_an_order_free_configuratio
         assert sum(len(computed_runs(t)) for t in replays) == 4  # zero, mta x 2, tps: once each
         assert all(computed_runs(t) == t.runs for t in trials if not t.replay)
         assert not any(order_free(r.method) for t in trials if not t.replay for r in t.runs)
+        if pack == "auto":  # the progress line of a replay trial says what it computes
+            from orchestrator.sweep.progress import ProgressCallback
+
+            line = ProgressCallback(trials, runs, out=lambda _: None)._describe(replays[0])
+            assert f"({len(replays[0].replay)} computed, replayed over their orders)" in line
+            assert line.endswith(f"orders=0-{ORDERS - 1}")
         if pack == 1:  # each stepped run alone in its pass, which the dry run says
             assert all(len(t.replay) == 1 for t in replays) and all(len(t.runs) == 1 for t in trials if not t.replay)
             assert stepping_alone(trials) == {"clip": ORDERS, "tda": ORDERS, "bca": 2 * ORDERS}
