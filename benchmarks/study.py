@@ -67,6 +67,9 @@ class Unit:
     measured: int = 0         # samples of the longest timed pass
     setup_s: float = 0.0      # a pass's fixed cost (its G methods built), paid once per pass
     passes: int = 1           # passes of G streams the study's orders take
+    # whether the pass steps G orders (True), G grid points of one order (False: a runner that runs one order at a
+    # time, so a sweep of one configuration per order gets G = 1 from it), or one stream (None)
+    orders_together: bool | None = None
 
     @property
     def seconds(self) -> float:
@@ -205,9 +208,10 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
         per = t_long / length
     setup = max(t_base - 2 * a * per, 0.0)
     rate = len(configs) / per
+    together = None if len(configs) == 1 else bool(lockstep_orders)
     return Unit(dataset.name, backbone, card.name, dataset.test_images * preset["orders"], views, rate,
                 _peak_bytes(device), flop * rate / gemm, len(configs), order_free(card.name),
-                card.text_encoder is not None, length, setup, math.ceil(preset["orders"] / len(configs)))
+                card.text_encoder is not None, length, setup, math.ceil(preset["orders"] / len(configs)), together)
 
 
 def makespan(units: list[Unit], devices: int, orders: int) -> float:
@@ -234,7 +238,7 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
     from orchestrator.registry import method_label
 
     measured, units = units, as_swept(units, orders)
-    lines = [["method", "device-s", "cfg-samples/s", "G", "peak MB", "GEMM fraction", "share"]]
+    lines = [["method", "device-s", "cfg-samples/s", "G", "orders in a pass", "peak MB", "GEMM fraction", "share"]]
     total = sum(u.seconds for u in units)
     for method in dict.fromkeys(u.method for u in units):
         mine = [u for u in units if u.method == method]
@@ -243,10 +247,10 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
         fraction = sum(u.gemm_fraction * u.seconds for u in mine) / seconds
         groups = sorted({u.groups for u in measured if u.method == method})
         lines.append([method_label(method), f"{seconds:,.0f}", _rate(samples / seconds),
-                      f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}",
+                      f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}", _together(mine),
                       f"{max(u.peak_bytes for u in mine) / 2**20:,.0f}", f"{fraction:.2%}", f"{seconds / total:.0%}"])
     samples = sum(u.samples for u in units)
-    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}", "",
+    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}", "", "",
                   f"{max(u.peak_bytes for u in units) / 2**20:,.0f}",
                   f"{sum(u.gemm_fraction * u.seconds for u in units) / total:.2%}", "100%"])
     free = sorted({u.method for u in units if u.order_free})
@@ -257,13 +261,25 @@ def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
               f"them, as the sweep replays their rows" if free else "")
            + "); GEMM fraction: the dominant products' flop (views x classes x d per config-sample; "
            "prompt tuning: its text tower's forward and backward) over that rate, above 100% where the configs "
-           "share the product (Zero's and MTA's runner scores the views once for all)"]
+           "share the product (Zero's and MTA's runner scores the views once for all). Orders in a pass: 'G' where "
+           "the runner steps G orders together; 'one' where it steps G grid points of one order (a sweep gives such "
+           "a runner one order's configurations per pass, so a grid of one configuration per order, the paper's, "
+           "runs at G = 1 there and slower than this projection); 'once' where the configuration is computed once "
+           "for every order; '-' for one stream a pass"]
     for n in (1, 8, 64):
         seconds = makespan(units, n, orders)
         out.append(f"projected on {n:>2} device(s): {seconds / 3600:.2f} h ({seconds:.3g} s)")
     out.append("")
     out.extend(_variants(measured, units, orders))
     return "\n".join(out)
+
+
+def _together(units: list[Unit]) -> str:
+    """The 'orders in a pass' cell of one method's units (report's note)."""
+    if all(u.order_free for u in units):
+        return "once"
+    kinds = {u.orders_together for u in units}
+    return "/".join({True: "G", False: "one", None: "-"}[k] for k in (True, False, None) if k in kinds)
 
 
 def _rate(x: float) -> str:

@@ -59,11 +59,17 @@ def test_quick_study_measures_every_registered_method():
     with contextlib.redirect_stdout(out):
         study.main(["--quick", "--datasets", "dtd", "--backbones", "ViT-B-16"])
     text = out.getvalue()
-    table = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^\| (\S[^|]*?)\s*\|[^|]*\|[^|]*\|\s*(\d*)\s*\|", text, re.M)}
+    table = {m.group(1).strip(): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| (\S[^|]*?)\s*\|[^|]*\|[^|]*\|\s*(\d*)\s*\|\s*(\S*)\s*\|", text, re.M)}
+    from orchestrator.methods.episodic import order_free
+
     for card in method_cards():
         assert method_label(card.name) in table, card.name
         alone = card.text_encoder is not None or card.lockstep_runner(card.takes_views) is None
-        assert (table[method_label(card.name)] == "1") == alone, card.name
+        groups, together = table[method_label(card.name)]
+        assert (groups == "1") == alone, card.name
+        # whether a pass steps orders together, grid points of one order, or one stream; order-free: once
+        assert together in (("once",) if order_free(card.name) else ("-",) if alone else ("G", "one")), card.name
     assert "without prompt tuning" in text and "every order computed (order-free runs not replayed)" in text
 
 
