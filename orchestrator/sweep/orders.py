@@ -97,18 +97,20 @@ _SKELETONS: OrderedDict[tuple[DataSource, bool], tuple[Benchmark, ...]] = Ordere
 
 
 def _source_data(first: DataSource, settings: Settings, keep_views: bool, progress: Progress
-                 ) -> tuple[Stream, tuple[Benchmark, ...]]:
-    """The stream of `first` and its data's skeleton, loading the benchmarks at most once."""
+                 ) -> tuple[Stream, tuple[Benchmark, ...], float]:
+    """The stream of `first`, its data's skeleton and the encoder seconds this trial spent, loading the
+    benchmarks at most once."""
     key = (dataclasses.replace(first, order_index=0), keep_views)
     if key in _SKELETONS:
         _SKELETONS.move_to_end(key)
-        return load_stream(first, settings, keep_views, progress)[0], _SKELETONS[key]
+        stream, cached = load_stream(first, settings, keep_views, progress)
+        return stream, _SKELETONS[key], 0.0 if cached else stream.encode_s
     benches = load_benchmarks(first, settings, reduces_views(first, keep_views), progress)
     computed = remember_stream(first, keep_views, stream_from(first, benches, keep_views))
     _SKELETONS[key] = tuple(_skeleton(bench) for bench in benches)
     while len(_SKELETONS) > 2:
         _SKELETONS.popitem(last=False)
-    return computed, _SKELETONS[key]
+    return computed, _SKELETONS[key], computed.encode_s
 
 
 def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | None = None,
@@ -117,7 +119,7 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     the others stepped over their orders on the shared features. One metrics dict per run, as `execute_pack`."""
     first = runs[0].source
     keep_views = any(_wants_views(run.config) for run in runs)
-    computed, skeleton = _source_data(first, settings, keep_views, progress)
+    computed, skeleton, encode_s = _source_data(first, settings, keep_views, progress)
     laid: dict[DataSource, tuple[Arranged, np.ndarray] | None] = {}
     for run in runs:
         if run.source not in laid:
@@ -125,8 +127,8 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     here = {source: pair for source, pair in laid.items() if pair is not None}
     replayed = [run for run in runs if run.source in here and order_free(run.method)]
     stepped = [run for run in runs if run.source in here and not order_free(run.method)]
-    out = _replay(replayed, computed, here, settings, peak) if replayed else []
-    out += _step(stepped, computed, here, settings, peak) if stepped else []
+    out = _replay(replayed, computed, here, settings, peak, encode_s) if replayed else []
+    out += _step(stepped, computed, here, settings, peak, 0.0 if replayed else encode_s) if stepped else []
     elsewhere = [run for run in runs if run.source not in here]
     for source in dict.fromkeys(run.source for run in elsewhere):
         own = [run for run in elsewhere if run.source == source]
@@ -160,8 +162,8 @@ def _started(runs: list[Run], settings: Settings, n: int) -> list[RunWriter]:
     return writers
 
 
-def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
-            ) -> list[dict[str, Any]]:
+def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
+            encode_s: float) -> list[dict[str, Any]]:
     writers = _started(runs, settings, len(computed))
     try:
         classes = [order_class(run) for run in runs]
@@ -181,14 +183,14 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
                        for run, key in zip(runs, classes)],
                       pass_s / len(first),
                       [{stage: t / served[key] for stage, t in by_class[key].timings.items()} for key in classes],
-                      [by_class[key].state for key in classes], computed.encode_s, warmup_s)
+                      [by_class[key].state for key in classes], encode_s, warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
 
 
-def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
-          ) -> list[dict[str, Any]]:
+def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
+          encode_s: float) -> list[dict[str, Any]]:
     writers = _started(runs, settings, len(computed))
     try:
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
@@ -196,8 +198,7 @@ def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, pea
         traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
         rows = [_rows(trace, laid[run.source][0].labels) for run, trace in zip(runs, traces)]
         return _write(runs, writers, computed, laid, settings, peak, rows, pass_s / len(runs),
-                      [trace.timings for trace in traces], [trace.state for trace in traces], computed.encode_s,
-                      warmup_s)
+                      [trace.timings for trace in traces], [trace.state for trace in traces], encode_s, warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
