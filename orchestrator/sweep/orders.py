@@ -8,7 +8,7 @@ once, each order laid over them as a permutation, and every run written in its o
   state every sample, so a sample's outputs depend on that sample alone and a configuration's N orders hold the
   same rows in N orders. Each configuration is computed once, over the first run's stream, and each run's rows
   are those per-sample outputs gathered into its own order (a replay). The paper's study runs every method over
-  100 orders: for these methods that is 100 times less compute (`benchmarks.study` measures it).
+  100 orders: for these methods that is 100 times less compute (`benchmarks.study` projects it).
 - Every other run is one stream of a multi-config pass over the shared features with its own order
   (`run_traces_many(..., orders=...)`): a runner that steps orders together (`lockstep.takes_orders`) runs them
   in one batched pass; any other runs each order's streams in turn, as separate trials would, without loading
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,10 +42,10 @@ from orchestrator.methods.episodic import order_free
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import DataSource, Run, order_class
-from orchestrator.sweep.trial import (Progress, Settings, Stream, _finish, _numpy, _Outcome, _peak_mb,
-                                      _prompt_text, _rows, _RowSink, _batch_size, _wants_views, execute_pack, load_benchmarks,
-                                      load_stream, mark_unfinished_failed, pack_traces, part_rows_for,
-                                      reduces_views, remember_stream, stream_from)
+from orchestrator.sweep.trial import (Progress, Settings, Stream, _batch_size, _finish, _numpy, _Outcome,
+                                      _peak_mb, _prompt_text, _rows, _RowSink, _wants_views, execute_pack,
+                                      load_benchmarks, load_stream, mark_unfinished_failed, pack_traces,
+                                      part_rows_for, reduces_views, remember_stream, stream_from)
 
 
 def _skeleton(bench: Benchmark) -> Benchmark:
@@ -139,9 +139,11 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
 
 
 def _write(runs: list[Run], writers: list[RunWriter], computed: Stream, laid: Laid, settings: Settings,
-           peak: PeakMemory | None, rows: list[dict[str, np.ndarray]], seconds: float, timings: list[dict[str, float]],
-           states: list[dict[str, torch.Tensor]], encode_s: float, warmup_s: float) -> list[dict[str, Any]]:
-    """Each run's rows (in its own order) written from its rows_done, and its run finished with its final state."""
+           peak: PeakMemory | None, rows_of: Callable[[int], dict[str, np.ndarray]], seconds: float,
+           timings: list[dict[str, float]], states: list[dict[str, torch.Tensor]], encode_s: float,
+           warmup_s: float) -> list[dict[str, Any]]:
+    """Each run's rows (`rows_of(i)`, in its own order, made when written) written from its rows_done, and its run
+    finished with its final state."""
     out = []
     for i, (run, writer) in enumerate(zip(runs, writers)):
         stream = _laid_stream(computed, *laid[run.source])
@@ -149,7 +151,7 @@ def _write(runs: list[Run], writers: list[RunWriter], computed: Stream, laid: La
         outcome.state = {k: _numpy(v) for k, v in states[i].items()}
         sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
                         settings.failpoint)
-        sink.offer(0, outcome.add_rows(rows[i], seconds, timings[i]))
+        sink.offer(0, outcome.add_rows(rows_of(i), seconds, timings[i]))
         out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
                            _peak_mb(peak), warmup_s if i == 0 else 0.0))
     return out
@@ -179,8 +181,7 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
         # so the cost model learns what computing a configuration costs; its stage times are its share, so that
         # they add up to the pass's over the runs
         return _write(runs, writers, computed, laid, settings, peak,
-                      [{name: column[laid[run.source][1]] for name, column in rows[key].items()}
-                       for run, key in zip(runs, classes)],
+                      lambda i: {name: column[laid[runs[i].source][1]] for name, column in rows[classes[i]].items()},
                       pass_s / len(first),
                       [{stage: t / served[key] for stage, t in by_class[key].timings.items()} for key in classes],
                       [by_class[key].state for key in classes], encode_s, warmup_s)
@@ -196,8 +197,8 @@ def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, pea
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
         text = _prompt_text([run.config for run in runs], runs[0].source, computed)
         traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
-        rows = [_rows(trace, laid[run.source][0].labels) for run, trace in zip(runs, traces)]
-        return _write(runs, writers, computed, laid, settings, peak, rows, pass_s / len(runs),
+        return _write(runs, writers, computed, laid, settings, peak,
+                      lambda i: _rows(traces[i], laid[runs[i].source][0].labels), pass_s / len(runs),
                       [trace.timings for trace in traces], [trace.state for trace in traces], encode_s, warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
