@@ -45,6 +45,7 @@ def main() -> None:
     st.sidebar.caption(f"results: `{results_dir}`")
     if st.sidebar.button("Refresh now", key="refresh"):
         st.cache_data.clear()
+        load_results.clear()
 
     if not Path(results_dir).is_dir():
         st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC` writes to the "

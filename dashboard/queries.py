@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, report
@@ -198,15 +199,16 @@ def online_curves(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset:
     tests/test_results_store.py)."""
     params = {"backbone": backbone, "dataset": dataset, "window": int(window)}
     ids = sorted(set(run_ids))
-    where = f"s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window AND {_runs_filter(ids)}"
-    have = db.sql(f"SELECT count(*) AS n FROM run_curves WHERE {where}", params).to_pylist()[0]["n"]
-    if ids and have == len(ids):
-        counts = (f"SELECT run_id, unnest(curve_win) AS win, unnest(curve_n) AS n, unnest(curve_k) AS k "
-                  f"FROM run_curves WHERE {where}")
-    else:
-        rows = f"(SELECT * FROM samples WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(ids)})"
-        counts = window_counts_sql(rows, "$window")
-    return db.df(curve_points_sql(counts), params)
+    # the shown runs as a table joined in (a literal list of a dataset's thousands of runs takes long to bind)
+    shown = {"shown_runs": pa.table({"run_id": pa.array(ids, pa.string())})}
+    curves = db.df(curve_points_sql(
+        "SELECT run_id, unnest(curve_win) AS win, unnest(curve_n) AS n, unnest(curve_k) AS k FROM run_curves "
+        "WHERE s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window "
+        "AND run_id IN (SELECT run_id FROM shown_runs)"), params, shown)
+    if ids and curves["run_id"].nunique() == len(ids):
+        return curves
+    rows = f"(SELECT * FROM samples WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(ids)})"
+    return db.df(curve_points_sql(window_counts_sql(rows, "$window")), params)
 
 
 def default_window(max_rows: int, points: int = CURVE_POINTS) -> int:
@@ -384,11 +386,15 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     setting = usable_rows["setting_id"] if "setting_id" in usable_rows else usable_rows["dataset"]
     paired = usable_rows.groupby([usable_rows["series"], usable_rows["dataset"], setting, usable_rows["seed"],
                                   usable_rows["_order"]])[metric].mean()
-    paired_by = {key: group.droplevel([0, 1]) for key, group in paired.groupby(level=[0, 1])}
+    # per (series, dataset): {(setting, seed, order): value}, in one pass (a Series per group costs a study's
+    # page seconds)
+    paired_by: dict[tuple, dict[tuple, float]] = {}
+    for (series, dataset, *key), value in paired.items():
+        paired_by.setdefault((series, dataset), {})[tuple(key)] = value
     extra = []
     for (series, dataset), configs in configs_of.items():
         short = [c for c in configs if c.skipped]
-        own = paired_by.get((series, dataset), pd.Series(dtype=float))
+        own = paired_by.get((series, dataset), {})
         extra.append({"series": series, "dataset": dataset, "expected": sum(len(c.expected) for c in configs),
                       "samples": short[0].samples if short else None, "total": short[0].total if short else None,
                       "protocols": frozenset().union(*(c.protocols for c in configs)), "values": own})
@@ -447,8 +453,8 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         deltas = {}
         for column in datasets:
             deltas[column] = [evidence.paired_gain(frames["values"][column][s], frames["values"][column][pinned])
-                              if isinstance(frames["values"][column][s], pd.Series)
-                              and isinstance(frames["values"][column][pinned], pd.Series) else (np.nan, 0)
+                              if isinstance(frames["values"][column][s], dict)
+                              and isinstance(frames["values"][column][pinned], dict) else (np.nan, 0)
                               for s in mean.index]
         if len(datasets) > 1:  # the mean of the datasets' paired differences, on the fewest pairs any has
             deltas["Average"] = [(float(np.mean([deltas[c][i][0] for c in datasets])),

@@ -288,8 +288,9 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
                                       bind=URL, help="Runs with equal values of these columns form one series; "
                                                      "tables and curves show mean ± std over its runs.")
     labels = queries.group_labels(runs, group_by, hparams)
-    series = list(dict.fromkeys(labels[runs.sort_values("method", key=lambda m: m.map(registry.method_rank))
-                                      .index]))
+    # ranked once per method, not once per run (10^5 runs, a few methods)
+    series = list(dict.fromkeys(labels[runs.sort_values("method", key=lambda m: report.per_value(
+        m, registry.method_rank)).index]))
     chosen = st.sidebar.multiselect("show only these series (empty: all)", series, key="show", bind=URL)
     if chosen:
         keep = labels.isin(chosen)
@@ -297,7 +298,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
     pinned = st.sidebar.selectbox("pin a baseline series (Δ columns)", [None, *series],
                                   format_func=lambda s: "none" if s is None else s, key="pin", bind=URL)
 
-    pairs = sorted({(b, d) for b, d in zip(runs["backbone"], runs["dataset"])})
+    pairs = sorted(runs[["backbone", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     keys = [f"{b}/{d}" for b, d in pairs]
     focus_key = st.selectbox("backbone / dataset for the stream, sensitivity, prior, per-class and cost views",
                              keys, key="focus", bind=URL,

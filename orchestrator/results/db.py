@@ -455,9 +455,16 @@ class ResultsDB:
         """Trusted SQL (this package's own queries) as an Arrow table. User SQL goes through query()."""
         return self._run(lambda cur: cur.sql(query, params=params).to_arrow_table())
 
-    def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
-        """Trusted SQL as a pandas DataFrame."""
-        return self._run(lambda cur: cur.sql(query, params=params).df())
+    def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None,
+           tables: dict[str, pa.Table] | None = None) -> pd.DataFrame:
+        """Trusted SQL as a pandas DataFrame; `tables`: Arrow tables the query reads by these names (e.g. the run
+        ids a page shows: a join with them binds in no time, a literal list of thousands of ids does not)."""
+        def run(cur: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+            for name, table in (tables or {}).items():
+                cur.register(name, table)
+            return cur.sql(query, params=params).df()
+
+        return self._run(run)
 
     def query(self, user_sql: str) -> pa.Table:
         """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table.

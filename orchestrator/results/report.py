@@ -267,7 +267,7 @@ class ReportTable:
     def to_frame(self) -> pd.DataFrame:
         """Numbers as a flat frame: '<column>' (mean), '<column> std', '<column> n', '<column> n expected', then
         'Δ CLIP (<column>)' and its 'Δ CLIP (<column>) n' pairs."""
-        out = pd.DataFrame(index=self.mean.index)
+        out: dict[str, pd.Series] = {}  # framed once: a frame grown column by column is slow to build and use
         for col in self.columns:
             out[col] = self.mean[col]
             out[f"{col} std"] = self.std[col]
@@ -283,25 +283,28 @@ class ReportTable:
                 out[f"Δ CLIP ({col}) low"] = self.gain_low[col]
                 out[f"Δ CLIP ({col}) high"] = self.gain_high[col]
                 out[f"Δ CLIP ({col}) p Holm"] = self.p_holm[col]
-        return out
+        return pd.DataFrame({k: v.to_numpy() for k, v in out.items()}, index=self.mean.index)
 
     def formatted(self) -> pd.DataFrame:
         """Display strings: 'mean ± std (n=3)' (the mean alone for one run), 'n=2 of 3' where runs are missing,
         '30 of 40 samples' where images were skipped, signed paired gains with their pairs, '—' for missing."""
-        out = pd.DataFrame(index=self.mean.index)
+        out: dict[str, list[str]] = {}
         sources = (list(self.mean.index.get_level_values("source")) if "source" in self.mean.index.names
                    else ["measured"] * len(self.mean))
+        keys = list(self.mean.index)
+        # columns as plain lists, read by position (a MultiIndex lookup per cell costs a study's table seconds)
+        plain = lambda frame, col: None if frame is None else frame[col].tolist()  # noqa: E731
         for col in self.columns:
-            cells = []
-            for key, source in zip(self.mean.index, sources):
-                cell = self.cells.get(key, {}).get(col)
-                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source, cell)
-                             + (SIGNIFICANT if self.significant(key, col) else ""))
-            out[col] = cells
+            means, stds, ns = plain(self.mean, col), plain(self.std, col), plain(self.n, col)
+            p_holm = plain(self.p_holm, col)
+            out[col] = [_cell(means[i], stds[i], ns[i], source, self.cells.get(key, {}).get(col))
+                        + (SIGNIFICANT if p_holm is not None and p_holm[i] <= stats.ALPHA else "")
+                        for i, (key, source) in enumerate(zip(keys, sources))]
         for col in self.gain_columns:
-            out[f"Δ CLIP ({col})"] = [evidence.gain_text(v, self.gain_cells.get(key, {}).get(col))
-                                      + _interval(self, key, col) for key, v in self.gain[col].items()]
-        return out
+            gains, lows, highs = plain(self.gain, col), plain(self.gain_low, col), plain(self.gain_high, col)
+            out[f"Δ CLIP ({col})"] = [evidence.gain_text(gains[i], self.gain_cells.get(key, {}).get(col))
+                                      + _interval(lows, highs, i) for i, key in enumerate(keys)]
+        return pd.DataFrame(out, index=self.mean.index)
 
     def render(self) -> Table:
         """A rich table; the best complete measured cell per column, backbone and stream protocol in bold."""
@@ -358,10 +361,10 @@ def _with_clip_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     clip = keyed[keyed["_fit"] & (keyed["method"] == registry.baseline_method())]
     values = clip.groupby(keys)[metric].mean().rename("_clip").reset_index()
     return keyed.merge(values, on=keys, how="left").set_axis(runs.index).drop(columns=["_n", "_fp"])
-def _interval(table: ReportTable, key: Any, col: str) -> str:
-    if table.gain_low is None or _is_missing(table.gain_low.at[key, col]):
+def _interval(lows: list | None, highs: list | None, i: int) -> str:
+    if lows is None or _is_missing(lows[i]):
         return ""
-    return f" [{table.gain_low.at[key, col]:+.2f}, {table.gain_high.at[key, col]:+.2f}]"
+    return f" [{lows[i]:+.2f}, {highs[i]:+.2f}]"
 
 
 def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
@@ -521,11 +524,10 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
         return publish()
-    ids = sorted(set(runs["run_id"].to_numpy(dtype=object)))
-    # only the table's runs (a semi-join: list_contains over 10^5 ids costs seconds)
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
-                  "WHERE gain IS NOT NULL AND run_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": ids})
-    known = set(ids)
+    # every pair, kept to the table's runs by the merge below (binding the table's 10^5 ids into the query costs
+    # more than reading the pairs of runs it does not show)
+    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
+    known = set(runs["run_id"].to_numpy(dtype=object))
     pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
