@@ -344,8 +344,11 @@ def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[
 
 
 def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
-    """Series label -> the method of its runs (the first, for a group pooling several): the colour family."""
-    return {label: method for label, method in zip(labels, runs["method"])}
+    """Series label -> the method of its runs (the last, for a group pooling several), in the order the series
+    first appear: the colour family. Per series, not per run (a study's page has 10^5 runs, hundreds of series)."""
+    frame = pd.DataFrame({"series": labels.to_numpy(dtype=object), "method": runs["method"].to_numpy(dtype=object)})
+    last = dict(zip(*(frame.drop_duplicates("series", keep="last")[c].tolist() for c in ("series", "method"))))
+    return {label: last[label] for label in frame["series"].drop_duplicates().tolist()}
 
 
 def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
@@ -427,19 +430,18 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
     best = pd.DataFrame(index=mean.index)
     for column in mean.columns:
         values = mean[column]
-        cells = []
-        for series in mean.index:
-            if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
-                fewest, most = n.loc[series, datasets].min(), expected.loc[series, datasets].max()
-                cells.append(evidence.cell_text(values[series], math.nan, _int_or_none(fewest) or 0,
-                                                _int_or_none(most)))
-                continue
-            count = n[column][series]
-            cells.append(evidence.cell_text(
-                values[series], std[column][series], 0 if pd.isna(count) else int(count),
-                None if pd.isna(expected[column][series]) else int(expected[column][series]),
-                _int_or_none(frames["samples"][column][series]), _int_or_none(frames["total"][column][series]),
-                worst[column][series]))
+        # the cells' inputs as lists by row position (a label lookup per cell costs a study's page a second)
+        if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
+            fewest, most = n[datasets].min(axis=1).tolist(), expected[datasets].max(axis=1).tolist()
+            cells = [evidence.cell_text(v, math.nan, _int_or_none(f) or 0, _int_or_none(m))
+                     for v, f, m in zip(values.tolist(), fewest, most)]
+        else:
+            cells = [evidence.cell_text(v, sd, 0 if pd.isna(count) else int(count),
+                                        None if pd.isna(exp) else int(exp), _int_or_none(samples),
+                                        _int_or_none(total), w)
+                     for v, sd, count, exp, samples, total, w in zip(
+                         *(frame[column].tolist() for frame in (mean, std, n, expected, frames["samples"],
+                                                                frames["total"], worst)))]
         text[titles[column]] = cells
         numbers[titles[column]] = values
         if column in std.columns:
