@@ -25,8 +25,8 @@ def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.Dat
     done = runs.assign(series=labels.values)
     done = done[(done["status"] == "finished") & done["complete"].fillna(False).astype(bool)]
     pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
-    finished = set(db.df("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
-                   .to_numpy(dtype=object))
+    finished = set(db.sql("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
+                   .to_pylist())
     # a set lookup per pair: Series.isin over 10^5 Arrow strings costs seconds
     pairs = pairs[np.array([b in finished for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     paired = done[["run_id", "series", "method", "dataset"]].merge(pairs, on="run_id")

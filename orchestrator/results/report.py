@@ -541,9 +541,12 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     # table has hundreds of cells over 10^5 runs)
     per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
            .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
-    by_row: dict[tuple[Any, Any], dict[str, dict[tuple, tuple]]] = {}
-    for backbone, row, k, seed, order, *counts in zip(*(per[c].to_numpy(dtype=object) for c in per.columns)):
-        by_row.setdefault((backbone, row), {}).setdefault(k, {})[(seed, order)] = counts
+    # per (backbone, row) and dataset: the positions of its (seed, order) rows in `per`, in (seed, order) order
+    by_row: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
+    for (backbone, row, k), at in sorted(per.groupby(["backbone", "row", "key"], sort=True).indices.items()):
+        by_row.setdefault((backbone, row), {})[k] = at
+    gains, counts_of = per["gain"].to_numpy(dtype=float), per[["helped", "hurt", "n"]].to_numpy(dtype=np.int64)
+    gain_list, seeds, orders = per["gain"].tolist(), per["seed"].tolist(), per["order"].tolist()
     for (backbone, row), by_key in by_row.items():
         key = rows.get((backbone, row))
         if key is None:
@@ -551,12 +554,19 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
         groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
-            # the (seed, order) pairs that cover every dataset of the column
-            common = sorted(set.intersection(*(set(by_key[k]) for k in keys)))
-            if not common:
-                continue
-            values = np.array([sum(by_key[k][so][0] for k in keys) / len(keys) for so in common])
-            counts = np.array([by_key[k][so][1:] for k in keys for so in common], dtype=np.int64)
+            if len(keys) == 1:  # a dataset's column: its (seed, order) rows as they are (sum([g]) / 1 is g + 0.0)
+                at = by_key[keys[0]]
+                if not len(at):
+                    continue
+                values, counts = gains[at] + 0.0, counts_of[at]
+            else:
+                # the (seed, order) pairs that cover every dataset of the column
+                where = {k: {(seeds[i], orders[i]): i for i in by_key[k]} for k in keys}
+                common = sorted(set.intersection(*(set(where[k]) for k in keys)))
+                if not common:
+                    continue
+                values = np.array([sum(gain_list[where[k][so]] for k in keys) / len(keys) for so in common])
+                counts = counts_of[[where[k][so] for k in keys for so in common]]
             # gains in points here, fractions in stats
             summary = stats.across_runs(values / 100, counts[:, 0], counts[:, 1], counts[:, 2])
             low[(key, label)], high[(key, label)] = 100 * summary.ci_low, 100 * summary.ci_high
