@@ -346,9 +346,10 @@ def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[
 def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
     """Series label -> the method of its runs (the last, for a group pooling several), in the order the series
     first appear: the colour family. Per series, not per run (a study's page has 10^5 runs, hundreds of series)."""
-    frame = pd.DataFrame({"series": labels.to_numpy(dtype=object), "method": runs["method"].to_numpy(dtype=object)})
-    last = dict(zip(*(frame.drop_duplicates("series", keep="last")[c].tolist() for c in ("series", "method"))))
-    return {label: last[label] for label in frame["series"].drop_duplicates().tolist()}
+    codes, series = pd.factorize(labels.to_numpy(dtype=object))  # series in the order they first appear
+    _, first_from_end = np.unique(codes[::-1], return_index=True)
+    methods = runs["method"].to_numpy(dtype=object)[len(codes) - 1 - first_from_end]  # each series' last run's
+    return dict(zip(series.tolist(), methods.tolist()))
 
 
 def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,

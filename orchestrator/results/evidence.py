@@ -79,6 +79,8 @@ def _peers(runs: pd.DataFrame) -> pd.DataFrame:
     orders)."""
     def text(column: str) -> pd.Series:  # None and NaN alike (a merge turns one into the other)
         values = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+        if isinstance(values.dtype, pd.StringDtype):  # already text: no round trip through 10^5 Python strings
+            return values.fillna("").astype(str)
         return values.astype(object).where(values.notna(), "").astype(str)
 
     return pd.DataFrame({"sweep": text("sweep"), "backbone": text("backbone_name" if "backbone_name" in runs
