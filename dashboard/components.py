@@ -34,13 +34,22 @@ def open_db(results_dir: str) -> ResultsDB:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def load_results(results_dir: str, fingerprint: tuple) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(runs table, per-run rows with metrics, bad files); keyed by the files' fingerprint, so it is read again
-    only when a file was written (and then ResultsDB rebuilds only what changed). Shared, not copied, by every
-    rerun and session (a study's 10^5-run frames cost seconds to pickle and unpickle): the pages only read them."""
+def load_results(results_dir: str, fingerprint: tuple) -> tuple[pd.DataFrame, list[str], dict[str, int], int]:
+    """(per-run rows with metrics, bad files, runs per status, runs in the runs table); keyed by the files'
+    fingerprint, so it is read again only when a file was written (and then ResultsDB rebuilds only what changed).
+    Shared, not copied, by every rerun and session (a study's 10^5-run frame costs seconds to pickle and unpickle):
+    the pages only read it."""
     db = open_db(results_dir)
     db.refresh()
-    return queries.run_table(db), queries.accuracy_runs(db), [str(b) for b in db.bad_files]
+    counts, total = queries.status_counts(db)
+    return queries.accuracy_runs(db), [str(b) for b in db.bad_files], counts, total
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def load_run_table(results_dir: str, fingerprint: tuple) -> pd.DataFrame:
+    """The runs table (every run, also those with no samples yet), read only by the views that list runs (the
+    first page does not), shared as load_results is."""
+    return queries.run_table(open_db(results_dir))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import charts, context, importance, metrics, queries, significance
 from dashboard.components import (URL, chart, dataframe, id_selectbox, link, load_curves, load_importance,
-                                  load_per_class, prior_view, table_exports)
+                                  load_per_class, load_run_table, prior_view, table_exports)
 from dashboard.queries import Filters
 from orchestrator import registry
 from orchestrator.results import report, schema
@@ -263,7 +263,7 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
     table_exports(listing.drop(columns="page"), listing.drop(columns="page"), None, "runs", "runs")
 
 
-def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame, all_runs: pd.DataFrame,
+def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFrame,
               record_for: Callable[[str], dict | None]) -> None:
     hparams = queries.hparam_columns(db)
     filter_columns = queries.filter_columns(all_runs, hparams)
@@ -321,7 +321,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
         lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),
         lambda: settings_panel(view),
         lambda: cost_panel(view),
-        lambda: runs_panel(table, filters, runs),
+        lambda: runs_panel(load_run_table(results_dir, stamp), filters, runs),
     )
     for tab, draw in zip(tabs, panels):
         if tab.open:
