@@ -399,11 +399,16 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     setting = usable_rows["setting_id"] if "setting_id" in usable_rows else usable_rows["dataset"]
     paired = usable_rows.groupby([usable_rows["series"], usable_rows["dataset"], setting, usable_rows["seed"],
                                   usable_rows["_order"]])[metric].mean()
-    # per (series, dataset): {(setting, seed, order): value}, in one pass (a Series per group costs a study's
-    # page seconds)
+    # per (series, dataset): {(setting, seed, order): value}, sliced from the sorted index (a Series per group
+    # costs a study's page seconds)
+    levels = [paired.index.get_level_values(i).tolist() for i in range(paired.index.nlevels)]
+    heads, keys, means = list(zip(*levels[:2])), list(zip(*levels[2:])), paired.tolist()
     paired_by: dict[tuple, dict[tuple, float]] = {}
-    for (series, dataset, *key), value in paired.items():
-        paired_by.setdefault((series, dataset), {})[tuple(key)] = value
+    start = 0
+    for i in range(1, len(heads) + 1):
+        if i == len(heads) or heads[i] != heads[start]:  # the groupby sorted the rows: each group is one stretch
+            paired_by[heads[start]] = dict(zip(keys[start:i], means[start:i]))
+            start = i
     extra = []
     for (series, dataset), configs in configs_of.items():
         short = [c for c in configs if c.skipped]
