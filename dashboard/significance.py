@@ -24,7 +24,7 @@ def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.Dat
     whether that is significant at stats.ALPHA."""
     done = runs.assign(series=labels.values)
     done = done[(done["status"] == "finished") & done["complete"].fillna(False).astype(bool)]
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
+    pairs = db.paired_gains()
     finished = set(db.sql("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
                    .to_pylist())
     # a set lookup per pair: Series.isin over 10^5 Arrow strings costs seconds

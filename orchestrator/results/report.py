@@ -526,7 +526,7 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         return publish()
     # every pair, kept to the table's runs by the merge below (binding the table's 10^5 ids into the query costs
     # more than reading the pairs of runs it does not show)
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
+    pairs = db.paired_gains()
     known = set(runs["run_id"].to_numpy(dtype=object))
     pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
