@@ -19,7 +19,8 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def entropy(p: np.ndarray) -> np.ndarray:
-    return -(p * np.log(p)).sum(axis=-1)
+    # 0 log 0 = 0, as the code's softmax * log_softmax gives where a probability underflows (float32)
+    return -(p * np.log(p, out=np.zeros_like(p), where=p > 0)).sum(axis=-1)
 
 
 def official_boostadapter(views: torch.Tensor, text: torch.Tensor, *, pos_alpha=2.0, pos_beta=5.0, neg_alpha=0.117,
