@@ -36,7 +36,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from threadpoolctl import threadpool_limits
 
 from benchmarks.tables import markdown_table
 
@@ -287,6 +286,9 @@ def main(argv: list[str] | None = None) -> None:
         preset["study_views"] = args.study_views
     if args.groups:
         preset["groups"] = tuple(args.groups)
+    # Imported here: benchmarks.gpu imports this module on a GPU machine that has only torch, numpy, numba, pyarrow.
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(args.threads)
     # numpy's BLAS too (MTA's and BoostAdapter's official loops are numpy): both sides on the same threads
     with threadpool_limits(args.threads):
@@ -294,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace, preset: dict) -> None:
+    """Measure the chosen methods on the preset's streams and print the table."""
     from orchestrator.registry import method_cards
 
     # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it.
