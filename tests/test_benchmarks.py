@@ -26,15 +26,23 @@ def test_engine_benchmark_quick_run_prints_an_agreeing_table(capsys):
 def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
     methods_benchmark.main(["--quick", "--n", "20", "--repeat", "2"])
     out = capsys.readouterr().out
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
-            for line in out.splitlines() if line.startswith("| ") and "method" not in line}
+    table = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    head, rows = table[0], {cells[0]: dict(zip(table[0], cells)) for cells in table[1:]}
+    assert head[:4] == ["method", "single /s", "official /s", "single / official"], head
     on_views = {"TDA (10 views)", "BCA (10 views)"}  # the quick preset's study views
-    assert set(rows) == {card.label for card in method_cards() if card.text_encoder is None} | on_views, out
-    lockstep = [cells for cells in rows.values() if cells[3] != "-"]
-    assert len(lockstep) >= 3 and all(cells[-1].startswith("yes") for cells in lockstep), out
-    # the official loops' columns, and the view rows' lockstep agreeing with their own run
-    assert all(float(rows[label][2].replace(",", "")) > 0 for label in ("TDA", *on_views)), out
-    assert all(rows[label][-1].startswith("yes") for label in on_views), out
+    cards = [card for card in method_cards() if card.text_encoder is None]
+    assert set(rows) == {card.label for card in cards} | on_views, out
+    lockstep = [row for row in rows.values() if row["G=1 cfg-samples/s (/ single)"] != "-"]
+    assert len(lockstep) >= 3 and all(row["agree, max dpost"].startswith("yes") for row in lockstep), out
+    # every transcribed official loop has its columns: its rate and the method's own run against it
+    official = {card.label for card in cards if (card.name, card.takes_views) in methods_benchmark.OFFICIAL}
+    assert {"CLIP", "BCA", "TDA", "DOTA", "DPE", "TPS", "DMN-ZS", "MTA", "BoostAdapter", "OnZeta"} <= official
+    for label in official | on_views:
+        assert float(rows[label]["official /s"].replace(",", "")) > 0, (label, out)
+        assert float(rows[label]["single / official"].rstrip("x")) > 0, (label, out)
+    assert {label for label, row in rows.items() if row["official /s"] != "-"} == official | on_views, out
+    # the view rows' lockstep agrees with their own run
+    assert all(rows[label]["agree, max dpost"].startswith("yes") for label in on_views), out
 
 
 def test_gpu_check_quick_runs_without_ray_duckdb_open_clip_pydantic():

@@ -5,107 +5,26 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from orchestrator.methods import make_method, run_stream
+from orchestrator.methods.boostadapter.reference import official_boostadapter
 from orchestrator.registry import method_card
 from view_streams import view_stream
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def _entropy(p: np.ndarray) -> np.ndarray:
-    return -(p * np.log(p)).sum(axis=-1)
-
-
-def boost_reference(views: torch.Tensor, text: torch.Tensor, *, pos_alpha=2.0, pos_beta=5.0, neg_alpha=0.117,
-                    neg_beta=1.0, pos_shot=3, neg_shot=2, delta=0, keep=0.1, infer_ori_image=True,
-                    boost=True, logit_scale=100.0) -> tuple[torch.Tensor, dict]:
-    """Logits [n, K] of the official run_test_tda (boostadapter mode), one sample at a time, in float64;
-    and counters of what the caches did."""
-    text = text.double().numpy()
-    K = text.shape[0]
-    pos, neg = {}, {}
-    acts = {"pos_dropped": 0, "neg_dropped": 0, "neg_entries": 0, "boosted_classes": 0}
-
-    def update(cache, pred, item, capacity, fifo):
-        if pred in cache:
-            cache[pred].append(item)
-            if fifo:
-                if len(cache[pred]) > capacity:
-                    cache[pred] = cache[pred][1:]
-                    return 1
-            else:
-                cache[pred] = sorted(cache[pred], key=lambda entry: entry[1])
-                dropped = len(cache[pred]) > capacity
-                cache[pred] = cache[pred][:capacity]
-                return int(dropped)
-        else:
-            cache[pred] = [item]
-        return 0
-
-    def cache_logits(f, cache, alpha, beta, negative):
-        keys, values = [], []
-        for c in sorted(cache):
-            for item in cache[c]:
-                keys.append(item[0])
-                values.append(((item[2] > 0.03) & (item[2] < 1.0)).astype(np.float64) if negative else c)
-        if not keys:
-            return 0.0
-        weights = np.exp(-1.0 * (beta - beta * (f @ np.stack(keys).T)))
-        if negative:
-            return alpha * weights @ np.stack(values)
-        out = np.zeros(K)  # weights @ one-hot(classes), without building the one-hot matrix
-        np.add.at(out, values, weights)
-        return alpha * out
-
-    out = []
-    for feats in views.double().numpy():
-        V = feats.shape[0]
-        logits = logit_scale * feats @ text.T
-        ent = _entropy(_softmax(logits))
-        order = np.argsort(ent, kind="stable")
-        if V > 1 and not infer_ori_image:
-            kept = order[:int(V * 0.1)]
-            f, l = feats[kept].mean(0), logits[kept].mean(0)
-            pm = _softmax(logits[kept]).mean(0)
-            loss = _entropy(pm)
-        else:
-            f, l, pm, loss = feats[0], logits[0], _softmax(logits[0]), ent[0]
-        pred = int(np.argmax(l))
-        acts["pos_dropped"] += update(pos, pred, (f, loss), pos_shot, fifo=False)
-        scored = pos
-        if boost:
-            scored = {c: list(entries) for c, entries in pos.items()}
-            for v in order[:int(V * keep)]:
-                update(scored, int(np.argmax(logits[v])), (feats[v], ent[v]), pos_shot + delta, fifo=False)
-            acts["boosted_classes"] += sum(scored[c] != pos.get(c) for c in scored)
-        if 0.2 < loss / math.log2(K) < 0.5:
-            acts["neg_entries"] += 1
-            acts["neg_dropped"] += update(neg, pred, (f, loss, pm), neg_shot, fifo=True)
-        final = l + cache_logits(f, scored, pos_alpha, pos_beta, False)
-        if neg:
-            final = final - cache_logits(f, neg, neg_alpha, neg_beta, True)
-        out.append(final)
-    return torch.from_numpy(np.stack(out)), acts
 
 
 def _check_against_reference(views, emb, hp, ref_kw):
     args = (emb, torch.arange(emb.shape[0]), emb.shape[0])
     trace = make_method("boostadapter", *args, **hp).run(views)
-    ref, acts = boost_reference(views, emb, **ref_kw)
+    ref, acts = official_boostadapter(views, emb, **ref_kw)
     assert torch.equal(trace.predictions, ref.argmax(1))
     torch.testing.assert_close(trace.posteriors, ref.softmax(1).float(), atol=1e-5, rtol=0)
     # every adaptive part acts: full positive slots replace entries, the FIFO negative cache drops its
     # oldest, and the boosting views change classes' cache entries, which changes predictions
     assert acts["pos_dropped"] > 100 and acts["neg_dropped"] > 20 and acts["boosted_classes"] > 1000
-    unboosted, _ = boost_reference(views, emb, boost=False, **ref_kw)
+    unboosted, _ = official_boostadapter(views, emb, boost=False, **ref_kw)
     assert int((unboosted.argmax(1) != ref.argmax(1)).sum()) > 10
     assert int(trace.gated.sum()) > 100 and bool(torch.isfinite(trace.state["neg_entropy"]).any())
     return trace
@@ -135,7 +54,7 @@ def test_matches_the_official_loop_at_imagenet_scale():
                          dim=1)
     views = F.normalize(latent[:, None] + 0.1 * torch.randn(40, 64, 64, generator=gen), dim=-1)
     post = run_stream("boostadapter", views, text, torch.arange(1000), 1000, delta=1, query="confident")
-    ref, acts = boost_reference(views, text, delta=1, infer_ori_image=False)
+    ref, acts = official_boostadapter(views, text, delta=1, infer_ori_image=False)
     assert acts["boosted_classes"] > 0
     assert torch.equal(post.argmax(1), ref.argmax(1))
     torch.testing.assert_close(post, ref.softmax(1).float(), atol=1e-5, rtol=0)

@@ -9,56 +9,17 @@ import pytest
 import torch
 
 from orchestrator.methods import make_method, run_stream
+from orchestrator.methods.dmn_zs.reference import official_dmn_zs
 from tests.view_streams import accuracy, softmax, unit, view_stream
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def dmn_reference(views, class_embeddings, memory_size=50, beta=5.5, memory_weight=1.0, keep=0.1, scale=100.0):
-    """The official loop in float64: raw original-view features in the memory, normalised when read."""
-    text = torch.nn.functional.normalize(class_embeddings.double(), dim=1)
-    K, d = text.shape
-    memory = torch.zeros(K, memory_size, d, dtype=torch.float64)
-    entropy = torch.zeros(K, memory_size, dtype=torch.float64)
-    count = [0] * K
-    posts, labels, written = [], [], []
-    for x in views.double():
-        probs = torch.softmax(scale * x @ text.T, dim=1)
-        view_entropy = -(probs * torch.log(probs + 1e-6)).sum(1)
-        idx = torch.argsort(view_entropy, stable=True)[:max(1, int(x.shape[0] * keep))]
-        mean_prob = probs[idx].mean(0)
-        y = int(mean_prob.argmax())
-        h = -(mean_prob * torch.log(mean_prob + 1e-8)).sum()
-        wrote = True
-        if count[y] == memory_size:
-            if int((h < entropy[y]).sum()) == 0:
-                wrote = False
-            else:
-                slot = int(torch.sort(entropy[y], stable=True).indices[-1])
-                memory[y, slot], entropy[y, slot] = x[0], h
-        else:
-            memory[y, count[y]], entropy[y, count[y]] = x[0], h
-            count[y] += 1
-        keys = torch.cat([memory, text[:, None]], dim=1)                                  # [K, size + 1, d]
-        empty = keys.sum(-1) == 0
-        keys = keys / keys.norm(dim=-1, keepdim=True)
-        keys[empty] = 0
-        q = x[0] / x[0].norm()
-        weights = torch.exp(-beta * (1 - (keys * q).sum(-1)))
-        read = (keys * weights[..., None]).sum(1)
-        read = read / read.norm(dim=-1, keepdim=True)
-        p_memory = torch.softmax(scale * read @ x[0], dim=0)
-        posts.append((probs[0] + memory_weight * p_memory) / (1 + memory_weight))
-        labels.append(y)
-        written.append(wrote)
-    return torch.stack(posts), torch.tensor(labels), torch.tensor(written), torch.tensor(count)
-
-
 def check_against_reference(feats, emb, ids, k, **hp):
     trace = make_method("dmn_zs", emb, ids, k, **hp).run(feats)
     names = {"logit_scale": "scale"}
-    post, labels, written, count = dmn_reference(feats, emb, **{names.get(key, key): v for key, v in hp.items()})
+    post, labels, written, count = official_dmn_zs(feats, emb, **{names.get(key, key): v for key, v in hp.items()})
     assert torch.equal(trace.predictions, post.argmax(1))
     torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
     assert torch.equal(trace.selected, labels) and torch.equal(trace.gated, written)

@@ -11,51 +11,11 @@ import torch
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.dota.method import gaussian_scores
+from orchestrator.methods.dota.reference import official_dota
 from orchestrator.registry import method_card, paper_datasets
 
 IMAGENET = {"epsilon": 1e-4, "eta": 0.2, "rho": 0.005, "sigma": 0.002}
 EUROSAT = {"epsilon": 1e-4, "eta": 3.0, "rho": 0.05, "sigma": 0.002}       # a Gaussian term that weighs in early
-
-
-def dota_reference(VF: torch.Tensor, T: torch.Tensor, epsilon: float, eta: float, rho: float, sigma: float,
-                   keep: float = 0.1, scale: float = 100.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """dota.py's DOTA class and run_test_dota body (with get_clip_logits_aug) in float64, per sample:
-    (final logits [n, K], the state after the stream)."""
-    VF, T = VF.double(), T.double()
-    n, V, d = VF.shape
-    K = T.shape[0]
-    mu = torch.full((K, d), 0.001, dtype=torch.float64)
-    c = torch.ones(K, dtype=torch.float64)
-    Sigma = sigma * torch.eye(d, dtype=torch.float64).repeat(K, 1, 1)
-    Lambda = torch.linalg.pinv(Sigma.mean(dim=0))
-    out = torch.zeros(n, K, dtype=torch.float64)
-    for t in range(n):
-        feats = VF[t]
-        logits = scale * feats @ T.T
-        if V > 1:
-            entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-            idx = torch.argsort(entropy, stable=True)[:max(1, int(V * keep))]
-            feats, output = feats[idx], logits[idx]
-            clip_logits = output.mean(dim=0)
-            prob_map = output.softmax(dim=1)
-        else:
-            clip_logits = logits[0]
-            prob_map = logits.softmax(dim=1)
-        # predict
-        W = Lambda @ mu.T
-        scores = feats.mean(dim=0) @ W - 0.5 * (mu.T * W).sum(dim=0)
-        weight = min(rho * float(c.mean()) / feats.shape[0], eta)
-        out[t] = clip_logits + weight * scores
-        # fit
-        sum_weights = prob_map.sum(dim=0)
-        new_mu = (prob_map.T @ feats + c[:, None] * mu) / (sum_weights[:, None] + c[:, None])
-        x_minus_mu = feats[:, None] - mu[None]
-        delta = torch.einsum("bji,bjk->jik", prob_map[:, :, None] * x_minus_mu, x_minus_mu)
-        Sigma = (c[:, None, None] * Sigma + delta) / (c[:, None, None] + sum_weights[:, None, None])
-        mu, c = new_mu, c + sum_weights
-        # update
-        Lambda = torch.linalg.inv((1 - epsilon) * Sigma.mean(dim=0) + epsilon * torch.eye(d, dtype=torch.float64))
-    return out, {"mu": mu, "sigma": Sigma, "counts": c, "precision": Lambda}
 
 
 def close(tensor: torch.Tensor, expected, atol: float = 1e-6) -> None:
@@ -80,7 +40,7 @@ def _views(k: int, d: int, n: int, views: int, seed: int = 0, noise: float = 0.5
 def test_matches_the_official_code(k, d, n, views, hp):
     bench, feats = _views(k, d, n, views)
     trace = make_method("dota", bench.class_embeddings, bench.class_ids, k, **hp).run(feats)
-    logits, state = dota_reference(feats, bench.class_embeddings, **hp)
+    logits, state = official_dota(feats, bench.class_embeddings, **hp)
     assert torch.equal(trace.predictions, logits.argmax(dim=1))
     torch.testing.assert_close(trace.posteriors.double(), logits.softmax(dim=1), atol=1e-5, rtol=0)
     for key in ("mu", "counts"):
@@ -164,7 +124,7 @@ def test_few_views_keep_one_and_one_view_is_the_single_view_path():
     # For 1 < V < 10 the official keeps no view (NaN); here the lowest-entropy view is kept.
     bench, feats = _views(10, 16, 50, 5)
     trace = make_method("dota", bench.class_embeddings, bench.class_ids, 10).run(feats)
-    logits, _ = dota_reference(feats, bench.class_embeddings, **IMAGENET)
+    logits, _ = official_dota(feats, bench.class_embeddings, **IMAGENET)
     assert bool(torch.isfinite(trace.posteriors).all())
     torch.testing.assert_close(trace.posteriors.double(), logits.softmax(dim=1), atol=1e-5, rtol=0)
 

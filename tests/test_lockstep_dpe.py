@@ -9,8 +9,8 @@ import torch
 from orchestrator.methods import make_method, run_traces_many
 from orchestrator.methods.adamw import first_step
 from orchestrator.methods.dpe.lockstep import run_dpe_lockstep
+from orchestrator.methods.dpe.reference import official_dpe
 from tests.lockstep_checks import assert_same_trace
-from tests.test_dpe import dpe_reference
 from tests.view_streams import view_stream
 
 # Every hparam differs between some two configs (align 0 included; predict_views both ways), at logit scales and
@@ -102,7 +102,7 @@ def test_a_pack_routes_dpe_configs_on_views_through_lockstep():
 
 def test_dpe_lockstep_where_the_loop_amplifies_rounding_stays_within_the_loops_own_error():
     # Measured on these streams: the float32 loop sits up to 7e-5 from a float64 run of the official code
-    # (dpe_reference), the lockstep streams up to 8e-5 (closer than the loop on some streams, further on
+    # (official_dpe), the lockstep streams up to 8e-5 (closer than the loop on some streams, further on
     # others), and loop and lockstep up to 1.1e-4 apart: two float32 runs whose rounding the method amplifies
     # alike. Hence atol 2e-4 between them here, and the float64 run as the judge.
     worst = 0.0
@@ -110,7 +110,7 @@ def test_dpe_lockstep_where_the_loop_amplifies_rounding_stays_within_the_loops_o
         feats, emb, ids, k, _ = view_stream(scenario, num_classes=k, dim=32, n=300, views=views, seed=seed)
         traces = _check(feats, emb, ids, k, AMPLIFYING, atol=2e-4)
         for config, lock in zip(AMPLIFYING, traces):
-            reference = dpe_reference(feats, emb, **config)[0]
+            reference = official_dpe(feats, emb, **config)[0]
             single = make_method("dpe", emb, ids, k, **config).run(feats)
             single_error = float((single.posteriors.double() - reference).abs().max())
             lock_error = float((lock.posteriors.double() - reference).abs().max())

@@ -5,57 +5,14 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.mta.method import affinities, bandwidths, gram, solve
+from orchestrator.methods.mta.reference import official_mta
 from view_streams import view_stream
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def mta_reference(views: torch.Tensor, text: torch.Tensor, lambda_y: float = 0.2, lambda_q: float = 4.0,
-                  scale: float = 100.0) -> torch.Tensor:
-    """Logits [n, K]: the official solve_mta, one sample at a time, in float64 (numpy: fewer, cheaper ops)."""
-    text = text.double().numpy()
-    out = []
-    for feats in views.double().numpy():
-        V = feats.shape[0]
-        logits = scale * feats @ text.T
-        k = int(0.3 * (V - 1))
-        dist = np.sqrt(((feats[:, None] - feats[None]) ** 2).sum(-1))
-        nearest = np.sort(dist, axis=1)[:, 1:k + 1]
-        h = np.sqrt(0.5 * np.mean(nearest ** 2, axis=1))
-        probs = _softmax(logits)
-        affinity = probs @ probs.T
-        y = np.ones(V) / V
-        mode = feats[0]
-
-        def density(m):
-            return np.exp(-np.linalg.norm(feats - m, axis=-1) ** 2 / (2 * h ** 2))
-
-        for _ in range(5):
-            g = density(mode)
-            for _ in range(5):
-                old = y
-                y = _softmax(1 / lambda_y * (g + lambda_q * np.sum(affinity * y[None], axis=1)))
-                if np.linalg.norm(old - y) < 1e-6:
-                    break
-            for _ in range(5):
-                old = mode
-                w = density(mode) * y
-                mode = np.sum(w[:, None] * feats, axis=0) / np.sum(w)
-                mode = mode / np.linalg.norm(mode)
-                if np.linalg.norm(old - mode) < 1e-6:
-                    break
-        out.append(scale * text @ mode)
-    return torch.from_numpy(np.stack(out))
 
 
 def _accuracy(posteriors: torch.Tensor, labels: torch.Tensor) -> float:
@@ -66,7 +23,7 @@ def test_matches_the_official_loop_over_a_stream():
     views, emb, ids, k, labels = view_stream("iid", n=1000, num_classes=20, dim=64, seed=3, views=64, class_views=True)
     args = (emb, ids, k)
     trace = make_method("mta", *args).run(views)
-    ref = mta_reference(views, emb)
+    ref = official_mta(views, emb)
     # The same solver in float64 is the reference up to float64 rounding: the algorithm is exact.
     feats, text = views.double(), emb.double()
     one = torch.ones(1, dtype=torch.float64)
@@ -89,7 +46,7 @@ def test_float32_against_float64_at_k_100():
     # float64 loop. No bound in general: on CLIP features at K = 100, 3 of 600 samples were reported 5.3e-4 away.
     views, emb, ids, k, _ = view_stream("iid", n=600, num_classes=100, dim=64, seed=3, views=64, view_noise=1.0)
     trace = make_method("mta", emb, ids, k).run(views)
-    ref = mta_reference(views, emb)
+    ref = official_mta(views, emb)
     assert torch.equal(trace.predictions, ref.argmax(1))
     torch.testing.assert_close(trace.posteriors, ref.softmax(1).float(), atol=1e-5, rtol=0)
 
@@ -101,7 +58,7 @@ def test_matches_the_official_loop_at_imagenet_scale():
                          dim=1)
     views = F.normalize(latent[:, None] + 0.15 * torch.randn(40, 64, 64, generator=gen), dim=-1)
     post = run_stream("mta", views, text, torch.arange(1000), 1000, lambda_y=0.3, lambda_q=2.0)
-    ref = mta_reference(views, text, lambda_y=0.3, lambda_q=2.0)
+    ref = official_mta(views, text, lambda_y=0.3, lambda_q=2.0)
     assert torch.equal(post.argmax(1), ref.argmax(1))
     torch.testing.assert_close(post, ref.softmax(1).float(), atol=1e-5, rtol=0)
 

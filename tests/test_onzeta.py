@@ -10,31 +10,9 @@ import torch
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import make_method, run_stream
+from orchestrator.methods.onzeta.reference import official_onzeta
 
 DEFAULTS = {"tau_t": 0.01, "tau_i": 0.04, "cw": 0.5, "cr": 20.0, "alpha": 1.0, "beta": 0.8}
-
-
-def onzeta_reference(X: torch.Tensor, T: torch.Tensor, n_total: int, tau_t: float, tau_i: float, cw: float,
-                     cr: float, alpha: float, beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """main_online.py lines 253-273 for one stream in the given order, in float64: (combo labels, w, rho)."""
-    X, text = X.double(), T.double().T                                  # text [d, K] as the official holds it
-    n, K = X.shape[0], text.shape[1]
-    w, rho = text.clone(), torch.zeros(K, dtype=torch.float64)
-    combo = torch.zeros(n, K, dtype=torch.float64)
-    for i in range(n):
-        lr, rlr = cw / math.sqrt(i + 1), cr / math.sqrt(i + 1)
-        b = beta * math.sqrt((i + 1) / n_total)
-        x = X[i]
-        tlabel = torch.softmax(x @ text / tau_t, dim=0)
-        tlabel = tlabel * torch.exp(rho)
-        tlabel /= tlabel.sum()
-        rho -= rlr * (tlabel - alpha / K)
-        rho[rho < 0] = 0
-        vision = torch.softmax(x @ w / tau_i, dim=0)
-        combo[i] = b * vision + (1 - b) * tlabel
-        w -= (lr / tau_i) * torch.outer(x, vision - tlabel)
-        w = torch.nn.functional.normalize(w, dim=0)
-    return combo, w, rho
 
 
 def softmax(xs: list[float]) -> list[float]:
@@ -55,7 +33,7 @@ def _bench(k: int = 100, d: int = 64, n: int = 3000, seed: int = 0):
 def test_matches_the_official_loop(k, d, n):
     bench, args = _bench(k, d, n)
     trace = make_method("onzeta", *args).run(bench.features)
-    combo, w, rho = onzeta_reference(bench.features, bench.class_embeddings, n, **DEFAULTS)
+    combo, w, rho = official_onzeta(bench.features, bench.class_embeddings, n, **DEFAULTS)
     assert torch.equal(trace.predictions, combo.argmax(dim=1))
     torch.testing.assert_close(trace.posteriors.double(), combo, atol=1e-5, rtol=0)
     torch.testing.assert_close(trace.state["W"].double(), w.T, atol=1e-4, rtol=0)

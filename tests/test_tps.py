@@ -11,34 +11,11 @@ import torch
 
 from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.prototypes import mean_prob_entropy, mean_prob_entropy_grad
+from orchestrator.methods.tps.reference import official_tps
 from tests.view_streams import accuracy, softmax, unit, view_stream
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tps_reference(views: torch.Tensor, class_embeddings: torch.Tensor, lr: float = 5e-3, keep: float = 0.1,
-                  scale: float = 100.0, dtype: torch.dtype = torch.float64):
-    """Per sample, as the official code: zero shifts, TPT's confident views (lowest softmax entropy, ties to the
-    earlier view) and avg_entropy, one step of a fresh torch.optim.AdamW, then the original view against the
-    shifted prototypes. Returns the posteriors and whether the step changed the prediction."""
-    protos = torch.nn.functional.normalize(class_embeddings.to(dtype), dim=1)
-    posts, changed = [], []
-    for x in views.to(dtype):
-        shift = torch.zeros_like(protos, requires_grad=True)
-        optimizer = torch.optim.AdamW([shift], lr=lr)
-        out = scale * x @ torch.nn.functional.normalize(protos + shift, dim=1).T
-        ent = -(torch.softmax(out, 1) * torch.log_softmax(out, 1)).sum(1).detach()
-        idx = torch.argsort(ent, stable=True)[:max(1, int(x.shape[0] * keep))]
-        mean_p = torch.softmax(out[idx], 1).mean(0)
-        loss = -torch.special.xlogy(mean_p, mean_p).sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        post = torch.softmax(scale * torch.nn.functional.normalize(protos + shift.detach(), dim=1) @ x[0], 0)
-        posts.append(post)
-        changed.append(bool(post.argmax() != (protos @ x[0]).argmax()))
-    return torch.stack(posts), torch.tensor(changed)
 
 
 # At logit scale 100 the most confident views are nearly one-hot, and float32 rounds their largest term
@@ -47,7 +24,7 @@ def tps_reference(views: torch.Tensor, class_embeddings: torch.Tensor, lr: float
 def test_matches_the_reference_over_a_long_stream():
     feats, emb, ids, k, _ = view_stream("iid", num_classes=10, dim=32, n=2000, views=10, seed=11)
     trace = make_method("tps", emb, ids, k, keep=0.2, logit_scale=20.0).run(feats)
-    post, changed = tps_reference(feats, emb, keep=0.2, scale=20.0)
+    post, changed = official_tps(feats, emb, keep=0.2, scale=20.0)
     assert torch.equal(trace.predictions, post.argmax(1))
     torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
     assert int(changed.sum()) > 0                # the shift step changes some predictions
@@ -57,7 +34,7 @@ def test_matches_the_reference_over_a_long_stream():
 def test_matches_the_reference_at_k_1000():
     feats, emb, ids, k, _ = view_stream("iid", num_classes=1000, dim=64, n=30, views=16, seed=12, noise=0.5)
     trace = make_method("tps", emb, ids, k, lr=1e-3).run(feats)
-    post, _ = tps_reference(feats, emb, lr=1e-3)
+    post, _ = official_tps(feats, emb, lr=1e-3)
     assert torch.equal(trace.predictions, post.argmax(1))
     torch.testing.assert_close(trace.posteriors.double(), post, atol=1e-5, rtol=0)
 
@@ -75,8 +52,8 @@ def test_matches_the_reference_at_k_1000_d_512_with_64_views():
     for hp in ({}, {"lr": 1e-3, "keep": 0.2, "logit_scale": 50.0}):
         trace = make_method("tps", emb, ids, k, **hp).run(feats)
         args = {"lr": hp.get("lr", 5e-3), "keep": hp.get("keep", 0.1), "scale": hp.get("logit_scale", 100.0)}
-        post, changed = tps_reference(feats, emb, **args)
-        post32, _ = tps_reference(feats, emb, **args, dtype=torch.float32)
+        post, changed = official_tps(feats, emb, **args)
+        post32, _ = official_tps(feats, emb, **args, dtype=torch.float32)
         assert torch.equal(trace.predictions, post.argmax(1)) and torch.equal(trace.predictions, post32.argmax(1))
         error, error32 = [(p.double() - post).abs().max(dim=1).values for p in (trace.posteriors, post32)]
         assert float(error.median()) < 1e-6

@@ -181,9 +181,11 @@ class BoostAdapter(Method):
 
     def cache_logits(self, q: Queries, i: int) -> torch.Tensor:
         """Step 5's cache terms [K] for sample i: the boosting cache's and the negative cache's."""
-        hp, f = self.hp, q.feature[i]
-        pos_weights = self.pos.affinity_weights(f, hp["pos_beta"])
-        positive = pos_weights.sum(dim=1)
+        hp, f, pos = self.hp, q.feature[i], self.pos
+        # Over the filled entries only (compact rows), as the public code's lists: not the K * shot capacity.
+        pos_weights = pos.weights(f, hp["pos_beta"])
+        positive = torch.zeros(self.num_classes, dtype=pos_weights.dtype, device=f.device)
+        positive.index_add_(0, pos.row_classes[:pos.filled], pos_weights)
         boost_classes = q.boost_class[i].tolist()
         if boost_classes:
             boost_weights = torch.exp(-1.0 * (hp["pos_beta"] - hp["pos_beta"] * (q.boost_feature[i] @ f)))
@@ -192,9 +194,9 @@ class BoostAdapter(Method):
             for c in set(boost_classes):
                 # The class's entries in rank order: its kept positive entries, then its boosting views
                 # (already in increasing entropy); a stable sort by entropy, truncated to the capacity.
-                entries = [(loss, pos_weights[c, slot]) for loss, slot, _ in self.pos.ranking[c]]
+                entries = [(loss, pos_weights[row]) for loss, _, row in pos.ranking[c]]
                 entries += [(e, w) for e, cls, w in zip(boost_entropy, boost_classes, boost_weights) if cls == c]
                 entries.sort(key=lambda entry: entry[0])
                 positive[c] = torch.stack([w for _, w in entries[:capacity]]).sum()
-        negative = self.neg.affinity_weights(f, hp["neg_beta"]).flatten() @ self.neg.values.flatten(0, 1)
+        negative = self.neg.value_sums(f, hp["neg_beta"])
         return hp["pos_alpha"] * positive - hp["neg_alpha"] * negative

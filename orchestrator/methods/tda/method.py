@@ -151,12 +151,6 @@ class ClassCache:
             self.values[k, slot] = value
             self.row_values[row] = value
 
-    def affinity_weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """exp(-beta * (1 - f . key)) per entry [K, shot], zero for empty entries."""
-        affinity = self.keys @ f
-        weights = torch.exp(-1.0 * (beta - beta * affinity))
-        return torch.where(torch.isfinite(self.entropy), weights, torch.zeros_like(weights))
-
     def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
         """exp(-beta * (1 - f . key)) of each filled entry, by compact row [filled]."""
         return torch.exp(-1.0 * (beta - beta * product(self.rows[:self.filled], f)))
