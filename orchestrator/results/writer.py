@@ -500,7 +500,7 @@ def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[st
 def read_run_file(path: Path, run_id: str | None = None) -> dict[str, Any] | None:
     """The row of a live runs-table file (of `run_id` when given), or None when absent or unreadable."""
     try:
-        rows = pq.ParquetFile(path).read().to_pylist()
+        rows = pq.ParquetFile(path).read(use_threads=False).to_pylist()  # one row: threads cost more than they give
     except FileNotFoundError:
         return None
     except Exception as e:

@@ -25,7 +25,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import load_spec
-from orchestrator.sweep.plan import expand
+from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep
 
 from .conftest import (
@@ -90,6 +90,37 @@ def test_worker_sigkilled_with_a_part_half_written_then_resume(ray_session, faul
     assert_exact(spec.results_dir, spec_path, reference, ledger, "worker SIGKILL mid part write")
     assert verify_results(spec.results_dir).ok
     ledger.fault("trial worker SIGKILLed with a part half written", resumed="run_sweep(resume=True)")
+
+
+def test_worker_sigkilled_mid_pack_loses_no_committed_row_then_resume(ray_session, faults, tmp_path, ledger):
+    """A pack commits its runs together (rows and state of every run, then their 'finished' rows): a worker
+    SIGKILLed while writing the third run's rows leaves the first two runs' rows whole and no run of the pack
+    recorded finished; the resume writes none of those rows again and ends exact, `bca verify` clean."""
+    spec_path = write_spec(tmp_path, name="packed", pack=4,
+                           methods=[{"method": "bca", "tau": [0.2, 0.3, 0.4, 0.5], "n1": 50}])
+    reference = reference_rows(spec_path, tmp_path)
+    spec = load_spec(spec_path)
+    (trial,) = make_trials(expand(spec), spec.pack)
+    first, second, killed, last = trial.runs
+    faults.arm("torn-pack", "tear", _part_match(killed, 3 * PART))
+    killer = _kill_when_fired(faults, "torn-pack")
+    outcome = run_sweep(spec, out=lambda line: None)
+    killer.join(timeout=60)
+
+    assert outcome.finished == 0 and sorted(outcome.failed) == sorted(r.run_id for r in trial.runs)
+    written = {run.run_id: RunWriter(spec.results_dir, run.config).rows_done() for run in trial.runs}
+    assert written == {first.run_id: N, second.run_id: N, killed.run_id: 3 * PART, last.run_id: 0}
+    before = {run.run_id: sorted(p.stat().st_mtime_ns for p in RunWriter(spec.results_dir, run.config)
+                                 .samples_dir.glob("part-*.parquet")) for run in (first, second)}
+
+    resumed = run_sweep(load_spec(spec_path), resume=True, out=lambda line: None)
+    assert resumed.ok and resumed.skipped == 0
+    after = {run.run_id: sorted(p.stat().st_mtime_ns for p in RunWriter(spec.results_dir, run.config)
+                                .samples_dir.glob("part-*.parquet")) for run in (first, second)}
+    assert after == before  # the complete runs' parts were kept, not written again
+    assert_exact(spec.results_dir, spec_path, reference, ledger, "worker SIGKILL mid pack")
+    assert verify_results(spec.results_dir).ok
+    ledger.fault("trial worker SIGKILLed mid pack (third of four runs' rows)", resumed="run_sweep(resume=True)")
 
 
 def _driver_lines(output: str) -> str:
