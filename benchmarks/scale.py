@@ -15,7 +15,7 @@ trials cost with and without automatic packing.
    and orchestrator included, streamlit's own import not, as a running `bca dashboard` has it loaded).
 3. Sweeps: a `--sweep-runs` grid of 300-sample synthetic runs with the spec's defaults (`pack: auto`), end to
    end (`bca sweep`, Ray's start included), and `--unpacked-runs` of the same grid with `pack: 1`; per-run
-   wall time of each, and Tune's state per run.
+   wall time of each, and Tune's state per run. `--runs 0` runs only this step.
 
 A benchmark, not a test: the numbers depend on the machine and its load (printed with them).
 """

@@ -439,6 +439,28 @@ class RunWriter:
                      "runs-table row", durable=durable)
         self._written = (_file_stamp(self.run_path), dict(row))
 
+    def finished_tables(self, columns: Mapping[str, Any], started_at: dt.datetime, **fields: Any
+                        ) -> tuple[pa.Table, pa.Table]:
+        """The run's rows (every one, from stream position 0; `columns` as write_part's) and its 'finished'
+        runs-table row (`fields` as mark's), for store.commit_runs to commit straight into a segment, with no live
+        file written. Refused for a run that has live parts (it goes on through them instead)."""
+        unknown = sorted(set(fields) - set(schema.METRIC_NAMES))
+        if unknown:
+            raise ValueError(f"finished_tables: unknown field(s) {unknown}; valid fields: {list(schema.METRIC_NAMES)}")
+        table = self._samples_table(0, columns)
+        if self._compacted() is None and self.rows_done():
+            raise ValueError(f"finished_tables: run {self.run_id} has live parts in {self.samples_dir}; expected "
+                             f"its rows written through them")
+        if fields.get("n_samples") not in (None, table.num_rows):
+            raise ValueError(f"finished_tables: n_samples = {fields['n_samples']} but {table.num_rows} rows given")
+        row = self._base_row()
+        now = dt.datetime.now(dt.timezone.utc)
+        row.update({k: self._coerce_metric(k, v) for k, v in fields.items()})
+        row.update(status="finished", error=None, started_at=started_at, finished_at=now, updated_at=now,
+                   host=socket.gethostname(), versions=package_versions())
+        runs = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
+        return table, runs
+
     @staticmethod
     def _coerce_metric(name: str, value: Any) -> Any:
         if value is None:
