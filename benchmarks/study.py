@@ -67,6 +67,9 @@ class Unit:
     measured: int = 0         # samples of the longest timed pass
     setup_s: float = 0.0      # a pass's fixed cost (its G methods built), paid once per pass
     passes: int = 1           # passes of G streams the study's orders take
+    # whether the pass steps G orders (True), G grid points of one order (False: a runner that runs one order at a
+    # time, so a sweep of one configuration per order gets G = 1 from it), or one stream (None)
+    orders_together: bool | None = None
 
     @property
     def seconds(self) -> float:
@@ -205,9 +208,10 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
         per = t_long / length
     setup = max(t_base - 2 * a * per, 0.0)
     rate = len(configs) / per
+    together = None if len(configs) == 1 else bool(lockstep_orders)
     return Unit(dataset.name, backbone, card.name, dataset.test_images * preset["orders"], views, rate,
                 _peak_bytes(device), flop * rate / gemm, len(configs), order_free(card.name),
-                card.text_encoder is not None, length, setup, math.ceil(preset["orders"] / len(configs)))
+                card.text_encoder is not None, length, setup, math.ceil(preset["orders"] / len(configs)), together)
 
 
 def makespan(units: list[Unit], devices: int, orders: int) -> float:
@@ -224,66 +228,79 @@ def makespan(units: list[Unit], devices: int, orders: int) -> float:
     return max(loads)
 
 
+def as_swept(units: list[Unit], orders: int) -> list[Unit]:
+    """The units as a sweep runs them: an order-free method's configuration computed once for all its orders
+    (orchestrator.sweep.replay writes its rows in every order), every other method over each order."""
+    return [replace(u, samples=u.samples // orders, groups=orders, passes=1) if u.order_free else u for u in units]
+
+
 def report(units: list[Unit], orders: int, gemm: float, device: str) -> str:
     from orchestrator.registry import method_label
 
-    lines = [["method", "device-s", "cfg-samples/s", "G", "peak MB", "GEMM fraction", "share"]]
+    measured, units = units, as_swept(units, orders)
+    lines = [["method", "device-s", "cfg-samples/s", "G", "orders in a pass", "peak MB", "GEMM fraction", "share"]]
     total = sum(u.seconds for u in units)
     for method in dict.fromkeys(u.method for u in units):
         mine = [u for u in units if u.method == method]
         seconds = sum(u.seconds for u in mine)
         samples = sum(u.samples for u in mine)
         fraction = sum(u.gemm_fraction * u.seconds for u in mine) / seconds
-        groups = sorted({u.groups for u in mine})
+        groups = sorted({u.groups for u in measured if u.method == method})
         lines.append([method_label(method), f"{seconds:,.0f}", _rate(samples / seconds),
-                      f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}",
+                      f"{groups[0]}" if len(groups) == 1 else f"{groups[0]}-{groups[-1]}", _together(mine),
                       f"{max(u.peak_bytes for u in mine) / 2**20:,.0f}", f"{fraction:.2%}", f"{seconds / total:.0%}"])
     samples = sum(u.samples for u in units)
-    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}", "",
+    lines.append(["total", f"{total:,.0f}", f"{samples / total:,.0f}", "", "",
                   f"{max(u.peak_bytes for u in units) / 2**20:,.0f}",
                   f"{sum(u.gemm_fraction * u.seconds for u in units) / total:.2%}", "100%"])
+    free = sorted({u.method for u in units if u.order_free})
     out = [markdown_table(lines, left_columns=1), "",
            f"device {device}; measured fp32 GEMM {gemm / 1e9:,.1f} Gflop/s; {samples:,} method-samples "
-           f"({orders} orders); GEMM fraction: the dominant products' flop (views x classes x d per config-sample; "
-           f"prompt tuning: its text tower's forward and backward) over that rate, above 100% where the configs "
-           f"share the product (Zero's and MTA's runner scores the views once for all)"]
+           f"computed ({orders} orders"
+           + (f"; the order-free methods, {', '.join(method_label(m) for m in free)}, computed once for all of "
+              f"them, as the sweep replays their rows" if free else "")
+           + "); GEMM fraction: the dominant products' flop (views x classes x d per config-sample; "
+           "prompt tuning: its text tower's forward and backward) over that rate, above 100% where the configs "
+           "share the product (Zero's and MTA's runner scores the views once for all). Orders in a pass: 'G' where "
+           "the runner steps G orders together; 'one' where it steps G grid points of one order (a sweep gives such "
+           "a runner one order's configurations per pass, so a grid of one configuration per order, the paper's, "
+           "runs at G = 1 there and slower than this projection); 'once' where the configuration is computed once "
+           "for every order; '-' for one stream a pass"]
     for n in (1, 8, 64):
         seconds = makespan(units, n, orders)
         out.append(f"projected on {n:>2} device(s): {seconds / 3600:.2f} h ({seconds:.3g} s)")
     out.append("")
-    out.extend(_variants(units, orders))
+    out.extend(_variants(measured, units, orders))
     return "\n".join(out)
+
+
+def _together(units: list[Unit]) -> str:
+    """The 'orders in a pass' cell of one method's units (report's note)."""
+    if all(u.order_free for u in units):
+        return "once"
+    kinds = {u.orders_together for u in units}
+    return "/".join({True: "G", False: "one", None: "-"}[k] for k in (True, False, None) if k in kinds)
 
 
 def _rate(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _variants(units: list[Unit], orders: int) -> list[str]:
-    """The same study without what bounds it: prompt tuning, and order-free methods run over every order."""
+def _variants(measured: list[Unit], swept: list[Unit], orders: int) -> list[str]:
+    """The study without what bounds it (prompt tuning), and with every order computed (no replay)."""
     from orchestrator.registry import method_label
 
     out = []
-    prompt = sorted({u.method for u in units if u.prompt})
-    rest = [u for u in units if not u.prompt]
+    prompt = sorted({u.method for u in swept if u.prompt})
+    rest = [u for u in swept if not u.prompt]
     if prompt and rest:
         seconds = makespan(rest, 1, orders)
         out.append(f"without prompt tuning ({', '.join(method_label(m) for m in prompt)}): "
                    f"{seconds / 3600:.2f} h on 1 device ({seconds:.3g} s)")
-    free = sorted({u.method for u in units if u.order_free})
-    if free:
-        # an episodic method's per-sample outputs are the same in every order: one order's pass, permuted, would
-        # give the others' rows (the sweep runs every order today, so this is what that reuse would save)
-        once = [replace(u, samples=u.samples // orders, groups=orders, passes=1) if u.order_free else u
-                for u in units]
-        variants = [("the whole study", once)]
-        if prompt:
-            variants.append(("without prompt tuning", [u for u in once if not u.prompt]))
-        for label, chosen in variants:
-            if chosen:
-                seconds = makespan(chosen, 1, orders)
-                out.append(f"{label}, order-free methods ({', '.join(method_label(m) for m in free)}) run once "
-                           f"instead of per order: {seconds / 3600:.2f} h on 1 device ({seconds:.3g} s)")
+    if any(u.order_free for u in measured):
+        seconds = makespan(measured, 1, orders)
+        out.append(f"every order computed (order-free runs not replayed): {seconds / 3600:.2f} h on 1 device "
+                   f"({seconds:.3g} s)")
     return out
 
 

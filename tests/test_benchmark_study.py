@@ -28,6 +28,15 @@ def test_makespan_splits_units_into_passes_of_g_orders():
     assert study.makespan(units, 2, 100) == pytest.approx(90.0)
 
 
+def test_an_order_free_unit_is_computed_once_for_all_orders_as_the_sweep_replays_it():
+    free = study.Unit("dtd", "RN50", "zero", samples=100 * 1692, views=64, rate=1692.0, peak_bytes=0,
+                      gemm_fraction=0.0, groups=10, order_free=True, setup_s=0.5, passes=10)
+    swept = study.as_swept([free, _unit(100.0, 50)], 100)
+    assert swept[0].samples == 1692 and swept[0].passes == 1 and swept[0].seconds == pytest.approx(1.5)
+    assert swept[1] == _unit(100.0, 50)  # an order-dependent method runs every order
+    assert study.makespan(swept[:1], 1, 100) == pytest.approx(1.5)
+
+
 def test_quick_study_prints_every_method_and_a_consistent_total(capsys):
     study.main(["--quick", "--methods", "clip", "bca", "tda", "dota", "--backbones", "RN50"])
     out = capsys.readouterr().out
@@ -50,12 +59,18 @@ def test_quick_study_measures_every_registered_method():
     with contextlib.redirect_stdout(out):
         study.main(["--quick", "--datasets", "dtd", "--backbones", "ViT-B-16"])
     text = out.getvalue()
-    table = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^\| (\S[^|]*?)\s*\|[^|]*\|[^|]*\|\s*(\d*)\s*\|", text, re.M)}
+    table = {m.group(1).strip(): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| (\S[^|]*?)\s*\|[^|]*\|[^|]*\|\s*(\d*)\s*\|\s*(\S*)\s*\|", text, re.M)}
+    from orchestrator.methods.episodic import order_free
+
     for card in method_cards():
         assert method_label(card.name) in table, card.name
         alone = card.text_encoder is not None or card.lockstep_runner(card.takes_views) is None
-        assert (table[method_label(card.name)] == "1") == alone, card.name
-    assert "without prompt tuning" in text and "run once instead of per order" in text
+        groups, together = table[method_label(card.name)]
+        assert (groups == "1") == alone, card.name
+        # whether a pass steps orders together, grid points of one order, or one stream; order-free: once
+        assert together in (("once",) if order_free(card.name) else ("-",) if alone else ("G", "one")), card.name
+    assert "without prompt tuning" in text and "every order computed (order-free runs not replayed)" in text
 
 
 def test_time_limit_reports_the_units_left_out(capsys):

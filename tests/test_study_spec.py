@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.methods.episodic import order_free
 from orchestrator.registry import method_cards, method_card, paper_datasets
 from orchestrator.sweep import cost
 from orchestrator.sweep.load import SpecError, load_spec
@@ -46,12 +47,18 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     spec_methods = {m["method"] for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
     unrated = sorted(m for m in spec_methods if method_card(m).gpu_samples_per_s is None)
     assert (projected[3] or "") == ", ".join(unrated)
-    # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones
-    assert steps == sum(2 * 100 * _test_images(d) * (23 if d.startswith("imagenet-") else 22)
-                        for d in paper_datasets())
+    # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones; an
+    # order-free method's configuration is computed once for its 100 orders (orchestrator.sweep.replay)
+    free = sorted(m for m in spec_methods if order_free(m))
+    assert free == ["ctpt", "mta", "rtpt", "tps", "tpt", "zero"]
+    orders = {m: 1 if m in free else 100 for m in spec_methods}
+    entries = yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]
+    replayed = sum(2 * 100 * len(m.get("datasets", paper_datasets())) for m in entries if m["method"] in free)
+    assert f"order-free runs computed once over their orders: {replayed:,} runs of " in out
+    samples = {m["method"]: sum(2 * orders[m["method"]] * _test_images(d) for d in m.get("datasets", paper_datasets()))
+               for m in entries}
+    assert steps == sum(samples.values())
     # each method's samples at its H100 rate (every method of the spec has one)
-    samples = {m["method"]: sum(2 * 100 * _test_images(d) for d in m.get("datasets", paper_datasets()))
-               for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
     rate = {m: method_card(m).gpu_samples_per_s or method_card(m).samples_per_s or cost.UNKNOWN_SAMPLES_PER_S
             for m in samples}
     expected = sum(count / rate[m] for m, count in samples.items()) / 3600

@@ -122,6 +122,18 @@ def test_progress_lines_name_stream_and_order(tmp_path):
     described = sorted(line.split("|")[1].split("  acc")[0].strip() for line in lines)
     assert described == [f"synthetic synthetic-temporal {stream} seed=1 order={k}"
                          for stream in ("dirichlet(gamma=0.01)", "iid") for k in (0, 1)]
+    # a trial over several orders of one stream names their range
+    spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "clip"}], "seeds": [1], "stream": "iid",
+                          "orders": 3}, base_dir=tmp_path)
+    runs = expand(spec)
+    trials = make_trials(runs, 3)
+    lines = []
+    callback = ProgressCallback(trials, runs, out=lines.append, clock=Clock())
+    for plan in trials:
+        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": plan.key}, last_result={
+            "accuracy": 50.0, "samples_per_s": 100.0, "n_runs": 3, "n_samples": N}))
+    assert [line.split("]", 1)[1].split("  acc")[0].strip() for line in lines] == [
+        "pack of 3 runs | synthetic synthetic-temporal iid seed=1 orders=0-2"]
 
 
 def test_closing_hint_runs_in_a_fresh_shell(tmp_path):

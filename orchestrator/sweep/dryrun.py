@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from orchestrator.sweep.load import SpecError
-from orchestrator.sweep.plan import DataSource, Run, Trial, make_trials
+from orchestrator.sweep.plan import DataSource, Run, Trial, computed_runs, make_trials
 from orchestrator.sweep.record import check_sweep_record
 from orchestrator.registry import method_card
 from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
@@ -122,7 +122,8 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     for run in todo:
         if run.source not in lengths:
             lengths[run.source] = _stream_length(spec, run.source)
-    steps = sum(lengths[r.source] for r in todo)
+    computed = [run for trial in trials for run in computed_runs(trial)]
+    steps = sum(lengths[r.source] for r in computed)
     entries: dict[tuple, DataSource] = {}  # one feature-cache entry per key (a single view whatever the seed)
     for trial in trials:
         source = trial.source
@@ -148,7 +149,38 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
                  + (f", {encode:,} image views to encode" if entries else ""))
-    return lines + projected_hours(todo, lambda source: lengths[source])
+    replayed = [trial for trial in trials if trial.replay]
+    if replayed:
+        lines.append(f"order-free runs computed once over their orders: {sum(len(t.runs) for t in replayed):,} runs of "
+                     f"{', '.join(dict.fromkeys(r.method for t in replayed for r in t.runs))}, "
+                     f"{sum(len(t.replay) for t in replayed):,} configurations computed (the cost counts those)")
+    alone = stepping_alone(trials)
+    if alone:
+        lines.append(f"{sum(alone.values()):,} runs of {', '.join(alone)} are the only stream of their order in "
+                     f"their lockstep pass (one configuration per order, a runner that steps one order at a time): "
+                     f"the projected GPU-hours price them at their cards' rates, measured on packs of 32 configs, "
+                     f"which overstate their speed")
+    return lines + projected_hours(computed, lambda source: lengths[source])
+
+
+def stepping_alone(trials: list[Trial]) -> Counter:
+    """Per method, the runs that a lockstep runner would step with no other stream beside them: a runner that
+    does not take orders (`lockstep.takes_orders`) runs each order's streams of a pass in turn."""
+    alone: Counter = Counter()
+    for trial in trials:
+        if trial.replay or trial.shard is not None:
+            continue
+        passes: dict[tuple, list[Run]] = {}
+        for run in trial.runs:
+            card = method_card(run.method)
+            runner = card.lockstep_runner(run.source.views != "single" and card.wants_views(run.hparams))
+            if runner is not None:  # a card without one states its single-stream rate
+                order = None if getattr(runner, "takes_orders", False) else run.source
+                passes.setdefault((id(runner), run.batch_size, order), []).append(run)
+        for runs in passes.values():
+            if len(runs) == 1:
+                alone[runs[0].method] += 1
+    return alone
 
 
 def _skipped_batch_sizes(spec: SweepSpec) -> list[str]:

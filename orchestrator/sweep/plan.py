@@ -184,6 +184,9 @@ class Trial(NamedTuple):
     source: DataSource
     runs: tuple[Run, ...]
     shard: Shard | None = None  # one shard of its single run's stream (orchestrator.sweep.shard)
+    # a replay trial's computed runs, one per configuration (its other runs are their orders: sweep.orders); ()
+    # for any other trial
+    replay: tuple[Run, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -513,7 +516,7 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 
 
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
-    groups: dict[tuple[DataSource, bool], list[Run]] = {}
+    groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     trials: list[Trial] = []
     for run in runs:
@@ -527,13 +530,48 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
             # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
             # it (inputs 'either') per run
             key = keys[id(run._group)] = None if card.inputs == "either" else (
-                run.source, run.source.views != "single" and card.takes_views)
+                replace(run.source, order_index=0), run.source.views != "single" and card.takes_views)
         if key is None:
-            key = (run.source, run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
+            key = (replace(run.source, order_index=0),
+                   run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
         groups.setdefault(key, []).append(run)
-    for (source, _views), group in groups.items():
-        trials += [Trial(_trial_key(members), source, members) for members in chunk(group)]
+    for group in groups.values():
+        trials += _order_trials(group, chunk)
     return trials
+
+
+def order_class(run: Run) -> tuple:
+    """What a run shares with the same configuration's runs over the other orders of its data source."""
+    return run.method, run.batch_size, run._group.names, repr(run._values)
+
+
+def _order_trials(group: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
+    """Trials of the runs of one data source's orders (orchestrator.sweep.orders), a configuration's orders next
+    to each other: an order-free method's configurations chunked by their own cost (one run standing for each)
+    with every order of each in the trial, since one computation serves them all (`replay`); any other run
+    chunked as a pack is, its orders stepped in one pass."""
+    if len({run.source for run in group}) == 1:
+        return [Trial(_trial_key(members), members[0].source, members) for members in chunk(group)]
+    from orchestrator.methods.episodic import order_free
+
+    classes: dict[tuple, list[Run]] = {}
+    for run in group:
+        classes.setdefault(order_class(run), []).append(run)
+    free = {method: order_free(method) for method in {run.method for run in group}}
+    trials = []
+    replayed = [runs for runs in classes.values() if free[runs[0].method]]
+    by_first = {id(runs[0]): runs for runs in replayed}
+    for members in chunk([runs[0] for runs in replayed]):
+        every = tuple(run for first in members for run in by_first[id(first)])
+        trials.append(Trial(_trial_key(every), every[0].source, every, replay=members))
+    stepped = [run for runs in classes.values() if not free[runs[0].method] for run in runs]
+    trials += [Trial(_trial_key(members), members[0].source, members) for members in chunk(stepped)]
+    return trials
+
+
+def computed_runs(trial: Trial) -> tuple[Run, ...]:
+    """The runs a trial's method passes compute: a replay trial's one per configuration, else all of them."""
+    return trial.replay or trial.runs
 
 
 def _trial_key(members: tuple[Run, ...]) -> str:

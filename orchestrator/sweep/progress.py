@@ -27,7 +27,7 @@ from typing import Any, Callable
 from ray import tune
 
 from orchestrator.data.streams import stream_label
-from orchestrator.sweep.plan import Run, Trial
+from orchestrator.sweep.plan import Run, Trial, computed_runs
 
 
 def format_seconds(seconds: float) -> str:
@@ -154,7 +154,7 @@ class ProgressCallback(tune.Callback):
             return "?"
         done = left = 0.0
         for key, plan in self.trials.items():
-            cost = sum(self._cost(run) for run in plan.runs) / (plan.shard.count if plan.shard else 1)
+            cost = sum(self._cost(run) for run in computed_runs(plan)) / (plan.shard.count if plan.shard else 1)
             share = 1.0 if key in self.ended else self.running.get(key, 0.0)
             done += share * cost
             left += (1.0 - share) * cost
@@ -172,9 +172,12 @@ class ProgressCallback(tune.Callback):
 
     def _describe(self, plan: Trial) -> str:
         """'bca tau=0.3 | synthetic synthetic-fine_grained iid seed=1 order=2': the stream and order tell apart
-        the runs of one configuration (a trial's runs share its stream)."""
+        the runs of one configuration (a trial's runs share its data source; 'orders=0-2' where they span
+        several of its orders)."""
         first = plan.runs[0]
         what = run_label(first, self.varying) if len(plan.runs) == 1 else f"pack of {len(plan.runs)} runs"
+        if plan.replay:
+            what += f" ({len(plan.replay)} computed, replayed over their orders)"
         if plan.shard is not None:
             what += f" ({plan.shard.label})"
         config = first.config
@@ -184,7 +187,11 @@ class ProgressCallback(tune.Callback):
         if len(plan.runs) == 1 and first.batch_size != 1:
             where.append(f"batch={first.batch_size}")
         where.append(f"seed={config['seed']}")
-        if config.get("order_index") is not None:
+        orders = sorted({run.source.order_index for run in plan.runs})
+        if len(orders) > 1:
+            where.append(f"orders={orders[0]}-{orders[-1]}" if orders == list(range(orders[0], orders[-1] + 1))
+                         else f"orders={','.join(map(str, orders))}")
+        elif config.get("order_index") is not None:
             where.append(f"order={config['order_index']}")
         return f"{what} | {' '.join(where)}"
 

@@ -129,17 +129,25 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
                           text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
 
 
-def _build_stream(source: DataSource, settings: Settings, keep_views: bool, progress: Progress) -> Stream:
-    protocol = source.protocol()
-    # views are reduced against the run's label space, which a held-out split changes: keep them until then
-    reduce_views = not keep_views and not isinstance(protocol, Contaminated)
+def load_benchmarks(source: DataSource, settings: Settings, reduce_views: bool,
+                    progress: Progress = _silent) -> tuple[Benchmark, ...]:
+    """The source's benchmarks in dataset order: its own dataset, then the protocol's others."""
     bench = _benchmark(source, source.dataset, settings, reduce_views, progress)
-    others = tuple(_benchmark(source, name, settings, reduce_views, progress) for name in source.others)
-    benches = (bench, *others)
+    return (bench, *(_benchmark(source, name, settings, reduce_views, progress) for name in source.others))
+
+
+def reduces_views(source: DataSource, keep_views: bool) -> bool:
+    """Whether the source's benchmarks are loaded with views reduced to their confident means: not where runs
+    take the views, and not for a held-out split, which changes the label space the views are reduced against."""
+    return not keep_views and not isinstance(source.protocol(), Contaminated)
+
+
+def stream_from(source: DataSource, benches: tuple[Benchmark, ...], keep_views: bool) -> Stream:
+    """The source's stream from its loaded benchmarks (`load_benchmarks`): arranged in its order, on the device."""
     encode_s = sum(getattr(b, "encode_seconds", 0.0) for b in benches)
     skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
-    arranged = arrange(bench, protocol, source.order_seed, others=others, split_seed=source.seed)
-    listing = getattr(bench, "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
+    arranged = arrange(benches[0], source.protocol(), source.order_seed, others=benches[1:], split_seed=source.seed)
+    listing = getattr(benches[0], "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
     device = auto_device()
     features = arranged.features.to(device)
     class_embeddings = arranged.class_embeddings.to(device)
@@ -170,11 +178,16 @@ def load_stream(source: DataSource, settings: Settings, keep_views: bool = False
     if key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key], True
-    stream = _build_stream(source, settings, keep_views, progress)
-    _MEMO[key] = stream
+    benches = load_benchmarks(source, settings, reduces_views(source, keep_views), progress)
+    return remember_stream(source, keep_views, stream_from(source, benches, keep_views)), False
+
+
+def remember_stream(source: DataSource, keep_views: bool, stream: Stream) -> Stream:
+    """Keep a built stream in this process's memo (the next trials of its source skip loading)."""
+    _MEMO[(source, keep_views)] = stream
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
-    return stream, False
+    return stream
 
 
 # --------------------------------------------------------------------------------------------- faults
@@ -280,13 +293,17 @@ class _Outcome:
         self.state: dict[str, np.ndarray] = {}
 
     def add(self, trace: Any, labels: torch.Tensor, seconds: float) -> dict[str, np.ndarray]:
-        self.run_s += seconds
-        self.computed += len(labels)
-        for stage, t in trace.timings.items():
-            self.timings[stage] = self.timings.get(stage, 0.0) + t
-        rows = _rows(trace, labels)
-        self.rows.append(rows)
         self.state = {k: _numpy(v) for k, v in trace.state.items()}
+        return self.add_rows(_rows(trace, labels), seconds, trace.timings)
+
+    def add_rows(self, rows: dict[str, np.ndarray], seconds: float, timings: dict[str, float]
+                 ) -> dict[str, np.ndarray]:
+        """Per-sample rows (`_rows`) that took `seconds`, split into `timings` by stage."""
+        self.run_s += seconds
+        self.computed += len(rows["pred"])
+        for stage, t in timings.items():
+            self.timings[stage] = self.timings.get(stage, 0.0) + t
+        self.rows.append(rows)
         return rows
 
     def column(self, name: str) -> np.ndarray:
@@ -474,12 +491,46 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         raise
 
 
+def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch.Tensor | None = None
+                ) -> tuple[list[Any], float, float]:
+    """Each run's trace over the stream from one pass of the multi-config engine per kind of features the runs
+    take (views, a view axis over single features, or features; exact per run), the warm-up's seconds and the
+    passes' seconds. `orders` [runs, n]: run i's stream is the stream's samples in the order orders[i]
+    (orchestrator.sweep.orders)."""
+    from orchestrator.methods.many import run_traces_many
+
+    traces: list[Any] = [None] * len(runs)
+    passes = []
+    kinds = [_feature_kind(run.config, stream) for run in runs]
+    for kind in dict.fromkeys(kinds):
+        picked = [i for i, k in enumerate(kinds) if k == kind]
+        configs = [{"method": runs[i].config["method"], "batch_size": _batch_size(runs[i].config),
+                    **_method_hparams(runs[i].config, len(stream))} for i in picked]
+        passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
+
+    def run_pass(configs: list[dict], features: torch.Tensor, order: torch.Tensor | None = None) -> list[Any]:
+        return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
+                               text, order)
+
+    warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
+                       lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
+    began = time.perf_counter()
+    for picked, configs, features in passes:
+        for i, trace in zip(picked, run_pass(configs, features, None if orders is None else orders[picked])):
+            traces[i] = trace
+    return traces, warmup_s, time.perf_counter() - began
+
+
+def mark_unfinished_failed(writers: list[RunWriter], exc: BaseException) -> None:
+    for writer in writers:
+        if writer.status() != "finished":
+            _mark_failed(writer, exc)
+
+
 def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
                  peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
     rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
-    from orchestrator.methods.many import run_traces_many
-
     writers = [RunWriter(settings.results_dir, run.config) for run in runs]
     started_at = dt.datetime.now(dt.timezone.utc)
     # A pack of fresh runs (no live parts: none of them ran before) is committed straight into a segment, as
@@ -491,28 +542,8 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
         for writer in writers:
             writer.mark("running", n_samples=len(stream))
     try:
-        # One pass per kind of features the runs take (views, a view axis over single features, or features),
-        # each run given its own kind.
-        traces: list[Any] = [None] * len(runs)
-        passes = []
-        kinds = [_feature_kind(run.config, stream) for run in runs]
-        for kind in dict.fromkeys(kinds):
-            picked = [i for i, k in enumerate(kinds) if k == kind]
-            configs = [{"method": runs[i].config["method"], "batch_size": _batch_size(runs[i].config),
-                        **_method_hparams(runs[i].config, len(stream))} for i in picked]
-            passes.append((picked, configs, _features_for(runs[picked[0]].config, stream)))
-
-        def run_pass(configs: list[dict], features: torch.Tensor) -> list[Any]:
-            return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
-                                   text)
-
-        warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
-                           lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
-        began = time.perf_counter()
-        for picked, configs, features in passes:
-            for i, trace in zip(picked, run_pass(configs, features)):
-                traces[i] = trace
-        share = (time.perf_counter() - began) / len(runs)
+        traces, warmup_s, pass_s = pack_traces(runs, stream, text)
+        share = pass_s / len(runs)
         if direct:
             return _commit_pack(runs, writers, traces, share, stream, settings, started_at, encode_s,
                                 _peak_mb(peak), warmup_s)
@@ -534,9 +565,7 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
                                    _peak_mb(peak), warmup_s if i == 0 else 0.0)
                     for i, (run, writer, resumed_from, outcome) in enumerate(done)]
     except BaseException as exc:
-        for writer in writers:
-            if writer.status() != "finished":
-                _mark_failed(writer, exc)
+        mark_unfinished_failed(writers, exc)
         raise
 
 
@@ -595,6 +624,10 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
     load_plugins(settings.plugins)
     keep_views = any(_wants_views(run.config) for run in todo)
     with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
+        if any(run.source != trial.source for run in todo):  # several orders of one data source
+            from orchestrator.sweep.orders import execute_orders
+
+            return execute_orders(todo, settings, peak=peak, progress=progress)
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         text = _prompt_text([run.config for run in todo], trial.source, stream)

@@ -1,0 +1,179 @@
+"""A trial over several stream orders of one data source (a spec's `orders: N`): the source's features loaded
+once, each order laid over them as a permutation, and every run written in its own order.
+
+`plan.make_trials` packs the runs of one data source's orders together (by cost, or on a GPU by memory, as
+`pack:` does), a configuration's orders next to each other:
+
+- An episodic method (`orchestrator.methods.episodic.order_free`: Zero, MTA, TPS, TPT, C-TPT, R-TPT) resets its
+  state every sample, so a sample's outputs depend on that sample alone and a configuration's N orders hold the
+  same rows in N orders. Each configuration is computed once, over the first run's stream, and each run's rows
+  are those per-sample outputs gathered into its own order (a replay). The paper's study runs every method over
+  100 orders: for these methods that is 100 times less compute (`benchmarks.study` measures it).
+- Every other run is one stream of a multi-config pass over the shared features with its own order
+  (`run_traces_many(..., orders=...)`): a runner that steps orders together (`lockstep.takes_orders`) runs them
+  in one batched pass; any other runs each order's streams in turn, as separate trials would, without loading
+  the features again.
+
+Exact: a replayed run's rows are the per-sample outputs its pass computes, each sample's from its own
+features; only where a row is written depends on the order. A lockstep pass batches samples or streams, so
+where a method's products round differently in another batch (TPS's samples; the orders a runner steps
+together) a run may differ from the same run alone by that rounding, as a pack's runs may
+(`tests/test_sweep_orders.py` compares them with each run in its own trial). Each order's arrangement is drawn
+by the stream protocol from the benchmarks' labels alone (features dropped); an order holding a sample the
+first order's stream does not hold (a stream contaminated from another dataset's pool draws its OOD samples
+per order) runs as a trial of its own order.
+
+A replayed run records its configuration's samples/s (the pass's seconds shared among the configurations it
+computed, as a pack's runs share theirs), the same for each of its orders, and its share of the stage times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.data.arrange import arrange
+from orchestrator.data.types import Benchmark
+from orchestrator.methods.episodic import order_free
+from orchestrator.results.writer import RunWriter
+from orchestrator.sweep.memory import PeakMemory
+from orchestrator.sweep.plan import DataSource, Run, order_class
+from orchestrator.sweep.trial import (Progress, Settings, Stream, _finish, _numpy, _Outcome, _peak_mb,
+                                      _prompt_text, _rows, _RowSink, _batch_size, _wants_views, execute_pack, load_benchmarks,
+                                      load_stream, mark_unfinished_failed, pack_traces, part_rows_for,
+                                      reduces_views, remember_stream, stream_from)
+
+
+def _skeleton(bench: Benchmark) -> Benchmark:
+    """The benchmark without its features' values (width 0): enough for a protocol to arrange an order."""
+    return dataclasses.replace(bench, features=bench.features[..., :0])
+
+
+def in_order(source: DataSource, computed: Stream, skeleton: tuple[Benchmark, ...]
+             ) -> tuple[Stream, np.ndarray] | None:
+    """`source`'s stream laid out from `computed` (a stream of another order of the same data) and, per position,
+    the position in `computed` holding the same sample; None if its order holds a sample `computed` lacks."""
+    arranged = arrange(skeleton[0], source.protocol(), source.order_seed, others=skeleton[1:],
+                       split_seed=source.seed)
+    if list(arranged.class_names) != computed.class_names:
+        return None
+    width = int(max(computed.order.numpy().max(initial=0), arranged.order.numpy().max(initial=0))) + 1
+    have = (computed.source_index * width + computed.order).numpy()
+    want = (arranged.source_index * width + arranged.order).numpy()
+    sorter = np.argsort(have, kind="stable")
+    at = np.searchsorted(have, want, sorter=sorter)
+    if len(have) == 0 or (at >= len(have)).any():
+        return None
+    perm = sorter[at]
+    if not (np.array_equal(have[perm], want) and torch.equal(computed.labels[perm], arranged.labels)):
+        return None
+    index = torch.from_numpy(perm).to(computed.features.device)
+    stream = Stream(features=computed.features[index], view_features=None, labels=arranged.labels,
+                    image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
+                    is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=computed.class_embeddings,
+                    class_ids=computed.class_ids, num_classes=computed.num_classes,
+                    class_names=computed.class_names, encode_s=0.0, skipped=computed.skipped,
+                    fingerprint=computed.fingerprint)
+    return stream, perm
+
+
+Laid = dict[DataSource, tuple[Stream, np.ndarray]]
+
+
+def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | None = None,
+                   progress: Progress) -> list[dict[str, Any]]:
+    """The runs (over several orders of one data source): order-free configurations computed once and replayed,
+    the others stepped over their orders on the shared features. One metrics dict per run, as `execute_pack`."""
+    first = runs[0].source
+    keep_views = any(_wants_views(run.config) for run in runs)
+    benches = load_benchmarks(first, settings, reduces_views(first, keep_views), progress)
+    computed = remember_stream(first, keep_views, stream_from(first, benches, keep_views))
+    skeleton = tuple(_skeleton(bench) for bench in benches)
+    laid: dict[DataSource, tuple[Stream, np.ndarray] | None] = {}
+    for run in runs:
+        if run.source not in laid:
+            laid[run.source] = in_order(run.source, computed, skeleton)
+    del benches, skeleton
+    here = {source: pair for source, pair in laid.items() if pair is not None}
+    replayed = [run for run in runs if run.source in here and order_free(run.method)]
+    stepped = [run for run in runs if run.source in here and not order_free(run.method)]
+    out = _replay(replayed, computed, here, settings, peak) if replayed else []
+    out += _step(stepped, computed, here, settings, peak) if stepped else []
+    elsewhere = [run for run in runs if run.source not in here]
+    for source in dict.fromkeys(run.source for run in elsewhere):
+        own = [run for run in elsewhere if run.source == source]
+        stream, _ = load_stream(source, settings, keep_views, progress)
+        out += execute_pack(own, stream, settings, peak=peak,
+                            text=_prompt_text([run.config for run in own], source, stream))
+    return out
+
+
+def _write(runs: list[Run], writers: list[RunWriter], laid: Laid, settings: Settings, peak: PeakMemory | None,
+           rows: list[dict[str, np.ndarray]], seconds: float, timings: list[dict[str, float]],
+           states: list[dict[str, torch.Tensor]], encode_s: float, warmup_s: float) -> list[dict[str, Any]]:
+    """Each run's rows (in its own order) written from its rows_done, and its run finished with its final state."""
+    out = []
+    for i, (run, writer) in enumerate(zip(runs, writers)):
+        stream = laid[run.source][0]
+        outcome = _Outcome()
+        outcome.state = {k: _numpy(v) for k, v in states[i].items()}
+        sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
+                        settings.failpoint)
+        sink.offer(0, outcome.add_rows(rows[i], seconds, timings[i]))
+        out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
+                           _peak_mb(peak), warmup_s if i == 0 else 0.0))
+    return out
+
+
+def _started(runs: list[Run], settings: Settings, n: int) -> list[RunWriter]:
+    writers = [RunWriter(settings.results_dir, run.config) for run in runs]
+    for writer in writers:
+        writer.mark("running", n_samples=n)
+    return writers
+
+
+def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
+            ) -> list[dict[str, Any]]:
+    writers = _started(runs, settings, len(computed))
+    try:
+        classes = [order_class(run) for run in runs]
+        first: dict[tuple, Run] = {}
+        for key, run in zip(classes, runs):
+            first.setdefault(key, run)
+        text = _prompt_text([run.config for run in first.values()], runs[0].source, computed)
+        traces, warmup_s, pass_s = pack_traces(list(first.values()), computed, text)
+        rows = {key: _rows(trace, computed.labels) for key, trace in zip(first, traces)}
+        by_class = dict(zip(first, traces))
+        served = Counter(classes)
+        # a run's samples/s is its configuration's (the pass's seconds shared among the configurations computed),
+        # so the cost model learns what computing a configuration costs; its stage times are its share, so that
+        # they add up to the pass's over the runs
+        return _write(runs, writers, laid, settings, peak,
+                      [{name: column[laid[run.source][1]] for name, column in rows[key].items()}
+                       for run, key in zip(runs, classes)],
+                      pass_s / len(first),
+                      [{stage: t / served[key] for stage, t in by_class[key].timings.items()} for key in classes],
+                      [by_class[key].state for key in classes], computed.encode_s, warmup_s)
+    except BaseException as exc:
+        mark_unfinished_failed(writers, exc)
+        raise
+
+
+def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
+          ) -> list[dict[str, Any]]:
+    writers = _started(runs, settings, len(computed))
+    try:
+        orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
+        text = _prompt_text([run.config for run in runs], runs[0].source, computed)
+        traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
+        rows = [_rows(trace, laid[run.source][0].labels) for run, trace in zip(runs, traces)]
+        return _write(runs, writers, laid, settings, peak, rows, pass_s / len(runs),
+                      [trace.timings for trace in traces], [trace.state for trace in traces], computed.encode_s,
+                      warmup_s)
+    except BaseException as exc:
+        mark_unfinished_failed(writers, exc)
+        raise
