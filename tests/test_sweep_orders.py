@@ -2,9 +2,9 @@
 method's configuration computed once and its rows replayed in every order; any other method's orders stepped in
 one pass over the shared features. On a tiny real dataset's crops, where the views move the posteriors: every
 run's rows and runs-table row are those of the run in a trial of its own order (within float32 rounding where
-the passes differ), a replayed run's rows are its configuration's one computation, a trial killed mid-way resumes, an order that does not hold the
-first order's samples (a contaminated stream draws its OOD samples per order) runs in its own order; the plan,
-the dry run and `bca sweep` through Ray."""
+the passes differ), a replayed run's rows are its configuration's one computation, a trial killed mid-way
+resumes, an order that does not hold the first order's samples (a contaminated stream draws its OOD samples per
+order) runs in its own order; the plan, the dry run and `bca sweep` through Ray."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ once, each order laid over them as a permutation, and every run written in its o
   state every sample, so a sample's outputs depend on that sample alone and a configuration's N orders hold the
   same rows in N orders. Each configuration is computed once, over the first run's stream, and each run's rows
   are those per-sample outputs gathered into its own order (a replay). The paper's study runs every method over
-  100 orders: for these methods that is 100 times less compute (`benchmarks.study` measures it).
+  100 orders: for these methods that is 100 times less compute (`benchmarks.study` projects it).
 - Every other run is one stream of a multi-config pass over the shared features with its own order
   (`run_traces_many(..., orders=...)`): a runner that steps orders together (`lockstep.takes_orders`) runs them
   in one batched pass; any other runs each order's streams in turn, as separate trials would, without loading
@@ -30,33 +30,35 @@ computed, as a pack's runs share theirs), the same for each of its orders, and i
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from typing import Any
+from collections import Counter, OrderedDict
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from orchestrator.data.arrange import arrange
+from orchestrator.data.arrange import Arranged, arrange
 from orchestrator.data.types import Benchmark
 from orchestrator.methods.episodic import order_free
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import DataSource, Run, order_class
-from orchestrator.sweep.trial import (Progress, Settings, Stream, _finish, _numpy, _Outcome, _peak_mb,
-                                      _prompt_text, _rows, _RowSink, _batch_size, _wants_views, execute_pack, load_benchmarks,
-                                      load_stream, mark_unfinished_failed, pack_traces, part_rows_for,
-                                      reduces_views, remember_stream, stream_from)
+from orchestrator.sweep.trial import (Progress, Settings, Stream, _batch_size, _finish, _numpy, _Outcome,
+                                      _peak_mb, _prompt_text, _rows, _RowSink, _wants_views, execute_pack,
+                                      load_benchmarks, load_stream, mark_unfinished_failed, pack_traces,
+                                      part_rows_for, reduces_views, remember_stream, stream_from)
 
 
 def _skeleton(bench: Benchmark) -> Benchmark:
-    """The benchmark without its features' values (width 0): enough for a protocol to arrange an order."""
-    return dataclasses.replace(bench, features=bench.features[..., :0])
+    """The benchmark without its features' values (width 0, not a view that would hold them): enough for a
+    protocol to arrange an order."""
+    return dataclasses.replace(bench, features=bench.features.new_empty((*bench.features.shape[:-1], 0)))
 
 
 def in_order(source: DataSource, computed: Stream, skeleton: tuple[Benchmark, ...]
-             ) -> tuple[Stream, np.ndarray] | None:
-    """`source`'s stream laid out from `computed` (a stream of another order of the same data) and, per position,
-    the position in `computed` holding the same sample; None if its order holds a sample `computed` lacks."""
+             ) -> tuple[Arranged, np.ndarray] | None:
+    """`source`'s order of the data (its arrangement, features dropped) and, per position, the position in
+    `computed` (a stream of another order of the same data) holding the same sample; None if its order holds a
+    sample `computed` lacks."""
     arranged = arrange(skeleton[0], source.protocol(), source.order_seed, others=skeleton[1:],
                        split_seed=source.seed)
     if list(arranged.class_names) != computed.class_names:
@@ -71,17 +73,44 @@ def in_order(source: DataSource, computed: Stream, skeleton: tuple[Benchmark, ..
     perm = sorter[at]
     if not (np.array_equal(have[perm], want) and torch.equal(computed.labels[perm], arranged.labels)):
         return None
+    return arranged, perm
+
+
+def _laid_stream(computed: Stream, arranged: Arranged, perm: np.ndarray) -> Stream:
+    """The stream of an order laid out from `computed` (built when its run is written: one order's features at a
+    time on the device)."""
     index = torch.from_numpy(perm).to(computed.features.device)
-    stream = Stream(features=computed.features[index], view_features=None, labels=arranged.labels,
-                    image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
-                    is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=computed.class_embeddings,
-                    class_ids=computed.class_ids, num_classes=computed.num_classes,
-                    class_names=computed.class_names, encode_s=0.0, skipped=computed.skipped,
-                    fingerprint=computed.fingerprint)
-    return stream, perm
+    return Stream(features=computed.features[index], view_features=None, labels=arranged.labels,
+                  image_ids=arranged.image_ids, order=arranged.order, source_index=arranged.source_index,
+                  is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=computed.class_embeddings,
+                  class_ids=computed.class_ids, num_classes=computed.num_classes, class_names=computed.class_names,
+                  encode_s=0.0, skipped=computed.skipped, fingerprint=computed.fingerprint)
 
 
-Laid = dict[DataSource, tuple[Stream, np.ndarray]]
+Laid = dict[DataSource, tuple[Arranged, np.ndarray]]
+
+
+# Skeletons kept per process (labels and ids, no features), keyed by the source's first order: a reused actor's next
+# trial over the same data arranges its orders without loading the features again (its stream is in
+# sweep.trial's memo).
+_SKELETONS: OrderedDict[tuple[DataSource, bool], tuple[Benchmark, ...]] = OrderedDict()
+
+
+def _source_data(first: DataSource, settings: Settings, keep_views: bool, progress: Progress
+                 ) -> tuple[Stream, tuple[Benchmark, ...], float]:
+    """The stream of `first`, its data's skeleton and the encoder seconds this trial spent, loading the
+    benchmarks at most once."""
+    key = (dataclasses.replace(first, order_index=0), keep_views)
+    if key in _SKELETONS:
+        _SKELETONS.move_to_end(key)
+        stream, cached = load_stream(first, settings, keep_views, progress)
+        return stream, _SKELETONS[key], 0.0 if cached else stream.encode_s
+    benches = load_benchmarks(first, settings, reduces_views(first, keep_views), progress)
+    computed = remember_stream(first, keep_views, stream_from(first, benches, keep_views))
+    _SKELETONS[key] = tuple(_skeleton(bench) for bench in benches)
+    while len(_SKELETONS) > 2:
+        _SKELETONS.popitem(last=False)
+    return computed, _SKELETONS[key], computed.encode_s
 
 
 def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | None = None,
@@ -90,19 +119,16 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     the others stepped over their orders on the shared features. One metrics dict per run, as `execute_pack`."""
     first = runs[0].source
     keep_views = any(_wants_views(run.config) for run in runs)
-    benches = load_benchmarks(first, settings, reduces_views(first, keep_views), progress)
-    computed = remember_stream(first, keep_views, stream_from(first, benches, keep_views))
-    skeleton = tuple(_skeleton(bench) for bench in benches)
-    laid: dict[DataSource, tuple[Stream, np.ndarray] | None] = {}
+    computed, skeleton, encode_s = _source_data(first, settings, keep_views, progress)
+    laid: dict[DataSource, tuple[Arranged, np.ndarray] | None] = {}
     for run in runs:
         if run.source not in laid:
             laid[run.source] = in_order(run.source, computed, skeleton)
-    del benches, skeleton
     here = {source: pair for source, pair in laid.items() if pair is not None}
     replayed = [run for run in runs if run.source in here and order_free(run.method)]
     stepped = [run for run in runs if run.source in here and not order_free(run.method)]
-    out = _replay(replayed, computed, here, settings, peak) if replayed else []
-    out += _step(stepped, computed, here, settings, peak) if stepped else []
+    out = _replay(replayed, computed, here, settings, peak, encode_s) if replayed else []
+    out += _step(stepped, computed, here, settings, peak, 0.0 if replayed else encode_s) if stepped else []
     elsewhere = [run for run in runs if run.source not in here]
     for source in dict.fromkeys(run.source for run in elsewhere):
         own = [run for run in elsewhere if run.source == source]
@@ -112,18 +138,20 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     return out
 
 
-def _write(runs: list[Run], writers: list[RunWriter], laid: Laid, settings: Settings, peak: PeakMemory | None,
-           rows: list[dict[str, np.ndarray]], seconds: float, timings: list[dict[str, float]],
-           states: list[dict[str, torch.Tensor]], encode_s: float, warmup_s: float) -> list[dict[str, Any]]:
-    """Each run's rows (in its own order) written from its rows_done, and its run finished with its final state."""
+def _write(runs: list[Run], writers: list[RunWriter], computed: Stream, laid: Laid, settings: Settings,
+           peak: PeakMemory | None, rows_of: Callable[[int], dict[str, np.ndarray]], seconds: float,
+           timings: list[dict[str, float]], states: list[dict[str, torch.Tensor]], encode_s: float,
+           warmup_s: float) -> list[dict[str, Any]]:
+    """Each run's rows (`rows_of(i)`, in its own order, made when written) written from its rows_done, and its run
+    finished with its final state."""
     out = []
     for i, (run, writer) in enumerate(zip(runs, writers)):
-        stream = laid[run.source][0]
+        stream = _laid_stream(computed, *laid[run.source])
         outcome = _Outcome()
         outcome.state = {k: _numpy(v) for k, v in states[i].items()}
         sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
                         settings.failpoint)
-        sink.offer(0, outcome.add_rows(rows[i], seconds, timings[i]))
+        sink.offer(0, outcome.add_rows(rows_of(i), seconds, timings[i]))
         out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
                            _peak_mb(peak), warmup_s if i == 0 else 0.0))
     return out
@@ -136,8 +164,8 @@ def _started(runs: list[Run], settings: Settings, n: int) -> list[RunWriter]:
     return writers
 
 
-def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
-            ) -> list[dict[str, Any]]:
+def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
+            encode_s: float) -> list[dict[str, Any]]:
     writers = _started(runs, settings, len(computed))
     try:
         classes = [order_class(run) for run in runs]
@@ -152,28 +180,26 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
         # a run's samples/s is its configuration's (the pass's seconds shared among the configurations computed),
         # so the cost model learns what computing a configuration costs; its stage times are its share, so that
         # they add up to the pass's over the runs
-        return _write(runs, writers, laid, settings, peak,
-                      [{name: column[laid[run.source][1]] for name, column in rows[key].items()}
-                       for run, key in zip(runs, classes)],
+        return _write(runs, writers, computed, laid, settings, peak,
+                      lambda i: {name: column[laid[runs[i].source][1]] for name, column in rows[classes[i]].items()},
                       pass_s / len(first),
                       [{stage: t / served[key] for stage, t in by_class[key].timings.items()} for key in classes],
-                      [by_class[key].state for key in classes], computed.encode_s, warmup_s)
+                      [by_class[key].state for key in classes], encode_s, warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
 
 
-def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None
-          ) -> list[dict[str, Any]]:
+def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
+          encode_s: float) -> list[dict[str, Any]]:
     writers = _started(runs, settings, len(computed))
     try:
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
         text = _prompt_text([run.config for run in runs], runs[0].source, computed)
         traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
-        rows = [_rows(trace, laid[run.source][0].labels) for run, trace in zip(runs, traces)]
-        return _write(runs, writers, laid, settings, peak, rows, pass_s / len(runs),
-                      [trace.timings for trace in traces], [trace.state for trace in traces], computed.encode_s,
-                      warmup_s)
+        return _write(runs, writers, computed, laid, settings, peak,
+                      lambda i: _rows(traces[i], laid[runs[i].source][0].labels), pass_s / len(runs),
+                      [trace.timings for trace in traces], [trace.state for trace in traces], encode_s, warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
