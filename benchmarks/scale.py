@@ -232,7 +232,8 @@ def _sweep(directory: Path, runs: int, pack: str | int) -> dict:
     tune = directory / "results" / "tune"
     state = sum(p.stat().st_size for p in tune.rglob("*") if p.is_file()) if tune.is_dir() else 0
     n = seeds * len(TAUS) * 2 * len(N2S)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    # the sweep's own closing count, not whatever a Ray worker printed last
+    tail = [line for line in (done.stdout + done.stderr).splitlines() if " runs finished, " in line][-1:]
     return {"runs": n, "seconds": wall, "per_run_ms": 1000 * wall / n, "tune_kb_per_run": state / 1024 / n,
             "rc": done.returncode, "tail": tail}
 
