@@ -529,8 +529,9 @@ def mark_unfinished_failed(writers: list[RunWriter], exc: BaseException) -> None
 
 def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
                  peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
-    """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
-    rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
+    """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
+    committed as one segment when none has started before (`_commit_pack`), else each run's rows written from its
+    own rows_done. A run's samples/s is the stream length over its share of the pass."""
     writers = [RunWriter(settings.results_dir, run.config) for run in runs]
     started_at = dt.datetime.now(dt.timezone.utc)
     # A pack of fresh runs (no live parts: none of them ran before) is committed straight into a segment, as
