@@ -2,7 +2,7 @@
 trials cost with and without automatic packing.
 
     python -m benchmarks.scale [--runs 100000] [--rows-per-run 2000] [--live-runs 2000] [--sweep-runs 3000]
-                               [--unpacked-runs 300] [--dir DIR] [--keep]
+                               [--unpacked-runs 300] [--dir DIR] [--keep] [--ab CHECKOUT [--rounds 2]]
 
 1. Build: `--live-runs` runs go through the sweep's own write path (RunWriter: rows in parts, runs-table rows,
    then `store.compact`, as a sweep compacts); the rest are generated a segment at a time and committed with
@@ -12,7 +12,12 @@ trials cost with and without automatic packing.
 2. Reads, each in a fresh process (its time, and its peak resident memory): open (ResultsDB()), a count over
    samples, aggregates over the accuracy and summary views, `bca report` end to end, the dashboard's first page
    and one run's page (Streamlit AppTest: the page's script run in a fresh process, its imports of the dashboard
-   and orchestrator included, streamlit's own import not, as a running `bca dashboard` has it loaded).
+   and orchestrator included; streamlit's own import and its scan for custom components not, as a running
+   `bca dashboard` has done both when it started).
+   With `--ab CHECKOUT` (another checkout of this repository, e.g. main's), `bca report` and the first page are
+   then timed with its code and this one's alternately, each in a fresh process on the same dir (wall and CPU
+   seconds), and it says whether the two reports printed the same bytes. `--dir` holding a results dir reuses
+   it (no build); `--sweep-runs 0` skips the sweeps, `--runs 0` the read steps.
 3. Sweeps: a `--sweep-runs` grid of 300-sample synthetic runs with the spec's defaults (`pack: auto`), end to
    end (`bca sweep`, Ray's start included), and `--unpacked-runs` of the same grid with `pack: 1`; per-run
    wall time of each, and Tune's state per run. `--runs 0` runs only this step.
@@ -169,17 +174,30 @@ def _measure(kind: str, root: str) -> dict:
         from dashboard import APP_PATH
 
         at = AppTest.from_file(str(APP_PATH), default_timeout=600)
+        if hasattr(at, "_bidi_component_manager"):
+            # A running server scans the installed packages for custom components once, when it starts (~1 s
+            # here); AppTest does it in its first run: done before the page is timed, as a server has it done.
+            from streamlit.components.v2.component_manager import BidiComponentManager
+
+            at._bidi_component_manager = BidiComponentManager()
+            at._bidi_component_manager.discover_and_register_components(start_file_watching=False)
         if kind == "run_page":
             with ResultsDB(root) as db:
                 run = db.sql("SELECT run_id FROM runs WHERE method = 'bca' LIMIT 1").to_pylist()[0]["run_id"]
             at.query_params["page"] = "Run"
             at.query_params["run"] = run
-        t0 = time.perf_counter()  # a page's time: the script run (the dashboard's imports and queries included)
+        t0, c0 = time.perf_counter(), _cpu_s()  # a page's time: the script run (its imports and queries included)
         at.run()
-        out["seconds"] = time.perf_counter() - t0
+        out["seconds"], out["cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
         out["errors"] = [str(e.value)[:200] for e in at.exception]
     out["peak_mb"] = peak_mb()
     return out
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process, all its threads (far less load-dependent than wall time)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def peak_mb() -> float:
@@ -190,28 +208,55 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _child(args: list[str]) -> dict:
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - t0
+def _child(args: list[str], code: Path = ROOT, output: bool = False) -> dict:
+    """Run `python ARGS` in a fresh process with `code` (a checkout) first on the path: its wall seconds, its CPU
+    seconds (user + system), what it printed last as JSON, and with `output` all it printed."""
+    t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([sys.executable, *args], cwd=code, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(code)})
+    wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
     if done.returncode != 0:
         return {"seconds": wall, "error": (done.stdout + done.stderr)[-800:]}
     last = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    return {**(json.loads(last[-1]) if last else {}), "wall_s": wall}
+    return {**(json.loads(last[-1]) if last else {}), "wall_s": wall, "process_cpu_s": cpu,
+            **({"printed": done.stdout} if output else {})}
 
 
-def _report_child(root: str) -> dict:
+def _report_child(root: str, code: Path = ROOT, output: bool = False) -> dict:
     """`bca report` end to end, its own peak memory read back through a wrapper."""
-    code = ("import sys, json\n"
-            "from benchmarks.scale import peak_mb\n"
-            "from orchestrator.cli import app\n"
-            "try:\n    app(['report', '--results', sys.argv[1]])\n"
-            "except SystemExit as e:\n    code = e.code\n"
-            "print(json.dumps({'peak_mb': peak_mb()}))\n")
-    out = _child(["-c", code, root])
+    script = ("import sys, json\n"
+              "from benchmarks.scale import peak_mb\n"
+              "from orchestrator.cli import app\n"
+              "try:\n    app(['report', '--results', sys.argv[1]])\n"
+              "except SystemExit as e:\n    code = e.code\n"
+              "print(json.dumps({'peak_mb': peak_mb()}))\n")
+    out = _child(["-c", script, root], code, output)
     out["seconds"] = out.get("wall_s")
     return out
+
+
+def _ab(root: Path, against: Path, rounds: int) -> None:
+    """`bca report` and the dashboard's first page with another checkout's code (`against`, e.g. main) and this
+    one's, alternately, each in a fresh process on the same results dir: the gain measured in one run. Says
+    whether the two reports printed the same bytes."""
+    printed: dict[str, set[str]] = {"against": set(), "this": set()}
+    for r in range(1, rounds + 1):
+        for step in ("report", "dashboard"):
+            for name, code in (("against", against), ("this", ROOT)):
+                # the page is timed by this file's code whichever code it runs (the other checkout's dashboard
+                # first on the path), so both are timed the same way
+                out = (_report_child(str(root), code, output=True) if step == "report" else
+                       _child([str(Path(__file__).resolve()), "--measure", step, "--dir", str(root)], code))
+                if step == "report":
+                    printed[name].add(out.pop("printed", "").rsplit("\n{", 1)[0])
+                cpu = f", {out['cpu_s']:.2f} s CPU in the page" if "cpu_s" in out else ""
+                print(f"round {r} {name} ({code}) {step}: {out.get('seconds') or 0:.2f} s{cpu}; process "
+                      f"{out['wall_s']:.2f} s wall, {out['process_cpu_s']:.2f} s CPU; peak {out.get('peak_mb') or 0:.0f} MB"
+                      f"{'; ' + out['error'][-300:] if 'error' in out else ''}; load {os.getloadavg()[0]:.1f}",
+                      flush=True)
+    same = len(printed["against"] | printed["this"]) == 1
+    print(f"`bca report` printed {'the same bytes' if same else 'DIFFERENT output'} with both codes", flush=True)
 
 
 def _sweep(directory: Path, runs: int, pack: str | int) -> dict:
@@ -247,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unpacked-runs", type=int, default=294)
     parser.add_argument("--dir", type=Path, default=None, help="build here (default a temp dir, removed)")
     parser.add_argument("--keep", action="store_true", help="keep the results dir")
+    parser.add_argument("--ab", type=Path, default=None,
+                        help="also time `bca report` and the first page with this checkout's code (e.g. main) and "
+                             "this one's, alternately, on the same results dir")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --ab")
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -259,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.runs:
             _reads(args, root)
+        if args.ab is not None:
+            _ab(root, args.ab.resolve(), args.rounds)
         if args.sweep_runs:
             sweep_dir = work / "sweeps"
             for label, runs, pack in (("pack: auto (default)", args.sweep_runs, "auto"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard import RESULTS_ENV, context, queries
-from dashboard.components import URL, dataframe, load_results, open_db
+from dashboard.components import URL, dataframe, load_results, load_run_table, open_db
 from dashboard.pages import compare_page, config_page, run_page
 from dashboard.workbench import workbench
 from orchestrator.results import schema
@@ -45,20 +45,21 @@ def main() -> None:
     st.sidebar.caption(f"results: `{results_dir}`")
     if st.sidebar.button("Refresh now", key="refresh"):
         st.cache_data.clear()
+        load_results.clear()
+        load_run_table.clear()
 
     if not Path(results_dir).is_dir():
         st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC` writes to the "
                 f"spec's `results_dir`) or open another one with `bca dashboard --results DIR`.")
         return
     stamp = context.results_fingerprint(results_dir)
-    table, all_runs, bad = load_results(results_dir, stamp)
+    all_runs, bad, counts, total = load_results(results_dir, stamp)
     if bad:
         st.warning(f"Left out {len(bad)} unreadable or incomplete results file(s); everything else is shown:\n\n"
                    + "\n".join(f"- `{b}`" for b in bad))
-    if table.empty and all_runs.empty:
+    if not total and all_runs.empty:
         st.info(f"No runs in `{results_dir}` yet. Results appear here as a sweep writes them.")
         return
-    counts = queries.status_counts(table)
     st.caption(" · ".join(f"{counts.get(s, 0)} {s}" for s in schema.STATUSES) + f" runs in `{results_dir}`")
     running = counts.get("running", 0) > 0
     if running and st.sidebar.toggle("auto-refresh while runs are running", value=True, key="auto_refresh"):
@@ -66,7 +67,7 @@ def main() -> None:
 
     if all_runs.empty:
         st.info("The runs below have started but none has written samples yet; refresh in a moment.")
-        dataframe(queries.runs_listing(table, all_runs), "runs", "runs")
+        dataframe(queries.runs_listing(load_run_table(results_dir, stamp), all_runs), "runs", "runs")
         return
 
     db = open_db(results_dir)
@@ -81,13 +82,13 @@ def main() -> None:
     page = st.segmented_control("page", list(PAGES), default=PAGES[0], key="page", bind=URL, required=True,
                                 label_visibility="collapsed")
     if page == "Run":
-        run_page(results_dir, stamp, table, all_runs, hparams, record_for)
+        run_page(results_dir, stamp, load_run_table(results_dir, stamp), all_runs, hparams, record_for)
     elif page == "Configuration":
         config_page(results_dir, stamp, all_runs, hparams)
     elif page == "Compare two runs":
-        compare_page(results_dir, stamp, table, all_runs, hparams, record_for)
+        compare_page(results_dir, stamp, load_run_table(results_dir, stamp), all_runs, hparams, record_for)
     else:
-        workbench(results_dir, stamp, db, table, all_runs, record_for)
+        workbench(results_dir, stamp, db, all_runs, record_for)
 
 
 main()

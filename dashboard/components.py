@@ -33,13 +33,23 @@ def open_db(results_dir: str) -> ResultsDB:
     return ResultsDB(results_dir)
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
-def load_results(results_dir: str, fingerprint: tuple) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """(runs table, per-run rows with metrics, bad files); keyed by the files' fingerprint, so it is read again
-    only when a file was written (and then ResultsDB rebuilds only what changed)."""
+@st.cache_resource(show_spinner=False, max_entries=4)
+def load_results(results_dir: str, fingerprint: tuple) -> tuple[pd.DataFrame, list[str], dict[str, int], int]:
+    """(per-run rows with metrics, bad files, runs per status, runs in the runs table); keyed by the files'
+    fingerprint, so it is read again only when a file was written (and then ResultsDB rebuilds only what changed).
+    Shared, not copied, by every rerun and session (a study's 10^5-run frame costs seconds to pickle and unpickle):
+    the pages only read it."""
     db = open_db(results_dir)
     db.refresh()
-    return queries.run_table(db), queries.accuracy_runs(db), [str(b) for b in db.bad_files]
+    counts, total = queries.status_counts(db)
+    return queries.accuracy_runs(db), [str(b) for b in db.bad_files], counts, total
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def load_run_table(results_dir: str, fingerprint: tuple) -> pd.DataFrame:
+    """The runs table (every run, also those with no samples yet), read only by the views that list runs (the
+    first page does not), shared as load_results is."""
+    return queries.run_table(open_db(results_dir))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -79,14 +89,15 @@ def load_importance(runs: pd.DataFrame, hparams: tuple[str, ...], metric: str) -
 # -------------------------------------------------------------------------------------------- widgets
 def table_exports(text: pd.DataFrame, numbers: pd.DataFrame, best: pd.DataFrame | None, name: str, key: str,
                   caption: str = "") -> None:
-    """CSV (the numbers), Markdown and LaTeX (the text as shown, best in bold) downloads of one table."""
+    """CSV (the numbers), Markdown and LaTeX (the text as shown, best in bold) downloads of one table, each
+    written only when clicked (a page has several tables: writing all their files on every run costs seconds)."""
     row = st.container(horizontal=True)
-    row.download_button("CSV", numbers.to_csv(index=False).encode("utf-8"), file_name=f"{name}.csv",
+    row.download_button("CSV", lambda: numbers.to_csv(index=False).encode("utf-8"), file_name=f"{name}.csv",
                             mime="text/csv", key=f"csv_{key}", on_click="ignore")
-    row.download_button("Markdown", export.to_markdown(text, best).encode("utf-8"), file_name=f"{name}.md",
+    row.download_button("Markdown", lambda: export.to_markdown(text, best).encode("utf-8"), file_name=f"{name}.md",
                             mime="text/markdown", key=f"md_{key}", on_click="ignore")
-    row.download_button("LaTeX", export.to_latex(text, best, caption).encode("utf-8"), file_name=f"{name}.tex",
-                            mime="text/x-tex", key=f"tex_{key}", on_click="ignore",
+    row.download_button("LaTeX", lambda: export.to_latex(text, best, caption).encode("utf-8"),
+                            file_name=f"{name}.tex", mime="text/x-tex", key=f"tex_{key}", on_click="ignore",
                             help="booktabs table (\\usepackage{booktabs}), best in bold")
 
 

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, report
@@ -107,8 +108,10 @@ def filter_options(runs: pd.DataFrame, columns: Sequence[str]) -> dict[str, list
     return {c: sorted(_clean(v) for v in runs[c].dropna().unique()) for c in columns if c in runs.columns}
 
 
-def status_counts(runs: pd.DataFrame) -> dict[str, int]:
-    return {str(k): int(v) for k, v in runs["status"].value_counts().items()}
+def status_counts(db: ResultsDB) -> tuple[dict[str, int], int]:
+    """(runs per status, every run of the runs table), counted in DuckDB rather than over a frame of every run."""
+    rows = db.sql("SELECT status, count(*) AS n FROM runs GROUP BY status").to_pylist()
+    return {str(r["status"]): int(r["n"]) for r in rows if r["status"] is not None}, sum(int(r["n"]) for r in rows)
 
 
 def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
@@ -198,15 +201,16 @@ def online_curves(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset:
     tests/test_results_store.py)."""
     params = {"backbone": backbone, "dataset": dataset, "window": int(window)}
     ids = sorted(set(run_ids))
-    where = f"s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window AND {_runs_filter(ids)}"
-    have = db.sql(f"SELECT count(*) AS n FROM run_curves WHERE {where}", params).to_pylist()[0]["n"]
-    if ids and have == len(ids):
-        counts = (f"SELECT run_id, unnest(curve_win) AS win, unnest(curve_n) AS n, unnest(curve_k) AS k "
-                  f"FROM run_curves WHERE {where}")
-    else:
-        rows = f"(SELECT * FROM samples WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(ids)})"
-        counts = window_counts_sql(rows, "$window")
-    return db.df(curve_points_sql(counts), params)
+    # the shown runs as a table joined in (a literal list of a dataset's thousands of runs takes long to bind)
+    shown = {"shown_runs": pa.table({"run_id": pa.array(ids, pa.string())})}
+    curves = db.df(curve_points_sql(
+        "SELECT run_id, unnest(curve_win) AS win, unnest(curve_n) AS n, unnest(curve_k) AS k FROM run_curves "
+        "WHERE s_backbone = $backbone AND s_dataset = $dataset AND curve_window = $window "
+        "AND run_id IN (SELECT run_id FROM shown_runs)"), params, shown)
+    if ids and curves["run_id"].nunique() == len(ids):
+        return curves
+    rows = f"(SELECT * FROM samples WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(ids)})"
+    return db.df(curve_points_sql(window_counts_sql(rows, "$window")), params)
 
 
 def default_window(max_rows: int, points: int = CURVE_POINTS) -> int:
@@ -342,8 +346,12 @@ def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[
 
 
 def series_methods(runs: pd.DataFrame, labels: pd.Series) -> dict[str, str]:
-    """Series label -> the method of its runs (the first, for a group pooling several): the colour family."""
-    return {label: method for label, method in zip(labels, runs["method"])}
+    """Series label -> the method of its runs (the last, for a group pooling several), in the order the series
+    first appear: the colour family. Per series, not per run (a study's page has 10^5 runs, hundreds of series)."""
+    codes, series = pd.factorize(labels.to_numpy(dtype=object))  # series in the order they first appear
+    _, first_from_end = np.unique(codes[::-1], return_index=True)
+    methods = runs["method"].to_numpy(dtype=object)[len(codes) - 1 - first_from_end]  # each series' last run's
+    return dict(zip(series.tolist(), methods.tolist()))
 
 
 def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
@@ -365,13 +373,20 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     ascending = metrics.metric(metric).higher_is_better  # the worst come first
     peers = evidence.expected_keys(runs if recorded is None else recorded)
 
-    def worst10(values: pd.Series) -> float:
-        return float(values.sort_values(ascending=ascending).head(worst_count(len(values))).mean())
+    def worst10(values: np.ndarray) -> float:
+        # the mean of the worst ceil(n / 10), as Series.sort_values(ascending).head(k).mean() gives it (the
+        # sorted values, summed in that order, over k), over an array rather than a Series per group
+        ranked = np.sort(values) if ascending else np.sort(values)[::-1]
+        k = worst_count(len(values))
+        return float(np.ascontiguousarray(ranked[:k]).sum() / k)
 
     # every series with a run, so one whose runs are all incomplete still shows, as '— (n=0 of 1)'
     out = labelled.groupby(["series", "dataset"], as_index=False).agg(method=("method", "first"))
-    stats = (finished.groupby(["series", "dataset"], as_index=False)
-             .agg(mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"), worst10=(metric, worst10)))
+    grouped = finished.groupby(["series", "dataset"], as_index=False)
+    stats = grouped.agg(mean=(metric, "mean"), std=(metric, "std"), n=(metric, "count"))
+    at = grouped.indices
+    metric_values = finished[metric].to_numpy(dtype=float)
+    stats["worst10"] = [worst10(metric_values[at[key]]) for key in zip(stats["series"], stats["dataset"])]
     out = out.merge(stats, on=["series", "dataset"], how="left").fillna({"n": 0})
     prepared = evidence.prepare(labelled.reset_index(drop=True))
     arrays, values = evidence.columns(prepared), pd.to_numeric(prepared[metric], errors="coerce").to_numpy(float)
@@ -384,11 +399,20 @@ def metric_summary(runs: pd.DataFrame, labels: pd.Series, metric: str,
     setting = usable_rows["setting_id"] if "setting_id" in usable_rows else usable_rows["dataset"]
     paired = usable_rows.groupby([usable_rows["series"], usable_rows["dataset"], setting, usable_rows["seed"],
                                   usable_rows["_order"]])[metric].mean()
-    paired_by = {key: group.droplevel([0, 1]) for key, group in paired.groupby(level=[0, 1])}
+    # per (series, dataset): {(setting, seed, order): value}, sliced from the sorted index (a Series per group
+    # costs a study's page seconds)
+    levels = [paired.index.get_level_values(i).tolist() for i in range(paired.index.nlevels)]
+    heads, keys, means = list(zip(*levels[:2])), list(zip(*levels[2:])), paired.tolist()
+    paired_by: dict[tuple, dict[tuple, float]] = {}
+    start = 0
+    for i in range(1, len(heads) + 1):
+        if i == len(heads) or heads[i] != heads[start]:  # the groupby sorted the rows: each group is one stretch
+            paired_by[heads[start]] = dict(zip(keys[start:i], means[start:i]))
+            start = i
     extra = []
     for (series, dataset), configs in configs_of.items():
         short = [c for c in configs if c.skipped]
-        own = paired_by.get((series, dataset), pd.Series(dtype=float))
+        own = paired_by.get((series, dataset), {})
         extra.append({"series": series, "dataset": dataset, "expected": sum(len(c.expected) for c in configs),
                       "samples": short[0].samples if short else None, "total": short[0].total if short else None,
                       "protocols": frozenset().union(*(c.protocols for c in configs)), "values": own})
@@ -421,19 +445,18 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
     best = pd.DataFrame(index=mean.index)
     for column in mean.columns:
         values = mean[column]
-        cells = []
-        for series in mean.index:
-            if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
-                fewest, most = n.loc[series, datasets].min(), expected.loc[series, datasets].max()
-                cells.append(evidence.cell_text(values[series], math.nan, _int_or_none(fewest) or 0,
-                                                _int_or_none(most)))
-                continue
-            count = n[column][series]
-            cells.append(evidence.cell_text(
-                values[series], std[column][series], 0 if pd.isna(count) else int(count),
-                None if pd.isna(expected[column][series]) else int(expected[column][series]),
-                _int_or_none(frames["samples"][column][series]), _int_or_none(frames["total"][column][series]),
-                worst[column][series]))
+        # the cells' inputs as lists by row position (a label lookup per cell costs a study's page a second)
+        if column == "Average":  # the mean of the datasets' cells: it stands on the fewest runs any has
+            fewest, most = n[datasets].min(axis=1).tolist(), expected[datasets].max(axis=1).tolist()
+            cells = [evidence.cell_text(v, math.nan, _int_or_none(f) or 0, _int_or_none(m))
+                     for v, f, m in zip(values.tolist(), fewest, most)]
+        else:
+            cells = [evidence.cell_text(v, sd, 0 if pd.isna(count) else int(count),
+                                        None if pd.isna(exp) else int(exp), _int_or_none(samples),
+                                        _int_or_none(total), w)
+                     for v, sd, count, exp, samples, total, w in zip(
+                         *(frame[column].tolist() for frame in (mean, std, n, expected, frames["samples"],
+                                                                frames["total"], worst)))]
         text[titles[column]] = cells
         numbers[titles[column]] = values
         if column in std.columns:
@@ -447,8 +470,8 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
         deltas = {}
         for column in datasets:
             deltas[column] = [evidence.paired_gain(frames["values"][column][s], frames["values"][column][pinned])
-                              if isinstance(frames["values"][column][s], pd.Series)
-                              and isinstance(frames["values"][column][pinned], pd.Series) else (np.nan, 0)
+                              if isinstance(frames["values"][column][s], dict)
+                              and isinstance(frames["values"][column][pinned], dict) else (np.nan, 0)
                               for s in mean.index]
         if len(datasets) > 1:  # the mean of the datasets' paired differences, on the fewest pairs any has
             deltas["Average"] = [(float(np.mean([deltas[c][i][0] for c in datasets])),

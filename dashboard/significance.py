@@ -24,16 +24,20 @@ def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.Dat
     whether that is significant at stats.ALPHA."""
     done = runs.assign(series=labels.values)
     done = done[(done["status"] == "finished") & done["complete"].fillna(False).astype(bool)]
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
-    finished = set(db.df("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
-                   .to_numpy(dtype=object))
+    pairs = db.paired_gains()
+    finished = set(db.sql("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
+                   .to_pylist())
     # a set lookup per pair: Series.isin over 10^5 Arrow strings costs seconds
     pairs = pairs[np.array([b in finished for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     paired = done[["run_id", "series", "method", "dataset"]].merge(pairs, on="run_id")
     rows = []
-    for (series, dataset), part in paired.groupby(["series", "dataset"], sort=False):
-        s = stats.across_runs(part["gain"] / 100, part["helped"], part["hurt"], part["n"])
-        rows.append({"series": series, "method": part["method"].iloc[0], "dataset": dataset, "runs": s.runs,
+    # arrays taken once, each group's runs by position (a frame per group costs a study's page a second); the
+    # rows are sorted below on keys that tell every row apart, so the groups' order does not matter
+    gain, helped, hurt, n = (paired[c].to_numpy() for c in ("gain", "helped", "hurt", "n"))
+    methods = paired["method"].to_numpy(dtype=object)
+    for (series, dataset), at in paired.groupby(["series", "dataset"], sort=False).indices.items():
+        s = stats.across_runs(gain[at] / 100, helped[at], hurt[at], n[at])
+        rows.append({"series": series, "method": methods[at[0]], "dataset": dataset, "runs": s.runs,
                      "gain": 100 * s.mean, "low": 100 * s.ci_low, "high": 100 * s.ci_high, "test": s.test, "p": s.p})
     out = pd.DataFrame(rows, columns=GAIN_COLUMNS)
     if not out.empty:

@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import charts, context, importance, metrics, queries, significance
 from dashboard.components import (URL, chart, dataframe, id_selectbox, link, load_curves, load_importance,
-                                  load_per_class, prior_view, table_exports)
+                                  load_per_class, load_run_table, prior_view, table_exports)
 from dashboard.queries import Filters
 from orchestrator import registry
 from orchestrator.results import report, schema
@@ -263,7 +263,7 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
     table_exports(listing.drop(columns="page"), listing.drop(columns="page"), None, "runs", "runs")
 
 
-def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame, all_runs: pd.DataFrame,
+def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFrame,
               record_for: Callable[[str], dict | None]) -> None:
     hparams = queries.hparam_columns(db)
     filter_columns = queries.filter_columns(all_runs, hparams)
@@ -288,8 +288,9 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
                                       bind=URL, help="Runs with equal values of these columns form one series; "
                                                      "tables and curves show mean ± std over its runs.")
     labels = queries.group_labels(runs, group_by, hparams)
-    series = list(dict.fromkeys(labels[runs.sort_values("method", key=lambda m: m.map(registry.method_rank))
-                                      .index]))
+    # ranked once per method, not once per run (10^5 runs, a few methods)
+    series = list(dict.fromkeys(labels[runs.sort_values("method", key=lambda m: report.per_value(
+        m, registry.method_rank)).index]))
     chosen = st.sidebar.multiselect("show only these series (empty: all)", series, key="show", bind=URL)
     if chosen:
         keep = labels.isin(chosen)
@@ -297,7 +298,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
     pinned = st.sidebar.selectbox("pin a baseline series (Δ columns)", [None, *series],
                                   format_func=lambda s: "none" if s is None else s, key="pin", bind=URL)
 
-    pairs = sorted({(b, d) for b, d in zip(runs["backbone"], runs["dataset"])})
+    pairs = sorted(runs[["backbone", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     keys = [f"{b}/{d}" for b, d in pairs]
     focus_key = st.selectbox("backbone / dataset for the stream, sensitivity, prior, per-class and cost views",
                              keys, key="focus", bind=URL,
@@ -320,7 +321,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, table: pd.DataFrame
         lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),
         lambda: settings_panel(view),
         lambda: cost_panel(view),
-        lambda: runs_panel(table, filters, runs),
+        lambda: runs_panel(load_run_table(results_dir, stamp), filters, runs),
     )
     for tab, draw in zip(tabs, panels):
         if tab.open:

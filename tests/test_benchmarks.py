@@ -85,6 +85,20 @@ def test_scale_benchmark_small_run_builds_reads_and_sweeps(tmp_path, capsys):
     assert len(sweeps) == 2 and all("98 runs of 300 samples" in s and "rc 0" in s for s in sweeps), out
 
 
+def test_scale_benchmark_ab_times_both_checkouts_and_compares_the_reports(tmp_path, capsys):
+    """`--ab CHECKOUT`: `bca report` and the first page timed with each checkout's code in fresh processes, and
+    whether the reports printed the same bytes (here the same checkout twice: they must)."""
+    from benchmarks import scale
+
+    assert scale.main(["--runs", "30", "--rows-per-run", "20", "--live-runs", "10", "--sweep-runs", "0",
+                       "--dir", str(tmp_path), "--ab", str(scale.ROOT), "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    rounds = [line for line in out.splitlines() if line.startswith("round 1 ")]
+    assert len(rounds) == 4 and not any("Traceback" in line for line in rounds), out
+    assert sum("dashboard:" in line and "s CPU in the page" in line for line in rounds) == 2, out
+    assert "`bca report` printed the same bytes with both codes" in out, out
+
+
 def test_store_evaluation_runs_every_backend(capsys):
     """`python -m benchmarks.store_eval` (needs the `eval` extra): all three backends append, compact and read."""
     import pytest

@@ -233,3 +233,20 @@ def test_results_dir_with_glob_characters(tmp_path):
     db = ResultsDB(root)
     assert db.sql("SELECT count(*) AS c FROM samples").to_pylist() == [{"c": 20}]
     assert db.sql("SELECT count(*) AS c FROM summary").to_pylist() == [{"c": 2}]
+
+
+def test_paired_gains_are_read_once_and_again_when_runs_arrive(tmp_path):
+    """ResultsDB.paired_gains (shared by the report's significance and the dashboard's gains) equals the paired
+    view's rows with a gain, and a new pair appears without reopening."""
+    _hand_run(tmp_path, "s", "clip", "c" * 16, [True, False, False, False], 4, group="gc")
+    _hand_run(tmp_path, "s", "bca", "a" * 16, [True, False, True, True], 4, group="gb")
+    db = ResultsDB(tmp_path)
+    query = "SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL ORDER BY run_id"
+    first = db.paired_gains()
+    assert first.sort_values("run_id").reset_index(drop=True).equals(db.df(query))
+    assert db.paired_gains() is first  # nothing changed: not read again
+    assert first.set_index("run_id").at["a" * 16, "helped"] == 2
+    _hand_run(tmp_path, "s", "bca", "b" * 16, [False, False, True, True], 4, group="gb2")
+    again = db.paired_gains()
+    assert sorted(again["run_id"]) == ["a" * 16, "b" * 16]
+    assert again.sort_values("run_id").reset_index(drop=True).equals(db.df(query))

@@ -154,3 +154,38 @@ def test_a_sweep_over_a_dataset_with_deleted_images_says_so(tmp_path):
     assert len(measured) == 2 and all(table.formatted().at[k, "EuroSAT"].endswith("(n=1; 9 of 12 samples)")
                             for k in measured)
     assert table.mean.xs("Δ paper", level="source")["EuroSAT"].isna().all()
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_cell_values_equal_the_plain_pooled_means(duplicates):
+    """A cell's per-(seed, order) values, read in one pass when each key has one run, equal the plain computation
+    (every usable run's value appended per key, then sum / count), bit for bit: -0.0, NaN and unusable runs
+    included."""
+    import pandas as pd
+
+    from orchestrator.results import evidence
+
+    rng = np.random.default_rng(3)
+    keys = [(s, o) for s in range(6) for o in range(3)]
+    rows = keys + (keys[:7] if duplicates else [])
+    order = rng.permutation(len(rows))
+    seeds = np.array([rows[i][0] for i in order])
+    orders = np.array([rows[i][1] for i in order])
+    values = rng.normal(60, 5, len(rows))
+    values[0], values[1] = -0.0, math.nan
+    runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(len(rows))], "sweep": "s", "backbone": "RN50",
+                         "dataset": "synthetic-a", "method": "bca", "seed": seeds, "order_index": orders,
+                         "status": ["failed" if i == 2 else "finished" for i in range(len(rows))],
+                         "complete": True, "n_samples": 100, "n_skipped": 0, "stream": None})
+    frame = evidence.prepare(runs)
+    cell = evidence.cell_at(frame, evidence.columns(frame), values, np.arange(len(frame)),
+                            evidence.expected_keys(frame))
+    pooled: dict[tuple[int, int], list[float]] = {}
+    for i in range(len(rows)):
+        if frame["_fit"].iloc[i] and not math.isnan(values[i]):
+            pooled.setdefault((int(seeds[i]), int(orders[i])), []).append(float(values[i]))
+    plain = {k: sum(v) / len(v) for k, v in sorted(pooled.items())}
+    assert list(cell.values.items()) == list(plain.items())
+    assert all(math.copysign(1, cell.values[k]) == math.copysign(1, plain[k]) for k in plain)
+    assert cell.stats() == (float(np.mean(list(plain.values()))), float(np.std(list(plain.values()), ddof=1)),
+                            len(plain))

@@ -126,6 +126,7 @@ class ResultsDB:
         self.extra_run_columns: list[str] = []
         self._used_hparams: tuple[tuple | None, list[str]] | None = None
         self._columns: dict[str, tuple[tuple | None, list[str]]] = {}
+        self._pairs: tuple[tuple | None, pd.DataFrame] | None = None
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -190,6 +191,17 @@ class ResultsDB:
                 names = self._run(lambda cur: [d[0] for d in cur.execute(f"SELECT * FROM {view} LIMIT 0").description])
                 self._columns[view] = (self._key, names)
             return list(self._columns[view][1])
+
+    def paired_gains(self) -> pd.DataFrame:
+        """run_id, baseline_run, helped, hurt, n, gain of every pair of the paired view with a gain: read once per
+        version of the views (a report's significance and the dashboard's gains each need all of them, 10^5 rows
+        at a study's size). Shared: callers must not modify it."""
+        with self._lock:
+            self.refresh()
+            if self._pairs is None or self._pairs[0] != self._key:
+                frame = self.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired WHERE gain IS NOT NULL")
+                self._pairs = (self._key, frame)
+            return self._pairs[1]
 
     @property
     def used_hparam_names(self) -> list[str]:
@@ -455,9 +467,16 @@ class ResultsDB:
         """Trusted SQL (this package's own queries) as an Arrow table. User SQL goes through query()."""
         return self._run(lambda cur: cur.sql(query, params=params).to_arrow_table())
 
-    def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None) -> pd.DataFrame:
-        """Trusted SQL as a pandas DataFrame."""
-        return self._run(lambda cur: cur.sql(query, params=params).df())
+    def df(self, query: str, params: Sequence[Any] | dict[str, Any] | None = None,
+           tables: dict[str, pa.Table] | None = None) -> pd.DataFrame:
+        """Trusted SQL as a pandas DataFrame; `tables`: Arrow tables the query reads by these names (e.g. the run
+        ids a page shows: a join with them binds in no time, a literal list of thousands of ids does not)."""
+        def run(cur: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+            for name, table in (tables or {}).items():
+                cur.register(name, table)
+            return cur.sql(query, params=params).df()
+
+        return self._run(run)
 
     def query(self, user_sql: str) -> pa.Table:
         """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table.

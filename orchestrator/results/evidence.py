@@ -79,6 +79,8 @@ def _peers(runs: pd.DataFrame) -> pd.DataFrame:
     orders)."""
     def text(column: str) -> pd.Series:  # None and NaN alike (a merge turns one into the other)
         values = runs[column] if column in runs else pd.Series(None, index=runs.index, dtype=object)
+        if isinstance(values.dtype, pd.StringDtype):  # already text: no round trip through 10^5 Python strings
+            return values.fillna("").astype(str)
         return values.astype(object).where(values.notna(), "").astype(str)
 
     return pd.DataFrame({"sweep": text("sweep"), "backbone": text("backbone_name" if "backbone_name" in runs
@@ -94,18 +96,24 @@ def prepare(runs: pd.DataFrame) -> pd.DataFrame:
     peers = _peers(runs)
     streams = runs["stream"] if "stream" in runs else pd.Series(None, index=runs.index, dtype=object)
     labels = {text: protocol(text or None) for text in peers["stream"].unique()}
+    # once per distinct stream, not once per run (code -1: a missing stream, which stream_value reads as None)
+    codes, uniques = pd.factorize(streams, use_na_sentinel=True)
+    paper = np.array([stream_value(v) in PAPER_STREAMS for v in uniques] + [None in PAPER_STREAMS], dtype=bool)
     return runs.assign(_order=order_of(runs), _fit=usable(runs),
                        _peer=peers["sweep"] + "\x1f" + peers["backbone"] + "\x1f" + peers["dataset"] + "\x1f"
                        + peers["stream"],
                        _protocol=peers["stream"].map(labels),
-                       _paper_stream=[stream_value(v) in PAPER_STREAMS for v in streams])
+                       _paper_stream=paper[codes])
 
 
 def expected_keys(runs: pd.DataFrame) -> dict[str, set[tuple[int, int]]]:
     """Peer key (`prepare`) -> the (seed, order) pairs any run there was recorded with."""
     frame = prepare(runs)
-    return {peer: set(zip(group["seed"].astype(int), group["_order"]))
-            for peer, group in frame.groupby("_peer")}
+    keys = pd.DataFrame({"peer": frame["_peer"], "seed": frame["seed"].astype(int), "order": frame["_order"]})
+    out: dict[str, set[tuple[int, int]]] = {}
+    for peer, seed, order in keys.drop_duplicates().itertuples(index=False, name=None):
+        out.setdefault(peer, set()).add((seed, order))
+    return out
 
 
 @dataclass
@@ -162,10 +170,16 @@ def cell_at(runs: pd.DataFrame, arrays: dict[str, np.ndarray], values: np.ndarra
     fit = arrays["_fit"][at].astype(bool)
     mine = values[at].astype(float)
     ok = fit & ~np.isnan(mine)
-    pooled: dict[tuple[int, int], list[float]] = {}
-    for seed, order, value in zip(seeds[ok], orders[ok], mine[ok]):
-        pooled.setdefault((int(seed), int(order)), []).append(float(value))
-    means = {k: sum(v) / len(v) for k, v in sorted(pooled.items())}
+    by_key = np.lexsort((orders[ok], seeds[ok]))  # by (seed, order)
+    used_seeds, used_orders, used = seeds[ok][by_key], orders[ok][by_key], mine[ok][by_key]
+    if not ((np.diff(used_seeds) == 0) & (np.diff(used_orders) == 0)).any():
+        # one run per (seed, order), the usual case: its value is its mean (sum([v]) / 1, i.e. v + 0.0)
+        means = dict(zip(zip(used_seeds.tolist(), used_orders.tolist()), (used + 0.0).tolist()))
+    else:  # several runs of one (seed, order) (several sweeps of one setting): their mean
+        pooled: dict[tuple[int, int], list[float]] = {}
+        for seed, order, value in zip(used_seeds.tolist(), used_orders.tolist(), used.tolist()):
+            pooled.setdefault((seed, order), []).append(value)
+        means = {k: sum(v) / len(v) for k, v in pooled.items()}
     expected: set[tuple[int, int]] = set()
     for peer in set(arrays["_peer"][at]):
         expected |= peers.get(peer, set())

@@ -267,7 +267,7 @@ class ReportTable:
     def to_frame(self) -> pd.DataFrame:
         """Numbers as a flat frame: '<column>' (mean), '<column> std', '<column> n', '<column> n expected', then
         'Δ CLIP (<column>)' and its 'Δ CLIP (<column>) n' pairs."""
-        out = pd.DataFrame(index=self.mean.index)
+        out: dict[str, pd.Series] = {}  # framed once: a frame grown column by column is slow to build and use
         for col in self.columns:
             out[col] = self.mean[col]
             out[f"{col} std"] = self.std[col]
@@ -283,25 +283,28 @@ class ReportTable:
                 out[f"Δ CLIP ({col}) low"] = self.gain_low[col]
                 out[f"Δ CLIP ({col}) high"] = self.gain_high[col]
                 out[f"Δ CLIP ({col}) p Holm"] = self.p_holm[col]
-        return out
+        return pd.DataFrame({k: v.to_numpy() for k, v in out.items()}, index=self.mean.index)
 
     def formatted(self) -> pd.DataFrame:
         """Display strings: 'mean ± std (n=3)' (the mean alone for one run), 'n=2 of 3' where runs are missing,
         '30 of 40 samples' where images were skipped, signed paired gains with their pairs, '—' for missing."""
-        out = pd.DataFrame(index=self.mean.index)
+        out: dict[str, list[str]] = {}
         sources = (list(self.mean.index.get_level_values("source")) if "source" in self.mean.index.names
                    else ["measured"] * len(self.mean))
+        keys = list(self.mean.index)
+        # columns as plain lists, read by position (a MultiIndex lookup per cell costs a study's table seconds)
+        plain = lambda frame, col: None if frame is None else frame[col].tolist()  # noqa: E731
         for col in self.columns:
-            cells = []
-            for key, source in zip(self.mean.index, sources):
-                cell = self.cells.get(key, {}).get(col)
-                cells.append(_cell(self.mean.at[key, col], self.std.at[key, col], self.n.at[key, col], source, cell)
-                             + (SIGNIFICANT if self.significant(key, col) else ""))
-            out[col] = cells
+            means, stds, ns = plain(self.mean, col), plain(self.std, col), plain(self.n, col)
+            p_holm = plain(self.p_holm, col)
+            out[col] = [_cell(means[i], stds[i], ns[i], source, self.cells.get(key, {}).get(col))
+                        + (SIGNIFICANT if p_holm is not None and p_holm[i] <= stats.ALPHA else "")
+                        for i, (key, source) in enumerate(zip(keys, sources))]
         for col in self.gain_columns:
-            out[f"Δ CLIP ({col})"] = [evidence.gain_text(v, self.gain_cells.get(key, {}).get(col))
-                                      + _interval(self, key, col) for key, v in self.gain[col].items()]
-        return out
+            gains, lows, highs = plain(self.gain, col), plain(self.gain_low, col), plain(self.gain_high, col)
+            out[f"Δ CLIP ({col})"] = [evidence.gain_text(gains[i], self.gain_cells.get(key, {}).get(col))
+                                      + _interval(lows, highs, i) for i, key in enumerate(keys)]
+        return pd.DataFrame(out, index=self.mean.index)
 
     def render(self) -> Table:
         """A rich table; the best complete measured cell per column, backbone and stream protocol in bold."""
@@ -358,10 +361,10 @@ def _with_clip_values(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
     clip = keyed[keyed["_fit"] & (keyed["method"] == registry.baseline_method())]
     values = clip.groupby(keys)[metric].mean().rename("_clip").reset_index()
     return keyed.merge(values, on=keys, how="left").set_axis(runs.index).drop(columns=["_n", "_fp"])
-def _interval(table: ReportTable, key: Any, col: str) -> str:
-    if table.gain_low is None or _is_missing(table.gain_low.at[key, col]):
+def _interval(lows: list | None, highs: list | None, i: int) -> str:
+    if lows is None or _is_missing(lows[i]):
         return ""
-    return f" [{table.gain_low.at[key, col]:+.2f}, {table.gain_high.at[key, col]:+.2f}]"
+    return f" [{lows[i]:+.2f}, {highs[i]:+.2f}]"
 
 
 def _aggregate(runs: pd.DataFrame, layout: Layout, metric: str
@@ -521,11 +524,10 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
     if runs.empty:
         return publish()
-    ids = sorted(set(runs["run_id"].to_numpy(dtype=object)))
-    # only the table's runs (a semi-join: list_contains over 10^5 ids costs seconds)
-    pairs = db.df("SELECT run_id, baseline_run, helped, hurt, n, gain FROM paired "
-                  "WHERE gain IS NOT NULL AND run_id IN (SELECT unnest($ids::VARCHAR[]))", {"ids": ids})
-    known = set(ids)
+    # every pair, kept to the table's runs by the merge below (binding the table's 10^5 ids into the query costs
+    # more than reading the pairs of runs it does not show)
+    pairs = db.paired_gains()
+    known = set(runs["run_id"].to_numpy(dtype=object))
     pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
     own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
@@ -539,9 +541,12 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     # table has hundreds of cells over 10^5 runs)
     per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
            .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
-    by_row: dict[tuple[Any, Any], dict[str, dict[tuple, tuple]]] = {}
-    for backbone, row, k, seed, order, *counts in zip(*(per[c].to_numpy(dtype=object) for c in per.columns)):
-        by_row.setdefault((backbone, row), {}).setdefault(k, {})[(seed, order)] = counts
+    # per (backbone, row) and dataset: the positions of its (seed, order) rows in `per`, in (seed, order) order
+    by_row: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
+    for (backbone, row, k), at in sorted(per.groupby(["backbone", "row", "key"], sort=True).indices.items()):
+        by_row.setdefault((backbone, row), {})[k] = at
+    gains, counts_of = per["gain"].to_numpy(dtype=float), per[["helped", "hurt", "n"]].to_numpy(dtype=np.int64)
+    gain_list, seeds, orders = per["gain"].tolist(), per["seed"].tolist(), per["order"].tolist()
     for (backbone, row), by_key in by_row.items():
         key = rows.get((backbone, row))
         if key is None:
@@ -549,12 +554,19 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
         groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
-            # the (seed, order) pairs that cover every dataset of the column
-            common = sorted(set.intersection(*(set(by_key[k]) for k in keys)))
-            if not common:
-                continue
-            values = np.array([sum(by_key[k][so][0] for k in keys) / len(keys) for so in common])
-            counts = np.array([by_key[k][so][1:] for k in keys for so in common], dtype=np.int64)
+            if len(keys) == 1:  # a dataset's column: its (seed, order) rows as they are (sum([g]) / 1 is g + 0.0)
+                at = by_key[keys[0]]
+                if not len(at):
+                    continue
+                values, counts = gains[at] + 0.0, counts_of[at]
+            else:
+                # the (seed, order) pairs that cover every dataset of the column
+                where = {k: {(seeds[i], orders[i]): i for i in by_key[k]} for k in keys}
+                common = sorted(set.intersection(*(set(where[k]) for k in keys)))
+                if not common:
+                    continue
+                values = np.array([sum(gain_list[where[k][so]] for k in keys) / len(keys) for so in common])
+                counts = counts_of[[where[k][so] for k in keys for so in common]]
             # gains in points here, fractions in stats
             summary = stats.across_runs(values / 100, counts[:, 0], counts[:, 1], counts[:, 2])
             low[(key, label)], high[(key, label)] = 100 * summary.ci_low, 100 * summary.ci_high
