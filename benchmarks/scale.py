@@ -20,7 +20,7 @@ trials cost with and without automatic packing.
    it (no build); `--sweep-runs 0` skips the sweeps, `--runs 0` the read steps.
 3. Sweeps: a `--sweep-runs` grid of 300-sample synthetic runs with the spec's defaults (`pack: auto`), end to
    end (`bca sweep`, Ray's start included), and `--unpacked-runs` of the same grid with `pack: 1`; per-run
-   wall time of each, and Tune's state per run.
+   wall time of each, and Tune's state per run. `--runs 0` runs only this step.
 
 A benchmark, not a test: the numbers depend on the machine and its load (printed with them).
 """
@@ -277,7 +277,8 @@ def _sweep(directory: Path, runs: int, pack: str | int) -> dict:
     tune = directory / "results" / "tune"
     state = sum(p.stat().st_size for p in tune.rglob("*") if p.is_file()) if tune.is_dir() else 0
     n = seeds * len(TAUS) * 2 * len(N2S)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    # the sweep's own closing count, not whatever a Ray worker printed last
+    tail = [line for line in (done.stdout + done.stderr).splitlines() if " runs finished, " in line][-1:]
     return {"runs": n, "seconds": wall, "per_run_ms": 1000 * wall / n, "tune_kb_per_run": state / 1024 / n,
             "rc": done.returncode, "tail": tail}
 

@@ -1,5 +1,5 @@
-"""`pack: auto` (the default) and compaction during a sweep: trials sized by the cost model, and a sweep whose
-finished runs end up in segments with every row, prediction and metric as an unpacked, uncompacted sweep has."""
+"""`pack: auto` (the default): trials sized by the cost model, and a sweep whose packs commit their runs straight
+into segments with every row, prediction and metric as an unpacked, uncompacted sweep has."""
 
 from __future__ import annotations
 
@@ -78,10 +78,12 @@ def test_a_default_sweep_packs_compacts_and_matches_one_run_per_trial(ray_sessio
     outcome = run_sweep(packed, out=lines.append)
     assert outcome.ok and outcome.total == 14
     assert sum(1 for line in lines if line.startswith("[")) == 2  # one trial per seed's stream
-    assert any(line.startswith("compacted 14 run(s)") for line in lines), lines
     root = tmp_path / "auto" / "results"
+    # each pack of fresh runs is committed as one segment, no live file written (nothing left to compact)
     assert not list(root.glob("samples/*/*/*/*/*/part-*.parquet")) and not list(root.glob("runs/*/*.parquet"))
-    assert len(store.load_catalog(root).compacted()) == 14 and verify_results(root).ok
+    assert not any(line.startswith("compacted") for line in lines), lines
+    catalog = store.load_catalog(root)
+    assert len(catalog.segments) == 2 and len(catalog.compacted()) == 14 and verify_results(root).ok
     tune_bytes = sum(p.stat().st_size for p in (root / "tune").rglob("*") if p.is_file())
     assert tune_bytes / 14 < 16 * 1024  # Tune's own state: a few KB per run
     monkeypatch.delenv(COMPACT_MIN_RUNS_ENV)
@@ -119,3 +121,44 @@ def test_on_a_gpu_a_pack_is_sized_by_the_devices_memory(tmp_path):
     # no GPU asked for, or none known here: packs by time as before
     assert cost.sweep_memory(load_spec(write_spec(tmp_path / "cpu", n=2000, methods=methods)), device) is None
     assert cost.sweep_memory(spec, None) is None
+
+
+def test_a_pack_commits_fresh_runs_as_one_segment_and_resumes_a_started_run_from_its_parts(tmp_path):
+    """Fresh runs: one segment, no live file, verify clean. A run with parts from an earlier attempt (stopped
+    after its first part) makes its pack go on through parts: the part on disk is kept, every run ends with all
+    its rows once, the same rows as the fresh pack's (floats to float32 rounding), and verify finds nothing."""
+    from dataclasses import replace
+
+    from orchestrator.results.writer import RunWriter
+    from orchestrator.sweep.plan import Trial
+    from orchestrator.sweep.trial import execute_trial, settings_of
+
+    methods = [{"method": "bca", "tau": [0.2, 0.3, 0.4], "n2": [5], "n1": 50}]
+    sql = "SELECT run_id, sample_idx, pred, selected, confidence FROM samples ORDER BY run_id, sample_idx"
+    fresh = load_spec(write_spec(tmp_path / "fresh", n=200, seeds=(1,), methods=methods, part_rows=50))
+    (trial,) = make_trials(expand(fresh), 3)
+    execute_trial(trial, settings_of(fresh))
+    root = tmp_path / "fresh" / "results"
+    assert len(store.load_catalog(root).segments) == 1 and len(store.load_catalog(root).compacted()) == 3
+    assert not list(root.glob("samples/**/part-*.parquet")) and not list(root.glob("runs/*/*.parquet"))
+    assert verify_results(root).ok
+
+    resumed = load_spec(write_spec(tmp_path / "resumed", n=200, seeds=(1,), methods=methods, part_rows=50))
+    (trial,) = make_trials(expand(resumed), 3)
+    started = trial.runs[1]
+    settings = settings_of(resumed)
+    flag = tmp_path / "fired"
+    with pytest.raises(RuntimeError, match="failpoint"):
+        execute_trial(Trial(started.run_id, trial.source, (started,)), replace(settings, failpoint=f"raise:1:{flag}"))
+    writer = RunWriter(resumed.results_dir, started.config)
+    (part,) = writer.samples_dir.glob("part-*.parquet")
+    kept = part.stat().st_mtime_ns
+    assert writer.rows_done() == 50 and writer.status() == "failed"
+    assert len(execute_trial(trial, settings)) == 3
+    assert part.stat().st_mtime_ns == kept and store.load_catalog(resumed.results_dir).segments == ()
+    assert verify_results(resumed.results_dir).ok
+    with ResultsDB(root) as a, ResultsDB(resumed.results_dir) as b:
+        got, want = b.df(sql), a.df(sql)
+    assert got[["run_id", "sample_idx", "pred", "selected"]].equals(want[["run_id", "sample_idx", "pred", "selected"]])
+    assert np.abs(got["confidence"] - want["confidence"]).max() < 1e-5
+

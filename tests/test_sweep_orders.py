@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from orchestrator.methods.episodic import order_free
+from orchestrator.results import schema, store
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep import orders as by_orders
@@ -50,10 +51,18 @@ def spec_dict(directory: Path, classes: int = 3, **extra) -> dict:
 def outcome(spec, runs=None) -> dict[str, tuple[list[dict], dict]]:
     """run_id -> (its rows in stream order, its runs-table row without timings), of `runs` (default: all)."""
     out = {}
+    names = [c.name for c in schema.SAMPLE_COLUMNS]
+    catalog = store.load_catalog(spec.results_dir)
     for run in expand(spec) if runs is None else runs:
         writer = RunWriter(spec.results_dir, run.config)
-        rows = [row for path in sorted(writer.samples_dir.glob("part-*.parquet"))
-                for row in pq.read_table(path).to_pylist()]
+        held = catalog.compacted().get(run.run_id)
+        if held is not None:  # a pack of fresh runs is committed straight into a segment
+            path = next(seg for seg in catalog.segments if seg.id == held[0]).path(catalog.results_dir, "samples")
+            rows = pq.read_table(path, columns=names, filters=[("run_id", "=", run.run_id)]).sort_by(
+                "sample_idx").to_pylist()
+        else:
+            rows = [row for path in sorted(writer.samples_dir.glob("part-*.parquet"))
+                    for row in pq.read_table(path, columns=names).to_pylist()]
         record = read_run(spec.results_dir, spec.name, run.run_id)
         out[run.run_id] = (rows, {k: v for k, v in record.items() if k not in VOLATILE})
     return out

@@ -23,6 +23,7 @@ import yaml
 
 from orchestrator.data.synthetic import make_synthetic
 from orchestrator.methods import run_stream
+from orchestrator.results import store
 from orchestrator.results.writer import load_state, read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
@@ -67,10 +68,12 @@ def write_spec(directory: Path, *, name: str = "t", results: str = "results", **
 
 
 def sample_rows(results_dir: str | Path) -> dict[str, list[dict]]:
-    """run_id -> its rows in stream order, read back from every part file."""
+    """run_id -> its rows in stream order, read back from every part file and segment (a pack of fresh runs is
+    committed straight into a segment)."""
     parts = sorted(Path(results_dir).glob("samples/*/*/*/*/*/part-*.parquet"))
+    segments = store.load_catalog(results_dir).paths("samples")
     rows: dict[str, list[dict]] = {}
-    for part in parts:
+    for part in parts + segments:
         for row in pq.read_table(part, columns=ROW_COLUMNS).to_pylist():
             rows.setdefault(row["run_id"], []).append(row)
     return {rid: sorted(r, key=lambda x: x["sample_idx"]) for rid, r in rows.items()}

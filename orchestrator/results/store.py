@@ -10,6 +10,7 @@ manifest, replaced atomically, is the commit: a run listed there is compacted, a
 between the commit and their removal, e.g. after a crash) are leftovers that every reader ignores and the next
 compaction removes. Readers trust the manifest's files (written, fsynced and renamed before the commit) and
 check none of them on open; `bca verify` reads them in full.
+A sweep's pack of fresh runs skips the live layout: `commit_runs` commits them straight into a segment.
 
 Locks: compaction and `restore` hold the catalog lock, then a run's locks; a writer holds a run's lock and
 checks the manifest under it, and never waits for the catalog lock while holding a run's. A run compacted while
@@ -500,6 +501,35 @@ def add_segment(results_dir: str | Path | None, samples: pa.Table, runs: pa.Tabl
     return seg
 
 
+def commit_runs(results_dir: str | Path | None, runs: list[tuple[pa.Table, pa.Table]]) -> list[str]:
+    """Commit finished runs straight into one segment, without live files (a sweep's pack: its runs' rows and
+    runs-table rows written once, in one file each, instead of as parts to compact later): each run as (its rows
+    in the live parts' schema, from sample 0, all of them; its 'finished' runs-table row, RunWriter.finished_tables).
+    A run the manifest already holds (a zombie trial's commit got there first) is left out; returns the run_ids
+    committed."""
+    from orchestrator.results.db import concat_runs
+
+    root = schema.resolve_results_dir(results_dir)
+    with catalog_lock(root):
+        # every writer of the catalog's files holds this lock: a temp file there is a killed holder's
+        for folder in (schema.catalog_root(root), schema.catalog_root(root) / "segments"):
+            for path in folder.glob(f".*{schema.TEMP_SUFFIX}") if folder.is_dir() else ():
+                log.warning("removing unfinished temp file %s left by an interrupted commit", path)
+                path.unlink(missing_ok=True)
+        catalog = load_catalog(root)
+        held = catalog.compacted()
+        fresh = [(table, row.to_pylist()[0], row) for table, row in runs
+                 if row.column("run_id")[0].as_py() not in held]
+        if not fresh:
+            return []
+        samples = pa.concat_tables([_with_run_columns(table.replace_schema_metadata(None), row)
+                                    for table, row, _ in fresh])
+        table = concat_runs([row.replace_schema_metadata(None) for _, _, row in fresh])
+        seg = _write_segment(root, samples, table, list(catalog.segments))
+        _write_manifest(root, [*catalog.segments, seg])
+    return [row["run_id"] for _, row, _ in fresh]
+
+
 def _drop_runs(root: Path, run_ids: set[str]) -> None:
     """Rewrite the segments holding these runs without them (caller holds the catalog lock)."""
     catalog = load_catalog(root)
@@ -564,6 +594,6 @@ def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
     return n
 
 
-__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "compact",
+__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "commit_runs", "compact",
            "load_catalog",
            "orphan_files", "remove_orphans", "restore"]

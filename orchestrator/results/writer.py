@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import socket
 from pathlib import Path
@@ -100,6 +101,7 @@ class RunWriter:
         self.run_path = schema.run_file(self.results_dir, self.config["sweep"], self.run_id)
         self.state_path = schema.state_file(self.results_dir, self.run_id)
         self._checker = FileChecker()
+        self._written: tuple[tuple, dict[str, Any]] | None = None  # (file stamp, row) of this writer's last row
         self._metadata = {
             schema.META_RUN_CONFIG: self.config_json.encode("utf-8"),
             schema.META_RUN_ID: self.run_id.encode("ascii"),
@@ -323,6 +325,10 @@ class RunWriter:
         return read_run(self.results_dir, self.config["sweep"], self.run_id)
 
     def _read_live_row(self) -> dict[str, Any] | None:
+        # The row this writer wrote last, while its file is still that one (same inode, time and size: no other
+        # writer replaced it since); else read from disk. Spares a pack's finishing runs a read each.
+        if self._written is not None and self._written[0] == _file_stamp(self.run_path):
+            return dict(self._written[1])
         return read_run_file(self.run_path, self.run_id)
 
     def status(self) -> str | None:
@@ -384,8 +390,9 @@ class RunWriter:
                     continue  # compacted between the check and the lock: restore it first
                 # a 'running' row is transient: lost to a power cut, the run reads as not started, which a resume
                 # runs the same way; the fsyncs of every other status are kept (a sweep of small runs pays two
-                # fsyncs fewer per run)
-                self._write_row(row, durable=status != "running")
+                # fsyncs fewer per run). A killed attempt's temp row goes when the next attempt starts ('running')
+                # or the run is marked failed, not on the hot path's 'finished' (a scan of the runs folder).
+                self._write_row(row, durable=status != "running", clean=status != "finished")
                 return
 
     def _new_row(self, status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -411,15 +418,48 @@ class RunWriter:
         row.update(status=status, updated_at=now, host=socket.gethostname(), versions=package_versions())
         return row
 
-    def _write_row(self, row: Mapping[str, Any], durable: bool = True) -> None:
-        """Replace the run's runs-table file with `row` (caller holds the row lock). A temp file of the row found
-        here was left by a killed writer (e.g. a trial's progress update when its sweep was killed): removed."""
+    def _write_row(self, row: Mapping[str, Any], durable: bool = True, clean: bool = True) -> None:
+        """Replace the run's runs-table file with `row` (caller holds the row lock). With `clean`, a temp file of
+        the row found here was left by a killed writer (e.g. a trial's progress update when its sweep was
+        killed): removed. (A scan of the sweep's runs folder, which holds a file per live run: not on every
+        write.)"""
         table = pa.Table.from_pylist([dict(row)], schema=schema.run_table_schema(self.config["hparams"]))
         table = table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"runs"})
-        for stale in self.run_path.parent.glob(f".{self.run_path.name}.*{schema.TEMP_SUFFIX}"):
-            log.warning("removing unfinished temp file %s left by an interrupted writer", stale)
-            stale.unlink(missing_ok=True)
-        atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp), "runs-table row", durable=durable)
+        prefix = f".{self.run_path.name}."
+        if clean and self.run_path.parent.is_dir():
+            with os.scandir(self.run_path.parent) as entries:
+                stale = [Path(e.path) for e in entries if e.name.startswith(prefix) and schema.is_temp_name(e.name)]
+            for path in stale:
+                log.warning("removing unfinished temp file %s left by an interrupted writer", path)
+                path.unlink(missing_ok=True)
+        self._written = None
+        # One row: dictionaries and statistics would only make the file larger and slower to write.
+        atomic_write(self.run_path, lambda tmp: pq.write_table(table, tmp, use_dictionary=False,
+                                                               write_statistics=False),
+                     "runs-table row", durable=durable)
+        self._written = (_file_stamp(self.run_path), dict(row))
+
+    def finished_tables(self, columns: Mapping[str, Any], started_at: dt.datetime, **fields: Any
+                        ) -> tuple[pa.Table, pa.Table]:
+        """The run's rows (every one, from stream position 0; `columns` as write_part's) and its 'finished'
+        runs-table row (`fields` as mark's), for store.commit_runs to commit straight into a segment, with no live
+        file written. Refused for a run that has live parts (it goes on through them instead)."""
+        unknown = sorted(set(fields) - set(schema.METRIC_NAMES))
+        if unknown:
+            raise ValueError(f"finished_tables: unknown field(s) {unknown}; valid fields: {list(schema.METRIC_NAMES)}")
+        table = self._samples_table(0, columns)
+        if self._compacted() is None and self.rows_done():
+            raise ValueError(f"finished_tables: run {self.run_id} has live parts in {self.samples_dir}; expected "
+                             f"its rows written through them")
+        if fields.get("n_samples") not in (None, table.num_rows):
+            raise ValueError(f"finished_tables: n_samples = {fields['n_samples']} but {table.num_rows} rows given")
+        row = self._base_row()
+        now = dt.datetime.now(dt.timezone.utc)
+        row.update({k: self._coerce_metric(k, v) for k, v in fields.items()})
+        row.update(status="finished", error=None, started_at=started_at, finished_at=now, updated_at=now,
+                   host=socket.gethostname(), versions=package_versions())
+        runs = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
+        return table, runs
 
     @staticmethod
     def _coerce_metric(name: str, value: Any) -> Any:
@@ -461,6 +501,14 @@ class RunWriter:
         return self.state_path
 
 
+def _file_stamp(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[str, Any] | None:
     """A run's runs-table row as a dict (from its segment once compacted), or None when it has none or its file
     is unreadable."""
@@ -474,7 +522,7 @@ def read_run(results_dir: str | Path | None, sweep: str, run_id: str) -> dict[st
 def read_run_file(path: Path, run_id: str | None = None) -> dict[str, Any] | None:
     """The row of a live runs-table file (of `run_id` when given), or None when absent or unreadable."""
     try:
-        rows = pq.ParquetFile(path).read().to_pylist()
+        rows = pq.ParquetFile(path).read(use_threads=False).to_pylist()  # one row: threads cost more than they give
     except FileNotFoundError:
         return None
     except Exception as e:

@@ -368,26 +368,31 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
                            skipped, address, out, command=command,
                            dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s),
                            on_stop=lambda: _record_interrupted(spec, todo, command, out))
+            # The runs' rows read once in bulk (one read per segment, one per live file): a per-run read after
+            # the compaction at the end would read a segment per run.
+            rows = recorded_rows(spec, todo)
             for run in todo:  # a shard failed for good, and a sibling shard started after it marked the run running
-                writer = RunWriter(spec.results_dir, run.config)
-                if run.run_id in errors and writer.status() == "running":
-                    _mark(writer, errors[run.run_id], out)
-            interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out)
+                if run.run_id in errors and rows.get(run.run_id, {}).get("status") == "running":
+                    _mark(RunWriter(spec.results_dir, run.config), errors[run.run_id], out)
+            interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out, rows)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
-                           and RunWriter(spec.results_dir, r.config).status() is None]
+                           and r.run_id not in rows]
         return _outcome(spec, runs, skipped, interrupted, not_started, errors, out, command)
 
 
-def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None]) -> list[str]:
+def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None],
+                        rows: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Runs still 'running' once Tune returned were stopped by Ctrl-C (a failed trial is marked by the
-    callback): record them as failed, with how far they got, so the runs table tells the truth."""
+    callback): record them as failed, with how far they got, so the runs table tells the truth. `rows`: the
+    runs' runs-table rows (`recorded_rows`) when the caller has them."""
+    rows = recorded_rows(spec, todo) if rows is None else rows
     stopped = []
     for run in todo:
-        writer = RunWriter(spec.results_dir, run.config)
-        if writer.status() == "running":
-            _mark_stopped(writer, command, out)
+        row = rows.get(run.run_id, {})
+        if row.get("status") == "running":
+            _mark_stopped(RunWriter(spec.results_dir, run.config), command, out)
             stopped.append(run.run_id)
-        elif str((writer.read_row() or {}).get("error") or "").startswith(_INTERRUPTED):
+        elif str(row.get("error") or "").startswith(_INTERRUPTED):
             stopped.append(run.run_id)  # recorded so by the failure callback
     return stopped
 

@@ -20,6 +20,7 @@ the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -38,6 +39,8 @@ from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import ensure_dataset, load_plugins, method_card
+from orchestrator.results import store
+from orchestrator.results.atomic import durable_batch
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
@@ -311,9 +314,29 @@ def _finish(run: Run, writer: RunWriter, resumed_from: int, outcome: _Outcome, s
             encode_s: float, peak_mb: float | None, warmup_s: float = 0.0) -> dict[str, Any]:
     """Save the final state and stream order, mark the run finished with its metrics (from the run's rows in
     `outcome`); return them."""
-    n = len(stream)
+    _save_state(writer, outcome, stream)
+    return _mark_finished(run, writer, resumed_from, outcome, stream, encode_s, peak_mb, warmup_s)
+
+
+def _save_state(writer: RunWriter, outcome: _Outcome, stream: Stream) -> None:
     writer.save_state({**outcome.state, "class_ids": _numpy(stream.class_ids), "stream_order": _numpy(stream.order),
                        "stream_source": _numpy(stream.source_index)})
+
+
+def _mark_finished(run: Run, writer: RunWriter, resumed_from: int, outcome: _Outcome, stream: Stream,
+                   encode_s: float, peak_mb: float | None, warmup_s: float) -> dict[str, Any]:
+    """Mark the run finished with its metrics (from its rows in `outcome`), its rows and state already written;
+    return them."""
+    metrics = _finished_metrics(outcome, stream, encode_s, peak_mb, warmup_s)
+    writer.mark("finished", **metrics)
+    n = len(stream)
+    return {**metrics, "run_id": run.run_id, "rows_written": n - resumed_from, "resumed_from": resumed_from}
+
+
+def _finished_metrics(outcome: _Outcome, stream: Stream, encode_s: float, peak_mb: float | None,
+                      warmup_s: float) -> dict[str, Any]:
+    """A finished run's runs-table metrics, from its rows in `outcome`."""
+    n = len(stream)
     labels, is_ood = stream.labels.numpy(), stream.is_ood.numpy()
     measured = run_metrics(correct=outcome.column("pred") == labels, confidence=outcome.column("confidence"),
                            labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
@@ -326,8 +349,7 @@ def _finish(run: Run, writer: RunWriter, resumed_from: int, outcome: _Outcome, s
                "peak_mem_mb": peak_mb,
                "n_skipped": len(stream.skipped), "skipped": json.dumps(stream.skipped), "progress": None,
                "data_fingerprint": stream.fingerprint}
-    writer.mark("finished", **metrics)
-    return {**metrics, "run_id": run.run_id, "rows_written": n - resumed_from, "resumed_from": resumed_from}
+    return metrics
 
 
 def _peak_mb(peak: PeakMemory | None) -> float | None:
@@ -413,6 +435,8 @@ def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
 
 # Method code paths already run in this process (JIT-compiled, lazily initialised); see `warm_up`.
 _WARM: set[tuple] = set()
+# Rows above which a pack writes parts (and is compacted later) rather than committing one segment from memory.
+COMMIT_ROWS = 2_000_000
 # Samples a warm-up call runs: enough to take every code path's first call, few enough to cost nothing.
 WARMUP_SAMPLES = 4
 
@@ -505,26 +529,66 @@ def mark_unfinished_failed(writers: list[RunWriter], exc: BaseException) -> None
 
 def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
                  peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
-    """Several runs over one stream in one pass of the multi-config engine (exact per run), then each run's
-    rows written from its own rows_done. A run's samples/s is the stream length over its share of the pass."""
+    """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
+    committed as one segment when none has started before (`_commit_pack`), else each run's rows written from its
+    own rows_done. A run's samples/s is the stream length over its share of the pass."""
     writers = [RunWriter(settings.results_dir, run.config) for run in runs]
-    for writer in writers:
-        writer.mark("running", n_samples=len(stream))
+    started_at = dt.datetime.now(dt.timezone.utc)
+    # A pack of fresh runs (no live parts: none of them ran before) is committed straight into a segment, as
+    # compaction would leave it, with no live file at all; runs that go on from live parts (and the fault tests'
+    # failpoints, which count parts) write parts as a single run does.
+    direct = (settings.failpoint is None and len(stream) * len(runs) <= COMMIT_ROWS
+              and not any(writer.rows_done() for writer in writers))
+    if not direct:
+        for writer in writers:
+            writer.mark("running", n_samples=len(stream))
     try:
         traces, warmup_s, pass_s = pack_traces(runs, stream, text)
         share = pass_s / len(runs)
-        out = []
-        for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
-            sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
-                            settings.failpoint)
-            outcome = _Outcome()
-            sink.offer(0, outcome.add(trace, stream.labels, share))
-            out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
-                               _peak_mb(peak), warmup_s if i == 0 else 0.0))
-        return out
+        if direct:
+            return _commit_pack(runs, writers, traces, share, stream, settings, started_at, encode_s,
+                                _peak_mb(peak), warmup_s)
+        # Committed together: every run's rows and state first, one barrier making them durable, then the runs'
+        # 'finished' rows and a barrier for those (durable_batch), instead of two fsyncs per file. A kill before
+        # a run's 'finished' row leaves its complete parts, which a resume keeps and does not write again.
+        done = []
+        with durable_batch() as batch:
+            for run, writer, trace in zip(runs, writers, traces):
+                sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
+                                settings.failpoint)
+                outcome = _Outcome()
+                sink.offer(0, outcome.add(trace, stream.labels, share))
+                _save_state(writer, outcome, stream)
+                done.append((run, writer, sink.resumed_from, outcome))
+            if batch is not None:
+                batch.barrier()
+            return [_mark_finished(run, writer, resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
+                                   _peak_mb(peak), warmup_s if i == 0 else 0.0)
+                    for i, (run, writer, resumed_from, outcome) in enumerate(done)]
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
+
+
+def _commit_pack(runs: list[Run], writers: list[RunWriter], traces: list[Any], share: float, stream: Stream,
+                 settings: Settings, started_at: dt.datetime, encode_s: float, peak_mb: float | None,
+                 warmup_s: float) -> list[dict[str, Any]]:
+    """Every run's state (durable first), then all the runs' rows and runs-table rows as one segment
+    (store.commit_runs: one commit, after which every run of the pack is finished, before which none is)."""
+    tables, out = [], []
+    columns = {"image_id": stream.image_ids, "label": stream.labels.numpy(), "is_ood": stream.is_ood.numpy(),
+               "source": stream.sources}
+    with durable_batch():
+        for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
+            outcome = _Outcome()
+            rows = outcome.add(trace, stream.labels, share)
+            _save_state(writer, outcome, stream)
+            metrics = _finished_metrics(outcome, stream, encode_s if i == 0 else 0.0, peak_mb,
+                                        warmup_s if i == 0 else 0.0)
+            tables.append(writer.finished_tables({**columns, **rows}, started_at, **metrics))
+            out.append({**metrics, "run_id": run.run_id, "rows_written": len(stream), "resumed_from": 0})
+    store.commit_runs(settings.results_dir, tables)
+    return out
 
 
 class _RecordProgress:

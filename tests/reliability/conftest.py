@@ -27,7 +27,7 @@ import pytest
 import torch
 import yaml
 
-from orchestrator.results import schema
+from orchestrator.results import schema, store
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
@@ -99,9 +99,11 @@ def write_spec(directory: Path, *, name: str = "rel", results: str | Path = "res
 
 
 def sample_rows(results_dir: str | Path) -> dict[str, list[dict]]:
-    """run_id -> every row of its complete parts, in stream order (duplicates kept, so they can be counted)."""
+    """run_id -> every row of its complete parts and of the segments (a pack of fresh runs is committed straight
+    into one), in stream order (duplicates kept, so they can be counted)."""
     rows: dict[str, list[dict]] = {}
-    for part in sorted(Path(results_dir).glob(schema.SAMPLES_GLOB)):
+    segments = store.load_catalog(results_dir).paths("samples")
+    for part in sorted(Path(results_dir).glob(schema.SAMPLES_GLOB)) + segments:
         for row in pq.read_table(part, columns=ROW_COLUMNS).to_pylist():
             rows.setdefault(row["run_id"], []).append(row)
     return {rid: sorted(r, key=lambda x: x["sample_idx"]) for rid, r in rows.items()}

@@ -30,6 +30,7 @@ from orchestrator.sweep.runner import run_sweep
 
 from .conftest import (
     PART,
+    ROW_COLUMNS,
     N,
     assert_exact,
     fill_disk,
@@ -90,6 +91,56 @@ def test_worker_sigkilled_with_a_part_half_written_then_resume(ray_session, faul
     assert_exact(spec.results_dir, spec_path, reference, ledger, "worker SIGKILL mid part write")
     assert verify_results(spec.results_dir).ok
     ledger.fault("trial worker SIGKILLed with a part half written", resumed="run_sweep(resume=True)")
+
+
+def _stored_rows(results_dir: Path, run_ids: list[str]) -> dict[str, list[dict]]:
+    """run_id -> its rows as the store holds them (segments included), in stream order."""
+    cols = ", ".join(ROW_COLUMNS)
+    with ResultsDB(results_dir) as db:
+        rows = db.sql(f"SELECT {cols} FROM samples WHERE run_id IN ({', '.join('?' * len(run_ids))}) "
+                      f"ORDER BY run_id, sample_idx", run_ids).to_pylist()
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["run_id"], []).append(row)
+    return out
+
+
+def test_worker_sigkilled_mid_pack_commit_then_resume(ray_session, faults, tmp_path, ledger):
+    """A pack of fresh runs commits them together as one segment: a worker SIGKILLed while that segment's file
+    is on its way leaves no run of the pack finished and no row visible; the resume commits each run once, with
+    the rows of one trial per run (up to float32 rounding), and `bca verify` finds nothing (the killed commit's temp file removed)."""
+    methods = [{"method": "bca", "tau": [0.2, 0.3, 0.4, 0.5], "n1": 50}]
+    reference = reference_rows(write_spec(tmp_path / "ref", name="packed", pack=1, methods=methods), tmp_path)
+    spec_path = write_spec(tmp_path, name="packed", pack=4, methods=methods)
+    spec = load_spec(spec_path)
+    runs = expand(spec)
+    faults.arm("torn-pack", "pause", ["segments", ".samples.parquet"])
+    killer = _kill_when_fired(faults, "torn-pack")
+    outcome = run_sweep(spec, out=lambda line: None)
+    killer.join(timeout=60)
+
+    assert outcome.finished == 0 and sorted(outcome.failed) == sorted(r.run_id for r in runs)
+    assert _stored_rows(spec.results_dir, [r.run_id for r in runs]) == {}
+    problems = {p.kind for p in verify_results(spec.results_dir, temp_grace_s=0).problems}
+    assert problems == {"temp_file", "missing_rows"}, problems
+
+    resumed = run_sweep(load_spec(spec_path), resume=True, out=lambda line: None)
+    assert resumed.ok and resumed.skipped == 0
+    stored = _stored_rows(spec.results_dir, [r.run_id for r in runs])
+    for run in runs:
+        got = stored[run.run_id]
+        assert [r["sample_idx"] for r in got] == list(range(N)), run.label
+        want = reference[run.run_id]
+        # the pack's multi-config pass is exact per run up to float32 rounding of the posteriors
+        floats = ("confidence", "prob_true")
+        assert [{k: v for k, v in r.items() if k not in floats} for r in got] == \
+            [{k: v for k, v in r.items() if k not in floats} for r in want], f"{run.label}: rows differ"
+        assert max(abs(a[k] - b[k]) for a, b in zip(got, want) for k in floats) < 1e-5, run.label
+        assert read_run(spec.results_dir, spec.name, run.run_id)["status"] == "finished"
+        ledger.rows(f"worker SIGKILL mid pack commit: {run.label}", N, N, 0)
+    assert verify_results(spec.results_dir, temp_grace_s=0).ok
+    ledger.fault("trial worker SIGKILLed mid pack commit (its segment file on its way)",
+                 resumed="run_sweep(resume=True)")
 
 
 def _driver_lines(output: str) -> str:

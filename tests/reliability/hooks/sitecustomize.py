@@ -6,7 +6,8 @@ Ray forks carries the hook. Without that variable this module does nothing.
 
 The hook wraps os.replace, the last step of every results write (temp file complete, not yet renamed). A test
 arms a fault by writing <control>/armed-<name> as JSON {"action": ..., "match": [substrings]}; the first
-process whose os.replace targets a results part (`part-*.parquet`) whose path holds every substring claims it
+process whose os.replace targets a results part (`part-*.parquet`) or segment file whose path holds every
+substring claims it
 (an atomic rename, so one process only), writes <control>/fired-<name> = {"pid", "src", "dst"} and then:
 
   pause   waits for <control>/release-<name>, then renames as usual (readers, a second sweep, or filling the
@@ -27,8 +28,10 @@ _WAIT_S = 600.0  # never outlive a test run: a forgotten pause ends in an error,
 
 
 def _is_part(path: str) -> bool:
+    """A results part, or a segment file (a pack's commit writes its rows as one)."""
     name = os.path.basename(path)
-    return name.startswith("part-") and name.endswith(".parquet")
+    segment = os.path.basename(os.path.dirname(path)) == "segments"
+    return (name.startswith("part-") or segment) and name.endswith(".parquet")
 
 
 def _claim(dst: str) -> tuple[str, dict] | None:
