@@ -1,5 +1,6 @@
 """A trial over several stream orders of one data source (a spec's `orders: N`): the source's features loaded
-once, each order laid over them as a permutation, and every run written in its own order.
+once, each order laid over them as a permutation, and every run written in its own order (as a pack's runs are:
+`trial.write_pack`, one segment for fresh runs).
 
 `plan.make_trials` packs the runs of one data source's orders together (by cost, or on a GPU by memory, as
 `pack:` does), a configuration's orders next to each other:
@@ -30,8 +31,9 @@ computed, as a pack's runs share theirs), the same for each of its orders, and i
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections import Counter, OrderedDict
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,13 +41,12 @@ import torch
 from orchestrator.data.arrange import Arranged, arrange
 from orchestrator.data.types import Benchmark
 from orchestrator.methods.episodic import order_free
-from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import DataSource, Run, order_class
-from orchestrator.sweep.trial import (Progress, Settings, Stream, _batch_size, _finish, _numpy, _Outcome,
-                                      _peak_mb, _prompt_text, _rows, _RowSink, _wants_views, execute_pack,
-                                      load_benchmarks, load_stream, mark_unfinished_failed, pack_traces,
-                                      part_rows_for, reduces_views, remember_stream, stream_from)
+from orchestrator.sweep.trial import (Progress, Settings, Stream, _numpy, _Outcome, _peak_mb, _prompt_text, _rows,
+                                      _wants_views, execute_pack, load_benchmarks, load_stream,
+                                      mark_unfinished_failed, pack_traces, reduces_views, remember_stream,
+                                      start_pack, stream_from, write_pack)
 
 
 def _skeleton(bench: Benchmark) -> Benchmark:
@@ -138,35 +139,10 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     return out
 
 
-def _write(runs: list[Run], writers: list[RunWriter], computed: Stream, laid: Laid, settings: Settings,
-           peak: PeakMemory | None, rows_of: Callable[[int], dict[str, np.ndarray]], seconds: float,
-           timings: list[dict[str, float]], states: list[dict[str, torch.Tensor]], encode_s: float,
-           warmup_s: float) -> list[dict[str, Any]]:
-    """Each run's rows (`rows_of(i)`, in its own order, made when written) written from its rows_done, and its run
-    finished with its final state."""
-    out = []
-    for i, (run, writer) in enumerate(zip(runs, writers)):
-        stream = _laid_stream(computed, *laid[run.source])
-        outcome = _Outcome()
-        outcome.state = {k: _numpy(v) for k, v in states[i].items()}
-        sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
-                        settings.failpoint)
-        sink.offer(0, outcome.add_rows(rows_of(i), seconds, timings[i]))
-        out.append(_finish(run, writer, sink.resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
-                           _peak_mb(peak), warmup_s if i == 0 else 0.0))
-    return out
-
-
-def _started(runs: list[Run], settings: Settings, n: int) -> list[RunWriter]:
-    writers = [RunWriter(settings.results_dir, run.config) for run in runs]
-    for writer in writers:
-        writer.mark("running", n_samples=n)
-    return writers
-
-
 def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
             encode_s: float) -> list[dict[str, Any]]:
-    writers = _started(runs, settings, len(computed))
+    started_at = dt.datetime.now(dt.timezone.utc)
+    writers, direct = start_pack(runs, len(computed), settings)
     try:
         classes = [order_class(run) for run in runs]
         first: dict[tuple, Run] = {}
@@ -177,14 +153,20 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
         rows = {key: _rows(trace, computed.labels) for key, trace in zip(first, traces)}
         by_class = dict(zip(first, traces))
         served = Counter(classes)
-        # a run's samples/s is its configuration's (the pass's seconds shared among the configurations computed),
-        # so the cost model learns what computing a configuration costs; its stage times are its share, so that
-        # they add up to the pass's over the runs
-        return _write(runs, writers, computed, laid, settings, peak,
-                      lambda i: {name: column[laid[runs[i].source][1]] for name, column in rows[classes[i]].items()},
-                      pass_s / len(first),
-                      [{stage: t / served[key] for stage, t in by_class[key].timings.items()} for key in classes],
-                      [by_class[key].state for key in classes], encode_s, warmup_s)
+
+        def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
+            # a run's samples/s is its configuration's (the pass's seconds shared among the configurations
+            # computed), so the cost model learns what computing a configuration costs; its stage times are its
+            # share, so that they add up to the pass's over the runs
+            key, (arranged, perm) = classes[i], laid[runs[i].source]
+            outcome = _Outcome()
+            outcome.state = {k: _numpy(v) for k, v in by_class[key].state.items()}
+            mine = outcome.add_rows({name: column[perm] for name, column in rows[key].items()}, pass_s / len(first),
+                                    {stage: t / served[key] for stage, t in by_class[key].timings.items()})
+            return outcome, mine, _laid_stream(computed, arranged, perm)
+
+        return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
+                          peak_mb=_peak_mb(peak), warmup_s=warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
@@ -192,14 +174,20 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
 
 def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, peak: PeakMemory | None,
           encode_s: float) -> list[dict[str, Any]]:
-    writers = _started(runs, settings, len(computed))
+    started_at = dt.datetime.now(dt.timezone.utc)
+    writers, direct = start_pack(runs, len(computed), settings)
     try:
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
         text = _prompt_text([run.config for run in runs], runs[0].source, computed)
         traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
-        return _write(runs, writers, computed, laid, settings, peak,
-                      lambda i: _rows(traces[i], laid[runs[i].source][0].labels), pass_s / len(runs),
-                      [trace.timings for trace in traces], [trace.state for trace in traces], encode_s, warmup_s)
+
+        def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
+            stream = _laid_stream(computed, *laid[runs[i].source])
+            outcome = _Outcome()
+            return outcome, outcome.add(traces[i], stream.labels, pass_s / len(runs)), stream
+
+        return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
+                          peak_mb=_peak_mb(peak), warmup_s=warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise

@@ -527,68 +527,83 @@ def mark_unfinished_failed(writers: list[RunWriter], exc: BaseException) -> None
             _mark_failed(writer, exc)
 
 
-def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                 peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
-    """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
-    committed as one segment when none has started before (`_commit_pack`), else each run's rows written from its
-    own rows_done. A run's samples/s is the stream length over its share of the pass."""
+Made = Callable[[int], tuple["_Outcome", dict[str, np.ndarray], Stream]]
+
+
+def start_pack(runs: list[Run], stream_rows: int, settings: Settings) -> tuple[list[RunWriter], bool]:
+    """The runs' writers, and whether the pack commits them as one segment: fresh runs (no live parts: none ran
+    before) whose rows fit COMMIT_ROWS go straight into a segment, as compaction would leave them, with no live
+    file at all; runs that go on from live parts (and the fault tests' failpoints, which count parts) write parts
+    as a single run does, and are marked running first."""
     writers = [RunWriter(settings.results_dir, run.config) for run in runs]
-    started_at = dt.datetime.now(dt.timezone.utc)
-    # A pack of fresh runs (no live parts: none of them ran before) is committed straight into a segment, as
-    # compaction would leave it, with no live file at all; runs that go on from live parts (and the fault tests'
-    # failpoints, which count parts) write parts as a single run does.
-    direct = (settings.failpoint is None and len(stream) * len(runs) <= COMMIT_ROWS
+    direct = (settings.failpoint is None and stream_rows * len(runs) <= COMMIT_ROWS
               and not any(writer.rows_done() for writer in writers))
     if not direct:
         for writer in writers:
-            writer.mark("running", n_samples=len(stream))
+            writer.mark("running", n_samples=stream_rows)
+    return writers, direct
+
+
+def write_pack(runs: list[Run], writers: list[RunWriter], made: Made, settings: Settings, *, direct: bool,
+               started_at: dt.datetime, encode_s: float, peak_mb: float | None, warmup_s: float
+               ) -> list[dict[str, Any]]:
+    """Each run's rows, state and 'finished' row, `made(i)` giving run i's outcome, rows and stream when it is
+    written: as one segment (`direct`, see `start_pack`: one commit, after which every run is finished, before
+    which none is), or as parts from each run's rows_done, committed together (every run's rows and state, one
+    barrier making them durable, then the runs' 'finished' rows and a barrier for those: durable_batch, instead of
+    two fsyncs per file; a kill before a run's 'finished' row leaves its complete parts, which a resume keeps).
+    The encoder and warm-up seconds go to the first run."""
+    out: list[dict[str, Any]] = []
+    if direct:
+        tables = []
+        with durable_batch():
+            for i, (run, writer) in enumerate(zip(runs, writers)):
+                outcome, rows, stream = made(i)
+                _save_state(writer, outcome, stream)
+                metrics = _finished_metrics(outcome, stream, encode_s if i == 0 else 0.0, peak_mb,
+                                            warmup_s if i == 0 else 0.0)
+                columns = {"image_id": stream.image_ids, "label": stream.labels.numpy(),
+                           "is_ood": stream.is_ood.numpy(), "source": stream.sources}
+                tables.append(writer.finished_tables({**columns, **rows}, started_at, **metrics))
+                out.append({**metrics, "run_id": run.run_id, "rows_written": len(stream), "resumed_from": 0})
+        store.commit_runs(settings.results_dir, tables)
+        return out
+    done = []
+    with durable_batch() as batch:
+        for i, (run, writer) in enumerate(zip(runs, writers)):
+            outcome, rows, stream = made(i)
+            sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
+                            settings.failpoint)
+            sink.offer(0, rows)
+            _save_state(writer, outcome, stream)
+            done.append((run, writer, sink.resumed_from, outcome, stream))
+        if batch is not None:
+            batch.barrier()
+        return [_mark_finished(run, writer, resumed_from, outcome, stream, encode_s if i == 0 else 0.0, peak_mb,
+                               warmup_s if i == 0 else 0.0)
+                for i, (run, writer, resumed_from, outcome, stream) in enumerate(done)]
+
+
+def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
+                 peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
+    """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
+    written by `write_pack` (one segment for fresh runs, else parts from each run's rows_done). A run's
+    samples/s is the stream length over its share of the pass."""
+    started_at = dt.datetime.now(dt.timezone.utc)
+    writers, direct = start_pack(runs, len(stream), settings)
     try:
         traces, warmup_s, pass_s = pack_traces(runs, stream, text)
         share = pass_s / len(runs)
-        if direct:
-            return _commit_pack(runs, writers, traces, share, stream, settings, started_at, encode_s,
-                                _peak_mb(peak), warmup_s)
-        # Committed together: every run's rows and state first, one barrier making them durable, then the runs'
-        # 'finished' rows and a barrier for those (durable_batch), instead of two fsyncs per file. A kill before
-        # a run's 'finished' row leaves its complete parts, which a resume keeps and does not write again.
-        done = []
-        with durable_batch() as batch:
-            for run, writer, trace in zip(runs, writers, traces):
-                sink = _RowSink(writer, stream, part_rows_for(settings.part_rows, _batch_size(run.config)),
-                                settings.failpoint)
-                outcome = _Outcome()
-                sink.offer(0, outcome.add(trace, stream.labels, share))
-                _save_state(writer, outcome, stream)
-                done.append((run, writer, sink.resumed_from, outcome))
-            if batch is not None:
-                batch.barrier()
-            return [_mark_finished(run, writer, resumed_from, outcome, stream, encode_s if i == 0 else 0.0,
-                                   _peak_mb(peak), warmup_s if i == 0 else 0.0)
-                    for i, (run, writer, resumed_from, outcome) in enumerate(done)]
+
+        def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
+            outcome = _Outcome()
+            return outcome, outcome.add(traces[i], stream.labels, share), stream
+
+        return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
+                          peak_mb=_peak_mb(peak), warmup_s=warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
-
-
-def _commit_pack(runs: list[Run], writers: list[RunWriter], traces: list[Any], share: float, stream: Stream,
-                 settings: Settings, started_at: dt.datetime, encode_s: float, peak_mb: float | None,
-                 warmup_s: float) -> list[dict[str, Any]]:
-    """Every run's state (durable first), then all the runs' rows and runs-table rows as one segment
-    (store.commit_runs: one commit, after which every run of the pack is finished, before which none is)."""
-    tables, out = [], []
-    columns = {"image_id": stream.image_ids, "label": stream.labels.numpy(), "is_ood": stream.is_ood.numpy(),
-               "source": stream.sources}
-    with durable_batch():
-        for i, (run, writer, trace) in enumerate(zip(runs, writers, traces)):
-            outcome = _Outcome()
-            rows = outcome.add(trace, stream.labels, share)
-            _save_state(writer, outcome, stream)
-            metrics = _finished_metrics(outcome, stream, encode_s if i == 0 else 0.0, peak_mb,
-                                        warmup_s if i == 0 else 0.0)
-            tables.append(writer.finished_tables({**columns, **rows}, started_at, **metrics))
-            out.append({**metrics, "run_id": run.run_id, "rows_written": len(stream), "resumed_from": 0})
-    store.commit_runs(settings.results_dir, tables)
-    return out
 
 
 class _RecordProgress:
