@@ -15,6 +15,8 @@ import torch
 
 from orchestrator.clip import select_views
 from orchestrator.methods import make_method
+from orchestrator.results import store
+from orchestrator.results.schema import SAMPLE_ARROW_SCHEMA, SAMPLES_GLOB
 from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
@@ -38,10 +40,12 @@ def spec_in(directory: Path, **overrides):
 
 
 def rows(results_dir: str) -> dict[str, list[dict]]:
-    """run_id -> its per-sample rows in stream order."""
+    """run_id -> its per-sample rows in stream order, from its live parts and the segments (a pack of fresh runs
+    is committed straight into one)."""
     out: dict[str, list[dict]] = {}
-    for part in Path(results_dir).glob("samples/*/*/*/*/*/part-*.parquet"):
-        for row in pq.read_table(part).to_pylist():
+    columns = SAMPLE_ARROW_SCHEMA.names
+    for path in [*Path(results_dir).glob(SAMPLES_GLOB), *store.load_catalog(results_dir).paths("samples")]:
+        for row in pq.read_table(path, columns=columns).to_pylist():
             out.setdefault(row["run_id"], []).append(row)
     return {k: sorted(v, key=lambda r: r["sample_idx"]) for k, v in out.items()}
 
