@@ -108,31 +108,29 @@ def test_running_trial_lines_and_an_eta_weighted_by_method_cost(tmp_path):
     assert "encoding 512/2,048 images, 256 images/s, 0:06 left" in lines[-1]
 
 
+def _finished_lines(spec, pack: int) -> list[str]:
+    """The progress lines of the spec's trials (packs of `pack`), each reported finished."""
+    runs = expand(spec)
+    trials = make_trials(runs, pack)
+    lines: list[str] = []
+    callback = ProgressCallback(trials, runs, out=lines.append, clock=Clock())
+    for plan in trials:
+        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": plan.key}, last_result={
+            "accuracy": 50.0, "samples_per_s": 100.0, "n_runs": len(plan.runs), "n_samples": N}))
+    return lines
+
+
 def test_progress_lines_name_stream_and_order(tmp_path):
     """The demo's lines: runs of one configuration differ only in stream and order, so both are named."""
     spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "clip"}], "seeds": [1],
                           "stream": ["iid", {"dirichlet": {"gamma": 0.01}}], "orders": 2}, base_dir=tmp_path)
-    runs = expand(spec)
-    trials = make_trials(runs, 1)
-    lines = []
-    callback = ProgressCallback(trials, runs, out=lines.append, clock=Clock())
-    for plan in trials:
-        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": plan.key}, last_result={
-            "accuracy": 50.0, "samples_per_s": 100.0, "n_runs": 1, "n_samples": N}))
-    described = sorted(line.split("|")[1].split("  acc")[0].strip() for line in lines)
+    described = sorted(line.split("|")[1].split("  acc")[0].strip() for line in _finished_lines(spec, 1))
     assert described == [f"synthetic synthetic-temporal {stream} seed=1 order={k}"
                          for stream in ("dirichlet(gamma=0.01)", "iid") for k in (0, 1)]
     # a trial over several orders of one stream names their range
     spec = validate_spec({**copy.deepcopy(SPEC), "methods": [{"method": "clip"}], "seeds": [1], "stream": "iid",
                           "orders": 3}, base_dir=tmp_path)
-    runs = expand(spec)
-    trials = make_trials(runs, 3)
-    lines = []
-    callback = ProgressCallback(trials, runs, out=lines.append, clock=Clock())
-    for plan in trials:
-        callback.on_trial_complete(0, [], SimpleNamespace(config={"trial": plan.key}, last_result={
-            "accuracy": 50.0, "samples_per_s": 100.0, "n_runs": 3, "n_samples": N}))
-    assert [line.split("]", 1)[1].split("  acc")[0].strip() for line in lines] == [
+    assert [line.split("]", 1)[1].split("  acc")[0].strip() for line in _finished_lines(spec, 3)] == [
         "pack of 3 runs | synthetic synthetic-temporal iid seed=1 orders=0-2"]
 
 

@@ -540,9 +540,15 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
     return trials
 
 
-def order_class(run: Run) -> tuple:
-    """What a run shares with the same configuration's runs over the other orders of its data source."""
-    return run.method, run.batch_size, run._group.names, repr(run._values)
+def order_class(run: Run, bases: dict[int, str] | None = None) -> tuple[str, str]:
+    """What a run shares with the same configuration's runs over the other orders of its data source: its whole
+    config but the order (`bases` memoises the config without hparams per run group while a plan is made)."""
+    bases = {} if bases is None else bases
+    base = bases.get(id(run._group))
+    if base is None:
+        base = bases[id(run._group)] = canonical_json({k: v for k, v in run._group.base.items()
+                                                       if k != "order_index"})
+    return base, canonical_json(run.hparams)
 
 
 def _order_trials(group: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
@@ -555,8 +561,9 @@ def _order_trials(group: list[Run], chunk: Callable[[list[Run]], list[tuple[Run,
     from orchestrator.methods.episodic import order_free
 
     classes: dict[tuple, list[Run]] = {}
+    bases: dict[int, str] = {}
     for run in group:
-        classes.setdefault(order_class(run), []).append(run)
+        classes.setdefault(order_class(run, bases), []).append(run)
     free = {method: order_free(method) for method in {run.method for run in group}}
     trials = []
     replayed = [runs for runs in classes.values() if free[runs[0].method]]
