@@ -171,10 +171,19 @@ def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] 
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
-    labels = per_value(runs["method"], registry.method_label)
     candidates = [c for c in (*extra, *_VARIANT_CANDIDATES, *hparams, "group_id") if c in runs.columns]
     if runs.empty:
-        return labels, []
+        return per_value(runs["method"], registry.method_label), []
+    # labelled once per distinct configuration and dataset, then given to its runs (seeds x orders of each: a
+    # study's 10^5 runs are a few hundred configurations); every rule below reads distinct values only
+    codes = runs.groupby(["backbone", "method", "dataset", *candidates], dropna=False, sort=False).ngroup().to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    labels, split = _configuration_labels(runs.iloc[first].reset_index(drop=True), candidates)
+    return pd.Series(labels.to_numpy(dtype=object)[codes], index=runs.index, dtype=object), split
+
+
+def _configuration_labels(runs: pd.DataFrame, candidates: list[str]) -> tuple[pd.Series, list[str]]:
+    labels = per_value(runs["method"], registry.method_label)
     # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
     distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
@@ -193,7 +202,7 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
             name, texts = registry.method_label(method), {}
             rows = list(zip(*(part[c].to_numpy(dtype=object) for c in vary)))
             for values in rows:
-                if values not in texts:  # formatted once per configuration, not once per run
+                if values not in texts:  # formatted once per configuration, not once per dataset
                     texts[values] = f"{name} (" + ", ".join(f"{c}={_fmt_value(_plain(v), c)}"
                                                             for c, v in zip(vary, values)) + ")"
             labels.loc[part.index] = [texts[values] for values in rows]
