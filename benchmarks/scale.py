@@ -10,7 +10,8 @@ trials cost with and without automatic packing.
    take hours here. Rows are generated (a BCA-like study: per dataset and seed one CLIP run and a tau x n2 grid
    of BCA runs, K = 1000), not copied. Each run also gets `bca verify`-checkable metrics.
 2. Reads, each in a fresh process (its time, and its peak resident memory): open (ResultsDB()), a count over
-   samples, aggregates over the accuracy and summary views, `bca report` end to end, the dashboard's first page
+   samples, aggregates over the accuracy, summary and paired views (the last: every run's interval and
+   p-value), `bca report` end to end, the dashboard's first page
    and one run's page (Streamlit AppTest: the page's script run in a fresh process, its imports of the dashboard
    and orchestrator included; streamlit's own import and its scan for custom components not, as a running
    `bca dashboard` has done both when it started).
@@ -156,12 +157,14 @@ def _measure(kind: str, root: str) -> dict:
         db = ResultsDB(root)
         out["seconds"] = time.perf_counter() - t0
         db.close()
-    elif kind in ("count", "accuracy", "summary"):
+    elif kind in ("count", "accuracy", "summary", "paired"):
         sql = {"count": "SELECT count(*) AS n FROM samples",
                "accuracy": "SELECT method, count(*) AS runs, avg(accuracy) AS acc, avg(ece) AS ece FROM accuracy "
                            "GROUP BY 1",
                "summary": "SELECT method, count(*) AS configs, avg(mean) AS acc, avg(gain) AS gain FROM summary "
-                          "GROUP BY 1"}[kind]
+                          "GROUP BY 1",
+               "paired": "SELECT count(*) AS runs, avg(gain) AS gain, avg(gain_ci_low) AS low, "
+                         "avg(gain_ci_high) AS high, avg(p_mcnemar) AS p FROM paired"}[kind]
         with ResultsDB(root) as db:
             t1 = time.perf_counter()
             out["result"] = str(db.sql(sql).to_pylist())[:200]
@@ -337,7 +340,7 @@ def _reads(args: argparse.Namespace, root: Path) -> None:
     print(f"results dir: {files:,} files, {size / 2**20:,.0f} MiB; build: "
           + ", ".join(f"{k} {v:.1f}" for k, v in built.items()), flush=True)
     results = {}
-    for kind in ("open", "count", "accuracy", "summary"):
+    for kind in ("open", "count", "accuracy", "summary", "paired"):
         results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
         print(f"  {kind}: {results[kind]}", flush=True)
     results["report"] = _report_child(str(root))
@@ -345,7 +348,7 @@ def _reads(args: argparse.Namespace, root: Path) -> None:
     for kind in ("dashboard", "run_page"):
         results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
         print(f"  {kind}: {results[kind]}", flush=True)
-    targets = {"open": 2, "count": 10, "accuracy": 10, "summary": 10, "report": 10, "dashboard": 5,
+    targets = {"open": 2, "count": 10, "accuracy": 10, "summary": 10, "paired": 10, "report": 10, "dashboard": 5,
                "run_page": None}
     print(f"\n{results['count'].get('result')} rows in the store (asked for {args.runs:,} runs x "
           f"{args.rows_per_run:,} rows)")

@@ -87,7 +87,7 @@ def test_scale_benchmark_small_run_builds_reads_and_sweeps(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[{'n': 6000}] rows in the store" in out, out
     steps = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(steps) >= {"open", "count", "accuracy", "summary", "report", "dashboard", "run_page"}, out
+    assert set(steps) >= {"open", "count", "accuracy", "summary", "paired", "report", "dashboard", "run_page"}, out
     assert "'error':" not in out and "'errors': []" in out, out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ")]
     assert len(sweeps) == 2 and all("98 runs of 300 samples" in s and "rc 0" in s for s in sweeps), out

@@ -329,3 +329,43 @@ def test_bca_report_prints_the_same_numbers_from_aggregates_as_from_rows(tmp_pat
     after = runner.invoke(app, ["report", "--results", str(tmp_path)])
     assert before.exit_code == after.exit_code == 0
     assert "Δ CLIP" in before.stdout and before.stdout == after.stdout
+
+
+def test_paired_statistics_are_stored_by_compaction_read_and_verified(tmp_path):
+    """The paired view's interval and p-value (a bootstrap per run) are stored with the pairing at compaction:
+    the same numbers as computed from the rows before, read back as stored, recomputed by `bca verify`; a segment
+    written before they were stored has them computed by the view."""
+    make_fake_results(tmp_path, seeds=(1, 2))
+    query = "SELECT * FROM paired ORDER BY run_id"
+
+    def paired() -> pd.DataFrame:
+        with ResultsDB(tmp_path) as db:
+            return db.df(query)
+
+    live = paired()
+    assert live["gain_ci_low"].notna().all() and len(live) == 2
+    store.compact(tmp_path)
+    pd.testing.assert_frame_equal(paired(), live)
+    assert verify_results(tmp_path).ok
+    seg = store.load_catalog(tmp_path).segments[0]
+    path = seg.path(tmp_path, "metrics")
+    original = pq.read_table(path)
+    low = original.column("gain_ci_low").to_pylist()
+    at = next(i for i, v in enumerate(low) if v is not None)
+    low[at] -= 1.0
+    pq.write_table(original.set_column(original.schema.get_field_index("gain_ci_low"), "gain_ci_low",
+                                       pa.array(low, pa.float64())), path)
+    shown = paired().set_index("run_id")["gain_ci_low"]
+    assert shown[original.column("run_id")[at].as_py()] == low[at]  # the view reads what compaction stored
+    problems = verify_results(tmp_path).problems
+    assert [p.kind for p in problems] == ["stale_metrics"] and "gain_ci_low" in problems[0].detail
+    # a segment as written before the statistics were stored: its metrics file and manifest entry without them
+    pq.write_table(original.drop_columns(["gain_ci_low", "gain_ci_high", "p_mcnemar"]), path)
+    manifest = schema.manifest_file(tmp_path)
+    data = json.loads(manifest.read_text())
+    for entry in data["segments"]:
+        entry["metrics_columns"] = [c for c in entry["metrics_columns"]
+                                    if c not in ("gain_ci_low", "gain_ci_high", "p_mcnemar")]
+    manifest.write_text(json.dumps(data))
+    pd.testing.assert_frame_equal(paired(), live)
+    assert verify_results(tmp_path).ok

@@ -336,7 +336,7 @@ class ResultsDB:
         fresh = [seg for seg in segments if set(MATERIALISED_METRICS) <= set(seg.metrics_columns)]
         stale = [seg for seg in segments if seg not in fresh]
         self._fresh = bool(fresh)
-        curved = [seg for seg in segments if set(SEGMENT_METRICS_COLUMNS) <= set(seg.metrics_columns)]
+        curved = [seg for seg in segments if set(CURVE_COLUMNS) <= set(seg.metrics_columns)]
         cols = ", ".join(map(_ident, ("run_id", "s_backbone", "s_dataset", *CURVE_COLUMNS)))
         self._con.execute(f"CREATE OR REPLACE VIEW {_RUN_CURVES} AS SELECT {cols} FROM "
                           + (self._segment_source(curved, "metrics") if curved else
@@ -344,7 +344,10 @@ class ResultsDB:
                              "NULL::BIGINT AS curve_window, NULL::BIGINT[] AS curve_win, NULL::BIGINT[] AS curve_n, "
                              "NULL::BIGINT[] AS curve_k) WHERE false"))
         if fresh:
-            cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+            # the statistics a segment stored (read by name: NULL from those written before they were stored)
+            with_stats = any(set(PAIRED_STAT_COLUMNS) <= set(seg.metrics_columns) for seg in fresh)
+            cols = ", ".join([*map(_ident, ("run_id", *PAIRED_COLUMNS)), *(
+                _ident(c) if with_stats else f"NULL::DOUBLE AS {_ident(c)}" for c in PAIRED_STAT_COLUMNS)])
             self._con.execute(f"CREATE OR REPLACE VIEW {_MATERIALISED_PAIRS} AS SELECT {cols} FROM "
                               f"{self._segment_source(fresh, 'metrics')} WHERE baseline_run IS NOT NULL")
         rows = f"SELECT * FROM {_LIVE_SAMPLES}"
@@ -612,23 +615,32 @@ FROM c JOIN w USING (run_id) GROUP BY run_id"""
 
 
 CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
-# What compaction materialises besides the curve, and a segment's whole metrics file (run_id, the per-run metrics,
-# the run's pairing against its baseline, its curve). A segment written before the curves existed gets them on
-# the next `compact` (store.compact); until then its runs' curves are read from their rows.
+# A pairing's statistics as the paired view shows them: the bootstrap interval costs about 2 ms a run (10^4
+# multinomial draws), minutes over a study's 10^5 runs, so compaction stores them with the pairing's counts.
+PAIRED_STAT_COLUMNS = ("gain_ci_low", "gain_ci_high", "p_mcnemar")
+# What compaction materialises besides the curve and the pairing's statistics, and a segment's whole metrics file
+# (run_id, the per-run metrics, the run's pairing against its baseline, its curve, the pairing's statistics). A
+# segment written before the curves existed gets them on the next `compact` (store.compact); until then its runs'
+# curves are read from their rows. One written before the statistics were stored has them computed by the view.
 MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
-SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS)
+SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS, *PAIRED_STAT_COLUMNS)
 
 
-def paired_statistics_sql(counts: str, baseline: str) -> str:
+def paired_statistics_sql(counts: str, baseline: str, stored: bool = False) -> str:
     """The paired counts of `counts` (paired_rows_sql's columns) with n and the statistics of
     orchestrator.results.stats (DuckDB functions bca_*), in points like accuracy; NULL when the two runs' rows
-    are not the same images (misaligned > 0): no number at all rather than a wrong one."""
+    are not the same images (misaligned > 0): no number at all rather than a wrong one. stored: `counts` also has
+    PAIRED_STAT_COLUMNS, as compaction stored them (NULL where it did not: those are computed here)."""
+    def stat(column: str, computed: str) -> str:
+        value = f"coalesce({column}, {computed})" if stored else computed
+        return f"CASE WHEN misaligned = 0 THEN {value} END AS {column}"
+
     return f"""
 SELECT run_id, baseline_run, {baseline} AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
        CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
-       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_low(helped, hurt, n) END AS gain_ci_low,
-       CASE WHEN misaligned = 0 THEN 100 * bca_gain_ci_high(helped, hurt, n) END AS gain_ci_high,
-       CASE WHEN misaligned = 0 THEN bca_mcnemar_p(helped, hurt) END AS p_mcnemar
+       {stat("gain_ci_low", "100 * bca_gain_ci_low(helped, hurt, n)")},
+       {stat("gain_ci_high", "100 * bca_gain_ci_high(helped, hurt, n)")},
+       {stat("p_mcnemar", "bca_mcnemar_p(helped, hurt)")}
 FROM (SELECT *, helped + hurt + both_right + both_wrong AS n FROM ({counts}))"""
 
 
@@ -646,7 +658,7 @@ def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
     if unpaired is None:
         counts = paired_rows_sql(f"({baseline_pairs_sql('runs', baseline)})", "samples", "samples")
     else:
-        cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS)))
+        cols = ", ".join(map(_ident, ("run_id", *PAIRED_COLUMNS, *PAIRED_STAT_COLUMNS)))
         counts = f"SELECT {cols} FROM {_MATERIALISED_PAIRS}"
         if unpaired:
             # a literal list prunes row groups; past a few thousand runs binding it costs more than it saves
@@ -654,7 +666,7 @@ def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
                    else f"SELECT run_id FROM {_UNPAIRED} UNION ALL SELECT baseline_run FROM {_UNPAIRED}")
             rows = f"(SELECT * FROM samples WHERE run_id IN ({ids}))"
             counts += f" UNION ALL BY NAME {paired_rows_sql(_UNPAIRED, rows, rows)}"
-    return f"CREATE OR REPLACE VIEW paired AS {paired_statistics_sql(counts, baseline)}"
+    return f"CREATE OR REPLACE VIEW paired AS {paired_statistics_sql(counts, baseline, stored=unpaired is not None)}"
 
 
 # Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's

@@ -267,15 +267,18 @@ _PAIR_ROWS = ["run_id", "sample_idx", "image_id", "correct", "is_ood"]
 
 def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> pa.Table:
     """Per run of a new segment: db.run_metrics_sql over its rows, and its pairing against the baseline method
-    (db.paired_rows_sql) where the baseline run is in this segment or in one of `others` (read by pruning);
-    null pairing where it is not (the paired view computes those from the rows)."""
+    (db.paired_rows_sql, with its statistics: db.paired_statistics_sql) where the baseline run is in this segment
+    or in one of `others` (read by pruning); null pairing where it is not (the paired view computes those from the
+    rows)."""
     import duckdb
 
     from orchestrator import registry
+    from orchestrator.results import stats
     from orchestrator.results.db import (SEGMENT_METRICS_COLUMNS, _sql_str, baseline_pairs_sql, paired_rows_sql,
-                                         run_curves_sql, run_metrics_sql)
+                                         paired_statistics_sql, run_curves_sql, run_metrics_sql)
 
     con = duckdb.connect(":memory:")
+    stats.register(con)
     try:
         ident = runs.select(_IDENTITY)
         known = [ident] + [pq.read_table(seg.path(root, "runs"), columns=_IDENTITY) for seg in others]
@@ -292,9 +295,10 @@ def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment
                    for seg in others] if wanted else []
         con.register("base_rows", pa.concat_tables([samples.select(_PAIR_ROWS), *outside]))
         cols = ", ".join(f'"{c}"' for c in ("run_id", *SEGMENT_METRICS_COLUMNS))
+        pairing = paired_statistics_sql(paired_rows_sql("pairs", "seg_samples", "base_rows"), "NULL")
         return con.sql(f"""
 SELECT {cols} FROM ({run_metrics_sql("seg_samples", "seg_runs")}) m
-LEFT JOIN ({paired_rows_sql("pairs", "seg_samples", "base_rows")}) p USING (run_id)
+LEFT JOIN ({pairing}) p USING (run_id)
 LEFT JOIN ({run_curves_sql("seg_samples")}) c USING (run_id)
 ORDER BY run_id""").to_arrow_table()
     finally:

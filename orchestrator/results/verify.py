@@ -27,8 +27,9 @@ from pathlib import Path
 import math
 
 from orchestrator.results import files, schema, store
-from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_COLUMNS, RUN_METRICS_COLUMNS, ResultsDB, _sql_str,
-                                     paired_rows_sql, run_curves_sql, run_metrics_sql)
+from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_COLUMNS, PAIRED_STAT_COLUMNS, RUN_METRICS_COLUMNS,
+                                     ResultsDB, _sql_str, paired_rows_sql, paired_statistics_sql, run_curves_sql,
+                                     run_metrics_sql)
 
 TEMP_GRACE_S = 60.0
 
@@ -202,13 +203,15 @@ def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Pro
     if "baseline_run" in seg.metrics_columns:
         pairs = (f"(SELECT run_id, baseline_run FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))}) "
                  f"WHERE baseline_run IS NOT NULL)")
-        paired = {r["run_id"]: r for r in db.sql(paired_rows_sql(pairs, "samples", "samples")).to_pylist()}
+        paired = {r["run_id"]: r for r in db.sql(
+            paired_statistics_sql(paired_rows_sql(pairs, "samples", "samples"), "NULL")).to_pylist()}
+        compared = [*PAIRED_COLUMNS, *(c for c in PAIRED_STAT_COLUMNS if c in seg.metrics_columns)]
         stored_pairs = {r["run_id"]: r for r in db.sql(
-            f"SELECT run_id, {', '.join(PAIRED_COLUMNS)} FROM read_parquet("
+            f"SELECT run_id, {', '.join(compared)} FROM read_parquet("
             f"{_sql_str(str(seg.path(root, 'metrics')))}) WHERE baseline_run IS NOT NULL").to_pylist()}
         for run_id, have in stored_pairs.items():
-            again = paired.get(run_id, {"run_id": run_id, **{c: None for c in PAIRED_COLUMNS}})
-            differ = [c for c in PAIRED_COLUMNS if have[c] != again.get(c)]
+            again = paired.get(run_id, {"run_id": run_id, **{c: None for c in compared}})
+            differ = [c for c in compared if not _same(have[c], again.get(c))]
             if differ:
                 out_pairs = ", ".join(f"{c} = {have[c]!r}, recomputed {again.get(c)!r}" for c in differ)
                 fresh.append({"run_id": run_id, "_pairs": out_pairs})
