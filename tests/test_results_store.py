@@ -303,7 +303,7 @@ def test_older_segments_get_curves_and_verify_recomputes_them(tmp_path):
     before, materialised = _curves(tmp_path)
     assert materialised.empty
     pd.testing.assert_frame_equal(rows, before)
-    assert store.compact(tmp_path).curves_added == 1
+    assert store.compact(tmp_path).upgraded == 1
     after, materialised = _curves(tmp_path)
     assert len(materialised) == 4  # make_fake_results' four runs of seeds 1 and 2
     pd.testing.assert_frame_equal(rows, after)
@@ -367,5 +367,14 @@ def test_paired_statistics_are_stored_by_compaction_read_and_verified(tmp_path):
         entry["metrics_columns"] = [c for c in entry["metrics_columns"]
                                     if c not in ("gain_ci_low", "gain_ci_high", "p_mcnemar")]
     manifest.write_text(json.dumps(data))
+    pd.testing.assert_frame_equal(paired(), live)
+    assert verify_results(tmp_path).ok
+    # `bca compact` gives it them, from its stored counts
+    assert store.compact(tmp_path).upgraded == 1
+    assert set(store.load_catalog(tmp_path).segments[0].metrics_columns) >= {"gain_ci_low", "gain_ci_high",
+                                                                             "p_mcnemar"}
+    stored = ["run_id", "gain_ci_low", "gain_ci_high", "p_mcnemar"]
+    pd.testing.assert_frame_equal(pq.read_table(path).select(stored).to_pandas(),
+                                  original.select(stored).to_pandas())
     pd.testing.assert_frame_equal(paired(), live)
     assert verify_results(tmp_path).ok

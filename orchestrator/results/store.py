@@ -194,7 +194,7 @@ class CompactReport:
     merged: int = 0          # small segments merged into larger ones
     leftovers: int = 0       # live files of already compacted runs removed
     given_back: list[str] = field(default_factory=list)  # runs whose live files changed while compacting
-    curves_added: int = 0    # segments written before curves were materialised, given their runs' curves
+    upgraded: int = 0        # segments written before curves or pairing statistics were materialised, given them
 
 
 @dataclass
@@ -340,30 +340,45 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[S
     return seg
 
 
-def _add_curves(root: Path, seg: Segment) -> Segment:
-    """A segment written before curves were materialised, with its runs' curves (db.run_curves_sql over its rows)
-    added to its metrics file: the file is replaced atomically with the same columns and the curves; the manifest,
-    written by the caller, then lists them (a crash in between leaves a file whose extra columns nobody reads)."""
+def _add_missing(root: Path, seg: Segment) -> Segment:
+    """A segment written before curves or the pairings' statistics were materialised, with what it lacks added to
+    its metrics file: its runs' curves (db.run_curves_sql over its rows), the statistics of its stored pairings
+    (db.paired_statistics_sql over their counts: no row read). The file is replaced atomically with the same
+    columns and the new ones; the manifest, written by the caller, then lists them (a crash in between leaves a
+    file whose extra columns nobody reads)."""
     import duckdb
 
-    from orchestrator.results.db import CURVE_COLUMNS, run_curves_sql
+    from orchestrator.results import stats
+    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS, paired_statistics_sql, run_curves_sql
 
     path = seg.path(root, "metrics")
+    add_curves = not set(CURVE_COLUMNS) <= set(seg.metrics_columns)
+    add_stats = "baseline_run" in seg.metrics_columns and not set(PAIRED_STAT_COLUMNS) <= set(seg.metrics_columns)
+    added = [*(CURVE_COLUMNS if add_curves else ()), *(PAIRED_STAT_COLUMNS if add_stats else ())]
     metrics = pq.read_table(path).replace_schema_metadata(None)
-    metrics = metrics.drop_columns([c for c in CURVE_COLUMNS if c in metrics.column_names])
+    metrics = metrics.drop_columns([c for c in added if c in metrics.column_names])
     con = duckdb.connect(":memory:")
+    stats.register(con)
     try:
-        con.register("seg_samples", pq.read_table(seg.path(root, "samples"), columns=["run_id", "sample_idx", "correct"]))
         con.register("seg_metrics", metrics)
-        cols = ", ".join(f'c."{c}"' for c in CURVE_COLUMNS)
-        table = con.sql(f"SELECT m.*, {cols} FROM seg_metrics m LEFT JOIN ({run_curves_sql('seg_samples')}) c "
-                        "USING (run_id) ORDER BY run_id").to_arrow_table()
+        table = "seg_metrics"
+        if add_curves:
+            con.register("seg_samples", pq.read_table(seg.path(root, "samples"),
+                                                      columns=["run_id", "sample_idx", "correct"]))
+            cols = ", ".join(f'c."{c}"' for c in CURVE_COLUMNS)
+            table = f"(SELECT m.*, {cols} FROM {table} m LEFT JOIN ({run_curves_sql('seg_samples')}) c USING (run_id))"
+        if add_stats:
+            counts = "(SELECT * FROM seg_metrics WHERE baseline_run IS NOT NULL)"
+            cols = ", ".join(f't."{c}"' for c in PAIRED_STAT_COLUMNS)
+            table = (f"(SELECT m.*, {cols} FROM {table} m "
+                     f"LEFT JOIN ({paired_statistics_sql(counts, 'NULL')}) t USING (run_id))")
+        table = con.sql(f"SELECT * FROM {table} ORDER BY run_id").to_arrow_table()
     finally:
         con.close()
     meta = {schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii"), schema.META_KIND: b"segment-metrics"}
     atomic_write(path, lambda tmp: pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd",
                                                   row_group_size=ROW_GROUP_ROWS), "results segment metrics")
-    return Segment(seg.id, seg.rows, seg.runs, (*seg.metrics_columns, *(c for c in CURVE_COLUMNS
+    return Segment(seg.id, seg.rows, seg.runs, (*seg.metrics_columns, *(c for c in added
                                                                        if c not in seg.metrics_columns)))
 
 
@@ -417,10 +432,10 @@ def _batches(lives: list[_Live], limit: int) -> Iterator[list[_Live]]:
 
 def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS, min_runs: int = 1) -> CompactReport:
     """Move every finished, complete live run into segments of at most `segment_rows` rows (a run is never
-    split), merge small segments, give segments written before curves were materialised their curves
-    (`_add_curves`), and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
+    split), merge small segments, give segments written before curves or the pairings' statistics were
+    materialised what they lack (`_add_missing`), and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
     running writers and readers, on any node of shared storage (see the module docstring)."""
-    from orchestrator.results.db import CURVE_COLUMNS, concat_runs
+    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS, concat_runs
 
     root = schema.resolve_results_dir(results_dir)
     report = CompactReport()
@@ -429,12 +444,13 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
     with catalog_lock(root):
         catalog = load_catalog(root)
         segments = list(catalog.segments)
-        curveless = [seg for seg in segments if not set(CURVE_COLUMNS) <= set(seg.metrics_columns)]
-        if curveless:
-            upgraded = {seg.id: _add_curves(root, seg) for seg in curveless}
+        older = [seg for seg in segments if not set(CURVE_COLUMNS) <= set(seg.metrics_columns)
+                 or ("baseline_run" in seg.metrics_columns and not set(PAIRED_STAT_COLUMNS) <= set(seg.metrics_columns))]
+        if older:
+            upgraded = {seg.id: _add_missing(root, seg) for seg in older}
             segments = [upgraded.get(seg.id, seg) for seg in segments]
             _write_manifest(root, segments)
-            report.curves_added = len(curveless)
+            report.upgraded = len(older)
         finished, leftovers = _live_runs(root, catalog.compacted())
         for writer in leftovers:
             _remove_live(writer)
