@@ -95,3 +95,28 @@ def test_rows_without_a_run_row_and_bad_run_file(tmp_path):
     run_file.write_bytes(b"not parquet")
     report = verify_results(tmp_path)
     assert kinds(report) == sorted([("bad_run_file", str(run_file)), ("no_run_row", run.run_id)])
+
+
+def test_a_run_written_into_two_segments_has_duplicate_rows(tmp_path):
+    """verify counts each segment's runs alone (bounded memory at a study's size); a run whose rows are in two
+    segments is still counted over all of them."""
+    import json
+    import shutil
+
+    from orchestrator.results import schema, store
+
+    make_fake_results(tmp_path, datasets=("dtd",), seeds=(1,))
+    store.compact(tmp_path)
+    assert verify_results(tmp_path).ok
+    manifest = schema.manifest_file(tmp_path)
+    data = json.loads(manifest.read_text())
+    seg = store.load_catalog(tmp_path).segments[0]
+    copy = dict(data["segments"][0], id=seg.id + "-copy")
+    for kind in schema.SEGMENT_KINDS:
+        shutil.copy(seg.path(tmp_path, kind), store.Segment(copy["id"], seg.rows, seg.runs, ()).path(tmp_path, kind))
+    data["segments"].append(copy)
+    manifest.write_text(json.dumps(data))
+    problems = verify_results(tmp_path).problems
+    rows = pq.read_table(seg.path(tmp_path, "samples"), columns=["run_id"]).column("run_id").value_counts()
+    expected = {r["values"]: f"{r['counts']} duplicate (run_id, sample_idx) row(s)" for r in rows.to_pylist()}
+    assert {p.where: p.detail for p in problems if p.kind == "duplicate_rows"} == expected
