@@ -163,6 +163,7 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     fits `unit_seconds`, so every unit costs about the same device time whatever its method)."""
     from orchestrator.methods import run_traces_many
     from orchestrator.methods.episodic import order_free
+    from orchestrator.methods.lockstep import steps_orders
 
     K = min(dataset.num_classes, preset["max_classes"] or dataset.num_classes)
     d = preset["dim"] or BACKBONES[backbone]
@@ -182,7 +183,7 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     configs = [{"method": card.name, "batch_size": batch, **c} for c in differing_configs(card, groups, m)]
     for c in configs:
         c.update({k: v for k, v in hparams.items() if k not in c})
-    lockstep_orders = views > 1 and getattr(card.lockstep_runner(True), "takes_orders", False)
+    lockstep_orders = steps_orders(card.lockstep_runner(feats.ndim == 3), views > 1)
 
     def run(length: int) -> None:
         # where the runner steps orders together, stream g reads the prefix in its own order; elsewhere one

@@ -22,7 +22,7 @@ def _engine(methods: list[BCAFamily], features: torch.Tensor) -> list[Trace]:
                                 [m.config for m in methods])
 
 
-@takes_orders
+@takes_orders(single=False, views=True)  # one feature per sample: the engine, one order at a time
 def run_bca_lockstep(methods: list[BCAFamily], features: torch.Tensor,
                      orders: torch.Tensor | None = None) -> list[Trace]:
     """Fresh BCA-family methods over one stream [n, d] or [n, V, d], or stream g = features[orders[g]]: trace g

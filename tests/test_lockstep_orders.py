@@ -1,0 +1,60 @@
+"""Lockstep over stream orders on one feature per sample (and one view per sample for view methods): stream g =
+features[orders[g]], G mixing several orders, several grid points and duplicates of one order, each trace equal
+to that stream run alone (tests/lockstep_checks.py), on streams where the adaptive parts act."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orchestrator.data.synthetic import make_synthetic
+from orchestrator.methods import make_method
+from orchestrator.methods.lockstep import run_lockstep, steps_orders
+from orchestrator.registry import method_card
+from tests.lockstep_checks import assert_same_trace
+from tests.test_lockstep import PRIORS, TDA_CONFIGS
+
+
+def _stream(k: int, d: int, n: int, seed: int = 3):
+    bench = make_synthetic("iid", num_classes=k, dim=d, n=n, seed=seed)
+    return bench.features, bench.class_embeddings, bench.class_ids
+
+
+def _grid(configs: list[dict], n_total: int, n: int, orders: int = 3, seed: int = 0):
+    """Every config over `orders` orders, plus the first config again on order 0 (a duplicate stream):
+    (configs [G], orders [G, n]), the streams interleaved so that a group of one order is not contiguous."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.stack([torch.randperm(n_total, generator=gen)[:n] for _ in range(orders)])
+    pairs = [(c, o) for o in range(orders) for c in configs] + [(configs[0], 0)]
+    return [c for c, _ in pairs], rows[[o for _, o in pairs]]
+
+
+def _against_alone(method: str, feats, emb, ids, k, configs, orders):
+    traces = run_lockstep([make_method(method, emb, ids, k, **c) for c in configs], feats, orders)
+    for config, order, lock in zip(configs, orders, traces):
+        assert_same_trace(make_method(method, emb, ids, k, **config).run(feats[order]), lock, f"{method} {config}")
+    return traces
+
+
+@pytest.mark.parametrize("method", ["tda", "tda_pa"])
+def test_tda_over_orders_on_single_features_equals_each_stream_alone(method):
+    feats, emb, ids = _stream(30, 16, 900)
+    configs = [dict(c, **p) if method == "tda_pa" else c for c, p in zip(TDA_CONFIGS, PRIORS)]
+    configs, orders = _grid(configs, 900, 600)
+    traces = _against_alone(method, feats, emb, ids, 30, configs, orders)
+    # the caches fill and replace, and the streams of one config differ by order
+    assert 0 < int(traces[0].gated.sum()) < 600
+    assert bool(torch.isfinite(traces[0].state["pos_entropy"]).all())
+    assert not torch.equal(traces[0].state["pos_keys"], traces[len(TDA_CONFIGS)].state["pos_keys"])
+    if method == "tda_pa":
+        fired = [int(t.gated_prior.sum()) for t in traces]
+        assert 0 < min(fired) < 600, fired
+
+
+def test_the_marker_says_where_a_runner_steps_orders_together():
+    """The dry run's count of runs stepped alone and benchmarks.study's column read this."""
+    single = {name: steps_orders(method_card(name).lockstep_runner(method_card(name).takes_views), False)
+              for name in ("bca", "tda", "tda_pa")}
+    assert single == {"bca": False, "tda": True, "tda_pa": True}
+    assert steps_orders(method_card("bca").lockstep_runner(True), True)
+    assert not steps_orders(None, False)
