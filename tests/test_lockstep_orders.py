@@ -58,3 +58,30 @@ def test_the_marker_says_where_a_runner_steps_orders_together():
     assert single == {"bca": False, "tda": True, "tda_pa": True}
     assert steps_orders(method_card("bca").lockstep_runner(True), True)
     assert not steps_orders(None, False)
+
+
+BOOST_CONFIGS = [
+    {},
+    {"pos_alpha": 10.0, "pos_beta": 1.0, "neg_shot": 1, "pos_shot": 1, "logit_scale": 50.0},
+    {"neg_alpha": 0.3, "neg_beta": 2.0, "neg_shot": 3, "pos_shot": 2},
+]
+
+
+def test_boostadapter_over_orders_on_one_view_equals_each_stream_alone():
+    """One view per sample (BoostAdapter's ImageNet protocol, a single-view stream): no boosting views."""
+    feats, emb, ids = _stream(30, 16, 700, seed=5)
+    configs, orders = _grid(BOOST_CONFIGS, 700, 500)
+    traces = _against_alone("boostadapter", feats[:, None], emb, ids, 30, configs, orders)
+    assert 0 < int(traces[1].gated.sum()) < 500
+    assert torch.isfinite(traces[2].state["neg_entropy"]).sum() > 3
+    assert not torch.equal(traces[0].state["pos_keys"], traces[len(BOOST_CONFIGS)].state["pos_keys"])
+
+
+def test_boostadapter_over_orders_on_views_equals_each_stream_alone():
+    from tests.view_streams import view_stream
+
+    feats, emb, ids, k, _ = view_stream(num_classes=20, dim=16, n=300, views=16, seed=6)
+    configs = BOOST_CONFIGS + [{"query": "confident", "keep": 0.25, "logit_scale": 30.0, "delta": 3}]
+    configs, orders = _grid(configs, 300, 200)
+    traces = _against_alone("boostadapter", feats, emb, ids, k, configs, orders)
+    assert 0 < int(traces[0].gated.sum()) < 200
