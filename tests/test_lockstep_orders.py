@@ -85,3 +85,22 @@ def test_boostadapter_over_orders_on_views_equals_each_stream_alone():
     configs, orders = _grid(configs, 300, 200)
     traces = _against_alone("boostadapter", feats, emb, ids, k, configs, orders)
     assert 0 < int(traces[0].gated.sum()) < 200
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("views, block_rows", [(1, 256), (8, 256), (8, 7)])
+def test_dpe_over_orders_equals_each_stream_alone(views, block_rows):
+    """One view per sample (DPE's cross-domain protocol) and views; block_rows 7: several blocks per stream."""
+    from orchestrator.methods.dpe.lockstep import run_dpe_lockstep
+    from tests.test_lockstep_dpe import CONFIGS
+    from tests.view_streams import view_stream
+
+    feats, emb, ids, k, _ = view_stream("label_shift", num_classes=10, dim=24, n=260, views=views, seed=3)
+    configs, orders = _grid(CONFIGS[:3], 260, 200, orders=2)
+    traces = run_dpe_lockstep([make_method("dpe", emb, ids, k, **c) for c in configs], feats, block_rows=block_rows,
+                              orders=orders)
+    for config, order, lock in zip(configs, orders, traces):
+        assert_same_trace(make_method("dpe", emb, ids, k, **config).run(feats[order]), lock, str(config))
+    assert all(0 < int(t.state["text_updates"]) < 200 for t in traces)
+    assert all(int(torch.isfinite(t.state["cache_entropy"]).sum()) < int(t.gated.sum()) for t in traces)
+    assert not torch.equal(traces[0].state["text"], traces[3].state["text"])
