@@ -104,3 +104,20 @@ def test_dpe_over_orders_equals_each_stream_alone(views, block_rows):
     assert all(0 < int(t.state["text_updates"]) < 200 for t in traces)
     assert all(int(torch.isfinite(t.state["cache_entropy"]).sum()) < int(t.gated.sum()) for t in traces)
     assert not torch.equal(traces[0].state["text"], traces[3].state["text"])
+
+
+DMN_CONFIGS = [{}, {"beta": 3.0, "memory_weight": 0.3}, {"memory_size": 2, "keep": 0.5},
+               {"memory_size": 2, "keep": 0.5, "beta": 8.0, "memory_weight": 10.0}, {"logit_scale": 50.0}]
+
+
+@pytest.mark.parametrize("views", [1, 6])
+def test_dmn_zs_over_orders_equals_each_stream_alone(views):
+    """Memories of several sizes and scales, each read by one or two streams per order."""
+    from tests.view_streams import view_stream
+
+    feats, emb, ids, k, _ = view_stream(num_classes=20, dim=16, n=400, views=views, view_noise=0.4, seed=4)
+    configs, orders = _grid(DMN_CONFIGS, 400, 300)
+    traces = _against_alone("dmn_zs", feats, emb, ids, k, configs, orders)
+    assert 0 < int(traces[2].gated.sum()) < 300          # a full memory replaces entries only sometimes
+    assert not torch.equal(traces[2].posteriors, traces[3].posteriors)
+    assert not torch.equal(traces[0].state["memory"], traces[len(DMN_CONFIGS)].state["memory"])
