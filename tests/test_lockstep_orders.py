@@ -121,3 +121,23 @@ def test_dmn_zs_over_orders_equals_each_stream_alone(views):
     assert 0 < int(traces[2].gated.sum()) < 300          # a full memory replaces entries only sometimes
     assert not torch.equal(traces[2].posteriors, traces[3].posteriors)
     assert not torch.equal(traces[0].state["memory"], traces[len(DMN_CONFIGS)].state["memory"])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_onzeta_over_orders_equals_each_stream_alone(fused, monkeypatch):
+    """Both step paths, the streams in passes of three, over more than one block and sub-block (the orders'
+    blocks read each stream's own samples), long enough for the rows' scales to leave [1/64, 64]."""
+    from orchestrator.methods.onzeta import lockstep as onzeta_lockstep
+    from orchestrator.methods.onzeta.lockstep import run_onzeta_lockstep
+    from tests.test_lockstep import ONZETA_CONFIGS
+
+    monkeypatch.setattr(onzeta_lockstep, "CPU_TILE", 3)
+    feats, emb, ids = _stream(200, 32, 1500)
+    configs, orders = _grid(ONZETA_CONFIGS[:3], 1500, 1200)
+    traces = run_onzeta_lockstep([make_method("onzeta", emb, ids, 200, **c) for c in configs], feats, fused=fused,
+                                 orders=orders)
+    for config, order, lock in zip(configs, orders, traces):
+        single = make_method("onzeta", emb, ids, 200, **config).run(feats[order])
+        assert_same_trace(single, lock, str(config))
+        assert not torch.equal(lock.predictions, (feats[order] @ emb.T).argmax(dim=1))  # the proxies moved
+    assert not torch.equal(traces[0].state["W"], traces[3].state["W"])
