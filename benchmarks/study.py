@@ -10,8 +10,8 @@ one stream at a time) over G streams at once for `--slice` samples, and projects
 orders from the measured config-samples/s.
 
 The G streams of a pass differ in their hparams (`benchmarks.methods.differing_configs`), as different
-orders would make their states differ; where the runner steps orders together on views (BCA's adaptive view
-selection, TDA: `orchestrator.methods.lockstep`), stream g also reads the slice in its own order
+orders would make their states differ; where the runner steps orders together on the unit's features
+(`orchestrator.methods.lockstep.steps_orders`), stream g also reads the slice in its own order
 (`run_traces_many(..., orders=...)`), so the pass is G orders x grid points as the study runs them; elsewhere
 one order's G grid points do the same work per step.
 

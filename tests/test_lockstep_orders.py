@@ -141,3 +141,13 @@ def test_onzeta_over_orders_equals_each_stream_alone(fused, monkeypatch):
         assert_same_trace(single, lock, str(config))
         assert not torch.equal(lock.predictions, (feats[order] @ emb.T).argmax(dim=1))  # the proxies moved
     assert not torch.equal(traces[0].state["W"], traces[3].state["W"])
+
+
+def test_the_orders_benchmark_compares_both_paths_for_every_runner_stepping_orders(capsys):
+    from benchmarks.orders import main
+
+    main(["--quick"])
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert set(rows) == {"method", "TDA", "TDA+PA", "BoostAdapter", "DPE", "DMN-ZS", "OnZeta"}
+    assert all("| identical, " in line for name, line in rows.items() if name != "method")
