@@ -9,8 +9,8 @@ read vectors: read_k . x0 comes from the entries' products with x0, and |read_k|
 matrix of its entries and their products with t_k (kept in float64, recomputed for the written class each
 sample), so a step costs K depth d once per memory plus G K depth^2, not G K depth d. The streams are laid out
 as a table [H, R] of each memory's R readers (a memory with fewer repeats its first), so that a step reads
-every memory's Gram matrices in place. Empty slots (zero rows: a step reads min(S, step + 1) slots, which no
-class has filled beyond) add exact zeros to every sum, as in the single-stream read-out over its fullest class.
+every memory's Gram matrices in place. A step reads the slots up to the fullest class of any memory; the
+empty ones (zero rows) add exact zeros to every sum, as in the single-stream read-out over its fullest class.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def run_dmn_lockstep(methods: list[Method], features: torch.Tensor,
     selected = torch.full((G, n), -1, dtype=torch.int64, device=device)
     gated = torch.zeros(G, n, dtype=torch.bool, device=device)
     rows_of = None if orders is None else orders[heads]
+    depth = 0
     timer = StageTimer()
     for i in range(n):
         X = features[i].expand(H, V, d) if rows_of is None else features[rows_of[:, i]]  # each memory's sample
@@ -94,11 +95,11 @@ def run_dmn_lockstep(methods: list[Method], features: torch.Tensor,
             memory[at] = torch.where(written[:, None], F.normalize(x0, dim=-1), memory[at])
             entropy_mem[at] = torch.where(written, h, entropy_mem[at])
             count[memories, label] = c + room
+            depth = max(depth, int((c + room).max()))  # the fullest class of any memory: a step reads that many
             entries = memory[memories, label].double()                                  # the written class's rows
             gram[memories, label] = entries @ entries.transpose(1, 2)
             cross[memories, label] = (entries @ text[label].double()[..., None])[..., 0]
         with timer("posterior"):
-            depth = min(S, i + 1)  # no class holds more entries yet (no device sync for the exact count)
             query = F.normalize(x0, dim=-1)
             held = memory[:, :, :depth]                                                  # [H, K, depth, d]
             both = held @ torch.stack([query, x0], dim=2)[:, None]                       # [H, K, depth, 2]
