@@ -54,11 +54,6 @@ def takes_orders(*, single: bool, views: bool) -> Callable[[Runner], Runner]:
     return mark
 
 
-def feature_kind(features: torch.Tensor) -> str:
-    """'views' for [n, V, d] with V > 1, else 'single' ([n, d] or one view [n, 1, d])."""
-    return "views" if features.ndim == 3 and features.shape[1] > 1 else "single"
-
-
 def steps_orders(run: Runner | None, views: bool) -> bool:
     """Whether `run` steps G orders of one feature set together on that kind of features (`takes_orders`)."""
     return bool(getattr(run, "orders_together", {}).get("views" if views else "single", False))
