@@ -10,8 +10,8 @@ one stream at a time) over G streams at once for `--slice` samples, and projects
 orders from the measured config-samples/s.
 
 The G streams of a pass differ in their hparams (`benchmarks.methods.differing_configs`), as different
-orders would make their states differ; where the runner steps orders together on views (BCA's adaptive view
-selection, TDA: `orchestrator.methods.lockstep`), stream g also reads the slice in its own order
+orders would make their states differ; where the runner steps orders together on the unit's features
+(`orchestrator.methods.lockstep.steps_orders`), stream g also reads the slice in its own order
 (`run_traces_many(..., orders=...)`), so the pass is G orders x grid points as the study runs them; elsewhere
 one order's G grid points do the same work per step.
 
@@ -163,6 +163,7 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     fits `unit_seconds`, so every unit costs about the same device time whatever its method)."""
     from orchestrator.methods import run_traces_many
     from orchestrator.methods.episodic import order_free
+    from orchestrator.methods.lockstep import steps_orders
 
     K = min(dataset.num_classes, preset["max_classes"] or dataset.num_classes)
     d = preset["dim"] or BACKBONES[backbone]
@@ -182,7 +183,7 @@ def measure_unit(card, dataset, backbone: str, preset: dict, device: str, gemm: 
     configs = [{"method": card.name, "batch_size": batch, **c} for c in differing_configs(card, groups, m)]
     for c in configs:
         c.update({k: v for k, v in hparams.items() if k not in c})
-    lockstep_orders = views > 1 and getattr(card.lockstep_runner(True), "takes_orders", False)
+    lockstep_orders = steps_orders(card.lockstep_runner(feats.ndim == 3), views > 1)
 
     def run(length: int) -> None:
         # where the runner steps orders together, stream g reads the prefix in its own order; elsewhere one

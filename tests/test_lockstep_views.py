@@ -69,13 +69,13 @@ def test_tda_views_over_orders_and_grid_points_equal_each_stream_alone(method):
 
 
 def test_every_runner_takes_orders_in_the_pack_path():
-    """run_traces_many with orders: runners that step orders together (BCA views, TDA), one that does not
-    (DMN-ZS: the streams of each order together) and on one feature per sample (the BCA engine, TDA: the
-    streams of each order together)."""
+    """run_traces_many with orders: runners that step orders together (BCA views, TDA, DMN-ZS), one that does
+    not (DOTA: the streams of each order together) and on one feature per sample (the BCA engine: each order's
+    streams together; TDA: the orders together)."""
     feats, emb, ids, k, _ = view_stream(num_classes=10, dim=16, n=120, views=10, seed=5)
     configs = [{"method": "bca", "tau": 0.9, "n1": 4, "logit_scale": 20.0}, {"method": "tda"},
-               {"method": "dmn_zs"}, {"method": "bca", "tau": 0.9, "n1": 4, "logit_scale": 20.0}]
-    orders = _orders(120, 80, 4)
+               {"method": "dmn_zs"}, {"method": "bca", "tau": 0.9, "n1": 4, "logit_scale": 20.0}, {"method": "dota"}]
+    orders = _orders(120, 80, 5)
     traces = run_traces_many(feats, emb, ids, k, configs, orders=orders)
     for config, order, lock in zip(configs, orders, traces):
         hp = {key: v for key, v in config.items() if key != "method"}

@@ -8,9 +8,11 @@ state, each stream's share of the timings, a runner written for one card taking 
 
 Orders: the G streams may also be G orders of one cached feature set (a sweep's `orders: N` permutes one
 dataset's features; features are cached once). `orders` [G, n] int64 says stream g is `features[orders[g]]`,
-and trace g equals `methods[g].run(features[orders[g]])`. A runner marked `takes_orders` steps the orders
-together (BCA's adaptive views, TDA on views); any other runner gets the streams of each distinct order
-together (`run_over_orders`)."""
+and trace g equals `methods[g].run(features[orders[g]])`. A runner marked `takes_orders` takes `orders=` itself
+and says, per kind of features (one feature per sample, [n, d] or one view [n, 1, d]; views [n, V > 1, d]),
+whether it steps the orders together there or one order at a time (`steps_orders`, which the dry run's count of
+runs stepped alone and benchmarks.study ask); any other runner gets the streams of each distinct order together
+(`run_over_orders`)."""
 
 from __future__ import annotations
 
@@ -43,10 +45,18 @@ def split_timings(timer: StageTimer, g: int) -> dict[str, float]:
     return {stage: seconds / g for stage, seconds in timer.seconds.items()}
 
 
-def takes_orders(run: Runner) -> Runner:
-    """Mark a runner that takes `orders=` [G, n] itself (module docstring)."""
-    run.takes_orders = True  # type: ignore[attr-defined]
-    return run
+def takes_orders(*, single: bool, views: bool) -> Callable[[Runner], Runner]:
+    """Mark a runner that takes `orders=` [G, n] itself, and whether it steps the orders together on one feature
+    per sample (`single`) and on views (`views`); where it does not, it runs them one order at a time."""
+    def mark(run: Runner) -> Runner:
+        run.orders_together = {"single": single, "views": views}  # type: ignore[attr-defined]
+        return run
+    return mark
+
+
+def steps_orders(run: Runner | None, views: bool) -> bool:
+    """Whether `run` steps G orders of one feature set together on that kind of features (`takes_orders`)."""
+    return bool(getattr(run, "orders_together", {}).get("views" if views else "single", False))
 
 
 def gather_members(traces: list[Trace | None], members: list[int], results: list[Trace]) -> None:
@@ -89,7 +99,7 @@ def run_over_orders(run: Runner, methods: list[Method], features: torch.Tensor, 
     if orders is None:
         return run(methods, features, **options)
     check_orders(features, orders, len(methods))
-    if getattr(run, "takes_orders", False):
+    if hasattr(run, "orders_together"):
         return run(methods, features, orders=orders, **options)
     return each_order(run, methods, features, orders, **options)
 

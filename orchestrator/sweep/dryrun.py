@@ -165,7 +165,10 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
 
 def stepping_alone(trials: list[Trial]) -> Counter:
     """Per method, the runs that a lockstep runner would step with no other stream beside them: a runner that
-    does not take orders (`lockstep.takes_orders`) runs each order's streams of a pass in turn."""
+    does not step orders together on the features the run gets (`lockstep.steps_orders`) runs each order's
+    streams of a pass in turn."""
+    from orchestrator.methods.lockstep import steps_orders
+
     alone: Counter = Counter()
     for trial in trials:
         if trial.replay or trial.shard is not None:
@@ -173,9 +176,12 @@ def stepping_alone(trials: list[Trial]) -> Counter:
         passes: dict[tuple, list[Run]] = {}
         for run in trial.runs:
             card = method_card(run.method)
-            runner = card.lockstep_runner(run.source.views != "single" and card.wants_views(run.hparams))
+            # as the trial feeds it (trial._feature_kind): views, one view [n, 1, d] for a view method on a
+            # single-view stream, else one feature per sample
+            views = run.source.views != "single" and card.wants_views(run.hparams)
+            runner = card.lockstep_runner(views or card.takes_views)
             if runner is not None:  # a card without one states its single-stream rate
-                order = None if getattr(runner, "takes_orders", False) else run.source
+                order = None if steps_orders(runner, views) else run.source
                 passes.setdefault((id(runner), run.batch_size, order), []).append(run)
         for runs in passes.values():
             if len(runs) == 1:

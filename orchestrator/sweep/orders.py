@@ -11,7 +11,7 @@ once, each order laid over them as a permutation, and every run written in its o
   are those per-sample outputs gathered into its own order (a replay). The paper's study runs every method over
   100 orders: for these methods that is 100 times less compute (`benchmarks.study` projects it).
 - Every other run is one stream of a multi-config pass over the shared features with its own order
-  (`run_traces_many(..., orders=...)`): a runner that steps orders together (`lockstep.takes_orders`) runs them
+  (`run_traces_many(..., orders=...)`): a runner that steps orders together (`lockstep.steps_orders`) runs them
   in one batched pass; any other runs each order's streams in turn, as separate trials would, without loading
   the features again.
 

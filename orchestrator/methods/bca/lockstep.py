@@ -2,7 +2,9 @@
 (`orchestrator.methods.engine`), which runs the configs of clip, la, pa and bca together (one logits product per
 group of configs whose U evolves alike). On augmented views: view_selection='adaptive' configs step together
 (`views.run_bca_views_many`, also over stream orders), 'fixed' ones run the engine on the views they select once,
-as the single-stream method does."""
+as the single-stream method does. Over stream orders the engine takes one order at a time: a block restarts
+wherever one of its samples' normaliser drifts (`engine`), so the orders' groups meet no common block boundary
+to share a product at, and the walk, on the host, takes a group at a time per thread."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def _engine(methods: list[BCAFamily], features: torch.Tensor) -> list[Trace]:
                                 [m.config for m in methods])
 
 
-@takes_orders
+@takes_orders(single=False, views=True)  # one feature per sample: the engine, one order at a time
 def run_bca_lockstep(methods: list[BCAFamily], features: torch.Tensor,
                      orders: torch.Tensor | None = None) -> list[Trace]:
     """Fresh BCA-family methods over one stream [n, d] or [n, V, d], or stream g = features[orders[g]]: trace g

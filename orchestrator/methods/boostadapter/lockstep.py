@@ -3,6 +3,8 @@ mask), a function of (logit_scale, query, and with query='confident' the number 
 so each distinct query is computed once (`boostadapter.queries`, a chunk at a time as the method does), the
 positive caches are one per distinct (query, pos_shot) and the negative ones one per (query, neg_shot), in
 `tda._Caches` (the negative ones in its FIFO mode), and the G streams read theirs with their own alpha / beta.
+Over stream orders (orders [G, n]: stream g is features[orders[g]]) a query is also one order's: each chunk
+scores every distinct order's samples of the chunk, and the steps advance the caches of all orders together.
 
 The boosting cache is never kept. A stream's boosting views depend on (logit_scale, the number of views keep
 keeps), so they come with its query's chunk too, and only the classes they predict differ from TDA's plain
@@ -23,7 +25,7 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.boostadapter.method import QUERY_CHUNK, queries, score_views
-from orchestrator.methods.lockstep import column, group_by, split_timings
+from orchestrator.methods.lockstep import column, group_by, split_timings, takes_orders
 from orchestrator.methods.tda.lockstep import _Caches
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS
 
@@ -57,23 +59,33 @@ def _boosted(pos: _Caches, cache: torch.Tensor, w_pos: torch.Tensor, boost_class
     return kept_sum + boost_sum, torch.where(first, boost_class, K)
 
 
-def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> list[Trace]:
-    """G BoostAdapter streams over one stream of views [n, V, d]; trace g equals `methods[g].run(features)`."""
+@takes_orders(single=True, views=True)
+def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor,
+                              orders: torch.Tensor | None = None) -> list[Trace]:
+    """G BoostAdapter streams over one stream of views [n, V, d], or stream g = features[orders[g]]; trace g
+    equals `methods[g].run(stream g)`."""
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=True)
-    (n, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device
+    (_, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device
+    n = features.shape[0] if orders is None else orders.shape[1]
     for method in methods:
         method.check_views(V)
+    # Over orders every group below is also one order's: `order_of` numbers a stream's distinct order row.
+    rows_of, order_of = None, [0] * G
+    if orders is not None:
+        rows_of, inverse = torch.unique(orders, dim=0, return_inverse=True)
+        order_of = inverse.tolist()
     # With one view the query is view 0 whatever `query` says (boostadapter.queries).
     modes = ["confident" if V > 1 and m.hp["query"] == "confident" else "original" for m in methods]
     counts = [int(V * m.hp["keep"]) for m in methods]
-    view_keys, view_of = group_by([(m.hp["logit_scale"], mode, c) for m, mode, c in zip(methods, modes, counts)])
-    query_keys, query_of = group_by([(m.hp["logit_scale"], mode, c if mode == "confident" else 0)
-                                     for m, mode, c in zip(methods, modes, counts)])
+    view_keys, view_of = group_by([(o, m.hp["logit_scale"], mode, c)
+                                   for o, m, mode, c in zip(order_of, methods, modes, counts)])
+    query_keys, query_of = group_by([(o, m.hp["logit_scale"], mode, c if mode == "confident" else 0)
+                                     for o, m, mode, c in zip(order_of, methods, modes, counts)])
     pos_keys, pos_of = group_by([(q, m.hp["pos_shot"]) for q, m in zip(query_of, methods)])
     neg_keys, neg_of = group_by([(q, m.hp["neg_shot"]) for q, m in zip(query_of, methods)])
     reps = [methods[view_of.index(v)].hp for v in range(len(view_keys))]     # one stream's hparams per view group
-    scales, scale_of = group_by([scale for scale, _, _ in view_keys])       # the views are scored once per scale
+    scales, scale_of = group_by([(o, scale) for o, scale, _, _ in view_keys])  # views scored once per (order, scale)
     query_view = [view_of[query_of.index(q)] for q in range(len(query_keys))]  # a view group computing each query
     view_group, query_group, pos_group, neg_group = (torch.tensor(index, device=device)
                                                      for index in (view_of, query_of, pos_of, neg_of))
@@ -82,7 +94,7 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
     pos = _Caches([shot for _, shot in pos_keys], K, d, device, with_values=False)
     neg = _Caches([shot for _, shot in neg_keys], K, d, device, with_values=True, fifo=True)
     members = [torch.nonzero(neg_group == h).flatten() for h in range(len(neg_keys))]
-    B = max(k[2] for k in view_keys)
+    B = max(k[3] for k in view_keys)
     pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)
                                                 for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
     capacity = torch.tensor([[m.hp["pos_shot"] + m.hp["delta"]] for m in methods], device=device)
@@ -95,8 +107,12 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
     timer = StageTimer()
     for start in range(0, n, QUERY_CHUNK):
         with timer("logits"):
-            block = features[start:start + QUERY_CHUNK]
-            scored = [score_views(block, text, scale) for scale in scales]
+            if rows_of is None:
+                blocks = [features[start:start + QUERY_CHUNK]]
+            else:  # each order's chunk, as its single stream chunks features[order]
+                blocks = [features[row[start:start + QUERY_CHUNK]] for row in rows_of]
+            c = blocks[0].shape[0]
+            scored = [score_views(blocks[o], text, scale) for o, scale in scales]
             chunk = [queries(scored[scale_of[v]], hp) for v, hp in enumerate(reps)]
             f, logits, entropy, mask = (torch.stack([getattr(chunk[v], name) for v in query_view])
                                         for name in ("feature", "logits", "entropy", "mask"))      # [Q, c, ...]
@@ -109,7 +125,6 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
             pos_f, neg_f, stream_logits = f[pos_query], f[neg_query], logits[query_group]
             if B:
                 # Each view group's boosting views, padded to B (class K: none), and their affinities to the query.
-                c = block.shape[0]
                 boost_class = torch.full((len(reps), c, B), K, dtype=torch.int64, device=device)
                 boost_entropy = torch.full((len(reps), c, B), math.inf, dtype=torch.float32, device=device)
                 boost_affinity = torch.zeros(len(reps), c, B, dtype=torch.float32, device=device)
@@ -119,7 +134,7 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor) -> 
                     boost_affinity[v, :, :b] = (x.boost_feature @ x.feature[..., None])[..., 0]
                 boost_class, boost_entropy, boost_affinity = (x[view_group] for x in
                                                               (boost_class, boost_entropy, boost_affinity))
-        for j in range(block.shape[0]):
+        for j in range(c):
             i = start + j
             with timer("update"):
                 entered = pos.offer(i, always, *(x[:, j] for x in pos_offers))[pos_group]

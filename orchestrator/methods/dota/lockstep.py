@@ -12,6 +12,10 @@ another order).
 A group runs over the whole stream before the next starts (groups share nothing but the features), so the
 work per sample is one scatter pass per group plus d^3 / 3 + d^2 K per (sigma, epsilon) pair.
 
+Over stream orders the runner takes one order at a time (it is not marked `lockstep.takes_orders`): each order
+keeps its own K d^2 data scatters, whose update and reduction read and write K d^2 floats per sample (1 GB at
+K = 1000, d = 512), so a step is bound by that traffic, which stepping orders together would batch, not shrink.
+
 The trace's 'sigma' [K, d, d] = (D_k + sigma I) / c_k differs per sigma: G copies would be G K d^2 floats
 (34 GB for G = 32 at K = 1000, d = 512). So each stream's state is a `_State` that forms 'sigma' from its
 group's D on every access (a fresh tensor, nothing cached), while its other entries are its own tensors: the

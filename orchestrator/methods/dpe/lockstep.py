@@ -3,6 +3,9 @@ prototypes W (through the residual step, the predictions and the gate of the glo
 cache classes, and the cache feeds back into the step. So G streams keep G states: W [G, K, d], a TDA cache
 each (`_Caches`, float64 losses as the loop's Python floats) and each cached class's mean entry [G, K, d].
 
+Over stream orders (orders [G, n]: stream g is features[orders[g]]) nothing changes but the inputs: a step's
+views are each stream's own [G, V, d] instead of one sample's [V, d] shared by all.
+
 What the lockstep saves is passes over [K, d] tensors. Per sample the loop builds an autograd graph over
 normalize(W + R_t) and runs torch.optim.AdamW on R_t: some thirty elementwise passes over [K, d], each
 leaving the core's cache. Here a step reads the G states in two sweeps over blocks of rows (BLOCK_ROWS of
@@ -45,7 +48,7 @@ import torch.nn.functional as F
 from orchestrator.methods.adamw import first_step
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dpe.method import ADAM_EPS, ALIGN_TEMPERATURE
-from orchestrator.methods.lockstep import column, split_timings
+from orchestrator.methods.lockstep import column, split_timings, takes_orders
 from orchestrator.methods.tda.lockstep import _Caches
 from orchestrator.methods.prototypes import mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
@@ -59,16 +62,22 @@ def _normalize_backward(grad: torch.Tensor, unit: torch.Tensor, norm: torch.Tens
     return (grad - unit * (unit * grad).sum(-1, keepdim=True)) / norm
 
 
+def _own(views: torch.Tensor, streams: slice | torch.Tensor) -> torch.Tensor:
+    """The views of these streams: one sample's [V, d] shared by every stream, or each stream's own [G, V, d]."""
+    return views if views.ndim == 2 else views[streams]
+
+
 def _confident(logits: torch.Tensor, views: torch.Tensor, kept: torch.Tensor,
                log_kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DPE._confident per stream: logits [G, V, K] of the views [V, d]; the kept[g] views of lowest softmax
+    """DPE._confident per stream: logits [G, V, K] of the views [V, d] (or [G, V, d]); the kept[g] views of lowest softmax
     entropy (confident_views' stable ranks), their mean feature [G, d], mean logits [G, K] and the entropy of
     their mean probability [G], each summed in rank order as the loop's views[idx].mean(0)."""
     V = logits.shape[1]
     log_probs = torch.log_softmax(logits, dim=-1)
     order = torch.argsort(-(torch.softmax(logits, dim=-1) * log_probs).sum(-1), dim=1, stable=True)
     keep = (torch.arange(V, device=logits.device)[None, :] < kept[:, None])[..., None]   # [G, V, 1] by rank
-    f = torch.where(keep, views[order], 0.0).sum(1) / kept[:, None]
+    ranked = views[order] if views.ndim == 2 else gather_views(views, order)
+    f = torch.where(keep, ranked, 0.0).sum(1) / kept[:, None]
     mean_logits = torch.where(keep, gather_views(logits, order), 0.0).sum(1) / kept[:, None]
     log_mean = torch.logsumexp(torch.where(keep, gather_views(log_probs, order), -math.inf), dim=1) - log_kept
     log_mean = log_mean.clamp_min(torch.finfo(log_mean.dtype).min)
@@ -102,7 +111,7 @@ class _Text:
                 w.addcmul_(self.Y[gs, ks], fire[gs, ks])
                 torch.linalg.vector_norm(w, dim=-1, out=self.norm[gs, ks])
             if views is not None:
-                torch.matmul(views, w.transpose(1, 2), out=self.products[gs, :, ks])
+                torch.matmul(_own(views, gs), w.transpose(1, 2), out=self.products[gs, :, ks])
         if fire is not None:
             self.norm.clamp_min_(NORM_EPS)
 
@@ -118,20 +127,25 @@ class _Text:
             h.div_(torch.abs(h, out=denom).add_(soft[gs, ks, None]))
             torch.addcmul(w, h, step[gs, ks, None], out=y)
             torch.linalg.vector_norm(y, dim=-1, out=self.norm_y[gs, ks])
-            torch.matmul(views, y.transpose(1, 2), out=products[gs, :, ks])
+            torch.matmul(_own(views, gs), y.transpose(1, 2), out=products[gs, :, ks])
 
 
-def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
-                     block_rows: int = BLOCK_ROWS) -> list[Trace]:
-    """G DPE streams over one stream of views [n, V, d]; trace g equals `methods[g].run(features)`."""
+@takes_orders(single=True, views=True)
+def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *, block_rows: int = BLOCK_ROWS,
+                     orders: torch.Tensor | None = None) -> list[Trace]:
+    """G DPE streams over one stream of views [n, V, d], or stream g = features[orders[g]] (a step's views are
+    then each stream's own [G, V, d]); trace g equals `methods[g].run(stream g)`."""
     if any(m.hp["state_dtype"] == "float16" for m in methods):
         # the closed-form step below is float32's AdamW; float16 residuals run torch's float16 AdamW, one loop each
-        fast = [m for m in methods if m.hp["state_dtype"] == "float32"]
-        done = iter(run_dpe_lockstep(fast, features, block_rows=block_rows) if fast else [])
-        return [m.run(features) if m.hp["state_dtype"] == "float16" else next(done) for m in methods]
+        fast = [g for g, m in enumerate(methods) if m.hp["state_dtype"] == "float32"]
+        done = iter(run_dpe_lockstep([methods[g] for g in fast], features, block_rows=block_rows,
+                                     orders=None if orders is None else orders[fast]) if fast else [])
+        return [m.run(features if orders is None else features[orders[g]]) if m.hp["state_dtype"] == "float16"
+                else next(done) for g, m in enumerate(methods)]
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=True)
-    (n, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device
+    (_, V, d), G, K, device = features.shape, len(methods), first.num_classes, features.device
+    n = features.shape[0] if orders is None else orders.shape[1]
     f32, f64 = torch.float32, torch.float64
     scale, alpha, beta, align = (column(methods, k, f32, device) for k in ("logit_scale", "alpha", "beta", "align"))
     lr_text, lr_image = (column(methods, k, f64, device) for k in ("lr_text", "lr_image"))
@@ -158,7 +172,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
     fire = None
     timer = StageTimer()
     for i in range(n):
-        views = features[i]
+        views = features[i] if orders is None else features[orders[:, i]]
         with timer("logits"):
             text.select(views, fire)
             logits = scale[:, :, None] * (text.products / text.norm[:, None, :])
@@ -207,7 +221,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
             y_c = text_c + r_text_c * terms[..., None]
             a = scale * q * terms / text.norm
             step = torch.copysign(lr_text.float() * terms, -a)
-            x_pred = views[:predict_views]
+            x_pred = views[..., :predict_views, :]
             text.residual(f, mean_logits / scale / text.norm, ADAM_EPS / a.abs(), step, x_pred, products_y)
             text.Y.scatter_(1, rows, y_c)
             text.norm_y.scatter_(1, cidx, torch.linalg.vector_norm(y_c, dim=-1))
@@ -215,7 +229,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *,
         with timer("posterior"):
             text.norm_y.clamp_min_(NORM_EPS)
             logits_y = scale[:, :, None] * (products_y / text.norm_y[:, None, :])
-            clip, f_pred = logits_y[:, 0], views[0].expand(G, -1)
+            clip, f_pred = logits_y[:, 0], views[..., 0, :].expand(G, -1)
             if predict_views > 1:
                 f_conf, clip_conf, _ = _confident(logits_y, views, kept, log_kept)
                 clip = torch.where(confident[:, None], clip_conf, clip)

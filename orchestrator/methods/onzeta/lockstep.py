@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep import column, split_timings
+from orchestrator.methods.lockstep import column, split_timings, takes_orders
 
 ONZETA_BLOCK = 64  # samples per block of OnZeta's proxies (see the module docstring)
 SUB_BLOCK = 16  # a block's coefficients are added to the products a sub-block at a time
@@ -43,24 +43,29 @@ CPU_TILE = 8
 
 @numba.njit(cache=True, nogil=True)
 def _fused_logits(z, scale, text, rho, tau_t, tau_i, a, b):
-    """z *= float32(scale); a = text / tau_t + rho; b = z / tau_i ([G, K] rows; the torch path's operations
-    one element at a time, in float32)."""
+    """z *= float32(scale); a = text / tau_t + rho; b = z / tau_i ([G, K] rows; text [1, K] for every stream
+    or [G, K], one row each; the torch path's operations one element at a time, in float32)."""
     G, K = z.shape
+    shared = text.shape[0] == 1
     for g in range(G):
+        row = 0 if shared else g
         for k in range(K):
             zk = z[g, k] * np.float32(scale[g, k])
             z[g, k] = zk
-            a[g, k] = text[k] / tau_t[g] + rho[g, k]
+            a[g, k] = text[row, k] / tau_t[g] + rho[g, k]
             b[g, k] = zk / tau_i[g]
 
 
 @numba.njit(cache=True, nogil=True)
 def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, posteriors, t, coef):
     """The step after the two softmaxes (the torch path's operations one element at a time): the posterior
-    q + mix (p - q), rho's update, the block coefficient u / s and the running row scale (float64)."""
+    q + mix (p - q), rho's update, the block coefficient u / s and the running row scale (float64).
+    half_sq_x [1] for every stream or [G]: |x|^2 / 2 of the stream's sample."""
     G, K = z.shape
     two = np.float32(2.0)
+    shared = half_sq_x.shape[0] == 1
     for g in range(G):
+        half = half_sq_x[0 if shared else g]
         for k in range(K):
             diff = p[g, k] - q[g, k]
             posteriors[g, t, k] = q[g, k] + mix[g] * diff
@@ -68,22 +73,25 @@ def _fused_update(z, q, p, rho, scale, mix, neg_rlr, step, target, half_sq_x, po
             rho[g, k] = r if r > 0 else np.float32(0.0)
             u = step[g] * diff
             coef[g, k] = u / np.float32(scale[g, k])
-            change = (z[g, k] + half_sq_x * u) * u * two
+            change = (z[g, k] + half * u) * u * two
             scale[g, k] /= max(math.sqrt(np.float64(change) + 1.0), 1e-12)
 
 
+@takes_orders(single=True, views=False)
 def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block: int = ONZETA_BLOCK,
-                        fused: bool | None = None) -> list[Trace]:
-    """G OnZeta streams over one feature stream [n, d]; trace g equals `methods[g].run(features)`. fused:
-    each step's elementwise work in two compiled passes over [G, K] around torch's softmax (default: on a
-    CPU, where the ~20 separate torch operations per step cost more than the arithmetic), or as torch
-    operations (any device)."""
+                        fused: bool | None = None, orders: torch.Tensor | None = None) -> list[Trace]:
+    """G OnZeta streams over one feature stream [n, d], or stream g = features[orders[g]]; trace g equals
+    `methods[g].run(stream g)`. fused: each step's elementwise work in two compiled passes over [G, K] around
+    torch's softmax (default: on a CPU, where the ~20 separate torch operations per step cost more than the
+    arithmetic), or as torch operations (any device)."""
     first = methods[0]
     validate_features(first.name, features, first.class_embeddings, views=False)
     if features.device.type == "cpu" and len(methods) > CPU_TILE:
         return [trace for i in range(0, len(methods), CPU_TILE)
-                for trace in run_onzeta_lockstep(methods[i:i + CPU_TILE], features, block=block, fused=fused)]
-    n, G, K, device = features.shape[0], len(methods), first.num_classes, features.device
+                for trace in run_onzeta_lockstep(methods[i:i + CPU_TILE], features, block=block, fused=fused,
+                                                 orders=None if orders is None else orders[i:i + CPU_TILE])]
+    n = features.shape[0] if orders is None else orders.shape[1]
+    G, K, device = len(methods), first.num_classes, features.device
     fused = device.type == "cpu" if fused is None else fused
     for method in methods:
         method.claim(n)
@@ -114,20 +122,33 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
     scale = torch.ones(G, K, dtype=torch.float64, device=device)
     if fused:
         a_buf, b_buf = torch.empty_like(z), torch.empty_like(z)
-        np_ = {name: x.numpy() for name, x in dict(z=z, rho=rho, text=text_products, tau_t=tau_t, tau_i=tau_i,
+        np_ = {name: x.numpy() for name, x in dict(z=z, rho=rho, tau_t=tau_t, tau_i=tau_i,
                                                    step=step, neg_rlr=neg_rlr, mix=mix, target=target,
                                                    a=a_buf, b=b_buf, coef=coef, scale=scale,
                                                    posteriors=posteriors).items()}
     for a in range(0, n, block):
-        X = features[a:a + block]
-        B = X.shape[0]
+        # The block's samples: one [B, d] for every stream, or over orders each stream's [G, B, d]; their text
+        # logits [B, 1, K] (or [B, G, K]), products with each other [B, B] (or [G, B, B]) and half squared
+        # norms [B, 1] (or [B, G]; exact halves of float32 values, as the loop's 0.5 |x|^2).
+        if orders is None:
+            X, text_block = features[a:a + block], text_products[a:a + block, None]
+        else:
+            X, text_block = features[orders[:, a:a + block]], text_products[orders[:, a:a + block].T]
+        B = X.shape[-2]
         with timer("logits"):
             if a:
-                torch.mm(X, rows.T, out=products[:B])                      # W_a x for the block's samples
+                if orders is None:
+                    torch.mm(X, rows.T, out=products[:B])                  # W_a x for the block's samples
+                else:
+                    products[:B].view(B, G, K).copy_(torch.bmm(X, W.transpose(1, 2)).transpose(0, 1))
             else:                                                          # W_0 = T in every stream
-                products[:B].view(B, G, K).copy_(text_products[:B, None, :])
-            gram = X @ X.T
-            sq_x = gram.diagonal().tolist()
+                products[:B].view(B, G, K).copy_(text_block)
+            gram = X @ X.transpose(-1, -2)
+            half_sq = 0.5 * (gram.diagonal()[:, None] if orders is None else gram.diagonal(dim1=1, dim2=2).T)
+            half_sq = half_sq.contiguous()
+            halves = half_sq[:, 0].tolist() if orders is None else None   # one read per block, not per step
+            if fused:
+                np_text, np_half = text_block.numpy(), half_sq.numpy()
         for j in range(B):
             t = a + j
             with timer("logits"):
@@ -136,25 +157,33 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
                 j0 = j - j % SUB_BLOCK
                 if j0 and j == j0:
                     end = min(j + SUB_BLOCK, B)
-                    products[j:end].addmm_(gram[:j, j:end].T, coef[:j])
-                if j > j0:
+                    if orders is None:
+                        products[j:end].addmm_(gram[:j, j:end].T, coef[:j])
+                    else:
+                        products[j:end].view(-1, G, K).add_(
+                            torch.bmm(gram[:, j:end, :j], coef[:j].view(j, G, K).transpose(0, 1)).transpose(0, 1))
+                if j > j0 and orders is None:
                     torch.addmv(products[j], coef[j0:j].T, gram[j0:j, j], out=z.view(-1))
+                elif j > j0:
+                    torch.add(products[j].view(G, K), torch.bmm(gram[:, j, None, j0:j],
+                                                                coef[j0:j].view(-1, G, K).transpose(0, 1))[:, 0],
+                              out=z)
                 else:
                     z.view(-1).copy_(products[j])
                 if fused:
-                    _fused_logits(np_["z"], np_["scale"], np_["text"][t], np_["rho"], np_["tau_t"], np_["tau_i"],
+                    _fused_logits(np_["z"], np_["scale"], np_text[j], np_["rho"], np_["tau_t"], np_["tau_i"],
                                   np_["a"], np_["b"])
                     q, p = torch.softmax(a_buf, dim=1), torch.softmax(b_buf, dim=1)
             if fused:
                 with timer("update"):
                     _fused_update(np_["z"], q.numpy(), p.numpy(), np_["rho"], np_["scale"], np_["mix"][t],
-                                  np_["neg_rlr"][t], np_["step"][t], np_["target"], np.float32(0.5 * sq_x[j]),
+                                  np_["neg_rlr"][t], np_["step"][t], np_["target"], np_half[j],
                                   np_["posteriors"], t, np_["coef"][j].reshape(G, K))
                 continue
             with timer("logits"):
                 scale32 = scale.float()
                 zs = torch.mul(z, scale32)
-                q = torch.softmax(torch.div(text_products[t], tau_t[:, None]).add_(rho), dim=1)   # T x / tau_t + rho
+                q = torch.softmax(torch.div(text_block[j], tau_t[:, None]).add_(rho), dim=1)   # T x / tau_t + rho
                 p = torch.softmax(zs / tau_i[:, None], dim=1)
             with timer("posterior"):
                 diff = p - q
@@ -167,14 +196,19 @@ def run_onzeta_lockstep(methods: list[Method], features: torch.Tensor, *, block:
                 # every step (the text prototypes, then each step's and each block's renormalisation). The
                 # change u (2 W_t x + u |x|^2) in float32 (its rounding is relative to it, not to 1), the
                 # norm and the running scale in float64.
-                change = torch.add(zs, u, alpha=0.5 * sq_x[j]).mul_(u).mul_(2.0)
+                change = (torch.add(zs, u, alpha=halves[j]) if orders is None
+                          else torch.addcmul(zs, u, half_sq[j, :, None])).mul_(u).mul_(2.0)
                 scale.div_(change.double().add_(1.0).sqrt_().clamp_(min=1e-12))
         with timer("update"):
             # W_end = diag(scale) (W_a + C X): unit rows, as the loop's after its step.
-            if a:
+            C = coef[:B].view(B, G, K).permute(1, 2, 0)
+            streams_X = X.expand(G, -1, -1) if orders is None else X
+            if a and orders is None:
                 rows.addmm_(coef[:B].T, X)
+            elif a:
+                W.baddbmm_(C, streams_X)
             else:
-                torch.baddbmm(first.text, coef[:B].view(B, G, K).permute(1, 2, 0), X.expand(G, -1, -1), out=W)
+                torch.baddbmm(first.text, C, streams_X, out=W)
             if a + B >= n or not bool(((scale > 1 / 64) & (scale < 64)).all()):
                 W.mul_(scale.float()[..., None])
                 scale.fill_(1.0)

@@ -10,8 +10,8 @@ On augmented views [n, V, d] each cache's query (the mean of its kept views, the
 probability map) depends on logit_scale alone, so it is computed once per distinct logit_scale, by TDA's
 own chunked view path (`_queries`). Over stream orders (views [N, V, d], orders [G, n]: stream g is
 features[orders[g]]) a cache is one per distinct (order, cache triple), and a chunk of steps computes the
-queries of every such cache's samples in one pass; on one feature per sample the orders run one at a time
-(`each_order`).
+queries of every such cache's samples in one pass; on one feature per sample a step's product is that of
+every cache's own sample [H, d] with the embeddings.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
-from orchestrator.methods.lockstep import (column, each_order, gather_members, group_by, per_card, split_timings,
-                                          takes_orders)
+from orchestrator.methods.lockstep import column, gather_members, group_by, per_card, split_timings, takes_orders
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
@@ -212,16 +211,21 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer,
              orders: torch.Tensor | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
     """Per sample, each cache's query: (f, per-embedding logits [H, M], clip_logits [H, K], prob_map [H, K],
     loss [H]), computed as its TDA computes them (`caches[h]` is one of cache h's streams). f is the one
-    feature [d] on [n, d]; on views [n, V, d] it is [H, d], each cache's mean of its kept views (the views
-    kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one. With `orders`
-    [H, n] (views only), cache h reads sample orders[h, i] at step i."""
+    feature [d] on [n, d] ([H, d] with orders); on views [n, V, d] it is [H, d], each cache's mean of its kept
+    views (the views kept depend on logit_scale), in TDA's chunks so that every value is the single-stream one.
+    With `orders` [H, n], cache h reads sample orders[h, i] at step i."""
     first = caches[0]
     E, K = first.class_embeddings, first.num_classes
     if features.ndim == 2:
         scale = torch.tensor([[m.hp["logit_scale"]] for m in caches], dtype=torch.float32, device=features.device)
-        for f in features:
+        for i in range(features.shape[0] if orders is None else orders.shape[1]):
             with timer("logits"):
-                logits = scale * (E @ f)[None, :]
+                if orders is None:
+                    f = features[i]
+                    logits = scale * (E @ f)[None, :]
+                else:  # each cache's own sample [H, d]
+                    f = features[orders[:, i]]
+                    logits = scale * (f @ E.T)
                 clip_logits = class_logits(logits, first.logit_classes, K)
                 prob_map = torch.softmax(clip_logits, dim=1)
                 loss = -(prob_map * torch.log_softmax(clip_logits, dim=1)).sum(dim=1)
@@ -258,7 +262,7 @@ def _queries(caches: list[Method], features: torch.Tensor, timer: StageTimer,
 
 
 @per_card
-@takes_orders
+@takes_orders(single=True, views=True)
 def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bool | None = None,
                      orders: torch.Tensor | None = None) -> list[Trace]:
     """G TDA (or G TDA+PA) streams over one feature stream, [n, d] or views [n, V, d], or stream g =
@@ -279,8 +283,6 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bo
     validate_features(first.name, features, first.class_embeddings, views=None)
     if features.ndim == 3 and features.shape[1] == 1:
         features = features[:, 0]
-    if orders is not None and features.ndim == 2:
-        return each_order(run_tda_lockstep, methods, features, orders, fused=fused)
     class_ids, K = first.class_ids, first.num_classes
     device, d, G = features.device, features.shape[-1], len(methods)
     n = features.shape[0] if orders is None else orders.shape[1]
