@@ -123,6 +123,28 @@ def test_on_a_gpu_a_pack_is_sized_by_the_devices_memory(tmp_path):
     assert cost.sweep_memory(spec, None) is None
 
 
+def test_a_gpu_sweep_planned_on_a_driver_without_a_gpu_packs_by_the_memory_the_spec_gives(tmp_path, monkeypatch):
+    """A CPU head node cannot ask its GPU: `resources.gpu_memory_gb` sizes the packs as the trials' GPU would;
+    without it the plan packs by CPU time and says so (a GPU would then step methods slow on a CPU alone)."""
+    from orchestrator.sweep.dryrun import dry_run
+
+    monkeypatch.setattr(cost, "local_device_bytes", lambda: None)
+    methods = [{"method": "bca", "tau": [round(0.05 * i, 2) for i in range(1, 20)], "n1": [50, 500, 5000]},
+               {"method": "dota"}]
+    given = load_spec(write_spec(tmp_path / "given", n=2000, seeds=[1], methods=methods,
+                                 resources={"gpu": 0.5, "cpus": 1, "gpu_memory_gb": 80}))
+    assert cost.trial_device_bytes(given) == 80 * 2**30
+    lines = dry_run(given, expand(given), address="ray://head:10001")  # joining a cluster: no local checks
+    assert "58 to run in 1 trials" in lines[0] and not any("gpu_memory_gb" in line for line in lines), lines[0]
+    unknown = load_spec(write_spec(tmp_path / "unknown", n=2000, seeds=[1], methods=methods,
+                                   resources={"gpu": 0.5, "cpus": 1}))
+    assert cost.trial_device_bytes(unknown) is None
+    lines = dry_run(unknown, expand(unknown), address="ray://head:10001")
+    assert "in 1 trials" not in lines[0]
+    assert lines[-1].startswith("note: trials take a GPU but its memory is not known here") and \
+        "set resources.gpu_memory_gb" in lines[-1]
+
+
 def test_a_pack_commits_fresh_runs_as_one_segment_and_resumes_a_started_run_from_its_parts(tmp_path):
     """Fresh runs: one segment, no live file, verify clean. A run with parts from an earlier attempt (stopped
     after its first part) makes its pack go on through parts: the part on disk is kept, every run ends with all

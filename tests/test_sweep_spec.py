@@ -109,6 +109,7 @@ CASES = [
     ("GPU fraction above 1", _set("resources", {"gpu": 2}), "resources.gpu", "less than or equal to 1"),
     ("zero CPUs", _set("resources", {"cpus": 0}), "resources.cpus", "greater than 0"),
     ("unknown resource key", _set("resources", {"gpus": 1}), "resources.gpus", "allowed keys: cpus, gpu"),
+    ("no GPU memory", _set("resources", {"gpu": 1, "gpu_memory_gb": 0}), "resources.gpu_memory_gb", "greater than 0"),
     ("pack of 0", _set("pack", 0), "pack", "greater than or equal to 1"),
     ("name with a slash", _set("name", "a/b"), "name", "should match pattern"),
     ("unknown synthetic scenario", _set("datasets.0.synthetic", "lbl"), "datasets[0].synthetic",

@@ -117,6 +117,23 @@ def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[
     return None if budget is None else (budget, memory_of(spec))
 
 
+def trial_device_bytes(spec: Any) -> int | None:
+    """The memory of the GPU a trial runs on: the spec's `resources.gpu_memory_gb` where given (the trials' nodes
+    may have other GPUs than the driver), else this machine's first GPU, else None (packs by time)."""
+    given = spec.resources.gpu_memory_gb
+    return int(given * 2**30) if given is not None else local_device_bytes()
+
+
+def unknown_device_note(spec: Any, device_bytes: int | None) -> list[str]:
+    """A line when the trials take a GPU whose memory nothing here tells: their packs are then sized by CPU time,
+    which gives methods slow on a CPU one run a trial, so a GPU steps their orders one at a time."""
+    if spec.resources.gpu <= 0 or device_bytes:
+        return []
+    return ["trials take a GPU but its memory is not known here (no GPU on this machine, no resources.gpu_memory_gb "
+            "in the spec): packs are sized by CPU time instead of by the GPU's memory; set resources.gpu_memory_gb "
+            "to the trials' GPU memory to pack them by it"]
+
+
 def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Callable[[Run], float]:
     """The cost model of a sweep: measured from its finished runs' `rows` where there are any."""
     return cost_model(lambda source: stream_length(spec, source), measured_sample_seconds(rows or {}))

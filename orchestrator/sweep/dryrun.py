@@ -29,7 +29,8 @@ from orchestrator.sweep.plan import DataSource, Run, Trial, computed_runs, make_
 from orchestrator.sweep.record import check_sweep_record
 from orchestrator.registry import method_card
 from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
-from orchestrator.sweep.cost import local_device_bytes, projected_hours, registry_length, sweep_cost, sweep_memory
+from orchestrator.sweep.cost import (projected_hours, registry_length, sweep_cost, sweep_memory, trial_device_bytes,
+                                     unknown_device_note)
 from orchestrator.sweep.status import recorded_rows, run_status
 
 
@@ -253,6 +254,7 @@ def dry_run(spec: SweepSpec, runs: list[Run], source: str = "<spec>", address: s
     if issues:
         raise SpecError(source, issues)
     status = run_status(spec, runs)
+    device_bytes = trial_device_bytes(spec)
     trials = make_trials([r for r in runs if status[r.run_id] != "finished"], spec.pack,
-                         sweep_cost(spec, recorded_rows(spec, runs)), sweep_memory(spec, local_device_bytes()))
-    return plan_lines(spec, runs, trials, status)
+                         sweep_cost(spec, recorded_rows(spec, runs)), sweep_memory(spec, device_bytes))
+    return plan_lines(spec, runs, trials, status) + [f"note: {note}" for note in unknown_device_note(spec, device_bytes)]

@@ -45,7 +45,7 @@ from orchestrator.results.writer import RunWriter
 from orchestrator.stages import ENCODER_STAGE, STAGE_COLUMNS, stage_column
 from orchestrator.sweep.compaction import Compactor
 from orchestrator.sweep.compaction import tune_callback as compaction_callback
-from orchestrator.sweep.cost import local_device_bytes, sweep_cost, sweep_memory
+from orchestrator.sweep.cost import sweep_cost, sweep_memory, trial_device_bytes, unknown_device_note
 from orchestrator.sweep.dryrun import weights_issues
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import Run, Trial, expand, make_trials, template_notes
@@ -352,7 +352,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
                 RunWriter(spec.results_dir, run.config).discard_rows()
         incomplete = sum(1 for r in runs if status[r.run_id] == INCOMPLETE)
         skipped = len(runs) - len(todo)
-        for note in template_notes(spec):
+        device_bytes = trial_device_bytes(spec)
+        for note in [*template_notes(spec), *unknown_device_note(spec, device_bytes)]:
             out(f"note: {note}")
         out(f"sweep {spec.name}: {len(runs)} runs, {skipped} already finished, {len(todo)} to run "
             f"-> {spec.results_dir}")
@@ -363,7 +364,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         errors: dict[str, str] = {}
         if todo:
             trials = make_trials(todo, spec.pack, sweep_cost(spec, recorded_rows(spec, runs)),
-                                 sweep_memory(spec, local_device_bytes()))
+                                 sweep_memory(spec, device_bytes))
             errors = _tune(spec, runs, trials,
                            skipped, address, out, command=command,
                            dashboard=ray_dashboard, settings=settings_of(spec, progress_every_s),

@@ -70,10 +70,12 @@ PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
 
 class Resources(_Strict):
-    """Per trial: a fraction of one GPU (0 = CPU only) and CPU cores (both may be fractional)."""
+    """Per trial: a fraction of one GPU (0 = CPU only) and CPU cores (both may be fractional); gpu_memory_gb: the
+    memory of the GPU a trial runs on, which sizes packs where the driver has no GPU to ask (a CPU head node)."""
 
     gpu: Annotated[Union[StrictInt, StrictFloat], Field(ge=0, le=1)] = 0
     cpus: Annotated[Union[StrictInt, StrictFloat], Field(gt=0)] = 1
+    gpu_memory_gb: Annotated[Union[StrictInt, StrictFloat], Field(gt=0)] | None = None
 
 
 class Backbone(_Strict):
