@@ -37,6 +37,10 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     # 22 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
     assert "sweep paper_study (dry run: nothing is run or written): 66,800 runs, 0 finished" in out
     assert "is not on this machine: planned for the machine that holds it" in out
+    # packs sized by the spec's GPU memory (resources.gpu_memory_gb), not by CPU time (35,668 trials, most of one
+    # run, whose orders a GPU would then step one at a time)
+    assert "memory is not known here" not in out
+    assert int(re.search(r"to run in ([\d,]+) trials", out)[1].replace(",", "")) < 1000
     steps = int(re.search(r"estimated cost: ([\d,]+) online steps", out)[1].replace(",", ""))
     cpu = float(re.search(r"projected CPU-hours: ([\d,.]+)", out)[1].replace(",", ""))
     projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs where a method "
