@@ -157,10 +157,10 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                      f"{sum(len(t.replay) for t in replayed):,} configurations computed (the cost counts those)")
     alone = stepping_alone(trials)
     if alone:
-        lines.append(f"{sum(alone.values()):,} runs of {', '.join(alone)} are the only stream of their order in "
-                     f"their lockstep pass (one configuration per order, a runner that steps one order at a time): "
-                     f"the projected GPU-hours price them at their cards' rates, measured on packs of 32 configs, "
-                     f"which overstate their speed")
+        lines.append(f"{sum(alone.values()):,} runs of {', '.join(alone)} are the only stream of their lockstep "
+                     f"pass (one configuration per order where the runner steps one order at a time, or a trial of "
+                     f"one run): the projected GPU-hours price them at their cards' rates, measured on packs of 32 "
+                     f"configs, which overstate their speed")
     return lines + projected_hours(computed, lambda source: lengths[source])
 
 
