@@ -615,8 +615,9 @@ FROM c JOIN w USING (run_id) GROUP BY run_id"""
 
 
 CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
-# A pairing's statistics as the paired view shows them: the bootstrap interval costs about 2 ms a run (10^4
-# multinomial draws), minutes over a study's 10^5 runs, so compaction stores them with the pairing's counts.
+# A pairing's statistics as the paired view shows them, stored by compaction with the pairing's counts: a
+# bootstrap per run (10^4 multinomial draws) at every query is minutes over a study's 10^5 runs
+# (benchmarks/logs/scale-2026-11-27.txt).
 PAIRED_STAT_COLUMNS = ("gain_ci_low", "gain_ci_high", "p_mcnemar")
 # What compaction materialises besides the curve and the pairing's statistics, and a segment's whole metrics file
 # (run_id, the per-run metrics, the run's pairing against its baseline, its curve, the pairing's statistics). A

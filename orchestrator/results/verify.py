@@ -161,8 +161,9 @@ GROUP BY s.run_id
 
 def _per_run(db: ResultsDB, good: list[Path], segments: list[Path]) -> list[dict]:
     """_PER_RUN_SQL's row per run, counted over the live parts together and over each segment alone: a run is never
-    split between segments, so one segment's distinct positions at a time (a study's 2 x 10^8 rows at once took
-    13 GB). A run found in more than one of them (written twice) is counted again over all its rows."""
+    split between segments, so memory holds one segment's distinct positions at a time, not a study's 2 x 10^8
+    (benchmarks/logs/scale-2026-11-27.txt). A run found in more than one of them (written twice) is counted again
+    over all its rows."""
     sources = ([_rows_source(good, [])] if good else []) + [_rows_source([], [path]) for path in segments]
     found: dict[str, dict] = {}
     again: set[str] = set()
