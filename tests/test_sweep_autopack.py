@@ -143,6 +143,9 @@ def test_a_gpu_sweep_planned_on_a_driver_without_a_gpu_packs_by_the_memory_the_s
     assert "in 1 trials" not in lines[0]
     assert lines[-1].startswith("note: trials take a GPU but its memory is not known here") and \
         "set resources.gpu_memory_gb" in lines[-1]
+    fixed = load_spec(write_spec(tmp_path / "fixed", n=2000, seeds=[1], methods=methods, pack=8,
+                                 resources={"gpu": 0.5, "cpus": 1}))
+    assert not any("gpu_memory_gb" in line for line in dry_run(fixed, expand(fixed), address="ray://head:10001"))
 
 
 def test_a_pack_commits_fresh_runs_as_one_segment_and_resumes_a_started_run_from_its_parts(tmp_path):

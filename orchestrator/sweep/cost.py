@@ -125,9 +125,9 @@ def trial_device_bytes(spec: Any) -> int | None:
 
 
 def unknown_device_note(spec: Any, device_bytes: int | None) -> list[str]:
-    """A line when the trials take a GPU whose memory nothing here tells: their packs are then sized by CPU time,
-    which gives methods slow on a CPU one run a trial, so a GPU steps their orders one at a time."""
-    if spec.resources.gpu <= 0 or device_bytes:
+    """A line when `pack: auto` trials take a GPU whose memory nothing here tells: their packs are then sized by CPU
+    time, which gives methods slow on a CPU one run a trial, so a GPU steps their orders one at a time."""
+    if spec.pack != "auto" or spec.resources.gpu <= 0 or device_bytes:
         return []
     return ["trials take a GPU but its memory is not known here (no GPU on this machine, no resources.gpu_memory_gb "
             "in the spec): packs are sized by CPU time instead of by the GPU's memory; set resources.gpu_memory_gb "
