@@ -340,6 +340,16 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[S
     return seg
 
 
+def _missing(seg: Segment) -> list[str]:
+    """The metrics columns a segment written before they were materialised lacks: its curves, and its stored
+    pairings' statistics."""
+    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS
+
+    have = set(seg.metrics_columns)
+    stats = PAIRED_STAT_COLUMNS if "baseline_run" in have else ()
+    return [c for c in (*CURVE_COLUMNS, *stats) if c not in have]
+
+
 def _add_missing(root: Path, seg: Segment) -> Segment:
     """A segment written before curves or the pairings' statistics were materialised, with what it lacks added to
     its metrics file: its runs' curves (db.run_curves_sql over its rows), the statistics of its stored pairings
@@ -352,8 +362,8 @@ def _add_missing(root: Path, seg: Segment) -> Segment:
     from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS, paired_statistics_sql, run_curves_sql
 
     path = seg.path(root, "metrics")
-    add_curves = not set(CURVE_COLUMNS) <= set(seg.metrics_columns)
-    add_stats = "baseline_run" in seg.metrics_columns and not set(PAIRED_STAT_COLUMNS) <= set(seg.metrics_columns)
+    lacking = set(_missing(seg))
+    add_curves, add_stats = bool(lacking & set(CURVE_COLUMNS)), bool(lacking & set(PAIRED_STAT_COLUMNS))
     added = [*(CURVE_COLUMNS if add_curves else ()), *(PAIRED_STAT_COLUMNS if add_stats else ())]
     metrics = pq.read_table(path).replace_schema_metadata(None)
     metrics = metrics.drop_columns([c for c in added if c in metrics.column_names])
@@ -433,9 +443,9 @@ def _batches(lives: list[_Live], limit: int) -> Iterator[list[_Live]]:
 def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS, min_runs: int = 1) -> CompactReport:
     """Move every finished, complete live run into segments of at most `segment_rows` rows (a run is never
     split), merge small segments, give segments written before curves or the pairings' statistics were
-    materialised what they lack (`_add_missing`), and remove leftovers; a no-op below `min_runs` finished live runs. Safe beside
-    running writers and readers, on any node of shared storage (see the module docstring)."""
-    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS, concat_runs
+    materialised what they lack (`_add_missing`), and remove leftovers; a no-op below `min_runs` finished live
+    runs. Safe beside running writers and readers, on any node of shared storage (see the module docstring)."""
+    from orchestrator.results.db import concat_runs
 
     root = schema.resolve_results_dir(results_dir)
     report = CompactReport()
@@ -444,8 +454,7 @@ def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS,
     with catalog_lock(root):
         catalog = load_catalog(root)
         segments = list(catalog.segments)
-        older = [seg for seg in segments if not set(CURVE_COLUMNS) <= set(seg.metrics_columns)
-                 or ("baseline_run" in seg.metrics_columns and not set(PAIRED_STAT_COLUMNS) <= set(seg.metrics_columns))]
+        older = [seg for seg in segments if _missing(seg)]
         if older:
             upgraded = {seg.id: _add_missing(root, seg) for seg in older}
             segments = [upgraded.get(seg.id, seg) for seg in segments]
