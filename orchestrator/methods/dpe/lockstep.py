@@ -69,9 +69,9 @@ def _own(views: torch.Tensor, streams: slice | torch.Tensor) -> torch.Tensor:
 
 def _confident(logits: torch.Tensor, views: torch.Tensor, kept: torch.Tensor,
                log_kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DPE._confident per stream: logits [G, V, K] of the views [V, d] (or [G, V, d]); the kept[g] views of lowest softmax
-    entropy (confident_views' stable ranks), their mean feature [G, d], mean logits [G, K] and the entropy of
-    their mean probability [G], each summed in rank order as the loop's views[idx].mean(0)."""
+    """DPE._confident per stream: logits [G, V, K] of the views [V, d] (or [G, V, d]); the kept[g] views of lowest
+    softmax entropy (confident_views' stable ranks), their mean feature [G, d], mean logits [G, K] and the entropy
+    of their mean probability [G], each summed in rank order as the loop's views[idx].mean(0)."""
     V = logits.shape[1]
     log_probs = torch.log_softmax(logits, dim=-1)
     order = torch.argsort(-(torch.softmax(logits, dim=-1) * log_probs).sum(-1), dim=1, stable=True)
