@@ -90,7 +90,8 @@ def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
     with its Holm-adjusted p-value (None for the best)."""
     baseline = registry.baseline_method()
     runs = db.df("SELECT a.run_id, a.method, a.setting_id, a.dataset, a.seed, "
-                 "coalesce(a.order_index, 0) AS order_index, a.ece, r.samples_per_s FROM accuracy a JOIN runs r USING (run_id) "
+                 "coalesce(a.order_index, 0) AS order_index, a.ece, r.samples_per_s "
+                 "FROM accuracy a JOIN runs r USING (run_id) "
                  "WHERE a.sweep = $sweep AND a.status = 'finished' AND a.complete", {"sweep": sweep})
     if runs.empty:
         return pd.DataFrame()

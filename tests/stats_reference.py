@@ -1,6 +1,6 @@
 """A plain reference for a configuration's gain across runs (orchestrator.results.stats.across_runs), written from
 docs/statistics.md over the runs' per-sample paired differences with numpy and scipy's distributions, sharing no
-code with the module it checks."""
+code with the module it checks (but the point, NORMAL_DF, from which it takes the normal for Student's t)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 from scipy import stats as sps
+
+from orchestrator.results import stats
 
 
 def two_level(diffs, replicate=None, test_set=None, confidence=0.95):
@@ -51,4 +53,4 @@ def rel_tolerance(df: float, t: float = 6.0) -> float:
     """Relative agreement to expect with the module: float64 rounding, plus, where the module takes the normal for
     a t of df >= its NORMAL_DF, the two distributions' relative difference there, at most about
     (1 + t^2)^2 / (4 df) for a p-value at t (a margin of 4 here)."""
-    return 1e-9 + (0.0 if math.isinf(df) else (1 + t * t) ** 2 / df)
+    return 1e-9 + (0.0 if math.isinf(df) or df < stats.NORMAL_DF else (1 + t * t) ** 2 / df)

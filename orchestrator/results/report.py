@@ -555,21 +555,20 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     paired = own.merge(pairs, on="run_id")
     if paired.empty:
         return publish()
-    label_of = dict(layout.datasets)
     rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
     # per (backbone, row) and dataset: the positions of its paired runs; one groupby for the whole table, then
     # plain lists per cell (a study's table has hundreds of cells over 10^5 runs)
     by_row: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
-    for (backbone, row, k), at in sorted(paired.groupby(["backbone", "row", "key"], sort=True).indices.items()):
+    for (backbone, row, k), at in paired.groupby(["backbone", "row", "key"], sort=False).indices.items():
         by_row.setdefault((backbone, row), {})[k] = at
     counts = paired[["helped", "hurt", "n"]].to_numpy(dtype=np.int64)
     replicates = list(zip(paired["seed"].tolist(), paired["order"].tolist()))
     datasets, methods, names = paired["key"].tolist(), paired["method"].tolist(), paired["dataset"].tolist()
-    for (backbone, row), by_key in by_row.items():
-        key = rows.get((backbone, row))
-        if key is None:
+    for (backbone, row), key in rows.items():  # in the table's order, rows and columns
+        by_key = by_row.get((backbone, row))
+        if by_key is None:
             continue
-        groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
+        groups = [(label, (k,)) for k, label in layout.datasets if k in by_key]
         groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
             if len(keys) == 1:
