@@ -195,3 +195,33 @@ def test_the_statistics_docs_queries_run_as_written(fake):
 def test_the_statistics_docs_compare_dry_run_runs(tmp_path):
     out = runner.invoke(app, ["compare", "bca", "--dry-run", "--results", str(tmp_path / "r")])
     assert out.exit_code == 0 and "sweep compare-bca (dry run: nothing is run or written)" in out.output, out.output
+
+
+def test_report_does_not_star_identical_runs_of_a_few_discordant_samples(tmp_path):
+    # three seeds on which BCA gets the same 5 of 200 samples right that CLIP gets wrong, and no other difference:
+    # zero spread across the runs (a t-test across them: p = 0 and [+2.50, +2.50]), a gain of 5 samples
+    from orchestrator.results.writer import RunWriter
+
+    n = 200
+    clip = np.arange(n) % 2 == 0
+    method = clip.copy()
+    method[[1, 3, 5, 7, 9]] = True
+    for seed in (1, 2, 3):
+        for name, correct in (("clip", clip), ("bca", method)):
+            config = {"sweep": "s", "backbone": "RN50", "pretrained": None, "dataset": "scene", "seed": seed,
+                      "templates": "ensemble7", "num_templates": 1, "views": "1", "method": name,
+                      "hparams": {"tau": 0.3} if name == "bca" else {}}
+            writer = RunWriter(tmp_path, config)
+            writer.mark("running", n_samples=n)
+            writer.write_part(0, {"image_id": [f"img{i}" for i in range(n)], "label": [0] * n,
+                                  "pred": np.where(correct, 0, 1).tolist(), "confidence": [0.9] * n})
+            writer.mark("finished", n_samples=n)
+    out = runner.invoke(app, ["report", "--results", str(tmp_path)], env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.output.splitlines() if "BCA" in line)
+    assert "*" not in row
+    low, high = map(float, re.search(r"\+2\.50 \(n=3\) \[([-+]\d+\.\d+), ([-+]\d+\.\d+)\]", row).groups())
+    # the continuity-corrected McNemar test of one run: (5 - 1) / sqrt(5) = 1.79 standard errors, p = 0.07
+    se, delta = 100 * math.sqrt(5) / n, 100 / n
+    assert (low, high) == pytest.approx((2.5 - 1.96 * se - delta, 2.5 + 1.96 * se + delta), abs=0.006)
+    assert low < 0 < high
