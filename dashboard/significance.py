@@ -1,62 +1,44 @@
-"""Gains with evidence on the dashboard: each series' gain over CLIP with its 95% interval and a Holm-corrected
-significance column, as a table and an interval chart, and the two-run page's McNemar table.
+"""Gains with evidence on the dashboard: each tested cell of the paper tables shown, its gain over CLIP with its 95%
+interval and significance after Holm's correction, as a table and an interval chart, and the two-run page's
+McNemar table.
 
-The numbers come from the `paired` view (each run against CLIP on the same samples in the same order) and
-orchestrator.results.stats, the definitions the report and `bca query` use (docs/statistics.md).
+The numbers are the report's (`ReportTable.gain_evidence`): the same cells, intervals and Holm family as the
+tables' stars, from the `paired` view and orchestrator.results.stats (docs/statistics.md).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import altair as alt
-import numpy as np
 import pandas as pd
 
-from orchestrator import registry
-from orchestrator.results import stats
-from orchestrator.results.db import ResultsDB
+from orchestrator.results import report, stats
 
-GAIN_COLUMNS = ["series", "method", "dataset", "runs", "gain", "low", "high", "test", "p", "p_holm", "significant"]
+GAIN_COLUMNS = report.EVIDENCE_COLUMNS
+TEST_NAMES = {stats.TWO_LEVEL: "runs and samples", stats.POOLED_MCNEMAR: "one run: exact McNemar"}
 
 
-def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
-    """Per series and dataset of the finished runs shown: runs paired with CLIP (both finished and complete),
-    mean gain over CLIP in points, its 95% interval, the test and its p-value, Holm-adjusted over the rows, and
-    whether that is significant at stats.ALPHA."""
-    done = runs.assign(series=labels.values)
-    done = done[(done["status"] == "finished") & done["complete"].fillna(False).astype(bool)]
-    pairs = db.paired_gains()
-    finished = set(db.sql("SELECT run_id FROM accuracy WHERE status = 'finished' AND complete")["run_id"]
-                   .to_pylist())
-    # a set lookup per pair: Series.isin over 10^5 Arrow strings costs seconds
-    pairs = pairs[np.array([b in finished for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
-    paired = done[["run_id", "series", "method", "dataset"]].merge(pairs, on="run_id")
-    rows = []
-    # arrays taken once, each group's runs by position (a frame per group costs a study's page a second); the
-    # rows are sorted below on keys that tell every row apart, so the groups' order does not matter
-    gain, helped, hurt, n = (paired[c].to_numpy() for c in ("gain", "helped", "hurt", "n"))
-    methods = paired["method"].to_numpy(dtype=object)
-    for (series, dataset), at in paired.groupby(["series", "dataset"], sort=False).indices.items():
-        s = stats.across_runs(gain[at] / 100, helped[at], hurt[at], n[at])
-        rows.append({"series": series, "method": methods[at[0]], "dataset": dataset, "runs": s.runs,
-                     "gain": 100 * s.mean, "low": 100 * s.ci_low, "high": 100 * s.ci_high, "test": s.test, "p": s.p})
-    out = pd.DataFrame(rows, columns=GAIN_COLUMNS)
-    if not out.empty:
-        rank = out["method"].map(registry.method_rank)
-        out = out.assign(rank=rank).sort_values(["rank", "series", "dataset"], kind="stable").drop(columns="rank")
-        out = out.reset_index(drop=True)
-        out["p_holm"] = stats.holm(out["p"].to_numpy())
-        out["significant"] = out["p_holm"] <= stats.ALPHA
-    return out
+def gain_summary(tables: Sequence[report.ReportTable]) -> pd.DataFrame:
+    """The tested cells of the tables, one row each (report.EVIDENCE_COLUMNS): series (the table's row), column
+    (a dataset or an average), dataset (None for an average), runs (paired replicates), the mean gain over CLIP in
+    points, its 95% interval, the test, p, p adjusted by Holm over the cell's table, and whether that is
+    significant at stats.ALPHA: a cell is significant here exactly where its table stars it."""
+    parts = [t.gain_evidence for t in tables if t.gain_evidence is not None and len(t.gain_evidence)]
+    if not parts:
+        return pd.DataFrame(columns=GAIN_COLUMNS)
+    return pd.concat(parts, ignore_index=True)
 
 
 def gain_text(summary: pd.DataFrame) -> pd.DataFrame:
     """The table as shown: gain [low, high], the test, p and Holm's p, and a ✓ where significant."""
     return pd.DataFrame({
-        "series": summary["series"], "dataset": summary["dataset"], "runs": summary["runs"],
+        "backbone": summary["backbone"], "series": summary["series"], "dataset": summary["column"],
+        "runs": summary["runs"],
         "gain over CLIP [95% interval]": [f"{g:+.2f} [{lo:+.2f}, {hi:+.2f}]"
                                           for g, lo, hi in zip(summary["gain"], summary["low"], summary["high"])],
-        "test": summary["test"].map({stats.T_TEST: "t across runs", stats.POOLED_MCNEMAR: "pooled McNemar"}),
-        "p": summary["p"].map(lambda v: f"{v:.3g}"), "p (Holm)": summary["p_holm"].map(lambda v: f"{v:.3g}"),
+        "test": summary["test"].map(TEST_NAMES),
+        "p": summary["p"].map(lambda v: f"{v:.3g}"), "p (Holm, per table)": summary["p_holm"].map(lambda v: f"{v:.3g}"),
         f"significant at {stats.ALPHA:g}": summary["significant"].map(lambda b: "✓" if b else ""),
     })
 

@@ -96,23 +96,26 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
             for note in table.notes:
                 st.caption(note)
             table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
-    gain_section(db, view)
+    gain_section(tables, view)
 
 
-def gain_section(db: ResultsDB, view: View) -> None:
-    """Each series' gain over CLIP with its interval and a significance column (dashboard.significance)."""
-    gains = significance.gain_summary(db, view.runs, view.labels)
+def gain_section(tables: list[report.ReportTable], view: View) -> None:
+    """The paper tables' tested cells with their evidence: gain over CLIP, interval, significance
+    (dashboard.significance; the same cells and Holm families as the tables' stars)."""
+    gains = significance.gain_summary(tables)
     if gains.empty:
         return
-    st.markdown("**Gain over CLIP, with evidence** — each run paired with CLIP on the same samples in the same "
-                f"order; 95% interval; significance at {significance.stats.ALPHA:g} after Holm's correction over "
-                "the rows (docs/statistics.md)")
+    st.markdown("**Gain over CLIP, with evidence** — the tables' cells above: each run paired with CLIP on the same "
+                f"samples in the same order; 95% interval over runs and test samples; significance at "
+                f"{significance.stats.ALPHA:g} after Holm's correction over each table's cells, as the tables' "
+                "stars (docs/statistics.md)")
     text = significance.gain_text(gains)
     st.table(text)
     table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
     in_focus = gains[gains["dataset"] == view.focus[1]]
     if not in_focus.empty:
-        chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
+        chart(significance.gain_intervals(in_focus, charts.family_colours(dict(zip(in_focus["series"],
+                                                                                   in_focus["method"])))),
               f"gain_{view.focus[1]}", "gain_intervals")
 
 

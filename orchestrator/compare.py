@@ -89,8 +89,9 @@ def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
     its 95% interval, worst 10% of the per-run gains, ECE, samples/s, and the difference to the best method
     with its Holm-adjusted p-value (None for the best)."""
     baseline = registry.baseline_method()
-    runs = db.df("SELECT a.run_id, a.method, a.setting_id, a.seed, coalesce(a.order_index, 0) AS order_index, "
-                 "a.ece, r.samples_per_s FROM accuracy a JOIN runs r USING (run_id) "
+    runs = db.df("SELECT a.run_id, a.method, a.setting_id, a.dataset, a.seed, "
+                 "coalesce(a.order_index, 0) AS order_index, a.ece, r.samples_per_s "
+                 "FROM accuracy a JOIN runs r USING (run_id) "
                  "WHERE a.sweep = $sweep AND a.status = 'finished' AND a.complete", {"sweep": sweep})
     if runs.empty:
         return pd.DataFrame()
@@ -111,7 +112,7 @@ def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
         if method == baseline:
             row.update(gain=0.0, gain_low=0.0, gain_high=0.0, worst10=0.0)
         elif len(gains):
-            s = stats.across_runs(gains["gain"] / 100, gains["helped"], gains["hurt"], gains["n"])
+            s = _across(gains)
             worst = gains["gain"].nsmallest(metrics.worst_count(len(gains))).mean()
             row.update(gain=100 * s.mean, gain_low=100 * s.ci_low, gain_high=100 * s.ci_high, worst10=worst)
         rows.append(row)
@@ -124,12 +125,19 @@ def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
         d = diffs[diffs["method"] == method]
         if method == best or d.empty:
             continue
-        s = stats.across_runs(d["gain"] / 100, d["helped"], d["hurt"], d["n"])
+        s = _across(d)
         p_raw[method], delta[method] = s.p, 100 * s.mean
     adjusted = dict(zip(p_raw, stats.holm(list(p_raw.values()))))
     board["vs_best"] = board["method"].map(delta)
     board["p_vs_best"] = board["method"].map(adjusted)
     return board.reset_index(drop=True)
+
+
+def _across(pairs: pd.DataFrame) -> stats.GainSummary:
+    """stats.across_runs over a method's paired runs of the suite: each (seed, order) a replicate averaged over the
+    suite's settings, each dataset a test set (its streams share the images)."""
+    return stats.across_runs(pairs["helped"], pairs["hurt"], pairs["n"],
+                             list(zip(pairs["seed"], pairs["order_index"])), pairs["dataset"].tolist())
 
 
 def _verdict(row: pd.Series, best: str) -> str:
@@ -158,8 +166,8 @@ def render(board: pd.DataFrame, sweep: str) -> Any:
         worst = "—" if pd.isna(row.get("worst10")) else f"{row['worst10']:+.2f}"
         table.add_row(str(row["rank"]), Text(row["label"]), gain, worst, f"{row['ece']:.2f}",
                       f"{row['samples_per_s']:,.0f}", str(row["runs"]), Text(_verdict(row, best)))
-    table.caption = Text(f"interval: t across runs (from {stats.MIN_RUNS_FOR_T} runs; else a pooled paired "
-                         f"bootstrap); against the best: paired test across runs, Holm over the methods, "
+    table.caption = Text("interval: over orders and test samples (one order: the pooled paired bootstrap); "
+                         "against the best: the same paired test, Holm over the methods, "
                          f"significant at {stats.ALPHA:g} (docs/statistics.md)")
     table.caption_justify = "left"
     return table

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
 from typer.testing import CliRunner
 
 from orchestrator import registry
@@ -19,6 +18,7 @@ from orchestrator.compare import leaderboard
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results
 from plugin_sources import SHARPEN as PLUGIN
+from stats_reference import rel_tolerance, two_level
 
 REPO = Path(__file__).resolve().parents[1]
 BCA = str(Path(sys.executable).with_name("bca"))
@@ -35,35 +35,43 @@ def _holm(p):
     return out
 
 
-def test_leaderboard_numbers_are_scipys(tmp_path):
+def test_leaderboard_numbers_are_the_reference(tmp_path):
     runs = make_fake_results(tmp_path, sweep="board", datasets=("dtd", "eurosat"),
                              methods={"clip": {}, "bca": {"tau": 0.3}, "tda": {}, "onzeta": {}}, seeds=(1, 2, 3),
                              n=1500, part_size=1500)
     with ResultsDB(tmp_path) as db:
         board = leaderboard(db, "board")
 
-    def acc(method):  # per (dataset, seed), the suite's paired unit
-        return np.array([r.accuracy for r in sorted((r for r in runs if r.config["method"] == method),
-                                                     key=lambda r: (r.config["dataset"], r.config["seed"]))])
+    def of(method):  # per (dataset, seed), the suite's paired unit
+        return sorted((r for r in runs if r.config["method"] == method),
+                      key=lambda r: (r.config["dataset"], r.config["seed"]))
 
-    gains = {m: acc(m) - acc("clip") for m in ("clip", "bca", "tda", "onzeta")}
+    def reference(method, baseline):
+        """two_level over the suite: each seed a replicate, each dataset a test set."""
+        mine, theirs = of(method), of(baseline)
+        diffs = [a.correct.astype(float) - b.correct.astype(float) for a, b in zip(mine, theirs)]
+        return two_level(diffs, [r.config["seed"] for r in mine], [r.config["dataset"] for r in mine])
+
+    gains = {m: np.array([r.accuracy for r in of(m)]) - np.array([r.accuracy for r in of("clip")])
+             for m in ("clip", "bca", "tda", "onzeta")}
     assert list(board["method"]) == sorted(gains, key=lambda m: -gains[m].mean())
     best = board.iloc[0]["method"]
     others = [m for m in board["method"] if m != best]
-    expected_p = dict(zip(others, _holm(np.array([sps.ttest_rel(acc(m), acc(best)).pvalue for m in others]))))
+    expected_p = dict(zip(others, _holm(np.array([reference(m, best)[3] for m in others]))))
     for _, row in board.iterrows():
         m = row["method"]
         assert row["gain"] == pytest.approx(gains[m].mean(), abs=1e-9)
         assert row["runs"] == 6 and row["rank"] == list(board["method"]).index(m) + 1
         if m != "clip":
-            ci = sps.ttest_1samp(gains[m], 0.0).confidence_interval(0.95)
-            assert (row["gain_low"], row["gain_high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+            _, low, high, _, df = reference(m, "clip")
+            assert (row["gain_low"], row["gain_high"]) == pytest.approx((100 * low, 100 * high), rel=rel_tolerance(df))
             assert row["worst10"] == pytest.approx(np.sort(gains[m])[0])  # ceil(6 / 10) = 1 run
         if m == best:
             assert np.isnan(row["p_vs_best"])
         else:
-            assert row["p_vs_best"] == pytest.approx(expected_p[m], rel=1e-9)
-            assert row["vs_best"] == pytest.approx((acc(m) - acc(best)).mean())
+            assert row["p_vs_best"] == pytest.approx(expected_p[m], rel=1e-6)
+            assert row["vs_best"] == pytest.approx((np.array([r.accuracy for r in of(m)])
+                                                    - np.array([r.accuracy for r in of(best)])).mean())
 
 
 def _plugin_env(tmp_path):

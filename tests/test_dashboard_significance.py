@@ -12,57 +12,71 @@ import pytest
 from scipy import stats as sps
 from streamlit.testing.v1 import AppTest
 
-from dashboard import APP_PATH, RESULTS_ENV, charts, queries, significance
+from dashboard import APP_PATH, RESULTS_ENV, charts, significance
+from orchestrator.results import report, stats
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results
+from stats_reference import rel_tolerance, two_level
 
 GAIN_HEADER = "gain over CLIP [95% interval]"
 
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory):
+    """Two datasets outside the paper's tables: one method x dataset table with an Average column, so a table's
+    Holm family holds its dataset and its average cells."""
     root = tmp_path_factory.mktemp("sig")
-    runs = make_fake_results(root, datasets=("dtd", "eurosat"), methods={"clip": {}, "bca": {"tau": 0.3}, "tda": {}},
-                             seeds=(1, 2, 3, 4), n=1500, part_size=1500)
+    runs = make_fake_results(root, datasets=("scene-a", "scene-b"),
+                             methods={"clip": {}, "la": {}, "bca": {"tau": 0.3}, "tda": {}}, seeds=(1, 2, 3, 4), n=1500,
+                             part_size=1500)
     return root, runs
 
 
-def _expected(runs, method, dataset):
-    def acc(m):
-        return np.array([r.accuracy for r in sorted(runs, key=lambda r: r.config["seed"])
-                         if r.config["method"] == m and r.config["dataset"] == dataset])
-    return sps.ttest_rel(acc(method), acc("clip")), (acc(method) - acc("clip")).mean()
+def _diffs(runs, method, datasets):
+    """Each run's per-sample difference to CLIP on the same seed and dataset, its seed and dataset."""
+    out = []
+    for r in runs:
+        if r.config["method"] == method and r.config["dataset"] in datasets:
+            clip = next(c for c in runs if c.config["method"] == "clip" and c.config["seed"] == r.config["seed"]
+                        and c.config["dataset"] == r.config["dataset"])
+            out.append((r.correct.astype(float) - clip.correct.astype(float), r.config["seed"], r.config["dataset"]))
+    return out
 
 
-def test_gain_summary_is_scipys_paired_test_with_holm(fake):
+def test_gain_summary_is_the_reference_with_holm_over_the_table(fake):
     root, runs = fake
     with ResultsDB(root) as db:
-        acc = queries.accuracy_runs(db)
-        gains = significance.gain_summary(db, acc, queries.series_labels(acc, db.hparam_names))
-    assert len(gains) == 4 and set(gains["test"]) == {"t"}  # bca, tda x two datasets; CLIP is the baseline
+        tables = report.report_tables(db)
+    gains = significance.gain_summary(tables)
+    # la, bca and tda x (two datasets and their average), in the table's order; CLIP is the baseline
+    assert len(gains) == 9 and set(gains["test"]) == {stats.TWO_LEVEL}
+    assert list(dict.fromkeys(gains["series"])) == ["CLIP+LA", "BCA", "TDA"]
+    assert list(gains["column"][:3]) == ["scene-a", "scene-b", "Average"]
     raw = []
     for _, row in gains.iterrows():
-        ref, mean = _expected(runs, row["method"], row["dataset"])
-        ci = ref.confidence_interval(0.95)
-        assert (row["gain"], row["low"], row["high"]) == pytest.approx((mean, ci.low, ci.high), rel=1e-9)
-        assert row["p"] == pytest.approx(ref.pvalue, rel=1e-9)
-        raw.append(ref.pvalue)
+        datasets = ("scene-a", "scene-b") if row["column"] == "Average" else (row["column"],)
+        d = _diffs(runs, row["method"], datasets)
+        mean, low, high, p, df = two_level([x for x, _, _ in d], [s for _, s, _ in d], [ds for _, _, ds in d])
+        tol = rel_tolerance(df)
+        assert (row["gain"], row["low"], row["high"]) == pytest.approx((100 * mean, 100 * low, 100 * high), rel=tol)
+        assert row["p"] == pytest.approx(p, rel=tol)
+        raw.append(p)
     order = np.argsort(raw)
     holm = np.maximum.accumulate([min(1.0, (len(raw) - i) * raw[j]) for i, j in enumerate(order)])
     expected = np.empty(len(raw))
     expected[order] = holm
-    assert gains["p_holm"].to_numpy() == pytest.approx(expected, rel=1e-9)
+    assert gains["p_holm"].to_numpy() == pytest.approx(expected, rel=1e-6)
     assert (gains["significant"] == (gains["p_holm"] <= 0.05)).all()
     text = significance.gain_text(gains)
     assert text[GAIN_HEADER].iloc[0] == f"{gains['gain'][0]:+.2f} [{gains['low'][0]:+.2f}, {gains['high'][0]:+.2f}]"
     assert set(text["significant at 0.05"]) <= {"✓", ""}
 
-    chart = significance.gain_intervals(gains[gains["dataset"] == "dtd"],
-                                        charts.family_colours({s: m for s, m in zip(gains["series"], gains["method"])}))
+    focus = gains[gains["dataset"] == "scene-a"]
+    chart = significance.gain_intervals(focus, charts.family_colours(dict(zip(focus["series"], focus["method"]))))
     spec = chart.to_dict()
     data = next(pd.DataFrame(d) for d in spec["datasets"].values() if "gain" in d[0])
-    assert {"low", "high", "gain", "significant"} <= set(data.columns) and len(data) == 2
-    assert data["low"].tolist() == gains[gains["dataset"] == "dtd"]["low"].tolist()
+    assert {"low", "high", "gain", "significant"} <= set(data.columns)
+    assert len(data) == 3 and data["low"].tolist() == focus["low"].tolist()
     assert [layer["mark"]["type"] for layer in spec["layer"]] == ["rule", "errorbar", "point"]
 
 
@@ -82,12 +96,27 @@ def _app(root: Path, monkeypatch, **params) -> AppTest:
     return at.run()
 
 
-def test_workbench_shows_the_gain_table_and_interval_chart(fake, monkeypatch):
+def _starred(text: pd.DataFrame, columns) -> set[tuple[str, str]]:
+    return {(row["method"], col) for _, row in text.iterrows() for col in columns
+            if isinstance(row.get(col), str) and row[col].endswith(report.SIGNIFICANT)}
+
+
+def test_workbench_evidence_stars_the_cells_the_report_stars(fake, monkeypatch):
     root, _ = fake
+    with ResultsDB(root) as db:
+        (table,) = report.report_tables(db)
+    reported = _starred(table.formatted().reset_index(), table.columns)
+    assert 0 < len(reported) < 9  # some cells are significant, not all
     at = _app(root, monkeypatch)
     assert not at.exception, [e.value for e in at.exception]
-    tables = [t.value for t in at.table if GAIN_HEADER in t.value.columns]
-    assert len(tables) == 1 and len(tables[0]) == 4 and "significant at 0.05" in tables[0].columns
+    evidence = [t.value for t in at.table if GAIN_HEADER in t.value.columns]
+    assert len(evidence) == 1 and "significant at 0.05" in evidence[0].columns
+    # one row per tested cell of the paper table, the averages included: one Holm family
+    legend = next(c.value for c in at.caption if c.value.startswith(report.SIGNIFICANT))
+    assert f"over this table's {len(evidence[0])} tested cells" in legend and len(evidence[0]) == 9
+    shown = {(r["series"], r["dataset"]) for _, r in evidence[0].iterrows() if r["significant at 0.05"] == "✓"}
+    paper = next(t.value for t in at.table if "Δ CLIP (Average)" in t.value.columns)
+    assert shown == _starred(paper, table.columns) == reported
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     assert any(layer.get("mark", {}).get("type") == "errorbar" and "low" in json.dumps(layer)
                for spec in specs for layer in spec.get("layer", [])
@@ -96,8 +125,8 @@ def test_workbench_shows_the_gain_table_and_interval_chart(fake, monkeypatch):
 
 def test_two_run_page_shows_mcnemar(fake, monkeypatch):
     root, runs = fake
-    a = next(r for r in runs if r.config["method"] == "bca" and r.config["dataset"] == "dtd" and r.config["seed"] == 1)
-    b = next(r for r in runs if r.config["method"] == "clip" and r.config["dataset"] == "dtd" and r.config["seed"] == 1)
+    a, b = (next(r for r in runs if r.config["method"] == m and r.config["dataset"] == "scene-a"
+                 and r.config["seed"] == 1) for m in ("bca", "clip"))
     at = _app(root, monkeypatch, page="Compare two runs", run_a=a.run_id, run_b=b.run_id)
     assert not at.exception, [e.value for e in at.exception]
     only_a, only_b = int((a.correct & ~b.correct).sum()), int((~a.correct & b.correct).sum())

@@ -8,6 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from orchestrator.results import stats
+from stats_reference import rel_tolerance, two_level
 
 
 @pytest.mark.parametrize(("helped", "hurt", "expected"), [
@@ -32,30 +33,106 @@ def test_mcnemar_is_scipys_binomial_test_on_random_counts():
 def test_t_distribution_matches_scipy():
     rng = np.random.default_rng(1)
     for _ in range(200):
-        df = float(rng.integers(1, 400))
+        df = float(rng.uniform(1, 400))  # Satterthwaite's degrees of freedom are any real
         t = float(rng.normal(0, 4))
         assert stats.t_two_sided_p(t, df) == pytest.approx(2 * sps.t.sf(abs(t), df), rel=1e-9, abs=1e-300)
-    for df in (1, 2, 4, 9, 29, 1000):
+    for df in (1, 1.3, 2, 4, 9, 29.5, 1000, 1e5):
         assert stats.t_quantile(0.975, df) == pytest.approx(sps.t.ppf(0.975, df), rel=1e-10)
+    # from NORMAL_DF on, the normal: within the two distributions' difference there
+    for df in (stats.NORMAL_DF, 1e9, math.inf):
+        for t in (0.5, 2.0, 4.0):
+            ref = 2 * sps.t.sf(t, df)
+            assert stats.t_two_sided_p(t, df) == pytest.approx(ref, rel=rel_tolerance(df, t))
+        assert stats.t_quantile(0.975, df) == pytest.approx(sps.t.ppf(0.975, df), rel=rel_tolerance(df, 2.0))
 
 
-def test_t_test_and_interval_across_runs_match_scipy():
-    rng = np.random.default_rng(2)
-    for k in (3, 5, 20):
-        gains = rng.normal(0.01, 0.02, k)
-        got = stats.across_runs(gains, [0] * k, [0] * k, [1] * k)
-        ref = sps.ttest_1samp(gains, 0.0)
-        ci = ref.confidence_interval(0.95)
-        assert got.test == stats.T_TEST and got.runs == k
-        assert got.p == pytest.approx(ref.pvalue, rel=1e-9)
-        assert (got.ci_low, got.ci_high) == pytest.approx((ci.low, ci.high), rel=1e-9)
+def _runs(helped, hurt, n):
+    """Per-sample paired differences of runs with these counts (their order within a run does not matter)."""
+    return [np.array([1] * b + [-1] * c + [0] * (m - b - c), dtype=float) for b, c, m in zip(helped, hurt, n)]
 
 
-def test_too_few_runs_fall_back_to_pooled_mcnemar():
-    got = stats.across_runs([0.02, 0.04], [30, 50], [10, 10], [1000, 1000])
-    assert got.test == stats.POOLED_MCNEMAR
-    assert got.p == pytest.approx(sps.binomtest(80, 100).pvalue, rel=1e-9)
-    assert (got.ci_low, got.ci_high) == stats.bootstrap_gain_ci(80, 20, 2000)
+def test_identical_runs_of_a_few_discordant_samples_are_not_significant():
+    # the demo's CLIP+LA: three orders, each losing one sample out of 4,000 (helped/hurt 6/7, 6/7, 5/6); and three
+    # identical runs that each gain 5 samples. A t-test across the runs saw zero spread: p = 0, a zero-width interval
+    for helped, hurt in (([6, 6, 5], [7, 7, 6]), ([5, 5, 5], [0, 0, 0])):
+        got = stats.across_runs(helped, hurt, [4000] * 3)
+        assert got.test == stats.TWO_LEVEL and got.p > 0.05 and got.ci_low < 0 < got.ci_high
+        assert got.ci_high - got.ci_low > 2 / 4000  # wider than one sample changing sides
+    # zero spread: the samples' noise alone, which is the continuity-corrected McNemar test of one run (Edwards)
+    for b, c in ((5, 0), (6, 7), (20, 8), (130, 90)):
+        got = stats.across_runs([b] * 3, [c] * 3, [4000] * 3)
+        chi2 = max(0, abs(b - c) - 1) ** 2 / (b + c)
+        assert got.p == pytest.approx(sps.chi2.sf(chi2, 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_across_runs_is_the_reference_computed_from_the_rows(seed):
+    rng = np.random.default_rng(seed)
+    k, sets = int(rng.integers(2, 7)), int(rng.integers(1, 4))
+    replicate, test_set, diffs = [], [], []
+    for r in range(k):
+        for s in range(sets):
+            for _ in range(int(rng.integers(1, 3))):  # now and then two runs of one (seed, order): two sweeps
+                n = int(rng.integers(50, 3000))
+                p_help, p_hurt = rng.uniform(0, 0.2, 2)
+                diffs.append(rng.choice([1.0, -1.0, 0.0], size=n, p=[p_help, p_hurt, 1 - p_help - p_hurt]))
+                replicate.append(("seed", r))
+                test_set.append(f"dataset {s}")
+    helped = [int((d > 0).sum()) for d in diffs]
+    hurt = [int((d < 0).sum()) for d in diffs]
+    got = stats.across_runs(helped, hurt, [len(d) for d in diffs], replicate, test_set)
+    mean, low, high, p, df = two_level(diffs, replicate, test_set)
+    tol = rel_tolerance(df)
+    assert got.runs == k and got.test == stats.TWO_LEVEL
+    assert (got.mean, got.ci_low, got.ci_high) == pytest.approx((mean, low, high), rel=tol, abs=1e-15)
+    assert got.p == pytest.approx(p, rel=tol, abs=1e-300)
+
+
+def _coverage(order_share: float, configurations: int, seed: int) -> tuple[float, float]:
+    """How often the 95% intervals of configurations of 3 orders on one test set of 300 samples cover the mean
+    gain over test sets and orders: across_runs, and the t interval across the runs alone. A sample is helped
+    (5%), hurt (3%), or (order_share of them) helped with a probability that depends on the order (Uniform(0,
+    0.2)) and hurt with 0.1 in each order; else tied. The population's gain is 0.05 - 0.03."""
+    rng = np.random.default_rng(seed)
+    n, k, truth = 300, 3, 0.02
+    t_975 = sps.t.ppf(0.975, k - 1)
+    ours = t_only = 0
+    for _ in range(configurations):
+        kind = rng.choice(3, size=n, p=[0.05, 0.03, 0.92])
+        stable = np.where(kind == 0, 1, np.where(kind == 1, -1, 0))
+        unstable = rng.random(n) < order_share
+        runs = []
+        for _ in range(k):
+            u = rng.random(n)
+            theta = rng.uniform(0, 0.2)
+            runs.append(np.where(unstable, np.where(u < theta, 1, np.where(u > 0.9, -1, 0)), stable).astype(float))
+        got = stats.across_runs([int((d > 0).sum()) for d in runs], [int((d < 0).sum()) for d in runs], [n] * k)
+        ours += got.ci_low <= truth <= got.ci_high
+        gains = np.array([d.mean() for d in runs])
+        half = t_975 * gains.std(ddof=1) / math.sqrt(k)
+        t_only += abs(gains.mean() - truth) <= half
+    return ours / configurations, t_only / configurations
+
+
+@pytest.mark.parametrize("order_share", [0.0, 0.3])
+def test_the_interval_covers_the_gain_over_test_samples_and_orders(order_share):
+    # the runs share their test samples: a t interval across 3 orders misses the samples' noise (all of it for a
+    # method that does not depend on the order); the two-level interval covers at least its 95%
+    configurations = 600
+    ours, t_only = _coverage(order_share, configurations, seed=int(order_share * 10))
+    mc = 3 * math.sqrt(0.95 * 0.05 / configurations)  # three Monte Carlo standard errors
+    assert ours >= 0.95 - mc
+    assert t_only < 0.95 - mc
+
+
+def test_one_run_falls_back_to_its_exact_mcnemar():
+    got = stats.across_runs([30], [10], [1000])
+    assert got.test == stats.POOLED_MCNEMAR and got.runs == 1
+    assert got.p == pytest.approx(sps.binomtest(30, 40).pvalue, rel=1e-9)
+    assert (got.ci_low, got.ci_high) == stats.bootstrap_gain_ci(30, 10, 1000)
+    # one (seed, order) over two datasets: the counts pooled over them
+    got = stats.across_runs([30, 50], [10, 10], [1000, 1000], [(1, 0), (1, 0)], ["a", "b"])
+    assert got.test == stats.POOLED_MCNEMAR and got.p == pytest.approx(sps.binomtest(80, 100).pvalue, rel=1e-9)
 
 
 def test_holm_by_hand_and_against_the_definition():
@@ -125,9 +202,9 @@ def test_sql_functions_are_the_numpy_ones():
         assert p == stats.mcnemar_p(b, c)
         assert (lo, hi) == stats.bootstrap_gain_ci(b, c, n)
     assert got[-1] == (None, None, None)
-    t = con.execute("SELECT bca_t_test_p(0.01, 0.02, 5), bca_t_halfwidth(0.02, 5), bca_t_test_p(0.01, NULL, 5), "
-                    "bca_t_halfwidth(0.02, 1)").fetchone()
-    assert t[:2] == (stats.t_test_p(0.01, 0.02, 5), stats.t_halfwidth(0.02, 5)) and t[2:] == (None, None)
+    got = con.execute("SELECT bca_gain_halfwidth(0.3, 0.2, 5, 0.1, 0.01), bca_gain_p(0.3, 0.2, 5, 0.1, 0.01), "
+                      "bca_gain_p(0.3, NULL, 5, 0.1, 0.01)").fetchone()
+    assert got == (*stats.two_level(0.3, 0.2, 5, 0.1, 0.01), None)
 
 
 def test_bad_counts_are_refused():

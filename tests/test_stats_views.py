@@ -16,6 +16,7 @@ from orchestrator.cli import app
 from orchestrator.results import stats
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results
+from stats_reference import rel_tolerance, two_level
 
 runner = CliRunner()
 
@@ -61,42 +62,44 @@ def test_paired_view_equals_scipy_on_the_same_rows(fake):
         assert abs(row["gain_ci_low"] - 100 * ref.low) < tol and abs(row["gain_ci_high"] - 100 * ref.high) < tol
 
 
-def test_summary_gain_across_runs_is_scipys_paired_t_test(fake):
+def _diffs(runs, mine, baseline="clip"):
+    return [r.correct.astype(float) - _pair(runs, r, baseline).correct.astype(float) for r in mine]
+
+
+def test_summary_gain_across_runs_is_the_reference_on_the_same_rows(fake):
     root, runs = fake
     rows = _query(root, "SELECT method, dataset, gain_runs, paired_gain, gain_ci_low, gain_ci_high, gain_p, gain_test "
                         "FROM summary WHERE method <> 'clip'")
     assert len(rows) == 4
     for row in rows:
         mine = [r for r in runs if r.config["method"] == row["method"] and r.config["dataset"] == row["dataset"]]
-        acc = np.array([r.accuracy for r in mine])
-        clip = np.array([_pair(runs, r).accuracy for r in mine])
-        ref = sps.ttest_rel(acc, clip)
-        ci = ref.confidence_interval(0.95)
-        assert (row["gain_runs"], row["gain_test"]) == (3, stats.T_TEST)
-        assert row["paired_gain"] == pytest.approx(float((acc - clip).mean()), rel=1e-12)
-        assert row["gain_p"] == pytest.approx(ref.pvalue, rel=1e-9)
-        assert (row["gain_ci_low"], row["gain_ci_high"]) == pytest.approx((ci.low, ci.high), rel=1e-9)
+        mean, low, high, p, df = two_level(_diffs(runs, mine))
+        tol = rel_tolerance(df)
+        assert (row["gain_runs"], row["gain_test"]) == (3, stats.TWO_LEVEL)
+        assert row["paired_gain"] == pytest.approx(100 * mean, rel=1e-12)
+        assert row["gain_p"] == pytest.approx(p, rel=tol)
+        assert (row["gain_ci_low"], row["gain_ci_high"]) == pytest.approx((100 * low, 100 * high), rel=tol)
 
 
-def test_gains_against_any_baseline_and_the_pooled_fallback(fake, tmp_path):
+def test_gains_against_any_baseline_and_the_one_run_fallback(fake, tmp_path):
     root, runs = fake
     rows = _query(root, "SELECT s.method, s.dataset, g.* FROM summary s JOIN gains_against('tda') g USING (group_id)")
     assert {(r["method"], r["baseline"]) for r in rows} == {("bca", "tda"), ("clip", "tda")}
     for row in rows:
         mine = [r for r in runs if r.config["method"] == row["method"] and r.config["dataset"] == row["dataset"]]
-        ref = sps.ttest_rel([r.accuracy for r in mine], [_pair(runs, r, "tda").accuracy for r in mine])
-        assert row["gain_p"] == pytest.approx(ref.pvalue, rel=1e-9)
-    # two seeds are too few for a t-test: exact McNemar on the counts pooled over the runs
-    few = make_fake_results(tmp_path, methods={"clip": {}, "bca": {"tau": 0.3}}, seeds=(1, 2), n=300)
+        _, _, _, p, df = two_level(_diffs(runs, mine, "tda"))
+        assert row["gain_p"] == pytest.approx(p, rel=rel_tolerance(df))
+    # one seed has no spread across runs: that run's exact McNemar and bootstrap interval
+    one = make_fake_results(tmp_path, methods={"clip": {}, "bca": {"tau": 0.3}}, seeds=(1,), n=300)
     with ResultsDB(tmp_path) as db:
         got = db.df("SELECT gain_runs, gain_p, gain_test, gain_ci_low, gain_ci_high FROM summary "
                     "WHERE method = 'bca'").iloc[0]
-    bca = [r for r in few if r.config["method"] == "bca"]
-    helped = sum(int((r.correct & ~_pair(few, r).correct).sum()) for r in bca)
-    hurt = sum(int((~r.correct & _pair(few, r).correct).sum()) for r in bca)
-    assert (got["gain_runs"], got["gain_test"]) == (2, stats.POOLED_MCNEMAR)
+    bca = next(r for r in one if r.config["method"] == "bca")
+    helped = int((bca.correct & ~_pair(one, bca).correct).sum())
+    hurt = int((~bca.correct & _pair(one, bca).correct).sum())
+    assert (got["gain_runs"], got["gain_test"]) == (1, stats.POOLED_MCNEMAR)
     assert got["gain_p"] == pytest.approx(sps.binomtest(helped, helped + hurt).pvalue, rel=1e-12)
-    lo, hi = stats.bootstrap_gain_ci(helped, hurt, 600)
+    lo, hi = stats.bootstrap_gain_ci(helped, hurt, 300)
     assert (got["gain_ci_low"], got["gain_ci_high"]) == pytest.approx((100 * lo, 100 * hi))
 
 
@@ -149,20 +152,21 @@ def test_report_marks_cells_significant_after_holm_with_a_legend_and_intervals(s
         dataset = {"ImageNet": "imagenet", "DTD": "dtd"}[col]
         mine = [r for r in runs if r.config["dataset"] == dataset and report.registry.method_label(r.config["method"])
                 == key[1]]
-        raw[(id(t), key, col)] = sps.ttest_rel([r.accuracy for r in mine], [_pair(runs, r).accuracy for r in mine])
+        raw[(id(t), key, col)] = two_level(_diffs(runs, mine))
     for t in tables:
         cells = [(key, col) for tt, key, col in tested if tt is t]
-        expected = _holm(np.array([raw[(id(t), k, c)].pvalue for k, c in cells]))
+        expected = _holm(np.array([raw[(id(t), k, c)][3] for k, c in cells]))
         text, numbers = t.formatted(), t.to_frame()
         for (key, col), p in zip(cells, expected):
-            assert t.p_holm.at[key, col] == pytest.approx(p, rel=1e-9)
+            _, low, high, _, df = raw[(id(t), key, col)]
+            assert t.p_holm.at[key, col] == pytest.approx(p, rel=rel_tolerance(df))
             assert text.at[key, col].endswith(report.SIGNIFICANT) == (p <= 0.05)
-            ci = raw[(id(t), key, col)].confidence_interval(0.95)
             assert (numbers.at[key, f"Δ CLIP ({col}) low"], numbers.at[key, f"Δ CLIP ({col}) high"]) == \
-                pytest.approx((ci.low, ci.high), rel=1e-9)
+                pytest.approx((100 * low, 100 * high), rel=rel_tolerance(df))
         legend = [n for n in t.notes if n.startswith(report.SIGNIFICANT)]
         assert legend == [f"* gain over CLIP significant at 0.05 after Holm's correction over this table's "
-                          f"{len(cells)} tested cells; [low, high]: its 95% interval (docs/statistics.md)"]
+                          f"{len(t.gain_evidence)} tested cells; [low, high]: its 95% interval over runs and test "
+                          "samples (docs/statistics.md)"]
     assert any(t.p_holm.le(0.05).any().any() for t in tables)  # the fake methods differ: some cell is marked
     # the interval goes into the Markdown and LaTeX exports with the text
     generic = report.method_dataset_table(root)
@@ -191,3 +195,33 @@ def test_the_statistics_docs_queries_run_as_written(fake):
 def test_the_statistics_docs_compare_dry_run_runs(tmp_path):
     out = runner.invoke(app, ["compare", "bca", "--dry-run", "--results", str(tmp_path / "r")])
     assert out.exit_code == 0 and "sweep compare-bca (dry run: nothing is run or written)" in out.output, out.output
+
+
+def test_report_does_not_star_identical_runs_of_a_few_discordant_samples(tmp_path):
+    # three seeds on which BCA gets the same 5 of 200 samples right that CLIP gets wrong, and no other difference:
+    # zero spread across the runs (a t-test across them: p = 0 and [+2.50, +2.50]), a gain of 5 samples
+    from orchestrator.results.writer import RunWriter
+
+    n = 200
+    clip = np.arange(n) % 2 == 0
+    method = clip.copy()
+    method[[1, 3, 5, 7, 9]] = True
+    for seed in (1, 2, 3):
+        for name, correct in (("clip", clip), ("bca", method)):
+            config = {"sweep": "s", "backbone": "RN50", "pretrained": None, "dataset": "scene", "seed": seed,
+                      "templates": "ensemble7", "num_templates": 1, "views": "1", "method": name,
+                      "hparams": {"tau": 0.3} if name == "bca" else {}}
+            writer = RunWriter(tmp_path, config)
+            writer.mark("running", n_samples=n)
+            writer.write_part(0, {"image_id": [f"img{i}" for i in range(n)], "label": [0] * n,
+                                  "pred": np.where(correct, 0, 1).tolist(), "confidence": [0.9] * n})
+            writer.mark("finished", n_samples=n)
+    out = runner.invoke(app, ["report", "--results", str(tmp_path)], env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert out.exit_code == 0, out.output
+    row = next(line for line in out.output.splitlines() if "BCA" in line)
+    assert "*" not in row
+    low, high = map(float, re.search(r"\+2\.50 \(n=3\) \[([-+]\d+\.\d+), ([-+]\d+\.\d+)\]", row).groups())
+    # the continuity-corrected McNemar test of one run: (5 - 1) / sqrt(5) = 1.79 standard errors, p = 0.07
+    se, delta = 100 * math.sqrt(5) / n, 100 / n
+    assert (low, high) == pytest.approx((2.5 - 1.96 * se - delta, 2.5 + 1.96 * se + delta), abs=0.006)
+    assert low < 0 < high

@@ -672,26 +672,30 @@ def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
 
 # Per configuration (group_id), against a baseline method: its finished complete runs paired with the baseline's
 # finished complete runs on the same seed and order (paired_against), then the mean gain, a 95% interval and a
-# p-value across those runs (orchestrator.results.stats: a t interval and test from MIN_RUNS_FOR_T runs on, else
-# the counts pooled over the runs: bootstrap interval and exact McNemar).
+# p-value across those runs (orchestrator.results.stats.across_runs with each run its own replicate, all on one
+# test set: from MIN_RUNS_FOR_SPREAD runs on, two_level of the runs' spread, the mean of their McNemar standard
+# errors sqrt(helped + hurt) / n and the mean of 1 / n, in points; else the counts pooled over the runs: bootstrap
+# interval and exact McNemar).
 def _gains_sql(pairs: str, baseline: str) -> str:
     """The per-configuration gains over `baseline` (a SQL expression) from `pairs` (paired_against's columns)."""
+    two_level = f"k >= {stats.MIN_RUNS_FOR_SPREAD}"
     return f"""
 WITH ok AS (SELECT run_id, group_id FROM accuracy WHERE status = 'finished' AND complete AND group_id IS NOT NULL),
 g AS (
     SELECT ok.group_id, count(*) AS k, avg(p.gain) AS m, stddev_samp(p.gain) AS sd,
+           avg(100 * sqrt(p.helped + p.hurt) / p.n) AS se, avg(100 / p.n) AS delta,
            sum(p.helped)::BIGINT AS h, sum(p.hurt)::BIGINT AS u, sum(p.n)::BIGINT AS nn
     FROM {pairs} p JOIN ok USING (run_id)
     WHERE p.gain IS NOT NULL AND p.baseline_run IN (SELECT run_id FROM ok)
     GROUP BY ok.group_id
 )
 SELECT group_id, {baseline} AS baseline, k AS gain_runs, m AS paired_gain,
-       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m - bca_t_halfwidth(sd, k)
+       CASE WHEN {two_level} THEN m - bca_gain_halfwidth(m, sd, k, se, delta)
             ELSE 100 * bca_gain_ci_low(h, u, nn) END AS gain_ci_low,
-       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN m + bca_t_halfwidth(sd, k)
+       CASE WHEN {two_level} THEN m + bca_gain_halfwidth(m, sd, k, se, delta)
             ELSE 100 * bca_gain_ci_high(h, u, nn) END AS gain_ci_high,
-       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN bca_t_test_p(m, sd, k) ELSE bca_mcnemar_p(h, u) END AS gain_p,
-       CASE WHEN k >= {stats.MIN_RUNS_FOR_T} THEN '{stats.T_TEST}' ELSE '{stats.POOLED_MCNEMAR}' END AS gain_test
+       CASE WHEN {two_level} THEN bca_gain_p(m, sd, k, se, delta) ELSE bca_mcnemar_p(h, u) END AS gain_p,
+       CASE WHEN {two_level} THEN '{stats.TWO_LEVEL}' ELSE '{stats.POOLED_MCNEMAR}' END AS gain_test
 FROM g
 """
 

@@ -265,6 +265,7 @@ class ReportTable:
     gain_low: pd.DataFrame | None = None
     gain_high: pd.DataFrame | None = None
     p_holm: pd.DataFrame | None = None
+    gain_evidence: pd.DataFrame | None = None  # one row per tested cell (EVIDENCE_COLUMNS), the family of p_holm
 
     def significant(self, key: Any, col: str) -> bool:
         return self.p_holm is not None and bool(self.p_holm.at[key, col] <= stats.ALPHA)
@@ -502,17 +503,24 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     return table
 
 
+# The evidence of a table's tested cells, one row each (ReportTable.gain_evidence): what its star stands on.
+EVIDENCE_COLUMNS = ["backbone", "series", "method", "column", "dataset", "runs", "gain", "low", "high", "test", "p",
+                    "p_holm", "significant"]
+
+
 def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout: Layout) -> None:
     """Each measured cell's gain over CLIP with evidence, from the paired view's runs (each against CLIP on the
-    same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, and for
-    an average column over its per-(seed, order) means of the datasets' gains. The p-values are Holm-adjusted
-    over the table's tested cells, and the legend says so."""
+    same samples, seed and order; both finished and complete): stats.across_runs over the cell's runs, each
+    (seed, order) a replicate and each dataset a test set (an average column: the (seed, order) pairs that cover
+    all its datasets). The table's tested cells are one Holm family, here and wherever the table is shown (the
+    dashboard's evidence table is `table.gain_evidence`), and the legend says so."""
     index, cols = table.mean.index, table.columns
     # filled cell by cell in dicts, framed once at the end (setting a frame's cells one by one costs a study's
     # table seconds)
     low: dict[tuple[Any, str], float] = {}
     high: dict[tuple[Any, str], float] = {}
     raw: dict[tuple[Any, str], float] = {}
+    rows_out: list[dict[str, Any]] = []
 
     def frame(values: dict[tuple[Any, str], float]) -> pd.DataFrame:
         out = pd.DataFrame(math.nan, index=index, columns=cols)
@@ -528,6 +536,10 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         adjusted = stats.holm(list(raw.values()))
         table.gain_low, table.gain_high = frame(low), frame(high)
         table.p_holm = frame(dict(zip(raw, adjusted)))
+        evidence_rows = pd.DataFrame(rows_out, columns=EVIDENCE_COLUMNS)
+        evidence_rows["p_holm"] = adjusted
+        evidence_rows["significant"] = evidence_rows["p_holm"] <= stats.ALPHA
+        table.gain_evidence = evidence_rows
 
     runs = evidence.prepare(runs)
     runs = runs[runs["_fit"]]  # finished with all their rows, as the cells they qualify
@@ -538,53 +550,48 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
     pairs = db.paired_gains()
     known = set(runs["run_id"].to_numpy(dtype=object))
     pairs = pairs[np.array([b in known for b in pairs["baseline_run"].to_numpy(dtype=object)], dtype=bool)]
-    own = runs[["run_id", "backbone", "row", "key", "seed"]].assign(
+    own = runs[["run_id", "backbone", "method", "dataset", "row", "key", "seed"]].assign(
         order=runs["order_index"].fillna(0) if "order_index" in runs else 0)
     paired = own.merge(pairs, on="run_id")
     if paired.empty:
         return publish()
-    label_of = dict(layout.datasets)
     rows = {(k[0], k[1]): k for k in table.mean.index if len(k) == 2 or k[2] == "measured"}
-    # one gain per dataset, seed and order (several sweeps with the same setting averaged), as the cells, with the
-    # counts of the same runs summed; one groupby for the whole table, then plain dicts per cell (a study's
-    # table has hundreds of cells over 10^5 runs)
-    per = (paired.groupby(["backbone", "row", "key", "seed", "order"], sort=True)
-           .agg(gain=("gain", "mean"), helped=("helped", "sum"), hurt=("hurt", "sum"), n=("n", "sum")).reset_index())
-    # per (backbone, row) and dataset: the positions of its (seed, order) rows in `per`, in (seed, order) order
+    # per (backbone, row) and dataset: the positions of its paired runs; one groupby for the whole table, then
+    # plain lists per cell (a study's table has hundreds of cells over 10^5 runs)
     by_row: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
-    for (backbone, row, k), at in sorted(per.groupby(["backbone", "row", "key"], sort=True).indices.items()):
+    for (backbone, row, k), at in paired.groupby(["backbone", "row", "key"], sort=False).indices.items():
         by_row.setdefault((backbone, row), {})[k] = at
-    gains, counts_of = per["gain"].to_numpy(dtype=float), per[["helped", "hurt", "n"]].to_numpy(dtype=np.int64)
-    gain_list, seeds, orders = per["gain"].tolist(), per["seed"].tolist(), per["order"].tolist()
-    for (backbone, row), by_key in by_row.items():
-        key = rows.get((backbone, row))
-        if key is None:
+    counts = paired[["helped", "hurt", "n"]].to_numpy(dtype=np.int64)
+    replicates = list(zip(paired["seed"].tolist(), paired["order"].tolist()))
+    datasets, methods, names = paired["key"].tolist(), paired["method"].tolist(), paired["dataset"].tolist()
+    for (backbone, row), key in rows.items():  # in the table's order, rows and columns
+        by_key = by_row.get((backbone, row))
+        if by_key is None:
             continue
-        groups = [(label_of[k], (k,)) for k in sorted(by_key) if k in label_of]
+        groups = [(label, (k,)) for k, label in layout.datasets if k in by_key]
         groups += [(label, keys) for label, keys in layout.averages if all(k in by_key for k in keys)]
         for label, keys in groups:
-            if len(keys) == 1:  # a dataset's column: its (seed, order) rows as they are (sum([g]) / 1 is g + 0.0)
-                at = by_key[keys[0]]
-                if not len(at):
-                    continue
-                values, counts = gains[at] + 0.0, counts_of[at]
-            else:
-                # the (seed, order) pairs that cover every dataset of the column
-                where = {k: {(seeds[i], orders[i]): i for i in by_key[k]} for k in keys}
-                common = sorted(set.intersection(*(set(where[k]) for k in keys)))
-                if not common:
-                    continue
-                values = np.array([sum(gain_list[where[k][so]] for k in keys) / len(keys) for so in common])
-                counts = counts_of[[where[k][so] for k in keys for so in common]]
+            if len(keys) == 1:
+                at = by_key[keys[0]].tolist()
+            else:  # the (seed, order) pairs that cover every dataset of the column
+                common = set.intersection(*({replicates[i] for i in by_key[k]} for k in keys))
+                at = [i for k in keys for i in by_key[k].tolist() if replicates[i] in common]
+            if not at:
+                continue
+            summary = stats.across_runs(counts[at, 0], counts[at, 1], counts[at, 2],
+                                        [replicates[i] for i in at], [datasets[i] for i in at])
             # gains in points here, fractions in stats
-            summary = stats.across_runs(values / 100, counts[:, 0], counts[:, 1], counts[:, 2])
             low[(key, label)], high[(key, label)] = 100 * summary.ci_low, 100 * summary.ci_high
             raw[(key, label)] = summary.p
+            rows_out.append({"backbone": backbone, "series": row, "method": methods[at[0]], "column": label,
+                             "dataset": names[at[0]] if len(keys) == 1 else None, "runs": summary.runs,
+                             "gain": 100 * summary.mean, "low": low[(key, label)], "high": high[(key, label)],
+                             "test": summary.test, "p": summary.p})
     publish()
     if raw:
         table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
-                           f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
-                           "(docs/statistics.md)")
+                           f"this table's {len(raw)} tested cells; [low, high]: its 95% interval over runs and test "
+                           "samples (docs/statistics.md)")
 
 
 def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list[evidence.Cell],

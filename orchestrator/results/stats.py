@@ -19,10 +19,13 @@ difference d = correct(method) - correct(baseline) in {-1, 0, +1}:
   interval is a function of the counts, the same in every query and on every machine.
 
 Per configuration, over its k paired runs (seeds x orders, each paired with the baseline on the same seed and
-order): the mean gain, a t interval (mean +- t(0.975, k - 1) s / sqrt(k)) and the one-sample t-test of the
-per-run gains against 0 (that is the paired t-test of the two methods' run accuracies). With fewer than
-MIN_RUNS_FOR_T runs the interval is the bootstrap interval and the p-value McNemar's, both on the counts
-pooled over the runs.
+order), the mean gain varies with two things: the stream (seed and order: the spread of the runs' gains) and
+the test samples (the runs are measured on one sample of images, the same one for every order, so their
+sample noise does not average out over orders). `two_level` adds the two: the runs' spread over k and a bound
+on the samples' variance from each run's McNemar standard error, with Satterthwaite's degrees of freedom and
+Edwards' continuity correction (`across_runs`). Identical runs (zero spread) give the continuity-corrected
+McNemar test of one run, never p = 0. One run has no spread: its exact McNemar and bootstrap interval, on the
+counts pooled over its test sets.
 
 Many cells tested at once: Holm's step-down correction (`holm`).
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,8 +44,9 @@ CONFIDENCE = 0.95
 ALPHA = 0.05                  # significance level of the report's markers and the leaderboard
 BOOTSTRAP_RESAMPLES = 10_000  # draws of the paired bootstrap (per run, and pooled)
 BOOTSTRAP_SEED = 0
-MIN_RUNS_FOR_T = 3            # fewer paired runs: pooled McNemar and a pooled bootstrap interval
-T_TEST = "t"                  # names of the test behind a configuration's p-value (summary's gain_test)
+MIN_RUNS_FOR_SPREAD = 2       # one paired run has no spread across runs: its exact McNemar and bootstrap
+NORMAL_DF = 1e7               # Student's t from here on is the normal (`t_two_sided_p`)
+TWO_LEVEL = "runs+samples"    # names of the test behind a configuration's p-value (summary's gain_test)
 POOLED_MCNEMAR = "mcnemar"
 
 
@@ -123,47 +128,56 @@ def betainc(a: float, b: float, x: float) -> float:
 
 
 def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with df degrees of freedom."""
+    """P(|T| >= |t|) for Student's t with df > 0 (any real, inf too) degrees of freedom. From NORMAL_DF on, the
+    normal's: the two differ by at most about (1 + t^2)^2 / (4 df) relatively there (2 x 10^-5 at |t| = 5), and
+    lgamma of such large arguments costs the beta function about as much."""
     if math.isnan(t):
         return math.nan
+    if df >= NORMAL_DF:
+        return math.erfc(abs(t) / math.sqrt(2.0))
     if math.isinf(t):
         return 0.0
     return betainc(df / 2.0, 0.5, df / (df + t * t))
 
 
+def _t_pdf(t: float, df: float) -> float:
+    return math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+                    - (df + 1) / 2 * math.log1p(t * t / df))
+
+
 @lru_cache(maxsize=4096)
 def t_quantile(q: float, df: float) -> float:
-    """The q quantile (q > 1/2) of Student's t, by bisection on the two-sided tail (cached: a report asks for the
-    same few (q, df) in every cell)."""
-    target = 2 * (1 - q)
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, df) > target:
-        lo, hi = hi, 2 * hi
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_two_sided_p(mid, df) > target:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-14 * hi:
+    """The q quantile (q > 1/2) of Student's t (the normal's from NORMAL_DF on). Newton's method on the log of the
+    two-sided tail, which is convex and decreasing in t, from the normal quantile, which lies below: every step
+    stays below the root and approaches it (a handful of steps at any df)."""
+    z = NormalDist().inv_cdf(q)
+    if df >= NORMAL_DF:
+        return z
+    target, t = math.log(2 * (1 - q)), z
+    for _ in range(100):
+        tail = t_two_sided_p(t, df)
+        step = (math.log(tail) - target) * tail / (2 * _t_pdf(t, df))
+        t += step
+        if abs(step) <= 1e-13 * t:
             break
-    return (lo + hi) / 2
+    return t
 
 
-def t_halfwidth(std: float, k: int, confidence: float = CONFIDENCE) -> float:
-    """Half the width of the t interval of a mean of k values with sample std `std`."""
-    if k < 2 or math.isnan(std):
-        return math.nan
-    return t_quantile(1 - (1 - confidence) / 2, k - 1) * std / math.sqrt(k)
-
-
-def t_test_p(mean: float, std: float, k: int) -> float:
-    """Two-sided one-sample t-test of "the mean is 0" from k values' mean and sample std."""
-    if k < 2 or math.isnan(std):
-        return math.nan
-    if std == 0:
-        return 1.0 if mean == 0 else 0.0
-    return t_two_sided_p(mean / (std / math.sqrt(k)), k - 1)
+def two_level(mean: float, spread: float, k: int, sample_se: float, delta: float,
+              confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """(half-width of the interval, two-sided p) of a mean gain over k >= 2 runs: `spread` the sample std of the
+    runs' gains, `sample_se` the test samples' standard error of the mean and `delta` its continuity correction
+    (`across_runs`). Variance spread^2 / k + sample_se^2 with Satterthwaite's degrees of freedom
+    (k - 1) (variance / (spread^2 / k))^2: k - 1 where the runs' spread dominates, the normal where the samples'
+    noise does. No discordant sample in any run and no spread (variance 0) means a gain of 0: p = 1."""
+    between = spread * spread / k
+    variance = between + sample_se * sample_se
+    if variance == 0:
+        return delta, 1.0
+    df = math.inf if between == 0 else (k - 1) * (variance / between) ** 2
+    se = math.sqrt(variance)
+    half = t_quantile(1 - (1 - confidence) / 2, df) * se + delta
+    return half, t_two_sided_p(max(0.0, abs(mean) - delta) / se, df)
 
 
 @dataclass(frozen=True)
@@ -175,24 +189,60 @@ class GainSummary:
     ci_low: float
     ci_high: float
     p: float
-    test: str  # T_TEST or POOLED_MCNEMAR
+    test: str  # TWO_LEVEL or POOLED_MCNEMAR
 
 
-def across_runs(gains: Sequence[float], helped: Sequence[int], hurt: Sequence[int], n: Sequence[int]
-                ) -> GainSummary:
-    """The per-configuration statistics of the module docstring from its runs' paired counts."""
-    g = np.asarray(gains, dtype=np.float64)
-    k = len(g)
-    if k == 0:
+def _codes(labels: Sequence[Any] | None, size: int, default: np.ndarray) -> np.ndarray:
+    """0..m-1 per distinct label (`default` when None)."""
+    if labels is None:
+        return default
+    if len(labels) != size:
+        raise ValueError(f"expected one label per paired run ({size}), got {len(labels)}")
+    first: dict[Any, int] = {}
+    return np.array([first.setdefault(v, len(first)) for v in labels], dtype=np.int64)
+
+
+def across_runs(helped: Sequence[int], hurt: Sequence[int], n: Sequence[int], replicate: Sequence[Any] | None = None,
+                test_set: Sequence[Any] | None = None) -> GainSummary:
+    """The mean gain of a configuration over its baseline, its 95% interval and p-value, from its paired runs'
+    counts (docs/statistics.md). One entry per paired run: `replicate` names its independent repetition (seed and
+    order; each run its own by default), `test_set` the test samples it ran on (one set by default: runs on the
+    same set may get the very same samples right and wrong). A replicate's gain is the mean over its test sets of
+    the mean of its runs there; the configuration's is the mean over the k replicates.
+
+    k >= MIN_RUNS_FOR_SPREAD: `two_level`, from the replicates' spread and the test samples' noise. The samples'
+    standard error of the mean is at most sqrt(sum over test sets of (sum of w se)^2) for runs of weight w whose
+    gains have standard errors se = sqrt(helped + hurt) / n (McNemar's), whatever their correlation within a set
+    (reached when they are identical) and independent across sets; continuity correction: half the change in the
+    mean when one sample of a set changes sides in all its runs (min over sets of sum w / n), Edwards' for
+    McNemar's test. One replicate has no spread: exact McNemar and the bootstrap interval of the counts pooled
+    over its runs."""
+    b, c, total = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (helped, hurt, n))
+    size = len(b)
+    if size == 0:
         raise ValueError("a gain across runs needs at least one paired run")
-    mean = float(g.mean())
-    if k >= MIN_RUNS_FOR_T:
-        std = float(g.std(ddof=1))
-        half = t_halfwidth(std, k)
-        return GainSummary(k, mean, mean - half, mean + half, t_test_p(mean, std, k), T_TEST)
-    b, c, total = int(np.sum(helped)), int(np.sum(hurt)), int(np.sum(n))
-    lo, hi = bootstrap_gain_ci(b, c, total)
-    return GainSummary(k, mean, lo, hi, mcnemar_p(b, c), POOLED_MCNEMAR)
+    if not len(c) == len(total) == size:
+        raise ValueError(f"helped, hurt and n must have one count per paired run, got {size}, {len(c)}, {len(total)}")
+    if (b < 0).any() or (c < 0).any() or (b + c > total).any() or (total <= 0).any():
+        raise ValueError("each paired run needs counts with 0 <= helped, hurt and helped + hurt <= n, n > 0")
+    rep, sets = _codes(replicate, size, np.arange(size)), _codes(test_set, size, np.zeros(size, np.int64))
+    k, n_sets = int(rep.max()) + 1, int(sets.max()) + 1
+    # weight of each run in the mean: 1/k per replicate, split evenly over its test sets, then over its runs there
+    cell = rep * n_sets + sets
+    cells, cell_of, runs_in_cell = np.unique(cell, return_inverse=True, return_counts=True)
+    sets_per_rep = np.bincount(cells // n_sets, minlength=k)
+    weight = 1.0 / (k * sets_per_rep[rep] * runs_in_cell[cell_of])
+    gains = (b - c) / total
+    mean = float(np.sum(weight * gains))
+    if k < MIN_RUNS_FOR_SPREAD:
+        bb, cc, nn = int(b.sum()), int(c.sum()), int(total.sum())
+        lo, hi = bootstrap_gain_ci(bb, cc, nn)
+        return GainSummary(k, mean, lo, hi, mcnemar_p(bb, cc), POOLED_MCNEMAR)
+    replicate_gains = k * np.bincount(rep, weights=weight * gains, minlength=k)
+    sample_se = math.sqrt(float(np.sum(np.bincount(sets, weights=weight * np.sqrt(b + c) / total) ** 2)))
+    delta = float(np.bincount(sets, weights=weight / total).min())
+    half, p = two_level(mean, float(replicate_gains.std(ddof=1)), k, sample_se, delta)
+    return GainSummary(k, mean, mean - half, mean + half, p, TWO_LEVEL)
 
 
 def holm(pvalues: Sequence[float]) -> np.ndarray:
@@ -220,17 +270,17 @@ def _vectorised(fn, *cols):
     return pa.array(out, type=pa.float64())
 
 
-def _nan_to_none(value: float) -> float | None:
-    return None if math.isnan(value) else value
-
-
 SQL_FUNCTIONS = {
     # name: (numpy function of the row's values, argument types)
     "bca_mcnemar_p": (mcnemar_p, ["BIGINT", "BIGINT"]),
     "bca_gain_ci_low": (lambda b, c, n: bootstrap_gain_ci(b, c, n)[0] if n else None, ["BIGINT", "BIGINT", "BIGINT"]),
     "bca_gain_ci_high": (lambda b, c, n: bootstrap_gain_ci(b, c, n)[1] if n else None, ["BIGINT", "BIGINT", "BIGINT"]),
-    "bca_t_halfwidth": (lambda s, k: _nan_to_none(t_halfwidth(s, k)), ["DOUBLE", "BIGINT"]),
-    "bca_t_test_p": (lambda m, s, k: _nan_to_none(t_test_p(m, s, k)), ["DOUBLE", "DOUBLE", "BIGINT"]),
+    # a configuration's mean gain m over k >= 2 runs: the runs' std sd, the samples' standard error se, the
+    # continuity correction delta (all in the same unit; `two_level`)
+    "bca_gain_halfwidth": (lambda m, sd, k, se, delta: two_level(m, sd, k, se, delta)[0],
+                           ["DOUBLE", "DOUBLE", "BIGINT", "DOUBLE", "DOUBLE"]),
+    "bca_gain_p": (lambda m, sd, k, se, delta: two_level(m, sd, k, se, delta)[1],
+                   ["DOUBLE", "DOUBLE", "BIGINT", "DOUBLE", "DOUBLE"]),
 }
 
 
@@ -238,7 +288,9 @@ def _udf(fn, arity: int):
     """fn over Arrow columns, with exactly `arity` parameters: DuckDB reads the arity from the signature."""
     if arity == 2:
         return lambda a, b: _vectorised(fn, a, b)
-    return lambda a, b, c: _vectorised(fn, a, b, c)
+    if arity == 3:
+        return lambda a, b, c: _vectorised(fn, a, b, c)
+    return lambda a, b, c, d, e: _vectorised(fn, a, b, c, d, e)
 
 
 def register(con: Any) -> None:
