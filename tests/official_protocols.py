@@ -63,6 +63,9 @@ OFFICIAL = {
                    _by_group("crops", "crops", "augmix")),
     # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
+    # MCP: utils.py build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' get_ood_preprocess() (AugMixAugmenter
+    # n_views=31 augmix=False), the cross-domain sets get_preprocess() (n_views=31 augmix=True).
+    "mcp": ("CenturyChen/MCP@f9d063f utils.py build_test_data_loader", _by_group("crops31", "crops31", "augmix31")),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
     "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
     # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)
