@@ -50,7 +50,8 @@ CARDS = (
         state=("entropy_keys", "entropy_loss", "align_keys", "align_loss", "neg_keys", "neg_loss", "neg_values",
                "memory", "prototypes"),
         # caches' keys [K, shot, d] and losses [K, shot], the negative masks [K, neg_shot, K], their int64 counts;
-        # the cached features [K, entropy_shot + align_shot, d], the prototypes [K, d] with their bool flags, the text [K, d]
+        # the cached features [K, entropy_shot + align_shot, d], the prototypes [K, d] with their bool flags, the
+        # text [K, d]
         state_words="2*K*(entropy_shot + align_shot)*d + K*neg_shot*d + K*(entropy_shot + align_shot + neg_shot) "
                     "+ K*neg_shot*K + 6*K + 2*K*d + K/4",
         source="CenturyChen/MCP@f9d063f mcp_runner.py (run_test_mcp with --res False, update_cache, "
