@@ -72,6 +72,9 @@ OFFICIAL = {
     "dlae": ("whynotcooper/dlae@253163b utils.py build_test_data_loader", {
         **_by_group("crops", "crops", "augmix"), "imagenet-r": "augmix", "ucf101": "crops",
         **dict.fromkeys(("eurosat", "pets", "flowers102", "caltech101"), "single")}),
+    # ADAPT: data/datautils.py:33-50 build_test_loader, ImageNet-A/-Sketch/-R/-V2 get_ood_preprocess(63) (63 random
+    # resized crops + flips and the original), ImageNet and the cross-domain sets clip.load's preprocess.
+    "adapt": ("AIM-SKKU/ADAPT@68481c0 data/datautils.py:33-50", _by_group("single", "crops", "single")),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
     "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
     # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)
