@@ -65,7 +65,8 @@ OFFICIAL = {
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
     # MCP: utils.py build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' get_ood_preprocess() (AugMixAugmenter
     # n_views=31 augmix=False), the cross-domain sets get_preprocess() (n_views=31 augmix=True).
-    "mcp": ("CenturyChen/MCP@f9d063f utils.py build_test_data_loader", _by_group("crops31", "crops31", "augmix31")),
+    **{m: ("CenturyChen/MCP@f9d063f utils.py build_test_data_loader", _by_group("crops31", "crops31", "augmix31"))
+       for m in ("mcp", "mcp_pp")},
     # DLAE: utils.py build_test_data_loader picks the transform dataset by dataset: get_preprocess(is_augmix=False)
     # (63 crops) on 'I', 'A', 'V', 'S' and ucf101, get_preprocess() (63 AugMix views) on 'R', dtd, fgvc,
     # stanford_cars, sun397 and food101, clip.load's preprocess on eurosat, oxford_pets, oxford_flowers, caltech101.

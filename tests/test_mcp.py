@@ -1,6 +1,6 @@
-"""MCP against a float64 per-sample reference written from the official code (CenturyChen/MCP mcp_runner.py
-run_test_mcp with --res False), on streams where its three caches fill, replace and feed each other; chunking,
-the fusion's limits and errors."""
+"""MCP and MCP++ against a float64 per-sample reference written from the official code (CenturyChen/MCP
+mcp_runner.py run_test_mcp with --res False and True), on streams where its three caches fill, replace and feed
+each other and MCP++'s step moves the posteriors; chunking, the fusion's limits and errors."""
 
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ATOL = 1e-5
 
 
-def check_against_reference(feats, emb, k, dataset_a=False, **hp):
-    trace = make_method("mcp", emb, torch.arange(k), k, **hp).run(feats)
-    post, labels, caches, events = official_mcp(feats, emb, {**method_card("mcp").defaults(), **hp}, dataset_a)
+def check_against_reference(feats, emb, k, dataset_a=False, method="mcp", **hp):
+    trace = make_method(method, emb, torch.arange(k), k, **hp).run(feats)
+    post, labels, caches, events = official_mcp(feats, emb, {**method_card(method).defaults(), **hp}, dataset_a,
+                                                res=method == "mcp_pp")
     assert torch.equal(trace.predictions, post.argmax(1))
     torch.testing.assert_close(trace.posteriors.double(), post, atol=ATOL, rtol=0)
     assert trace.selected.tolist() == labels
@@ -39,7 +40,7 @@ def check_against_reference(feats, emb, k, dataset_a=False, **hp):
 
 
 def test_matches_the_reference_where_every_cache_acts():
-    feats, emb, _, k, _ = view_stream("label_shift", num_classes=10, dim=24, n=400, views=8, seed=3)
+    feats, emb, _, k, _ = view_stream("label_shift", num_classes=10, dim=24, n=150, views=8, seed=3)
     trace, events = check_against_reference(feats, emb, k, logit_scale=20.0, entropy_shot=3, align_shot=2,
                                             neg_shot=2)
     # the align cache replaced entries by the distance rule, the negative cache took samples, and the negative
@@ -60,14 +61,33 @@ def test_matches_the_reference_at_k_200():
     check_against_reference(feats, emb, k, keep=0.25)
 
 
-def test_chunks_continue_the_state_and_posteriors_are_distributions():
-    feats, emb, ids, k, _ = view_stream("temporal", num_classes=6, dim=16, n=200, views=6, seed=24)
-    whole = make_method("mcp", emb, ids, k, logit_scale=20.0).run(feats)
-    obj = make_method("mcp", emb, ids, k, logit_scale=20.0)
-    parts = [obj.run(feats[:70]), obj.run(feats[70:])]
+# MCP++'s AdamW step divides each gradient entry by its magnitude plus eps = 1e-3 (as DPE's, tests/test_dpe.py):
+# float32 rounding of a near-zero entry moves a residual by up to lr / eps times it, which the logit scale
+# multiplies; at logit scale 20 to 30 and lr <= 1e-3 the posteriors stay within ATOL.
+@pytest.mark.parametrize("scenario,n,dataset_a,hp", [
+    ("label_shift", 75, False, {"logit_scale": 20.0, "entropy_shot": 3, "align_shot": 2, "neg_shot": 2,
+                                "lr_text": 1e-3, "lr_image": 1e-3}),
+    ("temporal", 120, True, {"logit_scale": 30.0, "keep": 0.3, "query": "confident", "lr_text": 5e-4,
+                             "lr_image": 1e-3}),
+])
+def test_mcp_pp_matches_the_reference_and_its_step_acts(scenario, n, dataset_a, hp):
+    feats, emb, ids, k, _ = view_stream(scenario, num_classes=10, dim=24, n=n, views=8, seed=3)
+    trace, events = check_against_reference(feats, emb, k, dataset_a, method="mcp_pp", **hp)
+    assert min(events.values()) == 0 == events["global_gate"], events   # the text average never runs
+    assert min(v for key, v in events.items() if key != "global_gate") > 0, events
+    mcp = make_method("mcp", emb, ids, k, **{key: v for key, v in hp.items() if not key.startswith("lr")})
+    assert (mcp.run(feats).posteriors - trace.posteriors).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("method", ["mcp", "mcp_pp"])
+def test_chunks_continue_the_state_and_posteriors_are_distributions(method):
+    feats, emb, ids, k, _ = view_stream("temporal", num_classes=6, dim=16, n=100, views=6, seed=24)
+    whole = make_method(method, emb, ids, k, logit_scale=20.0).run(feats)
+    obj = make_method(method, emb, ids, k, logit_scale=20.0)
+    parts = [obj.run(feats[:40]), obj.run(feats[40:])]
     assert torch.equal(torch.cat([p.posteriors for p in parts]), whole.posteriors)
     assert all(torch.equal(parts[1].state[key], whole.state[key]) for key in whole.state)
-    torch.testing.assert_close(whole.posteriors.sum(1), torch.ones(200), atol=1e-5, rtol=0)
+    torch.testing.assert_close(whole.posteriors.sum(1), torch.ones(100), atol=1e-5, rtol=0)
 
 
 def test_without_the_cache_posteriors_it_is_the_confident_views_mean_probability():

@@ -1,6 +1,6 @@
 """MCP (Chen et al., ICCV 2025, "Multi-Cache Enhanced Prototype Learning"), training-free, as its official code runs
-it with --res False (CenturyChen/MCP@f9d063f mcp_runner.py run_test_mcp; MCP++, --res True, adds AdamW steps on
-text and prototype residuals and is not this method).
+it with --res False (CenturyChen/MCP@f9d063f mcp_runner.py run_test_mcp); MCP++ (--res True, `MCPPlusPlus` below)
+adds an AdamW step per sample on text and prototype residuals.
 
 State: three per-class caches kept sorted by loss (lowest first), each entry a feature and its loss; the cached
 features of each class as last merged (`memory`, [K, entropy_shot + align_shot, d]) and its prototype, their mean.
@@ -49,9 +49,13 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.methods.base import Method, StageTimer, Trace
-from orchestrator.methods.prototypes import class_prototypes
+from orchestrator.methods.dpe.method import ADAM_EPS, ALIGN_TEMPERATURE, WEIGHT_DECAY
+from orchestrator.methods.prototypes import class_prototypes, mean_prob_entropy
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, avg_entropy
 from orchestrator.methods.views import kept_count, logit_confidence_order
+
+
+INFO_NCE_WEIGHT, PUSH_WEIGHT = 0.5, 0.2  # MCP++'s loss weights (run_test_mcp: lamda, gamma)
 
 
 class SortedCache:
@@ -153,19 +157,18 @@ class MCP(Method):
         x0 = views[0]
         with timer("logits"):
             view_logits = s * views @ self.text.T                                     # [V, K]
-            probs = torch.softmax(view_logits, dim=1)
             kept = kept_count(views.shape[0], hp["keep"])
-            view_entropy = -(probs * torch.log(probs + 1e-6)).sum(1)
-            p_conf = probs[torch.argsort(view_entropy, stable=True)[:kept]].mean(0)
+            p_conf = self._confident_probability(view_logits)
             y_a = int(p_conf.argmax())
             h_a = -(p_conf * torch.log(p_conf.clamp_min(1e-8))).sum()
             if hp["query"] == "original":
+                query = torch.zeros(1, dtype=torch.int64, device=views.device)
                 f, z = x0, view_logits[0]
                 h = -(torch.softmax(z, 0) * torch.log_softmax(z, 0)).sum()
             else:
-                idx = logit_confidence_order(view_logits[None])[0, :kept]
-                f, z = views[idx].mean(0), view_logits[idx].mean(0)
-                h = avg_entropy(view_logits[idx])
+                query = logit_confidence_order(view_logits[None])[0, :kept]
+                f, z = views[query].mean(0), view_logits[query].mean(0)
+                h = avg_entropy(view_logits[query])
             y_e = int(z.argmax())
         with timer("update"):
             changed = self.entropy.offer(y_e, f, h)
@@ -183,9 +186,8 @@ class MCP(Method):
                 elif q_n <= lo:
                     changed = self.entropy.offer(y_n, f, h_n) or changed
         with timer("posterior"):
-            positive = torch.exp(-hp["pos_beta"] * (1.0 - self.prototypes @ f)) * self.has_prototype
-            negative = self.neg.value_sums(f, hp["neg_beta"])
-            p_cache = torch.softmax(z + hp["pos_alpha"] * positive - hp["neg_alpha"] * negative, 0)
+            negative = hp["neg_alpha"] * self.neg.value_sums(f, hp["neg_beta"])
+            p_conf, p_cache = self._cache_posteriors(views, query, f, z, p_conf, negative, timer)
             keys = torch.cat([self.memory, self.text[:, None]], dim=1)                 # [K, S + 1, d]
             weights = torch.exp(-hp["memory_beta"] * (1.0 - keys @ x0))
             read = F.normalize(torch.einsum("ks,ksd->kd", weights, keys), dim=1)
@@ -193,6 +195,25 @@ class MCP(Method):
             w_mem, w_cache = hp["memory_weight"], hp["cache_weight"]
             post = (p_conf + w_mem * p_mem + w_cache * p_cache) / (1.0 + w_mem + w_cache)
         return post, y_e, changed
+
+    def _confident_probability(self, view_logits: torch.Tensor) -> torch.Tensor:
+        """select_confident_samples: the mean probability of the views of lowest -sum p log(p + 1e-6)."""
+        probs = torch.softmax(view_logits, dim=1)
+        entropy = -(probs * torch.log(probs + 1e-6)).sum(1)
+        return probs[torch.argsort(entropy, stable=True)[:kept_count(probs.shape[0], self.hp["keep"])]].mean(0)
+
+    def _class_positive(self, f: torch.Tensor, keys: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
+        """compute_cache_key_logits: pos_alpha exp(-pos_beta (1 - key . f)) of the keys [C, d] of the classes
+        `cached`, as logits [K]."""
+        weights = self.hp["pos_alpha"] * torch.exp(-self.hp["pos_beta"] * (1.0 - keys @ f))
+        return torch.zeros(self.num_classes, dtype=f.dtype, device=f.device).index_add(0, cached, weights)
+
+    def _cache_posteriors(self, views: torch.Tensor, query: torch.Tensor, f: torch.Tensor, z: torch.Tensor,
+                          p_conf: torch.Tensor, negative: torch.Tensor,
+                          timer: StageTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 7: (the confident views' posterior as step 1 gave it, p_cache); `query`: the views f and z average."""
+        cached = torch.nonzero(self.has_prototype).flatten()
+        return p_conf, torch.softmax(z + self._class_positive(f, self.prototypes[cached], cached) - negative, 0)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"entropy_keys": self.entropy.keys.clone(), "entropy_loss": self.entropy.loss.clone(),
@@ -203,3 +224,59 @@ class MCP(Method):
 
     def _run(self, features: torch.Tensor) -> Trace:
         return self.run_steps(features)
+
+
+class MCPPlusPlus(MCP):
+    """MCP++ (--res True): MCP with one AdamW step per sample on residuals of the text embeddings and of the
+    prototype cache's keys (mcp_runner.py run_test_mcp, its is_res branches, with --tta_steps 1).
+
+    Per sample, after MCP's cache updates (steps 1-6), with zero residuals R_t [K, d] and R_c [C, d] (C: the classes
+    with a prototype), T' = normalize(T + R_t), P' = normalize(P + R_c) and the negative cache's logits N:
+    loss = H(softmax(z(T') + pos(P') - N)) + 0.5 InfoNCE + 0.2 mean_c -log(1 - cos(P'_c, Q_c) + 1e-7), where z(T')
+    is step 2's logits through T', Q_c the mean of class c's negative-cache entries (zero where it has none), and
+    InfoNCE (temperature 0.01) is the official call's: on P'^T and T'[cached]^T, [d, C] each, so its d rows are the
+    samples (the code passes them untransposed). One AdamW step (fresh, eps 1e-3, weight decay 0.1; lr_text,
+    lr_image). Then p_conf is step 1's rule on softmax(s T'_stepped x_v), and p_cache = softmax(z + pos(normalize(P))
+    - N + pos(P'_stepped) - N): the official final logits keep the step's own terms (computed with the zero
+    residuals) and add the stepped ones, so both cache terms count twice. The rest is MCP's.
+
+    The official cumulative average of the text (clip_weights_global) never runs: its gate is the entropy of the
+    softmax of a posterior (final_logits was already softmaxed), at least ln 2 - 1 / log2 K of log2 K, never
+    below 0.1 (and `num_avg` is never initialised there); the text stays the initial one, as it does here.
+    """
+
+    name = "mcp_pp"
+
+    def _cache_posteriors(self, views: torch.Tensor, query: torch.Tensor, f: torch.Tensor, z: torch.Tensor,
+                          p_conf: torch.Tensor, negative: torch.Tensor,
+                          timer: StageTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        hp, s = self.hp, self.hp["logit_scale"]
+        cached = torch.nonzero(self.has_prototype).flatten()
+        keys = self.prototypes[cached]
+        count = self.neg.count[cached]
+        neg_keys = self.neg.keys[cached].sum(1) / count.clamp(min=1)[:, None].float()
+        with timer("update"):
+            r_text = torch.zeros_like(self.text, requires_grad=True)
+            r_keys = torch.zeros_like(keys, requires_grad=True)
+            optimizer = torch.optim.AdamW([{"params": [r_text], "lr": hp["lr_text"]},
+                                           {"params": [r_keys], "lr": hp["lr_image"]}],
+                                          eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+            with torch.enable_grad():
+                text = F.normalize(self.text + r_text, dim=1)
+                new_keys = F.normalize(keys + r_keys, dim=1)
+                z_text = (s * views[query] @ text.T).mean(0)
+                loss = mean_prob_entropy((z_text + self._class_positive(f, new_keys, cached) - negative)[None])
+                rows_k, rows_t = F.normalize(new_keys.T, dim=1), F.normalize(text[cached].T, dim=1)
+                loss = loss + INFO_NCE_WEIGHT * F.cross_entropy(
+                    rows_k @ rows_t.T / ALIGN_TEMPERATURE, torch.arange(rows_k.shape[0], device=f.device))
+                cos = F.cosine_similarity(new_keys, neg_keys, dim=1)
+                loss = loss - PUSH_WEIGHT * torch.log(1.0 - cos + 1e-7).mean()
+                optimizer.zero_grad()
+                loss.backward()
+            optimizer.step()
+        stepped_text = F.normalize(self.text + r_text.detach(), dim=1)
+        p_conf = self._confident_probability(s * views @ stepped_text.T)
+        first = self._class_positive(f, F.normalize(keys, dim=1), cached)
+        stepped = self._class_positive(f, F.normalize(keys + r_keys.detach(), dim=1), cached)
+        return p_conf, torch.softmax(z + first - negative + stepped - negative, 0)
+

@@ -12,11 +12,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from orchestrator.methods.dpe.reference import adamw_first_step
 
-def official_mcp(views: torch.Tensor, weights: torch.Tensor, hp: dict, dataset_a: bool = False,
+
+def official_mcp(views: torch.Tensor, weights: torch.Tensor, hp: dict, dataset_a: bool = False, res: bool = False,
                  dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, list[int], dict, dict]:
     """views [n, V, d] (view 0 the original), one unit text embedding per class [K, d]; `dataset_a`: the code's
-    ImageNet-A branch of get_clip_logits. Returns (posteriors [n, K]: the fused prediction with the hparams'
+    ImageNet-A branch of get_clip_logits; `res`: MCP++ (--res True, --tta_steps 1; its gradients by autograd, its
+    AdamW step by the formula). Returns (posteriors [n, K]: the fused prediction with the hparams'
     weights in place of the official label search, each sample's entropy-cache class, the caches, and how often
     the rules the tests want exercised fired: an align entry replaced, the negative cache taking a sample, the
     negative branch feeding the entropy cache)."""
@@ -31,6 +34,8 @@ def official_mcp(views: torch.Tensor, weights: torch.Tensor, hp: dict, dataset_a
     all_classes, pos_keys = [], None
     posts, labels = [], []
     events = {"align_replaced": 0, "negative": 0, "negative_to_entropy": 0}
+    if res:
+        events["global_gate"] = 0  # the cumulative text average's gate, which the tests hold to never opening
 
     def update_cache(cache, pred, item, shot):
         if pred in cache:
@@ -46,18 +51,23 @@ def official_mcp(views: torch.Tensor, weights: torch.Tensor, hp: dict, dataset_a
         return -(logits.softmax(0) * logits.log_softmax(0)).sum()
 
     for x in views:
-        view_logits = s * x @ W                                                      # [V, K]
-        img_text = view_logits.softmax(1)
+        if res:  # TextResidue over clip_weights_global, which stays W (its gate never opens)
+            r_t = torch.zeros(d, K, dtype=dtype, requires_grad=True)
+            new_W = F.normalize(F.normalize(W, dim=0) + r_t, dim=0)
+        else:
+            new_W = W
+        view_logits = s * x @ new_W                                                  # [V, K]
+        img_text = view_logits.softmax(1).detach()
         kept = max(1, int(x.shape[0] * keep))
         if dataset_a:
             idx = torch.argsort(-(view_logits.softmax(1) * view_logits.log_softmax(1)).sum(1), stable=True)[:kept]
             f, clip_logits = x[idx].mean(0), view_logits[idx].mean(0)
-            log_p = view_logits[idx] - view_logits[idx].logsumexp(1, keepdim=True)
+            log_p = (view_logits[idx] - view_logits[idx].logsumexp(1, keepdim=True)).detach()
             avg = log_p.logsumexp(0) - math.log(kept)
             loss = -(avg * avg.exp()).sum()
         else:
             f, clip_logits = x[0], view_logits[0]
-            loss = entropy(clip_logits)
+            loss = entropy(clip_logits.detach())
         ent_pred = int(clip_logits.argmax())
         # select_confident_samples
         batch_entropy = -(img_text * torch.log(img_text + 1e-6)).sum(1)
@@ -111,10 +121,40 @@ def official_mcp(views: torch.Tensor, weights: torch.Tensor, hp: dict, dataset_a
                 update_cache(entro, neg_pred, [f, neg_loss], E)
                 events["negative_to_entropy"] += 1
         final = clip_logits.clone()
-        final = final + hp["pos_alpha"] * (-(hp["pos_beta"] - hp["pos_beta"] * (f @ pos_keys))).exp() @ pos_values
+
+        def positive(keys):  # compute_cache_key_logits
+            return hp["pos_alpha"] * (-(hp["pos_beta"] - hp["pos_beta"] * (f @ keys))).exp() @ pos_values
+
+        if res:
+            r_c = torch.zeros_like(pos_keys, requires_grad=True)
+            neg_keys = torch.stack([sum(e[0] / len(neg[c]) for e in neg[c]) if c in neg else torch.zeros(d, dtype=dtype)
+                                    for c in all_classes], dim=1)                     # align_neg_keys [d, C]
+            new_keys = F.normalize(pos_keys + r_c, dim=0)
+            final = final + positive(new_keys)
+            if neg:
+                final = final - cache_logits(neg, hp["neg_alpha"], hp["neg_beta"], True)
+            objective = entropy(final)
+            cos = F.cosine_similarity(new_keys.T, neg_keys.T, dim=1)
+            pos2neg = -torch.log(1 - cos + 1e-7).mean()
+            q, k = F.normalize(new_keys, dim=1), F.normalize(new_W[:, all_classes], dim=1)  # InfoNCE on [d, C]
+            img2text = F.cross_entropy(q @ k.T / 0.01, torch.arange(d))
+            objective = objective + 0.5 * img2text + 0.2 * pos2neg
+            g_t, g_c = torch.autograd.grad(objective, [r_t, r_c])
+            step_t = adamw_first_step(g_t, hp["lr_text"], 1e-3, 0.1)
+            step_c = adamw_first_step(g_c, hp["lr_image"], 1e-3, 0.1)
+            final = final.detach()
+            stepped_W = F.normalize(F.normalize(W, dim=0) + step_t, dim=0)
+            new_img_text = (s * x @ stepped_W).softmax(1)
+            batch_entropy = -(new_img_text * torch.log(new_img_text + 1e-6)).sum(1)
+            init_pred = new_img_text[torch.argsort(batch_entropy, stable=True)[:kept]].mean(0)
+            final = final + positive(F.normalize(pos_keys + step_c, dim=0))
+        else:
+            final = final + positive(pos_keys)
         if neg:
             final = final - cache_logits(neg, hp["neg_alpha"], hp["neg_beta"], True)
         img_pro_pred = final.softmax(0)
+        if res and entropy(img_pro_pred) / log2_k < 0.1:  # avg_entropy of the softmaxed final_logits
+            events["global_gate"] += 1
         # get_cache_pred
         kv = torch.cat([memory, W.T[:, None]], dim=1)
         kv_n = kv / kv.norm(dim=-1, keepdim=True)
