@@ -187,7 +187,8 @@ class MCP(Method):
                     changed = self.entropy.offer(y_n, f, h_n) or changed
         with timer("posterior"):
             negative = hp["neg_alpha"] * self.neg.value_sums(f, hp["neg_beta"])
-            p_conf, p_cache = self._cache_posteriors(views, query, f, z, p_conf, negative, timer)
+        p_conf, p_cache = self._cache_posteriors(views, query, f, z, p_conf, negative, timer)
+        with timer("posterior"):
             keys = torch.cat([self.memory, self.text[:, None]], dim=1)                 # [K, S + 1, d]
             weights = torch.exp(-hp["memory_beta"] * (1.0 - keys @ x0))
             read = F.normalize(torch.einsum("ks,ksd->kd", weights, keys), dim=1)
@@ -212,8 +213,9 @@ class MCP(Method):
                           p_conf: torch.Tensor, negative: torch.Tensor,
                           timer: StageTimer) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 7: (the confident views' posterior as step 1 gave it, p_cache); `query`: the views f and z average."""
-        cached = torch.nonzero(self.has_prototype).flatten()
-        return p_conf, torch.softmax(z + self._class_positive(f, self.prototypes[cached], cached) - negative, 0)
+        with timer("posterior"):
+            cached = torch.nonzero(self.has_prototype).flatten()
+            return p_conf, torch.softmax(z + self._class_positive(f, self.prototypes[cached], cached) - negative, 0)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"entropy_keys": self.entropy.keys.clone(), "entropy_loss": self.entropy.loss.clone(),
@@ -274,9 +276,10 @@ class MCPPlusPlus(MCP):
                 optimizer.zero_grad()
                 loss.backward()
             optimizer.step()
-        stepped_text = F.normalize(self.text + r_text.detach(), dim=1)
-        p_conf = self._confident_probability(s * views @ stepped_text.T)
-        first = self._class_positive(f, F.normalize(keys, dim=1), cached)
-        stepped = self._class_positive(f, F.normalize(keys + r_keys.detach(), dim=1), cached)
-        return p_conf, torch.softmax(z + first - negative + stepped - negative, 0)
+        with timer("posterior"):
+            stepped_text = F.normalize(self.text + r_text.detach(), dim=1)
+            p_conf = self._confident_probability(s * views @ stepped_text.T)
+            first = self._class_positive(f, F.normalize(keys, dim=1), cached)
+            stepped = self._class_positive(f, F.normalize(keys + r_keys.detach(), dim=1), cached)
+            return p_conf, torch.softmax(z + first - negative + stepped - negative, 0)
 
