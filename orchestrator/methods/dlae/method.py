@@ -30,10 +30,10 @@ views X [V, d] (view 0 the original), s = logit_scale, keep-fraction confident v
 
 Trace: selected = y, gated = the cache changed, gated_prior always False.
 
-Where the official code differs from the paper, this follows the code (the paper is not in this repository's
-sources; the configs' names say which equation each hparam feeds): its lr_image is read but never used (both
-residuals step at learning_rate.text); a key averages at most its first three entries; the cache is re-sorted only
-once a class is full. Per-backbone configs: the RN50 entries differ (alpha, alpha1[0], epoch[0]); these defaults
+This follows the code; the paper's text was not at hand to compare line by line, so where the code does something a
+paper would not state, it is taken as the method: its lr_image is read but never used (both residuals step at
+learning_rate.text); a key averages at most its first three entries; the cache is re-sorted only once a class is
+full. Per-backbone configs: the RN50 entries differ (alpha, alpha1[0], epoch[0]); these defaults
 are the ViT-B/16 ones. The official code runs in float16 (autocast, half residuals); this runs in float32.
 int(V keep) is floored at one view and the entropy orders are stable, as in DPE.
 """

@@ -30,7 +30,8 @@ Per sample with views X [V, d] (view 0 the original), text prototypes T [K, d], 
 
 Trace: selected = y_e, gated = a cache changed, gated_prior always False.
 
-Where the code differs from the paper, this follows the code, and where the code cannot be followed online:
+This follows the code (the paper's text was not at hand to compare line by line), except where the code cannot be
+followed online:
 - The official code does not fix the fusion weights of step 9: after the stream it searches memory_weight and
   cache_weight over [0.001 .. 1000] against the test labels and reports the best accuracy. Here they are
   hyperparameters (1 and 1 by default); a sweep over the official grid gives the same oracle choice.
