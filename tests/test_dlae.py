@@ -92,3 +92,10 @@ def test_its_official_loader_picks_the_views_dataset_by_dataset():
 def test_bad_hparams_are_named(hp, message):
     with pytest.raises(ValueError, match=message):
         make_method("dlae", torch.eye(3), torch.arange(3), 3, **hp)
+
+
+def test_several_rows_per_class_are_averaged_and_renormalised():
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=5, dim=16, n=40, views=4, seed=26, templates_per_class=3)
+    merged = torch.nn.functional.normalize(torch.stack([emb[ids == c].mean(0) for c in range(k)]), dim=1)
+    torch.testing.assert_close(run_stream("dlae", feats, emb, ids, k),
+                               run_stream("dlae", feats, merged, torch.arange(k), k), atol=1e-6, rtol=0)

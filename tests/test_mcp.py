@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from orchestrator.methods import make_method
+from orchestrator.methods import make_method, run_stream
 from orchestrator.methods.mcp.reference import official_mcp
 from orchestrator.registry import method_card
 from tests.view_streams import view_stream
@@ -116,3 +116,10 @@ def test_the_official_configs_are_the_per_dataset_defaults():
     assert (card.defaults("dtd")["pos_alpha"], card.defaults("dtd")["pos_beta"]) == (5.0, 7.0)
     assert card.defaults("imagenet-a")["query"] == "confident" and card.defaults("imagenet")["query"] == "original"
     assert math.isclose(card.defaults("sun397")["pos_beta"], 2.0)
+
+
+def test_several_rows_per_class_are_averaged_and_renormalised():
+    feats, emb, ids, k, _ = view_stream("iid", num_classes=5, dim=16, n=40, views=4, seed=26, templates_per_class=3)
+    merged = torch.nn.functional.normalize(torch.stack([emb[ids == c].mean(0) for c in range(k)]), dim=1)
+    torch.testing.assert_close(run_stream("mcp", feats, emb, ids, k),
+                               run_stream("mcp", feats, merged, torch.arange(k), k), atol=1e-6, rtol=0)
