@@ -63,6 +63,19 @@ OFFICIAL = {
                    _by_group("crops", "crops", "augmix")),
     # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
+    # MCP: utils.py build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' get_ood_preprocess() (AugMixAugmenter
+    # n_views=31 augmix=False), the cross-domain sets get_preprocess() (n_views=31 augmix=True).
+    **{m: ("CenturyChen/MCP@f9d063f utils.py build_test_data_loader", _by_group("crops31", "crops31", "augmix31"))
+       for m in ("mcp", "mcp_pp")},
+    # DLAE: utils.py build_test_data_loader picks the transform dataset by dataset: get_preprocess(is_augmix=False)
+    # (63 crops) on 'I', 'A', 'V', 'S' and ucf101, get_preprocess() (63 AugMix views) on 'R', dtd, fgvc,
+    # stanford_cars, sun397 and food101, clip.load's preprocess on eurosat, oxford_pets, oxford_flowers, caltech101.
+    "dlae": ("whynotcooper/dlae@253163b utils.py build_test_data_loader", {
+        **_by_group("crops", "crops", "augmix"), "imagenet-r": "augmix", "ucf101": "crops",
+        **dict.fromkeys(("eurosat", "pets", "flowers102", "caltech101"), "single")}),
+    # ADAPT: data/datautils.py:33-50 build_test_loader, ImageNet-A/-Sketch/-R/-V2 get_ood_preprocess(63) (63 random
+    # resized crops + flips and the original), ImageNet and the cross-domain sets clip.load's preprocess.
+    "adapt": ("AIM-SKKU/ADAPT@68481c0 data/datautils.py:33-50", _by_group("single", "crops", "single")),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
     "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
     # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)

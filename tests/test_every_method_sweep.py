@@ -28,10 +28,6 @@ def ray_session():
     ray.shutdown()
 
 
-def _needs_views(card: registry.MethodCard) -> bool:
-    return card.takes_views and card.view_scope == "all" and not card.single_view_datasets
-
-
 def _sweep(path: Path, spec: dict) -> tuple[object, list]:
     path.write_text(yaml.safe_dump(spec))
     loaded = load_spec(path)
@@ -45,8 +41,8 @@ def _sweep(path: Path, spec: dict) -> tuple[object, list]:
 
 
 def test_every_single_view_method_on_a_synthetic_scenario(ray_session, tmp_path):
-    methods = [c.name for c in registry.method_cards() if not _needs_views(c)]
-    assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter"} <= set(methods)
+    methods = [c.name for c in registry.method_cards() if not c.views_everywhere]
+    assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter", "dlae", "adapt"} <= set(methods)
     _, runs = _sweep(tmp_path / "synthetic.yaml", {
         "name": "every-synthetic", "results_dir": "results",
         "datasets": [{"synthetic": "label_shift", "n": 300, "num_classes": 5, "dim": 16}],

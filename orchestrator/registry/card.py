@@ -188,7 +188,8 @@ class MethodCard:
     has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
     group_views: the views of its official loader on a dataset group where they differ from the above
     ({"ood": "crops"}: TPT-derived code takes crops on ImageNet and its variants, AugMix elsewhere; a kind
-    takes `view_count` views, 'single' the original alone);
+    takes `view_count` views, 'single' the original alone); dataset_views: the same for single datasets where its
+    loader differs within a group ({"imagenet-r": "augmix"}: DLAE's loader picks the transform dataset by dataset);
     single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
     ImageNet; StatA's harness on ImageNet-A/-V2/-R/-Sketch, where a single-feature method otherwise gets the
     dataset's own AugMix protocol); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
@@ -220,6 +221,7 @@ class MethodCard:
     view_count: int = 64
     view_scope: str = "all"
     group_views: Mapping[str, str] = field(default_factory=dict)
+    dataset_views: Mapping[str, str] = field(default_factory=dict)
     single_view_datasets: tuple[str, ...] = ()
     prior: bool = False
     prior_count: str | None = None
@@ -272,6 +274,13 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to 'single' or one "
                              f"of {VIEW_KINDS}, got {bad}")
         object.__setattr__(self, "group_views", MappingProxyType(dict(self.group_views)))
+        bad = {d: v for d, v in self.dataset_views.items()
+               if dataset_key(d) is None or v not in ("single", *VIEW_KINDS)}
+        if bad:
+            raise ValueError(f"method {self.name!r}: dataset_views maps a registered dataset to 'single' or one of "
+                             f"{VIEW_KINDS}, got {bad}")
+        object.__setattr__(self, "dataset_views", MappingProxyType(
+            {canonical_dataset(d): v for d, v in self.dataset_views.items()}))
         if self.text_encoder is not None and not isinstance(self.text_encoder, TextEncoderUse):
             raise ValueError(f"method {self.name!r}: text_encoder must be a TextEncoderUse or None, "
                              f"got {self.text_encoder!r}")
@@ -315,13 +324,14 @@ class MethodCard:
     def views_everywhere(self) -> bool:
         """Whether its protocol gives it augmented views on every dataset (it cannot run on single-view data)."""
         return (self.takes_views and self.view_scope == "all" and not self.single_view_datasets
-                and "single" not in self.group_views.values())
+                and "single" not in (*self.group_views.values(), *self.dataset_views.values()))
 
     def protocol_views(self, dataset: str) -> ViewConfig:
         """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
         `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
-        otherwise), its `group_views` for the dataset's group, or the single view. Methods taking one feature get
-        the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean).
+        otherwise), its `dataset_views` or `group_views` for the dataset, or the single view. Methods taking one
+        feature get the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident
+        views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
         card = dataset_card(dataset)
         own = parse_views(card.views)
@@ -329,7 +339,7 @@ class MethodCard:
             return parse_views("single")
         if not self.takes_views:
             return own
-        kind = self.group_views.get(card.group)
+        kind = self.dataset_views.get(card.name, self.group_views.get(card.group))
         if kind is None:
             if self.views is None or (self.view_scope == "protocol" and own.kind == "single"):
                 return own
