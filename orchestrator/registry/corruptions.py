@@ -144,3 +144,30 @@ def expand_variants(benchmark: str, corruption: Any, severity: Any) -> list[str]
     corruptions = _values(corruption, CORRUPTIONS, "corruption")
     severities = _values(severity, SEVERITIES, "severity")
     return [variant_name(benchmark, c, s) for c in corruptions for s in severities]
+
+
+CONTINUAL = "continual"
+
+
+def continual_name(datasets: tuple[str, ...]) -> str:
+    """The dataset a continual run records: its datasets joined by '+', except one benchmark's 15 corruptions at
+    one severity in CoTTA's order, `<benchmark>.continual.<severity>` (the joined names are too long for the
+    results' folder names)."""
+    parsed = [parse_variant(d) for d in datasets]
+    if None not in parsed and len({(p[0], p[2]) for p in parsed}) == 1 and tuple(p[1] for p in parsed) == CORRUPTIONS:
+        return variant_name(parsed[0][0], CONTINUAL, parsed[0][2])
+    return "+".join(datasets)
+
+
+def continual_variants(name: Any) -> tuple[str, ...] | None:
+    """The variants a continual run's dataset (`continual_name`) streams when they are of one corruption benchmark
+    at one severity, in stream order; else None."""
+    text = str(name)
+    head, _, severity = text.rpartition(".")
+    bench, _, kind = head.rpartition(".")
+    if kind == CONTINUAL and benchmark_key(bench) and severity.isdigit() and int(severity) in SEVERITIES:
+        return tuple(variant_name(benchmark_key(bench), c, int(severity)) for c in CORRUPTIONS)
+    parsed = [parse_variant(d) for d in text.split("+")] if "+" in text else [None]
+    if None in parsed or len({(p[0], p[2]) for p in parsed}) != 1:
+        return None
+    return tuple(variant_name(*p) for p in parsed)
