@@ -108,7 +108,7 @@ def test_continual_entry_is_the_15_corruptions_in_cottas_order():
         protocol_from_spec({"continual": [{"name": "cifar10-c", "corruption": "dust", "severity": 5}]})
 
 
-def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path):
+def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path, monkeypatch):
     """A sweep over a corruption/severity grid and the continual stream of the 15 at severity 5, through the
     feature cache (an entry per corruption and severity), the rows (each sample's corruption in `source`) and
     `bca report`'s tables, whose numbers are recomputed here from the stored rows."""
@@ -117,6 +117,8 @@ def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path):
     from orchestrator.sweep.plan import expand, make_trials
     from orchestrator.sweep.trial import execute_trial, settings_of
 
+    # 17 tiny cache entries: decoded in the encoding process, not in DataLoader worker processes started for each
+    monkeypatch.setattr("orchestrator.features.cache.default_workers", lambda: 0)
     build_corrupted("cifar10-c", tmp_path / "data", num_classes=10, per_class=1)
     all5 = {"name": "cifar10-c", "corruption": "all", "severity": 5}
     spec = validate_spec(_spec(tmp_path, stream=["iid", {"continual": [all5]}],
