@@ -5,7 +5,6 @@ through a sweep with the tiny open_clip model."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +112,7 @@ def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path, mo
     feature cache (an entry per corruption and severity), the rows (each sample's corruption in `source`) and
     `bca report`'s tables, whose numbers are recomputed here from the stored rows."""
     from orchestrator.results.db import ResultsDB
-    from orchestrator.results.report import report_tables, wide_console
+    from orchestrator.results.report import report_tables
     from orchestrator.sweep.plan import expand, make_trials
     from orchestrator.sweep.trial import execute_trial, settings_of
 
@@ -121,7 +120,8 @@ def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path, mo
     monkeypatch.setattr("orchestrator.features.cache.default_workers", lambda: 0)
     build_corrupted("cifar10-c", tmp_path / "data", num_classes=10, per_class=1)
     all5 = {"name": "cifar10-c", "corruption": "all", "severity": 5}
-    spec = validate_spec(_spec(tmp_path, stream=["iid", {"continual": [all5]}],
+    grid = {"name": "cifar10-c", "corruption": ["gaussian_noise", "fog"], "severity": [3, 5]}
+    spec = validate_spec(_spec(tmp_path, datasets=[grid], stream=["iid", {"continual": [all5]}],
                                methods=[{"method": "clip"}, {"method": "tda"}]), base_dir=tmp_path)
     settings = settings_of(spec)
     for trial in make_trials(expand(spec), "auto"):
@@ -151,11 +151,40 @@ def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path, mo
         assert stream.mean.loc[key, COTTA_ORDER].tolist() == pytest.approx([errors[c] for c in COTTA_ORDER])
         assert stream.mean.at[key, "Mean"] == pytest.approx(np.mean(list(errors.values())))
     assert "fog" in by_title["CIFAR-10-C/s3"].columns
-    out = io.StringIO()
-    rendered = [table.render() for table in tables]
-    console = wide_console(file=out, fit=rendered)
-    for table in rendered:
-        console.print(table)
-    text = out.getvalue()
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    result = CliRunner().invoke(app, ["report", "--results", str(spec.results_dir)])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "CIFAR-10-C, severity 3, error (%)" in text
 
     assert "CIFAR-10-C, severity 5, continual stream" in text and "jpeg_compression" in text
+
+
+def test_imagenet_c_sweep_and_its_table(tmp_path, monkeypatch):
+    """ImageNet-C's layout through a sweep at two severities (one prompt per class: 1,000 prompts for the tiny text
+    tower), and its table's cells from the stored rows."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import report_tables
+    from orchestrator.sweep.plan import expand, make_trials
+    from orchestrator.sweep.trial import execute_trial, settings_of
+
+    monkeypatch.setattr("orchestrator.features.cache.default_workers", lambda: 0)
+    build_corrupted("imagenet-c", tmp_path / "data", ("fog",), num_classes=2, per_class=2)
+    spec = validate_spec(_spec(tmp_path, datasets=[{"name": "imagenet-c", "corruption": "fog", "severity": [1, 5]}],
+                               templates="tpt1"), base_dir=tmp_path)
+    settings = settings_of(spec)
+    for trial in make_trials(expand(spec), "auto"):
+        execute_trial(trial, settings)
+    db = ResultsDB(spec.results_dir)
+    rows = db.df("SELECT r.dataset, s.correct, s.image_id FROM samples s JOIN runs r USING (run_id)")
+    assert sorted(rows["dataset"].unique()) == ["imagenet-c.fog.1", "imagenet-c.fog.5"]
+    assert rows[rows["dataset"] == "imagenet-c.fog.5"]["image_id"].str.startswith("ImageNet-C/fog/5/").all()
+    tables = {t.title.split(", error")[0]: t for t in report_tables(db)}
+    for severity in (1, 5):
+        table = tables[f"ImageNet-C, severity {severity}"]
+        part = rows[rows["dataset"] == f"imagenet-c.fog.{severity}"]
+        assert table.mean["fog"].tolist() == pytest.approx([100 * (1 - part["correct"].mean())])
+        assert table.mean["Mean"].isna().all()  # one corruption of 15: no mean

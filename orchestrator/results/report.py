@@ -683,16 +683,13 @@ def corruption_layout(benchmark: str, severity: int) -> Layout:
 
 def _as_error(table: ReportTable) -> ReportTable:
     """An accuracy table as the corruption benchmarks report it, in error (100 - accuracy): means flipped, gains
-    and their intervals negated (a gain of accuracy is a fall of error), the best cell the lowest."""
+    and their intervals negated (a gain of accuracy is a fall of error), the best cell the lowest. Its tested
+    cells' evidence (`gain_evidence`, the dashboard's gain section) stays the gain of accuracy it is labelled."""
     table.title = table.title.replace(METRICS["accuracy"].label, ERROR_LABEL)
     table.mean = 100.0 - table.mean
     table.gain = 0.0 - table.gain  # 0.0 - x, not -x: no gain of 0 printed as -0.00
     if table.gain_low is not None:
         table.gain_low, table.gain_high = 0.0 - table.gain_high, 0.0 - table.gain_low
-    if table.gain_evidence is not None:
-        table.gain_evidence = table.gain_evidence.assign(gain=0.0 - table.gain_evidence["gain"],
-                                                         low=0.0 - table.gain_evidence["high"],
-                                                         high=0.0 - table.gain_evidence["low"])
     table.best = _best(table.mean, table.cells, higher_is_better=False)
     table.notes.append("Δ CLIP: the change in error against zero-shot CLIP on the same samples (negative: fewer "
                        "errors)")
