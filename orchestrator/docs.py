@@ -121,7 +121,8 @@ def corruptions_table() -> str:
     rows = ["| name | title | classes | test images per corruption and severity | layout under the data root | "
             "templates |", "|---|---|---:|---:|---|---|"]
     for bench in BENCHMARKS.values():
-        templates = bench.templates if isinstance(bench.templates, str) else f"CLIP's {len(bench.templates)} CIFAR templates"
+        templates = (bench.templates if isinstance(bench.templates, str)
+                     else f"CLIP's {len(bench.templates)} CIFAR templates")
         rows.append(f"| `{bench.name}` | {bench.title} | {bench.num_classes:,} | {bench.images:,} | `{bench.layout()}` | "
                     f"{templates} |")
     rows.append("")

@@ -65,6 +65,11 @@ def test_lists_of_corruptions_and_severities_are_a_grid_axis(tmp_path):
     spec = validate_spec(_spec(tmp_path), base_dir=tmp_path)
     assert [d.name for d in spec.datasets] == ["cifar10-c.gaussian_noise.3", "cifar10-c.gaussian_noise.5",
                                                "cifar10-c.fog.3", "cifar10-c.fog.5"]
+    from orchestrator.sweep.plan import expand
+
+    # a method entry naming the benchmark runs on all its variants
+    spec = validate_spec(_spec(tmp_path, methods=[{"method": "clip", "datasets": ["CIFAR-10-C"]}]), base_dir=tmp_path)
+    assert sorted(run.config["dataset"] for run in expand(spec)) == sorted(d.name for d in spec.datasets)
 
 
 @pytest.mark.parametrize("entry, field, message", [
@@ -188,3 +193,17 @@ def test_imagenet_c_sweep_and_its_table(tmp_path, monkeypatch):
         part = rows[rows["dataset"] == f"imagenet-c.fog.{severity}"]
         assert table.mean["fog"].tolist() == pytest.approx([100 * (1 - part["correct"].mean())])
         assert table.mean["Mean"].isna().all()  # one corruption of 15: no mean
+
+
+def test_a_cotta_continual_run_records_a_short_dataset_name():
+    from orchestrator.docs import datasets_table
+    from orchestrator.registry.corruptions import continual_name, continual_variants
+
+    fifteen = tuple(f"cifar10-c.{c}.5" for c in COTTA_ORDER)
+    assert continual_name(fifteen) == "cifar10-c.continual.5"  # the joined names are too long for a folder name
+    assert continual_variants("cifar10-c.continual.5") == fifteen
+    assert continual_name(fifteen[:2]) == "cifar10-c.gaussian_noise.5+cifar10-c.shot_noise.5"
+    assert continual_variants("cifar10-c.gaussian_noise.5+cifar10-c.shot_noise.5") == fifteen[:2]
+    assert continual_variants("imagenet+imagenet-v2") is None
+    assert dataset_key("cifar100-c.snow.1") == "cifar100-c.snow.1"
+    assert "snow" not in datasets_table()  # variants, registered on first use, stay out of the datasets table

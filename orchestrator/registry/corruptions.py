@@ -91,7 +91,8 @@ def _squash(text: str) -> str:
 
 _BENCHMARK_KEYS = {_squash(spelling): b.name for b in BENCHMARKS.values() for spelling in (b.name, b.title, b.folder)}
 # every spelling of every variant, squashed as the dataset registry squashes names
-_VARIANTS = {f"{_squash(b)}{_squash(c)}{s}": (b, c, s) for b in _BENCHMARK_KEYS for c in CORRUPTIONS for s in SEVERITIES}
+_VARIANTS = {f"{_squash(b)}{_squash(c)}{s}": (b, c, s)
+             for b in _BENCHMARK_KEYS for c in CORRUPTIONS for s in SEVERITIES}
 
 
 def benchmark_key(name: Any) -> str | None:

@@ -237,7 +237,8 @@ def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | Synt
     if entry.datasets is None:
         return list(spec.datasets)
     wanted = {_canonical_or_same(n) for n in entry.datasets}
-    return [d for d in spec.datasets if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or ("",))[0] in wanted]
+    return [d for d in spec.datasets
+            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or ("",))[0] in wanted]
 
 
 def _canonical_or_same(name: str) -> str:
