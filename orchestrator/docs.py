@@ -13,6 +13,7 @@ from typing import Callable
 
 from orchestrator import registry
 from orchestrator.registry import HParam, dataset_title, group_datasets, method_cards
+from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, parse_variant
 from orchestrator.registry.datasets import GROUP_TITLES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,9 +107,27 @@ def datasets_table() -> str:
     rows = ["| name | title | benchmark | classes | test images | layout under the data root | views (protocol) | templates |",
             "|---|---|---|---:|---:|---|---|---|"]
     for card in registry.DATASETS.values():
+        if parse_variant(card.name):
+            continue  # a corruption variant, registered on first use: the corruption benchmarks' own table
         templates = card.templates if isinstance(card.templates, str) else " / ".join(f"`{t}`" for t in card.templates)
         rows.append(f"| `{card.name}` | {card.title} | {GROUP_TITLES.get(card.group, card.group)} | "
                     f"{card.num_classes:,} | {card.test_images:,} | `{card.layout}` | {card.views} | {templates} |")
+    return "\n".join(rows)
+
+
+def corruptions_table() -> str:
+    """One row per corruption benchmark: the spec's name, title, classes, test images per (corruption, severity),
+    the released layout under the data root and the prompts."""
+    rows = ["| name | title | classes | test images per corruption and severity | layout under the data root | "
+            "templates |", "|---|---|---:|---:|---|---|"]
+    for bench in BENCHMARKS.values():
+        templates = (bench.templates if isinstance(bench.templates, str)
+                     else f"CLIP's {len(bench.templates)} CIFAR templates")
+        rows.append(f"| `{bench.name}` | {bench.title} | {bench.num_classes:,} | {bench.images:,} | `{bench.layout()}` | "
+                    f"{templates} |")
+    rows.append("")
+    rows.append("Corruptions, in the order of the report's columns and of CoTTA's continual stream: "
+                + ", ".join(f"`{c}`" for c in CORRUPTIONS) + ".")
     return "\n".join(rows)
 
 
@@ -283,6 +302,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods-table": ("docs/methods.md", methods_table),
     "protocols-table": ("docs/methods.md", protocols_table),
     "datasets-table": ("docs/real-data.md", datasets_table),
+    "corruptions-table": ("docs/real-data.md", corruptions_table),
     "synthetic-parameters": ("docs/reference-spec.md", synthetic_parameters),
     "sample-columns": ("docs/reference-results.md", sample_columns),
     "run-columns": ("docs/reference-results.md", run_columns),

@@ -17,6 +17,7 @@ from PIL import Image
 
 from orchestrator.data.datasets import EUROSAT_RENAMES, imagenet_wnids
 from orchestrator.registry import DATASETS, canonical_dataset, paper_datasets
+from orchestrator.registry.corruptions import CORRUPTIONS
 
 TINY_VIT = "bca-tiny-vit"  # 2-layer width-128 ViT at 64 px, patch 16, 64-d embeddings: ~7.2M parameters
 TINY_RN = "bca-tiny-rn"  # ModifiedResNet [1, 1, 1, 1] width 16 at 64 px: the RN50 code path, ~6.9M parameters
@@ -55,11 +56,16 @@ def register_tiny_models() -> tuple[str, ...]:
 # --------------------------------------------------------------------------------------------- images
 
 
-def write_image(path: Path, label: int, index: int, size: int = 32) -> None:
-    """A small image whose colour depends on the class (so features differ by class), plus seeded noise."""
+def image_pixels(label: int, index: int, size: int = 32, noise: float = 25.0) -> np.ndarray:
+    """uint8 [size, size, 3]: a colour that depends on the class (so features differ by class), plus seeded noise."""
     rng = np.random.default_rng(1000 * label + index)
     base = np.array([(53 * label) % 256, (97 * label + 80) % 256, (151 * label + 160) % 256], dtype=np.float32)
-    pixels = np.clip(base + rng.normal(0, 25, size=(size, size, 3)), 0, 255).astype(np.uint8)
+    return np.clip(base + rng.normal(0, noise, size=(size, size, 3)), 0, 255).astype(np.uint8)
+
+
+def write_image(path: Path, label: int, index: int, size: int = 32, noise: float = 25.0) -> None:
+    """A small image of `image_pixels`, as PNG or JPEG by the file's suffix."""
+    pixels = image_pixels(label, index, size, noise)
     path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
     Image.fromarray(pixels).save(path, format="PNG" if suffix == ".png" else "JPEG")
@@ -150,6 +156,36 @@ def build_dataset(name: str, data_root: str | Path, num_classes: int = 3, per_cl
     else:
         _split_layout(root, name, num_classes, per_class)
     return root / info.folder
+
+
+def build_corrupted(name: str, data_root: str | Path, corruptions: tuple[str, ...] = CORRUPTIONS,
+                    num_classes: int = 3, per_class: int = 2) -> Path:
+    """A tiny copy of corruption benchmark `name` (imagenet-c, cifar10-c, cifar100-c) in its released layout,
+    every severity of each corruption given; returns its folder. Each image is a class colour whose noise grows
+    with the severity (a stand-in: the fixture tests the layouts, not the corruptions). ImageNet-C: JPEG files in
+    the first WordNet-id folders; CIFAR-C: `<corruption>.npy` uint8 [5 x num_classes x per_class, 32, 32, 3],
+    severities stacked in order, and `labels.npy`."""
+    from orchestrator.registry.corruptions import BENCHMARKS, FOLDERS, SEVERITIES, benchmark_key
+
+    bench = BENCHMARKS[benchmark_key(name)]
+    folder = Path(data_root) / bench.folder
+    labels = [label for label in range(num_classes) for _ in range(per_class)]
+    for c, corruption in enumerate(corruptions):
+        if bench.kind == FOLDERS:
+            wnids = imagenet_wnids()["imagenet"][:num_classes]
+            for severity in SEVERITIES:
+                for label, wnid in enumerate(wnids):
+                    for i in range(per_class):
+                        write_image(folder / corruption / str(severity) / wnid / f"ILSVRC2012_val_{label}{i:07d}.JPEG",
+                                    label, 100 * c + i, noise=10.0 * severity)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            rows = [image_pixels(label, 100 * c + i % per_class, 32, 10.0 * severity) for severity in SEVERITIES
+                    for i, label in enumerate(labels)]
+            np.save(folder / f"{corruption}.npy", np.stack(rows))
+    if bench.kind != FOLDERS:
+        np.save(folder / "labels.npy", np.array(labels * len(SEVERITIES), dtype=np.int64))
+    return folder
 
 
 def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -> None:

@@ -19,11 +19,16 @@ import hashlib
 import importlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
+from orchestrator.registry.corruptions import BENCHMARKS, parse_variant
 from orchestrator.registry.dataset_card import CLASSNAMES_FILE, DatasetCard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
@@ -271,13 +276,58 @@ def read_class_folders(data_root: Path, info: DatasetCard) -> tuple[list[str], l
     return ids, labels, class_names
 
 
+# An image id '<file>.npy:<row>' is row <row> of a uint8 [N, H, W, 3] array (CIFAR-C keeps its images so).
+_NPY_ROW = re.compile(r"^(.*\.npy):(\d+)$")
+
+
+@cache
+def _npy_images(path: str) -> np.ndarray:
+    return np.load(path, mmap_mode="r")  # memory-mapped: a worker reads only the rows it decodes
+
+
+def open_image(path: Path) -> Image.Image:
+    """The image at `path` (an `ImageList.path`): an image file, or a row of a CIFAR-C array ('<file>.npy:<row>')."""
+    row = _NPY_ROW.match(str(path))
+    if row is None:
+        return Image.open(path)
+    return Image.fromarray(np.asarray(_npy_images(row.group(1))[int(row.group(2))]))
+
+
+def read_cifar_c(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+    """CIFAR-10-C / CIFAR-100-C: the rows of one severity of `<folder>/<corruption>.npy` (uint8 [5 N, 32, 32, 3],
+    severities 1..5 stacked in order) with their labels from `labels.npy` beside it."""
+    bench, corruption, severity = parse_variant(info.name)
+    folder = data_root / BENCHMARKS[bench].folder
+    _require_dir(folder, info)
+    array_path, labels_path = folder / f"{corruption}.npy", folder / "labels.npy"
+    _require_file(array_path, info)
+    _require_file(labels_path, info)
+    try:
+        images, labels = np.load(array_path, mmap_mode="r"), np.load(labels_path, mmap_mode="r")
+    except (OSError, ValueError) as exc:
+        raise DatasetLayoutError(f"{info.title}: cannot read {array_path} or {labels_path} as .npy arrays ({exc})") \
+            from None
+    if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8 or len(images) % 5:
+        raise DatasetLayoutError(f"{info.title}: {array_path} is {images.dtype} {list(images.shape)}; expected uint8 "
+                                 f"[5 x N, H, W, 3] (the 5 severities stacked). Expected layout: {info.layout}")
+    if labels.shape != (len(images),):
+        raise DatasetLayoutError(f"{info.title}: {labels_path} has shape {list(labels.shape)}; expected "
+                                 f"[{len(images)}], one label per row of {array_path}")
+    per = len(images) // 5
+    rows = range((severity - 1) * per, severity * per)
+    rel = f"{BENCHMARKS[bench].folder}/{corruption}.npy"
+    return [f"{rel}:{r}" for r in rows], labels[rows.start:rows.stop].astype(int).tolist(), \
+        list(BENCHMARKS[bench].classes)
+
+
 # ------------------------------------------------------------------------------------- reader per card
 
 
 # The readers the built-in cards name (a card names a reader of this module by its name).
 BUILTIN_READERS = {"read_imagenet": read_imagenet, "read_imagenet_a": read_imagenet_a, "read_imagenet_r": read_imagenet_r,
                    "read_imagenet_v2": read_imagenet_v2, "read_split_zhou": read_split_zhou,
-                   "read_aircraft": read_aircraft, "read_class_folders": read_class_folders}
+                   "read_aircraft": read_aircraft, "read_class_folders": read_class_folders,
+                   "read_cifar_c": read_cifar_c}
 
 
 def _reader(info: DatasetCard) -> Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]:

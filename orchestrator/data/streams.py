@@ -32,6 +32,9 @@ whether the sample is out of distribution.
   flagged ``is_ood``.
 - ``Continual(datasets)``: one stream across several datasets that share a label space, one after
   another, each in its own i.i.d. order; ``source`` keeps each sample's dataset (its position in the list).
+  An entry may be a corruption benchmark's ``{name: cifar10-c, corruption: all, severity: 5}``, which stands
+  for its (corruption, severity) datasets in order: ``corruption: all`` is CoTTA's continual benchmark, the
+  15 corruptions in CoTTA's order at one severity (``orchestrator.registry.corruptions``).
 
 ``derive_order_seeds(seed, n)`` gives the seeds of ``orders: n`` (the first is the run's seed itself, so
 one order is today's order); ``protocol_from_spec`` reads the YAML forms
@@ -46,6 +49,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from orchestrator.registry.corruptions import BENCHMARKS, benchmark_key, expand_variants
 
 PROTOCOLS = ("iid", "dirichlet", "separate", "contaminated", "continual")
 # StatA's and OGA's gamma presets: smaller is burstier.
@@ -322,6 +327,19 @@ def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
     return value
 
 
+def _continual_entry(entry: Any) -> list[Any]:
+    """A continual list's entry as dataset names: a name, or a corruption benchmark's {name, corruption,
+    severity} as its variants."""
+    if not isinstance(entry, dict):
+        return [entry]
+    entry = _fields("continual entry", entry, {"name", "corruption", "severity"})
+    bench = benchmark_key(entry.get("name"))
+    if bench is None:
+        raise ValueError(f"stream continual entry {entry!r}: a mapping names a corruption benchmark "
+                         f"({', '.join(BENCHMARKS)}) with its corruption and severity; other datasets go by name")
+    return expand_variants(bench, entry.get("corruption"), entry.get("severity"))
+
+
 def stream_label(value: Any) -> str:
     """A short name of a spec's stream value for labels: iid, dirichlet(gamma=0.01), contaminated(rate=0.2), ..."""
     if not isinstance(value, dict) or len(value) != 1:
@@ -331,7 +349,8 @@ def stream_label(value: Any) -> str:
         inner = ", ".join(f"{k}={stream_label(v) if isinstance(v, dict) else v}" for k, v in body.items())
         return f"{name}({inner})"
     if isinstance(body, list):
-        return f"{name}({' > '.join(map(str, body))})"
+        entries = (" ".join(str(v) for v in e.values()) if isinstance(e, dict) else str(e) for e in body)
+        return f"{name}({' > '.join(entries)})"
     return name
 
 
@@ -375,7 +394,7 @@ def protocol_from_spec(value: Any) -> Protocol:
     if name == "continual":
         if not isinstance(body, list):
             raise ValueError(f"stream continual takes a list of dataset names, got {body!r}")
-        return Continual(datasets=tuple(body))
+        return Continual(datasets=tuple(d for entry in body for d in _continual_entry(entry)))
     if body not in (None, {}):
         raise ValueError(f"stream {name} takes no parameters, got {body!r}")
     return protocol_from_spec(name)

@@ -41,7 +41,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from filelock import FileLock
-from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.clip.backbone import (
@@ -53,7 +52,7 @@ from orchestrator.clip.backbone import (
     shared_backbone,
 )
 from orchestrator.clip.views import ViewConfig, ViewTransform, parse_views
-from orchestrator.data.datasets import ImageList
+from orchestrator.data.datasets import ImageList, open_image
 from orchestrator.data.listing import read_dataset
 from orchestrator.device import auto_device
 
@@ -149,7 +148,7 @@ class _ImageViews(Dataset):
 
     def __getitem__(self, i: int):
         try:
-            with Image.open(self.images.path(i)) as im:
+            with open_image(self.images.path(i)) as im:
                 im.load()  # PIL decodes lazily; force it here so a truncated file fails inside the try
                 return i, self.transform(im, self.images.image_ids[i]), None
         except Exception as e:  # noqa: BLE001 - any decode failure is a recorded skip (module docstring)

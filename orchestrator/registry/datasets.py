@@ -19,6 +19,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+from orchestrator.registry.corruptions import BENCHMARKS, parse_variant, variant_card
 from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, ENSEMBLE7, GROUP_TITLES, GROUPS,
                                                   OOD, OTHER, TEMPLATES_FILE, VIEWS, DatasetCard, _NAME_RE)
 
@@ -99,7 +100,8 @@ def register_dataset(card: DatasetCard) -> DatasetCard:
         raise ValueError(f"dataset card {card.name!r}: paper=True is for the paper's datasets, whose published "
                          f"numbers the report compares with; leave it False")
     keys = {}
-    for spelling in (card.name, card.title, card.folder, *card.aliases):
+    # a folder that is a path (a corruption variant's) is where it lies, not a name anyone spells it by
+    for spelling in (card.name, card.title, *(() if "/" in card.folder else (card.folder,)), *card.aliases):
         key = _squash(spelling)
         owner = _LOOKUP.get(key)
         if owner is not None:
@@ -117,16 +119,25 @@ for _card in _PAPER_CARDS:
 
 
 def dataset_key(name: str) -> str | None:
-    """The canonical name of a registered dataset in any known spelling, or None (e.g. a synthetic scenario)."""
-    return _LOOKUP.get(_squash(name)) if isinstance(name, str) else None
+    """The canonical name of a registered dataset in any known spelling, or None (e.g. a synthetic scenario). A
+    corruption benchmark's (corruption, severity) variant is registered on first use (`corruptions`)."""
+    if not isinstance(name, str):
+        return None
+    key = _LOOKUP.get(_squash(name))
+    if key is None:
+        card = variant_card(name)
+        key = None if card is None else register_dataset(card).name
+    return key
 
 
 def canonical_dataset(name: str) -> str:
     """The canonical name of a registered dataset; an unknown name raises a ValueError listing the known ones."""
     key = dataset_key(name)
     if key is None:
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)} (any spelling of these, "
-                         f"or an alias: {', '.join(sorted(a for c in DATASETS.values() for a in c.aliases))}), or a "
+        known = ", ".join(n for n in DATASETS if parse_variant(n) is None)
+        raise ValueError(f"unknown dataset {name!r}; known datasets: {known} (any spelling of these, "
+                         f"or an alias: {', '.join(sorted(a for c in DATASETS.values() for a in c.aliases))}), the "
+                         f"corruption benchmarks {', '.join(BENCHMARKS)} with a corruption and severity, or a "
                          f"folder <data_root>/{name}/ holding {CLASSNAMES_FILE}, {TEMPLATES_FILE} and one sub-folder "
                          f"of images per class")
     return key

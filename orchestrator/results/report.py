@@ -38,6 +38,7 @@ from rich.text import Text
 
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
+from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, continual_variants, parse_variant, variant_name
 from orchestrator.results import evidence, metrics, stats
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.schema import RANDOM_WEIGHTS
@@ -669,6 +670,62 @@ def method_dataset_table(results: ResultsDB | str | Path | None, sweep: str | No
     return build_table(db, layout, sweep=sweep, runs=runs, metric=metric)
 
 
+# ------------------------------------------------------------------------------------- corruption benchmarks
+ERROR_LABEL = "error (%) = 100 - top-1 accuracy"
+
+
+def corruption_layout(benchmark: str, severity: int) -> Layout:
+    """A corruption benchmark at one severity: a column per corruption (CoTTA's order), and their mean."""
+    columns = tuple((variant_name(benchmark, c, severity), c) for c in CORRUPTIONS)
+    return Layout(f"corruption:{benchmark}:{severity}", f"{BENCHMARKS[benchmark].title}, severity {severity}",
+                  columns, (("Mean", tuple(k for k, _ in columns)),))
+
+
+def _as_error(table: ReportTable) -> ReportTable:
+    """An accuracy table as the corruption benchmarks report it, in error (100 - accuracy): means flipped, gains
+    and their intervals negated (a gain of accuracy is a fall of error), the best cell the lowest. Its tested
+    cells' evidence (`gain_evidence`, the dashboard's gain section) stays the gain of accuracy it is labelled."""
+    table.title = table.title.replace(METRICS["accuracy"].label, ERROR_LABEL)
+    table.mean = 100.0 - table.mean
+    table.gain = 0.0 - table.gain  # 0.0 - x, not -x: no gain of 0 printed as -0.00
+    if table.gain_low is not None:
+        table.gain_low, table.gain_high = 0.0 - table.gain_high, 0.0 - table.gain_low
+    table.best = _best(table.mean, table.cells, higher_is_better=False)
+    table.notes.append("Δ CLIP: the change in error against zero-shot CLIP on the same samples (negative: fewer "
+                       "errors)")
+    return table
+
+
+def continual_corruption_table(db: ResultsDB, runs: pd.DataFrame, benchmark: str, severity: int) -> ReportTable:
+    """The continual corruption stream (one run through the corruptions in turn, the method's state carried
+    across): each corruption's error over its segment of the run (the rows' `source`), and their mean, as mean ±
+    std over the finished, complete runs (seeds x orders) of each (backbone, method)."""
+    runs, _ = _with_row_labels(runs, db.used_hparam_names)
+    runs = runs[(runs["status"] == "finished") & runs["complete"].fillna(False).astype(bool)]
+    order = list(dict.fromkeys(d for name in runs["dataset"] for d in continual_variants(name)))
+    labels = {name: parse_variant(name)[1] for name in order}
+    columns = [labels[name] for name in order] + ["Mean"]
+    segments = db.df("SELECT run_id, source, 100 * (1 - avg(correct::DOUBLE)) AS error FROM samples WHERE run_id IN "
+                     "(SELECT unnest($ids)) AND NOT coalesce(is_ood, false) GROUP BY 1, 2",
+                     {"ids": runs["run_id"].tolist()}) if len(runs) else pd.DataFrame(
+                         columns=["run_id", "source", "error"])
+    per_run = segments.pivot(index="run_id", columns="source", values="error").rename(columns=labels)
+    per_run = per_run.reindex(columns=columns[:-1])
+    per_run["Mean"] = per_run.mean(axis=1, skipna=False)  # the field's mean error: over the corruptions
+    joined = runs.set_index("run_id")[["backbone", "row"]].join(per_run, how="inner")
+    grouped = joined.groupby(["backbone", "row"], sort=False)[columns]
+    mean, std, n = grouped.mean(), grouped.std(ddof=1), grouped.count()
+    index = pd.MultiIndex.from_tuples(list(mean.index), names=["backbone", "method"])
+    mean, std, n = (f.set_axis(index) for f in (mean, std, n))
+    nan = pd.DataFrame(math.nan, index=index, columns=columns)
+    table = ReportTable(f"{BENCHMARKS[benchmark].title}, severity {severity}, continual stream (one run through the "
+                        f"corruptions in this order), {ERROR_LABEL}", columns, [], mean, std, n.astype(int), nan,
+                        mean.eq(mean.min()) & mean.notna(),
+                        ["each cell: the error over that corruption's segment of the run; ± over seeds x stream "
+                         "orders"])
+    return table
+
+
 def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, runs: pd.DataFrame | None = None,
                   include_empty: bool | None = None, metric: str = "accuracy") -> list[ReportTable]:
     """The comparison tables of `bca report` and the dashboard: Table 1 and Table 2 where they have measured
@@ -684,8 +741,19 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
     for layout in PAPER_LAYOUTS:
         if include_empty or keys & {k for k, _ in layout.datasets}:
             tables.append(build_table(db, layout, sweep=sweep, paper=paper, runs=runs, metric=metric))
+    datasets = runs["dataset"].unique()
+    # the corruption benchmarks: one table per (benchmark, severity) of their runs, and per continual stream
+    for benchmark, severity in sorted({(p[0], p[2]) for p in map(parse_variant, datasets) if p}):
+        table = build_table(db, corruption_layout(benchmark, severity), sweep=sweep, runs=runs, metric=metric)
+        tables.append(_as_error(table) if metric == "accuracy" else table)
+    continual = {d: continual_variants(d) for d in datasets}
+    continual = {d: None if v is None else (parse_variant(v[0])[0], parse_variant(v[0])[2]) for d, v in continual.items()}
+    for benchmark, severity in sorted({c for c in continual.values() if c} if metric == "accuracy" else ()):
+        part = runs[runs["dataset"].map(lambda d: continual[d] == (benchmark, severity))]
+        tables.append(continual_corruption_table(db, part, benchmark, severity))
     paper_keys = set(registry.paper_datasets())
-    others = [d for d in runs["dataset"].unique() if registry.dataset_key(d) not in paper_keys]
+    others = [d for d in datasets if registry.dataset_key(d) not in paper_keys and parse_variant(d) is None
+              and continual[d] is None]
     if others:
         layout = generic_layout(others, "Other datasets, by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
                                        protocol_from_spec, stream_for_batch)
 from orchestrator.registry import baseline_method, method_card
+from orchestrator.registry.corruptions import continual_name
 from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -315,7 +316,7 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
                 stream["stream"] = value  # in the config only when given, so earlier runs keep their run_ids
                 source = replace(source, stream=canonical_json(value), others=_others(protocol))
                 if isinstance(protocol, Continual):
-                    stream["dataset"] = "+".join(protocol.datasets)
+                    stream["dataset"] = continual_name(protocol.datasets)
             for k in range(spec.orders) if spec.order is None else (spec.order,):
                 order = {"order_index": k} if spec.orders > 1 else {}
                 out.append((replace(source, order_index=k), {**fields, **stream, **order}))

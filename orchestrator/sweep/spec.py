@@ -26,6 +26,7 @@ from pydantic import (
     PlainValidator,
     Tag,
     create_model,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -33,6 +34,7 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.results.schema import RANDOM_WEIGHTS
 from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
+from orchestrator.registry.corruptions import ALL, CORRUPTIONS, SEVERITIES, benchmark_key, expand_variants, parse_variant
 from orchestrator.registry.templates import METHOD_TEMPLATES
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
@@ -98,17 +100,56 @@ class Backbone(_Strict):
         return self
 
 
+def _dataset_or_benchmark(name: str) -> str:
+    return benchmark_key(name) or canonical_dataset(name)
+
+
+def _allowed(field: str, allowed: tuple, also: str = "") -> Any:
+    def check(value: Any) -> Any:
+        values = value if isinstance(value, list) else [value]
+        bad = [v for v in values if v not in allowed and (v != also or isinstance(value, list)) or isinstance(v, bool)]
+        if bad or not values:
+            raise PydanticCustomError(field, "expected one of {allowed}, or a list of them",
+                                      {"allowed": ", ".join(map(str, allowed)) + (f"; or {also!r}" if also else "")})
+        return value
+    return AfterValidator(check)
+
+
 class RealDataset(_Strict):
     """A dataset read from data_root (a name or alias of orchestrator.data.datasets, stored canonical);
-    `views` overrides the spec-level views for this dataset."""
+    `views` overrides the spec-level views for this dataset. A corruption benchmark (imagenet-c, cifar10-c,
+    cifar100-c) takes `corruption` (a name, a list or 'all') and `severity` (1..5 or a list); the spec expands it
+    into one dataset per (corruption, severity) (`orchestrator.registry.corruptions`)."""
 
-    name: Annotated[StrictStr, AfterValidator(canonical_dataset)]
+    name: Annotated[StrictStr, AfterValidator(_dataset_or_benchmark)]
     views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] | None = None
+    corruption: Annotated[Union[StrictStr, list[StrictStr]], _allowed("corruption", CORRUPTIONS, ALL)] | None = None
+    severity: Annotated[Union[StrictInt, list[StrictInt]], _allowed("severity", SEVERITIES)] | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _from_name(cls, data: Any) -> Any:
         return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _corruption_fields(self) -> RealDataset:
+        if benchmark_key(self.name) is not None:
+            for field in ("corruption", "severity"):
+                if getattr(self, field) is None:
+                    raise PydanticCustomError("corruption", f"{self.name} needs corruption ({', '.join(CORRUPTIONS)} "
+                                              f"or {ALL!r}) and severity ({', '.join(map(str, SEVERITIES))}); "
+                                              f"{field} is missing")
+        elif self.corruption is not None or self.severity is not None:
+            raise PydanticCustomError("corruption", f"corruption and severity are for the corruption benchmarks "
+                                      f"(imagenet-c, cifar10-c, cifar100-c), not {self.name}")
+        return self
+
+    def variants(self) -> list[RealDataset]:
+        """This entry as the datasets it names: one per (corruption, severity) of a corruption benchmark."""
+        if self.corruption is None:
+            return [self]
+        return [RealDataset(name=v, views=self.views) for v in expand_variants(self.name, self.corruption,
+                                                                               self.severity)]
 
 
 def _synthetic_parameters() -> dict[str, tuple[Any, Any]]:
@@ -196,11 +237,13 @@ def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | Synt
     if entry.datasets is None:
         return list(spec.datasets)
     wanted = {_canonical_or_same(n) for n in entry.datasets}
-    return [d for d in spec.datasets if dataset_name(d) in wanted]
+    return [d for d in spec.datasets
+            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or ("",))[0] in wanted]
 
 
 def _canonical_or_same(name: str) -> str:
-    return dataset_key(name) or name
+    """A dataset's canonical name (a corruption benchmark's: all its variants), else the name as given."""
+    return dataset_key(name) or benchmark_key(name) or name
 
 
 OFFICIAL_BATCH = "official"  # a batch size meaning each method's card's (1 for a per-sample method)
@@ -265,6 +308,12 @@ class SweepSpec(_Strict):
     # only this one of the `orders` (0-based), e.g. the dashboard's "Reproduce this run"; None: all of them
     order: Annotated[StrictInt, Field(ge=0)] | None = None
     plugins: Annotated[list[StrictStr], BeforeValidator(_as_list)] = []
+
+    @field_validator("datasets")
+    @classmethod
+    def _expand_corruptions(cls, datasets: list[Any]) -> list[Any]:
+        """A corruption benchmark's entry as its (corruption, severity) datasets, a grid axis."""
+        return [v for d in datasets for v in (d.variants() if isinstance(d, RealDataset) else [d])]
 
     @property
     def streams(self) -> list[Any]:
