@@ -1,7 +1,8 @@
 """The results subcommands of `bca`: query, report, verify, compact (registered on the app by orchestrator/cli.py).
 
-Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep; 2 bad usage, refused or
-malformed SQL, unwritable output, missing results dir for verify.
+Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep / `report` or `query` read a
+damaged store (runs it committed are not read: what they print stands on fewer runs, and stderr names them); 2 bad
+usage, refused or malformed SQL, unwritable output, missing results dir for verify.
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ def _err(message: str) -> None:
 def _warn_bad_files(db: Any) -> None:
     for bad in db.bad_files:
         _err(f"warning: skipped bad file {bad.path}: {bad.error}")
+
+
+def _damaged(db: Any, sweep: str | None = None) -> bool:
+    """Name on stderr the runs the results dir committed that no view reads (`ResultsDB.lost`); True when any:
+    whatever was printed stands on fewer runs than were made, and the command exits 1."""
+    lost = db.lost(sweep)
+    if lost:
+        total = sum(found.count for found in lost)
+        _err(f"error: the results are damaged: {total} run(s) committed to {db.results_dir} are not read, so what "
+             f"is printed stands on fewer runs than were made:")
+        for found in lost:
+            _err(f"  {found}")
+        _err(f"bca verify {db.results_dir} says more")
+    return bool(lost)
 
 
 def _existing_results(results: Path) -> Path:
@@ -113,6 +128,7 @@ def query_cmd(
             raise typer.Exit(2)
         finally:
             _warn_bad_files(db)
+        damaged = _damaged(db)
     if parquet is not None:
         out = parquet.absolute()
         if out.resolve().is_relative_to(db.results_dir.resolve()):
@@ -144,6 +160,8 @@ def query_cmd(
         shown = min(max_rows, table.num_rows)
         more = f"; showing {shown} (--max-rows, or --csv for all)" if shown < table.num_rows else ""
         console.print(f"{table.num_rows} row(s){more}", highlight=False)
+    if damaged:
+        raise typer.Exit(1)
 
 
 def report_cmd(
@@ -170,16 +188,19 @@ def report_cmd(
             where = f"for sweep {sweep!r} " if sweep else ""
             _err(f"no finished runs {where}in {db.results_dir}" + (f" (sweeps there: {', '.join(sweeps)})" if sweeps
                                                                    else ""))
-            if sweep:
+            if _damaged(db, sweep) or sweep:
                 raise typer.Exit(1)
             return
         versions = _dataset_versions(db, sweep)
+        damaged = _damaged(db, sweep)
     rendered = [table.render() for table in tables]
     console = wide_console(fit=rendered)
     for table in rendered:
         console.print(table)
     for line in versions:
         _err(f"warning: {line}")
+    if damaged:
+        raise typer.Exit(1)
 
 
 def _dataset_versions(db: ResultsDB, sweep: str | None) -> list[str]:

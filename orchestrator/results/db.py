@@ -15,6 +15,8 @@ reads its data, is marked bad and the query retried without it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import tempfile
 import threading
@@ -45,6 +47,25 @@ class BadFile:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.error}"
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Runs the results dir committed that no view reads (whole, with their runs-table row), and why: a table over
+    the views would stand on fewer runs than were made. `rows`: their runs-table rows where a file still holds
+    them (a table's evidence counts them as expected); `sweeps`: None where no file says."""
+    why: str    # a few words, e.g. "in a segment that cannot be read"
+    where: str  # the file, or the sweep record, that says they were committed
+    run_ids: tuple[str, ...] = ()
+    count: int = 0  # >= len(run_ids): a segment that nothing of is readable is known by the manifest's count
+    sweeps: frozenset[str] | None = None
+    rows: tuple[dict[str, Any], ...] = ()
+    detail: str = ""  # e.g. the read error
+
+    def __str__(self) -> str:
+        ids = ", ".join(self.run_ids[:5]) + (f" and {len(self.run_ids) - 5} more" if len(self.run_ids) > 5 else "")
+        return (f"{self.count} run(s) {self.why}: {self.where}" + (f": {self.detail}" if self.detail else "")
+                + (f" (runs {ids})" if ids else ""))
 
 
 def _sql_str(text: str) -> str:
@@ -127,6 +148,7 @@ class ResultsDB:
         self._used_hparams: tuple[tuple | None, list[str]] | None = None
         self._columns: dict[str, tuple[tuple | None, list[str]]] = {}
         self._pairs: tuple[tuple | None, pd.DataFrame] | None = None
+        self._lost: tuple[tuple, list[Lost]] | None = None
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -216,6 +238,83 @@ class ResultsDB:
                                            + " FROM runs").fetchone() if names else ()
                 self._used_hparams = (self._key, [h for h, n in zip(names, counts) if n])
             return list(self._used_hparams[1])
+
+    def lost(self, sweep: str | None = None) -> list[Lost]:
+        """The runs this results dir committed that no view reads, of `sweep` if given (and those whose sweep no
+        file says): runs of a segment that cannot be read, of segment files the manifest does not list (it was
+        deleted or replaced by hand) that are nowhere else, rows whose runs-table row is gone, and runs a sweep
+        recorded finished that no file holds. Found once per version of the views, the orphan files and the
+        sweep records."""
+        with self._lock:
+            self.refresh()
+            root = self.results_dir
+            orphans = store.orphan_files(root)
+            records = store.recorded_finished(root)
+            key = (self._key, tuple(self._bad_segments), tuple(orphans),
+                   tuple((name, store._stamp(path)) for name, (path, _) in records.items()))
+            if self._lost is None or self._lost[0] != key:
+                self._lost = (key, self._find_lost(orphans, records))
+            found = self._lost[1]
+        return [lost for lost in found if sweep is None or lost.sweeps is None or sweep in lost.sweeps]
+
+    def _find_lost(self, orphans: list[Path], records: dict[str, tuple[Path, set[str]]]) -> list[Lost]:
+        root = self.results_dir
+        present = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+        out: list[Lost] = []
+
+        def add(why: str, where: Path | str, pairs: list[tuple[str, str | None]], rows: list[dict] = (),
+                count: int | None = None, detail: str = "") -> None:
+            pairs = [(r, s) for r, s in pairs if r not in present]
+            if not pairs and not count:
+                return
+            present.update(r for r, _ in pairs)  # named once, by the first finding
+            ids = tuple(sorted({r for r, _ in pairs}))
+            sweeps = None if not pairs or any(s is None for _, s in pairs) else frozenset(s for _, s in pairs)
+            out.append(Lost(why, str(where), ids, len(ids) or count or 0, sweeps,
+                            tuple(row for row in rows if row["run_id"] in ids), detail))
+
+        segments = {seg.id: seg for seg in store.load_catalog(root).segments}
+        for seg_id, bad in self._bad_segments.items():
+            if seg_id in segments:
+                rows, pairs = store.segment_runs(root, seg_id)
+                add("in a segment that cannot be read", bad.path, pairs, rows, None if pairs else segments[seg_id].runs,
+                    bad.error)
+        by_segment = {path.name.split(".", 1)[0] for path in orphans}
+        manifest = schema.manifest_file(root)
+        for seg_id in sorted(by_segment):
+            rows, pairs = store.segment_runs(root, seg_id)
+            add("in a segment the manifest does not list",
+                schema.segment_file(root, seg_id, "runs").with_name(f"{seg_id}.*.parquet"), pairs, rows,
+                detail="" if manifest.is_file() else f"{manifest} is missing")
+        # rows whose runs-table row is gone: a live run's part metadata still holds its config
+        orphaned = self._con.execute(
+            f"SELECT DISTINCT run_id, sweep FROM {_LIVE_SAMPLES} WHERE run_id NOT IN (SELECT run_id FROM runs) "
+            + (f"UNION SELECT run_id, s_sweep FROM {self._segment_source(list(self._good_segments()), 'metrics')} "
+               "WHERE run_id NOT IN (SELECT run_id FROM runs)" if self._good_segments() else "")).fetchall()
+        if orphaned:
+            add("with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs files",
+                sorted(orphaned), self._rows_from_parts({r for r, _ in orphaned}))
+        for sweep, (path, finished) in sorted(records.items()):
+            add(f"recorded finished by sweep {sweep!r} but held by no file", path, [(r, sweep) for r in sorted(finished)])
+        return out
+
+    def _good_segments(self) -> tuple[store.Segment, ...]:
+        return tuple(seg for seg in store.load_catalog(self.results_dir).segments if seg.id not in self._bad_segments)
+
+    def _rows_from_parts(self, run_ids: set[str]) -> list[dict[str, Any]]:
+        """Runs-table rows (identity and configuration only) of live runs whose row is gone, from the run config
+        every part carries in its metadata."""
+        from orchestrator.results.writer import RunWriter
+
+        rows: dict[str, dict[str, Any]] = {}
+        for path in files.sample_parts(self.results_dir):
+            run_id = path.parent.name.removeprefix("run_id=")
+            check = self._checker.check(path, "samples") if run_id in run_ids and run_id not in rows else None
+            config = check.metadata.get(schema.META_RUN_CONFIG.decode()) if check is not None else None
+            if config:
+                with contextlib.suppress(ValueError):
+                    rows[run_id] = RunWriter(self.results_dir, json.loads(config))._base_row()
+        return list(rows.values())
 
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files. A file

@@ -346,7 +346,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
             # Accepted so that scripts can always pass --resume (scripts/demo.sh does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
-        write_sweep_record(spec, runs)
+        rerun = {r.run_id for stale in changed.values() for r in stale} if rerun_changed else set()
+        write_sweep_record(spec, runs, [r.run_id for r in runs if status[r.run_id] == "finished" and r.run_id not in rerun])
         for stale in changed.values() if rerun_changed else ():
             for run in stale:
                 RunWriter(spec.results_dir, run.config).discard_rows()
@@ -459,7 +460,9 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
     # a failure the results dir could not record (disk full) is a failure all the same
     failed.update({rid: error for rid, error in errors.items()
                    if rid not in failed and rows[rid].get("status") != "finished"})
-    finished = sum(1 for row in rows.values() if row.get("status") == "finished")
+    done = [rid for rid, row in rows.items() if row.get("status") == "finished"]
+    write_sweep_record(spec, runs, done)
+    finished = len(done)
     table = summary_table(spec.results_dir, spec.name)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
                            interrupted=interrupted, not_started=not_started, table=table)
