@@ -130,9 +130,9 @@ def test_a_deleted_runs_table_row_is_named_not_a_traceback(copy):
     done = bca("report", "--results", str(copy))
     assert done.exit_code == 1, done.output
     assert isinstance(done.exception, SystemExit)
-    assert f"1 run(s) with rows but no runs-table row" in done.output and run_id in done.output
+    assert "1 run(s) with rows but no runs-table row" in done.output and run_id in done.output
     assert sum("of 3)" in line for line in done.output.splitlines() if line.startswith("│")) >= 1
-    assert "with rows but no runs-table row" in bca("verify", str(copy)).output
+    assert f"no_run_row: {run_id}" in bca("verify", str(copy)).output
 
 
 def test_runs_recorded_finished_but_held_by_no_file_are_named(copy):

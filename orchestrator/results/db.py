@@ -54,6 +54,7 @@ class Lost:
     """Runs the results dir committed that no view reads (whole, with their runs-table row), and why: a table over
     the views would stand on fewer runs than were made. `rows`: their runs-table rows where a file still holds
     them (a table's evidence counts them as expected); `sweeps`: None where no file says."""
+    kind: str   # bad_segment, unlisted_segment, no_run_row or recorded (see `ResultsDB.lost`)
     why: str    # a few words, e.g. "in a segment that cannot be read"
     where: str  # the file, or the sweep record, that says they were committed
     run_ids: tuple[str, ...] = ()
@@ -262,7 +263,7 @@ class ResultsDB:
         present = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
         out: list[Lost] = []
 
-        def add(why: str, where: Path | str, pairs: list[tuple[str, str | None]], rows: list[dict] = (),
+        def add(kind: str, why: str, where: Path | str, pairs: list[tuple[str, str | None]], rows: list[dict] = (),
                 count: int | None = None, detail: str = "") -> None:
             pairs = [(r, s) for r, s in pairs if r not in present]
             if not pairs and not count:
@@ -270,20 +271,20 @@ class ResultsDB:
             present.update(r for r, _ in pairs)  # named once, by the first finding
             ids = tuple(sorted({r for r, _ in pairs}))
             sweeps = None if not pairs or any(s is None for _, s in pairs) else frozenset(s for _, s in pairs)
-            out.append(Lost(why, str(where), ids, len(ids) or count or 0, sweeps,
+            out.append(Lost(kind, why, str(where), ids, len(ids) or count or 0, sweeps,
                             tuple(row for row in rows if row["run_id"] in ids), detail))
 
         segments = {seg.id: seg for seg in store.load_catalog(root).segments}
         for seg_id, bad in self._bad_segments.items():
             if seg_id in segments:
                 rows, pairs = store.segment_runs(root, seg_id)
-                add("in a segment that cannot be read", bad.path, pairs, rows, None if pairs else segments[seg_id].runs,
+                add("bad_segment", "in a segment that cannot be read", bad.path, pairs, rows, None if pairs else segments[seg_id].runs,
                     bad.error)
         by_segment = {path.name.split(".", 1)[0] for path in orphans}
         manifest = schema.manifest_file(root)
         for seg_id in sorted(by_segment):
             rows, pairs = store.segment_runs(root, seg_id)
-            add("in a segment the manifest does not list",
+            add("unlisted_segment", "in a segment the manifest does not list",
                 schema.segment_file(root, seg_id, "runs").with_name(f"{seg_id}.*.parquet"), pairs, rows,
                 detail="" if manifest.is_file() else f"{manifest} is missing")
         # rows whose runs-table row is gone: a live run's part metadata still holds its config
@@ -292,10 +293,10 @@ class ResultsDB:
             + (f"UNION SELECT run_id, s_sweep FROM {self._segment_source(list(self._good_segments()), 'metrics')} "
                "WHERE run_id NOT IN (SELECT run_id FROM runs)" if self._good_segments() else "")).fetchall()
         if orphaned:
-            add("with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs files",
+            add("no_run_row", "with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs files",
                 sorted(orphaned), self._rows_from_parts({r for r, _ in orphaned}))
         for sweep, (path, finished) in sorted(records.items()):
-            add(f"recorded finished by sweep {sweep!r} but held by no file", path, [(r, sweep) for r in sorted(finished)])
+            add("recorded", f"recorded finished by sweep {sweep!r} but held by no file", path, [(r, sweep) for r in sorted(finished)])
         return out
 
     def _good_segments(self) -> tuple[store.Segment, ...]:

@@ -117,6 +117,8 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         for seg in segments:
             report.problems += _metrics_problems(db, root, seg)
         for lost in db.lost():
+            if lost.kind == "no_run_row":
+                continue  # named run by run below
             report.problems.append(Problem("lost_runs", lost.where, f"{lost.count} run(s) {lost.why}"
                                            + (f" ({lost.detail})" if lost.detail else "") + ": "
                                            + (", ".join(lost.run_ids) or "their ids are in no readable file")))
