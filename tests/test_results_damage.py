@@ -142,3 +142,16 @@ def test_runs_recorded_finished_but_held_by_no_file_are_named(copy):
     assert "9 run(s) recorded finished by sweep 'damage' but held by no file" in done.output
     # another sweep's report is not failed by this one's damage
     assert bca("report", "--results", str(copy), "--sweep", "other").output.count("damaged") == 0
+
+
+def test_the_dashboard_says_the_store_is_damaged(copy, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH, RESULTS_ENV
+
+    schema.manifest_file(copy).unlink()
+    monkeypatch.setenv(RESULTS_ENV, str(copy))
+    at = AppTest.from_file(str(APP_PATH), default_timeout=180).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("The results are damaged: 9 run(s)" in e.value and "manifest.json is missing" in e.value
+               for e in at.error), [e.value for e in at.error]

@@ -636,11 +636,20 @@ def recorded_finished(results_dir: Path) -> dict[str, tuple[Path, set[str]]]:
     out: dict[str, tuple[Path, set[str]]] = {}
     folder = schema.sweeps_root(results_dir)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            data = json.loads(path.read_text("utf-8"))
-            if isinstance(data.get("finished"), list) and isinstance(data.get("name"), str):
-                out[data["name"]] = (path, {str(r) for r in data["finished"]})
+        stamp = _stamp(path)
+        hit = _RECORDS.get(path)
+        if hit is None or hit[0] != stamp:  # a study's record lists 10^5 runs: parsed once per version
+            hit = _RECORDS[path] = (stamp, None)
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                data = json.loads(path.read_text("utf-8"))
+                if isinstance(data.get("finished"), list) and isinstance(data.get("name"), str):
+                    hit = _RECORDS[path] = (stamp, (data["name"], {str(r) for r in data["finished"]}))
+        if hit[1] is not None:
+            out[hit[1][0]] = (path, hit[1][1])
     return out
+
+
+_RECORDS: dict[Path, tuple[tuple | None, tuple[str, set[str]] | None]] = {}
 
 
 def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
