@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep / `report` or `query` read a
 damaged store (runs it committed are not read: what they print stands on fewer runs, and stderr names them); 2 bad
-usage, refused or malformed SQL, unwritable output, missing results dir for verify.
+usage, refused or malformed SQL, a query past its --timeout, unwritable output, missing results dir for verify; 130
+a query stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 # Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
 REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
 RESULTS_HELP = f"Results directory written by `bca sweep` (default ./{schema.DEFAULT_RESULTS_DIR})."
+# `bca query`'s default time limit: a scan of a study's 2 x 10^8 rows takes a minute or two on two cores; a query
+# still running after ten is most likely an unintended join.
+QUERY_TIMEOUT_S = 600.0
 
 
 def _err(message: str) -> None:
@@ -95,13 +99,15 @@ def query_cmd(
     json_out: bool = typer.Option(False, "--json", help="Write a JSON array of row objects to stdout."),
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the result to this Parquet file."),
     max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table view."),
+    timeout: float = typer.Option(QUERY_TIMEOUT_S, "--timeout", min=0, help="Stop the query after this many "
+                                  "seconds (0: no limit); Ctrl-C stops it at any time."),
 ) -> None:
     """Run read-only SQL over the results (views: samples, runs, accuracy, summary, paired)."""
     import duckdb
     import pyarrow.parquet as pq
 
     from orchestrator.results.atomic import atomic_write
-    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.db import QueryTimeout, ResultsDB
     from orchestrator.results.safety import QueryRefused
 
     if (sql is None) == (file is None):
@@ -119,10 +125,16 @@ def query_cmd(
     results = _existing_results(results)
     with ResultsDB(results) as db:
         try:
-            table = db.query(sql or "")
+            table = db.query(sql or "", timeout_s=timeout or None)
         except QueryRefused as e:
             _err(f"refused: {e}")
             raise typer.Exit(2)
+        except QueryTimeout as e:
+            _err(f"error: {e} (--timeout {timeout:g}); give a larger --timeout, or 0 for none, or narrow the query")
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            _err("query interrupted (Ctrl-C)")
+            raise typer.Exit(130)
         except duckdb.Error as e:
             _err(str(e))
             raise typer.Exit(2)

@@ -20,6 +20,7 @@ import json
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -177,7 +178,11 @@ class ResultsDB:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        except duckdb.Error:
+            if exc[0] is None:
+                raise  # else the exception under way says more (a query interrupted leaves its connection busy)
 
     # ----------------------------------------------------------------------------------------- views
     @property
@@ -581,18 +586,60 @@ class ResultsDB:
 
         return self._run(run)
 
-    def query(self, user_sql: str) -> pa.Table:
-        """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table.
+    def query(self, user_sql: str, timeout_s: float | None = None) -> pa.Table:
+        """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table, stopped after `timeout_s`
+        seconds (QueryTimeout) or by Ctrl-C (KeyboardInterrupt), either at once: DuckDB runs it without the GIL's
+        checks for signals, so it runs in a thread the caller's thread waits on and interrupts.
 
         Raises safety.QueryRefused for refused statements and duckdb.Error (its own message) for bad SQL.
         """
         statement = safety.check_query(user_sql)
-        return self._run(lambda cur: cur.sql(statement).to_arrow_table())
+        return self._run(lambda cur: _interruptible(cur, lambda: cur.sql(statement).to_arrow_table(), timeout_s))
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor over freshly refreshed views, for a thread that runs its own queries (e.g. the dashboard)."""
         self.refresh()
         return self._con.cursor()
+
+
+class QueryTimeout(RuntimeError):
+    """A user query stopped after its time limit."""
+
+
+def _interruptible(cur: duckdb.DuckDBPyConnection, fn: Callable[[], T], timeout_s: float | None) -> T:
+    """fn() (a query on `cur`) run in a thread, interrupted on `cur` after timeout_s seconds or on Ctrl-C in the
+    calling thread."""
+    done: dict[str, Any] = {}
+    finished = threading.Event()  # not Thread.is_alive: a join that Ctrl-C interrupted can leave it False
+
+    def work() -> None:
+        try:
+            done["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            done["error"] = e
+        finally:
+            finished.set()
+
+    def stop() -> None:
+        # until the query has started it has nothing to interrupt, and while it is being bound the cursor is busy
+        while not finished.is_set():
+            with contextlib.suppress(duckdb.Error):
+                cur.interrupt()
+            finished.wait(0.05)
+
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    threading.Thread(target=work, name="bca-query", daemon=True).start()
+    try:
+        while not finished.wait(0.05):
+            if deadline is not None and time.monotonic() >= deadline:
+                stop()
+                raise QueryTimeout(f"the query was stopped after {timeout_s:g} s")
+    except KeyboardInterrupt:
+        stop()
+        raise
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def run_metrics_sql(samples: str, runs: str) -> str:
