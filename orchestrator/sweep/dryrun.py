@@ -9,7 +9,7 @@ Runs and trials per backbone / dataset / method (and batch size, where some run 
 sizes a per-sample method skips are named), with how many are finished already, the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
 through a method, summed over the runs to run) and images to encode, and the projected CPU- and GPU-hours
-(`cost.projected_hours`). Cache entries are recognised by their manifest (backbone, dataset, image-list
+(`cost.projected_hours`: the GPU's include encoding at the backbone's measured rate). Cache entries are recognised by their manifest (backbone, dataset, image-list
 fingerprint, views and seed), without loading any weights.
 
 A spec whose data_root is not on this machine is planned for the machine that holds it: stream lengths are the
@@ -131,7 +131,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
                                 None if source.views == "single" else source.seed), source)
-    encode = 0
+    encode: Counter = Counter()  # backbone -> image views to encode
     elsewhere = data_elsewhere(spec)
     if elsewhere:
         lines.append(f"data_root {spec.data_root} is not on this machine: planned for the machine that holds it "
@@ -145,11 +145,11 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
             if state == "to encode":
                 from orchestrator.clip.views import parse_views
 
-                encode += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
+                encode[source.model] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
             lines.append(f"  {source.model} {source.weights or 'random weights'} {source.dataset} views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
-                 + (f", {encode:,} image views to encode" if entries else ""))
+                 + (f", {sum(encode.values()):,} image views to encode" if entries else ""))
     replayed = [trial for trial in trials if trial.replay]
     if replayed:
         lines.append(f"order-free runs computed once over their orders: {sum(len(t.runs) for t in replayed):,} runs of "
@@ -161,7 +161,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                      f"pass (one configuration per order where the runner steps one order at a time, or a trial of "
                      f"one run): the projected GPU-hours price them at their cards' rates, measured on packs of 32 "
                      f"configs, which overstate their speed")
-    return lines + projected_hours(computed, lambda source: lengths[source])
+    return lines + projected_hours(computed, lambda source: lengths[source], encode)
 
 
 def stepping_alone(trials: list[Trial]) -> Counter:
