@@ -94,7 +94,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     todo = [r for r in runs if r.run_id not in finished]
     lines = [f"sweep {spec.name} (dry run: nothing is run or written): {len(runs):,} runs, {len(finished):,} "
              f"finished, {len(todo):,} to run in {len(trials):,} trials (pack {spec.pack}) -> {spec.results_dir}"]
-    # a batch column where some run adapts on batches; a pack's trial counts under its first run's row
+    # a batch column where some run adapts on batches
     batched = any(r.batch_size != 1 for r in runs)
 
     def key(run: Run) -> tuple:
@@ -102,13 +102,17 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
 
     by_key = Counter(key(r) for r in runs)
     done = Counter(key(r) for r in runs if r.run_id in finished)
-    trial_count = Counter(key(t.runs[0]) for t in trials)
+    # a trial counts under every row it holds runs of (a pack holds several methods' runs of one data source)
+    trial_count = Counter(k for t in trials for k in {key(r) for r in t.runs})
     lines.append(f"  {'backbone':<20} {'dataset':<28} {'method':<10}" + (f" {'batch':>6}" if batched else "")
                  + f" {'runs':>9} {'finished':>9} {'trials':>9}")
     for k, n in by_key.items():
         backbone, dataset, method = k[:3]
         lines.append(f"  {backbone:<20} {dataset:<28} {method:<10}" + (f" {k[3]:>6}" if batched else "")
                      + f" {n:>9,} {done[k]:>9,} {trial_count[k]:>9,}")
+    if sum(trial_count.values()) > len(trials):
+        lines.append("  trials: those holding a run of the row; a trial packs runs of several rows, so the column "
+                     f"adds up to more than the {len(trials):,} trials")
     lines += _skipped_batch_sizes(spec)
     lines += _text_encoder_lines(runs)
     sharded: dict[str, dict[str, int]] = {}  # method -> run_id -> its shards
