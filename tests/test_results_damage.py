@@ -144,14 +144,19 @@ def test_runs_recorded_finished_but_held_by_no_file_are_named(copy):
     assert bca("report", "--results", str(copy), "--sweep", "other").output.count("damaged") == 0
 
 
-def test_the_dashboard_says_the_store_is_damaged(copy, monkeypatch):
+@pytest.mark.parametrize("damage", ["manifest", "runs_row"])
+def test_the_dashboard_says_the_store_is_damaged(copy, monkeypatch, damage):
     from streamlit.testing.v1 import AppTest
 
     from dashboard import APP_PATH, RESULTS_ENV
 
-    schema.manifest_file(copy).unlink()
+    if damage == "manifest":
+        schema.manifest_file(copy).unlink()
+        said = ("The results are damaged: 9 run(s)", "manifest.json is missing")
+    else:
+        files.run_files(copy)[0].unlink()
+        said = ("The results are damaged: 1 run(s)", "with rows but no runs-table row")
     monkeypatch.setenv(RESULTS_ENV, str(copy))
     at = AppTest.from_file(str(APP_PATH), default_timeout=180).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any("The results are damaged: 9 run(s)" in e.value and "manifest.json is missing" in e.value
-               for e in at.error), [e.value for e in at.error]
+    assert any(all(s in e.value for s in said) for e in at.error), [e.value for e in at.error]

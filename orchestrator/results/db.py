@@ -265,15 +265,25 @@ class ResultsDB:
 
     def _find_lost(self, orphans: list[Path], records: dict[str, tuple[Path, set[str]]]) -> list[Lost]:
         root = self.results_dir
-        present = {r for (r,) in self._con.execute("SELECT run_id FROM runs").fetchall()}
+        named: set[str] = set()  # each run named once, by the first finding
         out: list[Lost] = []
 
+        def absent(ids: set[str]) -> set[str]:
+            """Those of `ids` the runs view lacks (an anti-join in DuckDB: a record lists up to 10^5 runs)."""
+            if not ids:
+                return set()
+            with contextlib.closing(self._con.cursor()) as cur:
+                cur.register("lost_candidates", pa.table({"run_id": sorted(ids)}))
+                return {r for (r,) in cur.execute("SELECT run_id FROM lost_candidates WHERE run_id NOT IN "
+                                                  "(SELECT run_id FROM runs)").fetchall()}
+
         def add(kind: str, why: str, where: Path | str, pairs: list[tuple[str, str | None]], rows: list[dict] = (),
-                count: int | None = None, detail: str = "") -> None:
-            pairs = [(r, s) for r, s in pairs if r not in present]
+                count: int | None = None, detail: str = "", checked: bool = False) -> None:
+            gone = {r for r, _ in pairs} if checked else absent({r for r, _ in pairs})
+            pairs = [(r, s) for r, s in pairs if r in gone and r not in named]
             if not pairs and not count:
                 return
-            present.update(r for r, _ in pairs)  # named once, by the first finding
+            named.update(r for r, _ in pairs)
             ids = tuple(sorted({r for r, _ in pairs}))
             sweeps = None if not pairs or any(s is None for _, s in pairs) else frozenset(s for _, s in pairs)
             out.append(Lost(kind, why, str(where), ids, len(ids) or count or 0, sweeps,
@@ -293,15 +303,19 @@ class ResultsDB:
                 schema.segment_file(root, seg_id, "runs").with_name(f"{seg_id}.*.parquet"), pairs, rows,
                 detail="" if manifest.is_file() else f"{manifest} is missing")
         # rows whose runs-table row is gone: a live run's part metadata still holds its config
-        orphaned = self._con.execute(
-            f"SELECT DISTINCT run_id, sweep FROM {_LIVE_SAMPLES} WHERE run_id NOT IN (SELECT run_id FROM runs) "
-            + (f"UNION SELECT run_id, s_sweep FROM {self._segment_source(list(self._good_segments()), 'metrics')} "
-               "WHERE run_id NOT IN (SELECT run_id FROM runs)" if self._good_segments() else "")).fetchall()
+        good = list(self._good_segments())
+        with contextlib.closing(self._con.cursor()) as cur:
+            orphaned = cur.execute(
+                f"SELECT DISTINCT run_id, sweep FROM {_LIVE_SAMPLES} WHERE run_id NOT IN (SELECT run_id FROM runs) "
+                + (f"UNION SELECT run_id, {'s_sweep' if all('s_sweep' in g.metrics_columns for g in good) else 'NULL'} "
+                   f"FROM {self._segment_source(good, 'metrics')} "
+                   "WHERE run_id NOT IN (SELECT run_id FROM runs)" if good else "")).fetchall()
         if orphaned:
-            add("no_run_row", "with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs files",
-                sorted(orphaned), self._rows_from_parts({r for r, _ in orphaned}))
+            add("no_run_row", "with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs "
+                "files", sorted(orphaned), self._rows_from_parts({r for r, _ in orphaned}), checked=True)
         for sweep, (path, finished) in sorted(records.items()):
-            add("recorded", f"recorded finished by sweep {sweep!r} but held by no file", path, [(r, sweep) for r in sorted(finished)])
+            add("recorded", f"recorded finished by sweep {sweep!r} but held by no file", path,
+                [(r, sweep) for r in sorted(finished)])
         return out
 
     def _good_segments(self) -> tuple[store.Segment, ...]:
