@@ -293,8 +293,8 @@ class ResultsDB:
         for seg_id, bad in self._bad_segments.items():
             if seg_id in segments:
                 rows, pairs = store.segment_runs(root, seg_id)
-                add("bad_segment", "in a segment that cannot be read", bad.path, pairs, rows, None if pairs else segments[seg_id].runs,
-                    bad.error)
+                add("bad_segment", "in a segment that cannot be read", bad.path, pairs, rows,
+                    None if pairs else segments[seg_id].runs, bad.error)
         by_segment = {path.name.split(".", 1)[0] for path in orphans}
         manifest = schema.manifest_file(root)
         for seg_id in sorted(by_segment):

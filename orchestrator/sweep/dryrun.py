@@ -9,8 +9,9 @@ Runs and trials per backbone / dataset / method (and batch size, where some run 
 sizes a per-sample method skips are named), with how many are finished already, the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
 through a method, summed over the runs to run) and images to encode, and the projected CPU- and GPU-hours
-(`cost.projected_hours`: the GPU's include encoding at the backbone's measured rate). Cache entries are recognised by their manifest (backbone, dataset, image-list
-fingerprint, views and seed), without loading any weights.
+(`cost.projected_hours`: the GPU's include encoding at the backbone's measured rate). Cache entries are
+recognised by their manifest (backbone, dataset, image-list fingerprint, views and seed), without loading any
+weights.
 
 A spec whose data_root is not on this machine is planned for the machine that holds it: stream lengths are the
 registry's test-set sizes, the cache is not consulted, and this machine's checks (weights, resources) are left

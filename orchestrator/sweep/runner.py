@@ -351,7 +351,8 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
             # Accepted so that scripts can always pass --resume (scripts/demo.sh does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
         rerun = {r.run_id for stale in changed.values() for r in stale} if rerun_changed else set()
-        write_sweep_record(spec, runs, [r.run_id for r in runs if status[r.run_id] == "finished" and r.run_id not in rerun])
+        write_sweep_record(spec, runs, [r.run_id for r in runs
+                                        if status[r.run_id] == "finished" and r.run_id not in rerun])
         for stale in changed.values() if rerun_changed else ():
             for run in stale:
                 RunWriter(spec.results_dir, run.config).discard_rows()
