@@ -198,8 +198,8 @@ def _per_run(db: ResultsDB, good: list[Path], segments: list[Path]) -> list[dict
 
 def _rows_source(good: list[Path], segments: list[Path]) -> str | None:
     """(run_id, sample_idx, label, pred, correct, filename) of every row in the given live parts and segments,
-    run_id as stored in the file (the samples view takes a live part's from its folder name). A segment's rows have no filename: a
-    segment holds many runs, so there is no folder to disagree with."""
+    run_id as stored in the file (the samples view takes a live part's from its folder name). A segment's rows have
+    no filename: a segment holds many runs, so there is no folder to disagree with."""
     def listed(paths: list[Path]) -> str:
         return ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
 
