@@ -56,7 +56,6 @@ def intact(tmp_path_factory) -> Path:
 def copy(intact, tmp_path) -> Path:
     root = tmp_path / "results"
     shutil.copytree(intact, root)
-    store._CACHE.clear()
     return root
 
 
