@@ -8,6 +8,7 @@ verify` names the damage and exits 1, never with a traceback.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -159,3 +160,13 @@ def test_the_dashboard_says_the_store_is_damaged(copy, monkeypatch, damage):
     at = AppTest.from_file(str(APP_PATH), default_timeout=180).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any(all(s in e.value for s in said) for e in at.error), [e.value for e in at.error]
+
+
+def test_compact_keeps_unlisted_segments_that_are_the_only_copy(copy):
+    schema.manifest_file(copy).unlink()
+    old = (copy / "catalog" / "segments").glob("*.parquet")
+    for path in old:
+        os.utime(path, (1, 1))  # past the age at which an orphan is removed
+    assert bca("compact", str(copy)).exit_code == 0
+    done = bca("report", "--results", str(copy))
+    assert done.exit_code == 1 and "9 run(s) in a segment the manifest does not list" in done.output

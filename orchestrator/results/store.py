@@ -653,9 +653,20 @@ _RECORDS: dict[Path, tuple[tuple | None, tuple[str, set[str]] | None]] = {}
 
 
 def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
-    """Delete orphan segment files older than `older_than_s` (younger ones may belong to a compaction under way)."""
+    """Delete orphan segment files older than `older_than_s` (younger ones may belong to a compaction under way),
+    but none of a segment holding a run that is nowhere else: its manifest entry was lost (a manifest deleted by
+    hand), so it is the only copy, which the readers name as lost (db.ResultsDB.lost)."""
+    root = schema.resolve_results_dir(results_dir)
+    held = set(load_catalog(root).compacted()) | {
+        p.name.removeprefix("run_id=").removesuffix(".parquet") for p in files.run_files(root)}
+    only_copy: dict[str, bool] = {}
     now, n = time.time(), 0
     for path in orphan_files(results_dir):
+        seg_id = path.name.split(".", 1)[0]
+        if seg_id not in only_copy:
+            only_copy[seg_id] = any(run_id not in held for run_id, _ in segment_runs(root, seg_id)[1])
+        if only_copy[seg_id]:
+            continue
         with contextlib.suppress(FileNotFoundError):
             if now - path.stat().st_mtime >= older_than_s:
                 os.unlink(path)
