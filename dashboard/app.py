@@ -54,6 +54,11 @@ def main() -> None:
         return
     stamp = context.results_fingerprint(results_dir)
     all_runs, bad, counts, total = load_results(results_dir, stamp)
+    lost = open_db(results_dir).lost()
+    if lost:
+        st.error(f"The results are damaged: {sum(x.count for x in lost)} run(s) committed to this results dir are "
+                 "not read, so every number below stands on fewer runs than were made (`bca verify "
+                 f"{results_dir}` says more):\n\n" + "\n".join(f"- {x}" for x in lost))
     if bad:
         st.warning(f"Left out {len(bad)} unreadable or incomplete results file(s); everything else is shown:\n\n"
                    + "\n".join(f"- `{b}`" for b in bad))

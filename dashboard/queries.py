@@ -125,8 +125,11 @@ def accuracy_runs(db: ResultsDB) -> pd.DataFrame:
              if c not in carried and c not in _HEAVY and c not in unused]
     columns = "".join(f', r."{c}"' for c in extra)
     exclude = f" EXCLUDE ({', '.join(map(_quoted, unused))})" if unused else ""
+    # rows whose runs-table row is gone (a damaged store) have no seed or setting to be shown under: the page's
+    # banner names them (ResultsDB.lost)
     return db.df(f"SELECT a.*{exclude}{columns}, p.helped, p.hurt FROM accuracy a LEFT JOIN runs r USING (run_id) "
-                 "LEFT JOIN paired p USING (run_id) ORDER BY a.backbone, a.dataset, a.method, a.run_id")
+                 "LEFT JOIN paired p USING (run_id) WHERE a.status IS NOT NULL "
+                 "ORDER BY a.backbone, a.dataset, a.method, a.run_id")
 
 
 def runs_listing(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

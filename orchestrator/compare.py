@@ -37,7 +37,11 @@ def resolve_method(method: str) -> tuple[str, list[str], list[str]]:
     before = registry.method_names()
     if method in before:
         return method, [], before
-    registry.load_plugins([method])  # ValueError naming the module when it cannot be imported
+    try:
+        registry.load_plugins([method])
+    except ValueError as exc:  # names the module and why it cannot be imported
+        raise ValueError(f"METHOD {method!r} is not a registered method ({', '.join(before)}), nor a plugin module "
+                         f"that registers one: {exc}") from None
     added = [name for name in registry.method_names() if name not in before]
     if len(added) != 1:
         raise ValueError(f"METHOD {method!r}: expected a registered method ({', '.join(before)}) or a "
@@ -86,8 +90,9 @@ def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, res
 # ---------------------------------------------------------------------------------------------- leaderboard
 def leaderboard(db: Any, sweep: str) -> pd.DataFrame:
     """One row per method of the sweep's finished complete runs, best first: mean gain over CLIP (points) with
-    its 95% interval, worst 10% of the per-run gains, ECE, samples/s, and the difference to the best method
-    with its Holm-adjusted p-value (None for the best)."""
+    its 95% interval, worst 10% of the per-run gains, ECE, samples/s (as the runs recorded it: in a pack, the
+    pack's speed, each run an equal share of the pass), and the difference to the best method with its
+    Holm-adjusted p-value (None for the best)."""
     baseline = registry.baseline_method()
     runs = db.df("SELECT a.run_id, a.method, a.setting_id, a.dataset, a.seed, "
                  "coalesce(a.order_index, 0) AS order_index, a.ece, r.samples_per_s "
@@ -156,8 +161,8 @@ def render(board: pd.DataFrame, sweep: str) -> Any:
 
     table = Table(title=f"Leaderboard — sweep {sweep}: gain over CLIP in accuracy points, mean over the suite's "
                   "runs", title_justify="left", header_style="bold")
-    for name in ("rank", "method", "gain over CLIP [95% interval]", "worst 10%", "ECE (%)", "samples/s", "runs",
-                 "against the best (Holm)"):
+    for name in ("rank", "method", "gain over CLIP [95% interval]", "worst 10%", "ECE (%)", "samples/s (pack)",
+                 "runs", "against the best (Holm)"):
         table.add_column(Text(name), justify="left" if name in ("method", "against the best (Holm)") else "right")
     best = board.iloc[0]["method"] if len(board) else None
     for _, row in board.iterrows():
@@ -168,7 +173,9 @@ def render(board: pd.DataFrame, sweep: str) -> Any:
                       f"{row['samples_per_s']:,.0f}", str(row["runs"]), Text(_verdict(row, best)))
     table.caption = Text("interval: over orders and test samples (one order: the pooled paired bootstrap); "
                          "against the best: the same paired test, Holm over the methods, "
-                         f"significant at {stats.ALPHA:g} (docs/statistics.md)")
+                         f"significant at {stats.ALPHA:g}; samples/s (pack): the speed of the trials that ran the "
+                         "method's runs, several methods' runs to a trial in one pass, not the method's alone "
+                         "(docs/statistics.md)")
     table.caption_justify = "left"
     return table
 

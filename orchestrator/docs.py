@@ -297,6 +297,20 @@ def protocols_table() -> str:
     return "\n".join(rows)
 
 
+def compare_suite() -> str:
+    """The size of `bca compare`'s default suite, from the spec the command builds (for a built-in method)."""
+    from orchestrator import compare
+    from orchestrator.sweep.load import validate_spec
+    from orchestrator.sweep.plan import expand
+
+    document = compare.suite_spec("bca", [], registry.method_names(), results_dir="results")
+    runs = expand(validate_spec(document, source="bca compare bca"))
+    methods = len(document["methods"])
+    return (f"The default suite is {methods} methods (every built-in method that runs on one view; a plugin method "
+            f"adds itself) x {len(compare.PRESETS)} presets x {len(compare.STREAMS)} streams x "
+            f"{compare.DEFAULT_ORDERS} orders: {len(runs):,} runs, {len(runs) // methods} per method.")
+
+
 # ------------------------------------------------------------------------------------------------- pages
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "methods-table": ("docs/methods.md", methods_table),
@@ -308,6 +322,7 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "run-columns": ("docs/reference-results.md", run_columns),
     "cli-options": ("docs/reference-cli.md", cli_options),
     "benchmark-logs": ("docs/performance.md", benchmark_logs),
+    "compare-suite": ("docs/statistics.md", compare_suite),
 }
 
 

@@ -104,6 +104,13 @@ def test_bad_method_or_suite_exits_2_with_a_message(tmp_path, args, message):
     assert out.exit_code == 2 and message in out.output, out.output
 
 
+def test_an_unknown_method_lists_the_known_ones(tmp_path):
+    out = runner.invoke(app, ["compare", "nosuchmethod", "--dry-run", "--results", str(tmp_path)])
+    assert out.exit_code == 2
+    assert "METHOD 'nosuchmethod' is not a registered method (" in out.output
+    assert all(name in out.output for name in registry.method_names()), out.output
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_compare_a_plugin_method_prints_the_leaderboard_and_resumes(tmp_path):
@@ -118,3 +125,20 @@ def test_compare_a_plugin_method_prints_the_leaderboard_and_resumes(tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=800)
     assert again.returncode == 0 and "0 to run" in again.stdout or "already finished" in again.stdout, again.stdout
     assert "Leaderboard — sweep compare-sharpen" in again.stdout
+
+
+def test_the_leaderboard_says_its_samples_per_s_is_the_packs():
+    import io
+
+    import pandas as pd
+    from rich.console import Console
+
+    from orchestrator.compare import render
+
+    board = pd.DataFrame([{"rank": 1, "method": "tda", "label": "TDA", "gain": 1.0, "gain_low": 0.5,
+                           "gain_high": 1.5, "worst10": 0.1, "ece": 5.0, "samples_per_s": 900.0, "runs": 18,
+                           "vs_best": float("nan"), "p_vs_best": float("nan")}])
+    text = io.StringIO()
+    Console(file=text, width=400).print(render(board, "compare-tda"))
+    out = " ".join(text.getvalue().split())
+    assert "samples/s (pack)" in out and "the speed of the trials that ran the method's runs" in out

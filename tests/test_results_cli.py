@@ -247,3 +247,44 @@ def test_query_the_paired_view_as_the_readme_does(results):
     assert len(rows) == 3 * 2  # one bca run per dataset and seed, each against its CLIP run
     assert all(r["misaligned"] == 0 and r["helped"] + r["hurt"] + r["both_right"] + r["both_wrong"] == 30
                for r in rows)
+
+
+# A self-join with no end in sight on the module's results (12 runs x 30 rows: 360^4 row combinations).
+ENDLESS = "SELECT count(*) FROM samples a, samples b, samples c, samples d"
+
+
+def test_query_past_its_timeout_is_stopped_and_named(results):
+    started = time.monotonic()
+    r = bca("query", ENDLESS, "--results", str(results), "--timeout", "0.5")
+    assert r.exit_code == 2 and "the query was stopped after 0.5 s (--timeout 0.5)" in r.stderr
+    assert "Traceback" not in r.output and time.monotonic() - started < 60
+
+
+def test_ctrl_c_interrupts_a_running_query(results):
+    """Ctrl-C (SIGINT to this process while the query runs) stops it at once and leaves the connection usable;
+    `bca query` says so and exits 130."""
+    import signal
+    import threading
+
+    from orchestrator.results.db import ResultsDB
+
+    with ResultsDB(results) as db:
+        db.query("SELECT 1")  # the views built before the clock starts
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            db.query(ENDLESS)
+        assert time.monotonic() - started < 30
+        assert db.query("SELECT count(*) AS n FROM runs").column("n").to_pylist() == [12]
+
+
+def test_query_interrupted_by_ctrl_c_exits_130(results, monkeypatch):
+    from orchestrator.results.db import ResultsDB
+
+    def interrupted(self, sql, timeout_s=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ResultsDB, "query", interrupted)
+    r = bca("query", "SELECT 1", "--results", str(results))
+    assert r.exit_code == 130 and "query interrupted (Ctrl-C)" in r.stderr

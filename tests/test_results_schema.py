@@ -30,6 +30,15 @@ def test_group_and_setting_ids():
     assert schema.setting_id({**BASE, "templates": "clip80"}) != schema.setting_id(BASE)
 
 
+def test_the_sweep_name_is_part_of_the_run_id_and_not_of_the_setting_id():
+    """As docs/reference-results.md says: one configuration under two sweep names is two runs sharing a setting."""
+    other = {**BASE, "sweep": "other"}
+    assert schema.config_hash(other) != schema.config_hash(BASE) and schema.group_id(other) != schema.group_id(BASE)
+    assert schema.setting_id(other) == schema.setting_id(BASE)
+    # a shipped id: the hash of a stored config never changes (every results dir's run_ids depend on it)
+    assert schema.config_hash(BASE) == "966d4a24ef46d3ff"
+
+
 def test_normalised_config_fills_optional_keys():
     cfg = schema.normalize_config({**BASE, "views": 64, "synthetic": {"noise": 0.1}})
     assert cfg["views"] == "64" and cfg["pretrained"] is None and cfg["num_templates"] is None

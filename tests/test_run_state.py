@@ -53,6 +53,25 @@ def test_a_trial_ended_by_the_stop_is_recorded_as_interrupted_with_its_rows(tmp_
     assert row["progress"] == "stopped at 200/200 rows"
 
 
+def test_a_run_stopped_while_its_trial_still_wrote_is_recorded_at_its_rows_on_disk(tmp_path):
+    """Recorded interrupted while its trial was still stopping (on SIGTERM, or by the failure callback), the trial
+    then wrote one more part: the sweep's end counts the run again, so its record says what is on disk."""
+    from orchestrator.sweep.runner import _record_interrupted
+
+    spec = load_spec(write_spec(tmp_path))
+    run = expand(spec)[0]
+    write_fake_run(spec.results_dir, run.config, n=200, rows=50, part_size=50, status="running")
+    _record_interrupted(spec, [run], "bca sweep st.yaml", print)  # on SIGTERM, the trial still running
+    assert read_run(spec.results_dir, spec.name, run.run_id)["progress"] == "stopped at 50/200 rows"
+    writer = RunWriter(spec.results_dir, run.config)
+    writer.write_part(50, {"image_id": [f"i{i}" for i in range(50, 100)], "label": [0] * 50, "pred": [0] * 50,
+                           "confidence": [0.9] * 50})  # the part it was writing when stopped
+    assert _record_interrupted(spec, [run], "bca sweep st.yaml", print) == [run.run_id]  # after Tune returned
+    row = read_run(spec.results_dir, spec.name, run.run_id)
+    assert row["error"].startswith("interrupted after 100 complete rows (of 200)")
+    assert row["progress"] == "stopped at 100/200 rows" and writer.rows_done() == 100
+
+
 def test_verify_names_every_run_that_is_not_finished(tmp_path):
     spec = load_spec(write_spec(tmp_path))
     runs = expand(spec)

@@ -43,14 +43,22 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     assert int(re.search(r"to run in ([\d,]+) trials", out)[1].replace(",", "")) < 1000
     steps = int(re.search(r"estimated cost: ([\d,]+) online steps", out)[1].replace(",", ""))
     cpu = float(re.search(r"projected CPU-hours: ([\d,.]+)", out)[1].replace(",", ""))
-    projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100, lockstep packs of 32 configs where a method "
-                          r"has a runner, rates from (.*?)(?:; at CPU rates: ([a-z_, ]+))?\)$", out, re.M)
-    gpu = float(projected[1].replace(",", ""))
-    assert projected[2] == " and ".join(cost.GPU_RATES_LOGS)
+    projected = re.search(r"projected GPU-hours: ([\d,.]+) \(one H100: methods ([\d,.]+), lockstep packs of 32 "
+                          r"configs where a method has a runner, rates from (.*?)(?:; at CPU rates: ([a-z_, ]+))?; "
+                          r"encoding ([\d,.]+), ([\d,]+) image views at the image encoders' fp16 rates from (\S+)\)$",
+                          out, re.M)
+    total, gpu, encoding = (float(projected[i].replace(",", "")) for i in (1, 2, 5))
+    assert projected[3] == " and ".join(cost.GPU_RATES_LOGS) and projected[7] == cost.GPU_RATES_LOGS[0]
     # the methods with no H100 rate yet are named, not silently priced at the H100's
     spec_methods = {m["method"] for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
     unrated = sorted(m for m in spec_methods if method_card(m).gpu_samples_per_s is None)
-    assert (projected[3] or "") == ", ".join(unrated)
+    assert (projected[4] or "") == ", ".join(unrated)
+    # the images to encode (none cached: the data is elsewhere) are priced at both backbones' measured rates
+    views = int(re.search(r"([\d,]+) image views to encode", out)[1].replace(",", ""))
+    assert int(projected[6].replace(",", "")) == views and encoding > 0
+    assert total == pytest.approx(gpu + encoding, abs=0.1)
+    assert views / cost.GPU_ENCODER_IMAGES_PER_S["RN50"] / 3600 > encoding > views / cost.GPU_ENCODER_IMAGES_PER_S[
+        "ViT-B-16"] / 3600
     # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones; an
     # order-free method's configuration is computed once for its 100 orders (orchestrator.sweep.replay)
     free = sorted(m for m in spec_methods if order_free(m))
@@ -83,6 +91,20 @@ def test_a_missing_data_root_still_refuses_a_sweep_that_would_run_here(tmp_path)
         assert "data_root: directory" in str(exc) and "does not exist" in str(exc)
     else:
         raise AssertionError("a sweep run here needs its data_root")
+
+
+def test_encoder_rates_are_the_h100_log():
+    log = (REPO / cost.GPU_RATES_LOGS[0]).read_text().split("3. image encoders")[1]
+    measured = {m: float(r.replace(",", "")) for m, r in re.findall(r"^  (\S+) +([\d,]+) images/s", log, re.M)}
+    assert measured == cost.GPU_ENCODER_IMAGES_PER_S
+
+
+def test_the_projection_prices_encoding_per_backbone_and_names_an_unmeasured_one():
+    cpu, gpu = cost.projected_hours([], lambda source: 0, {"RN50": 4612 * 3600, "ViT-B/16": 6378 * 1800,
+                                                         "ViT-H-14": 1000})
+    assert "projected GPU-hours: 1.5 (one H100: methods 0.0," in gpu
+    assert "encoding 1.5, 28,084,600 image views" in gpu and "not priced for ViT-H-14 (no measured rate)" in gpu
+    assert "the 28,084,600 image views to encode are not in it" in cpu
 
 
 def test_gpu_rates_are_the_h100_logs():

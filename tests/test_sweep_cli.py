@@ -55,8 +55,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     # pack: auto (the default): each seed's stream is one trial of its three runs
     assert "sweep s (dry run: nothing is run or written): 6 runs, 0 finished, 6 to run in 2 trials (pack auto)" in r.stdout
     lines = [ln.split() for ln in r.stdout.splitlines()]
-    assert ["synthetic", "synthetic-label_shift", "clip", "2", "0", "2"] in lines  # a pack counts under its first
-    assert ["synthetic", "synthetic-label_shift", "bca", "4", "0", "0"] in lines  # run's method
+    # each trial packs clip's and bca's runs of a seed: it counts under both rows, and the plan says so
+    assert ["synthetic", "synthetic-label_shift", "clip", "2", "0", "2"] in lines
+    assert ["synthetic", "synthetic-label_shift", "bca", "4", "0", "2"] in lines
+    assert "a trial packs runs of several rows, so the column adds up to more than the 2 trials" in r.stdout
     assert "estimated cost: 360 online steps" in r.stdout  # 6 runs x 60 samples
     assert not (tmp_path / "results").exists()
 

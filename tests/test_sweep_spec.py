@@ -282,3 +282,14 @@ def test_random_weights_are_explicit_and_recorded_as_such(tmp_path):
     runs = expand(validate_spec(data, base_dir=tmp_path))
     real = [r for r in runs if r.config["dataset"] == "dtd"]
     assert real and all(r.config["pretrained"] == "random" and r.source.weights is None for r in real)
+
+
+@pytest.mark.parametrize("key, value, shown", [("batch_size", 0, "batch_size[0]: expected an integer >= 1"),
+                                               ("batch_size", -4, "batch_size[0]: expected an integer >= 1"),
+                                               ("pack", 0, "pack: expected 'auto' or an integer"),
+                                               ("pack", "many", "pack: expected 'auto' or an integer")])
+def test_a_bad_batch_size_or_pack_names_the_value_given(tmp_path, key, value, shown):
+    with pytest.raises(SpecError) as info:
+        validate_spec({**copy.deepcopy(BASE), key: value}, base_dir=tmp_path)
+    message = str(info.value)
+    assert shown in message and f"(got {value!r})" in message and "{" not in message

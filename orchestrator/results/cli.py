@@ -1,7 +1,9 @@
 """The results subcommands of `bca`: query, report, verify, compact (registered on the app by orchestrator/cli.py).
 
-Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep; 2 bad usage, refused or
-malformed SQL, unwritable output, missing results dir for verify.
+Exit codes: 0 success; 1 `verify` found problems / `report --sweep` found no such sweep / `report` or `query` read a
+damaged store (runs it committed are not read: what they print stands on fewer runs, and stderr names them); 2 bad
+usage, refused or malformed SQL, a query past its --timeout, unwritable output, missing results dir for verify; 130
+a query stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
 # Problems `bca sweep --resume` repairs (it re-runs what is missing of a run; see orchestrator.sweep.status).
 REPAIRED_BY_RESUME = ("missing_rows", "gap", "bad_part", "temp_file")
 RESULTS_HELP = f"Results directory written by `bca sweep` (default ./{schema.DEFAULT_RESULTS_DIR})."
+# `bca query`'s default time limit: a scan of a study's 2 x 10^8 rows takes a minute or two on two cores; a query
+# still running after ten is most likely an unintended join.
+QUERY_TIMEOUT_S = 600.0
 
 
 def _err(message: str) -> None:
@@ -36,6 +41,20 @@ def _err(message: str) -> None:
 def _warn_bad_files(db: Any) -> None:
     for bad in db.bad_files:
         _err(f"warning: skipped bad file {bad.path}: {bad.error}")
+
+
+def _damaged(db: Any, sweep: str | None = None) -> bool:
+    """Name on stderr the runs the results dir committed that no view reads (`ResultsDB.lost`); True when any:
+    whatever was printed stands on fewer runs than were made, and the command exits 1."""
+    lost = db.lost(sweep)
+    if lost:
+        total = sum(found.count for found in lost)
+        _err(f"error: the results are damaged: {total} run(s) committed to {db.results_dir} are not read, so what "
+             f"is printed stands on fewer runs than were made:")
+        for found in lost:
+            _err(f"  {found}")
+        _err(f"bca verify {db.results_dir} says more")
+    return bool(lost)
 
 
 def _existing_results(results: Path) -> Path:
@@ -80,13 +99,15 @@ def query_cmd(
     json_out: bool = typer.Option(False, "--json", help="Write a JSON array of row objects to stdout."),
     parquet: Optional[Path] = typer.Option(None, "--parquet", help="Write the result to this Parquet file."),
     max_rows: int = typer.Option(50, "--max-rows", min=1, help="Rows shown in the table view."),
+    timeout: float = typer.Option(QUERY_TIMEOUT_S, "--timeout", min=0, help="Stop the query after this many "
+                                  "seconds (0: no limit); Ctrl-C stops it at any time."),
 ) -> None:
     """Run read-only SQL over the results (views: samples, runs, accuracy, summary, paired)."""
     import duckdb
     import pyarrow.parquet as pq
 
     from orchestrator.results.atomic import atomic_write
-    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.db import QueryTimeout, ResultsDB
     from orchestrator.results.safety import QueryRefused
 
     if (sql is None) == (file is None):
@@ -104,15 +125,22 @@ def query_cmd(
     results = _existing_results(results)
     with ResultsDB(results) as db:
         try:
-            table = db.query(sql or "")
+            table = db.query(sql or "", timeout_s=timeout or None)
         except QueryRefused as e:
             _err(f"refused: {e}")
             raise typer.Exit(2)
+        except QueryTimeout as e:
+            _err(f"error: {e} (--timeout {timeout:g}); give a larger --timeout, or 0 for none, or narrow the query")
+            raise typer.Exit(2)
+        except KeyboardInterrupt:
+            _err("query interrupted (Ctrl-C)")
+            raise typer.Exit(130)
         except duckdb.Error as e:
             _err(str(e))
             raise typer.Exit(2)
         finally:
             _warn_bad_files(db)
+        damaged = _damaged(db)
     if parquet is not None:
         out = parquet.absolute()
         if out.resolve().is_relative_to(db.results_dir.resolve()):
@@ -144,6 +172,8 @@ def query_cmd(
         shown = min(max_rows, table.num_rows)
         more = f"; showing {shown} (--max-rows, or --csv for all)" if shown < table.num_rows else ""
         console.print(f"{table.num_rows} row(s){more}", highlight=False)
+    if damaged:
+        raise typer.Exit(1)
 
 
 def report_cmd(
@@ -170,16 +200,19 @@ def report_cmd(
             where = f"for sweep {sweep!r} " if sweep else ""
             _err(f"no finished runs {where}in {db.results_dir}" + (f" (sweeps there: {', '.join(sweeps)})" if sweeps
                                                                    else ""))
-            if sweep:
+            if _damaged(db, sweep) or sweep:
                 raise typer.Exit(1)
             return
         versions = _dataset_versions(db, sweep)
+        damaged = _damaged(db, sweep)
     rendered = [table.render() for table in tables]
     console = wide_console(fit=rendered)
     for table in rendered:
         console.print(table)
     for line in versions:
         _err(f"warning: {line}")
+    if damaged:
+        raise typer.Exit(1)
 
 
 def _dataset_versions(db: ResultsDB, sweep: str | None) -> list[str]:

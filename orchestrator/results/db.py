@@ -15,9 +15,12 @@ reads its data, is marked bad and the query retried without it.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
@@ -45,6 +48,26 @@ class BadFile:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.error}"
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Runs the results dir committed that no view reads (whole, with their runs-table row), and why: a table over
+    the views would stand on fewer runs than were made. `rows`: their runs-table rows where a file still holds
+    them (a table's evidence counts them as expected); `sweeps`: None where no file says."""
+    kind: str   # bad_segment, unlisted_segment, no_run_row or recorded (see `ResultsDB.lost`)
+    why: str    # a few words, e.g. "in a segment that cannot be read"
+    where: str  # the file, or the sweep record, that says they were committed
+    run_ids: tuple[str, ...] = ()
+    count: int = 0  # >= len(run_ids): a segment that nothing of is readable is known by the manifest's count
+    sweeps: frozenset[str] | None = None
+    rows: tuple[dict[str, Any], ...] = ()
+    detail: str = ""  # e.g. the read error
+
+    def __str__(self) -> str:
+        ids = ", ".join(self.run_ids[:5]) + (f" and {len(self.run_ids) - 5} more" if len(self.run_ids) > 5 else "")
+        return (f"{self.count} run(s) {self.why}: {self.where}" + (f": {self.detail}" if self.detail else "")
+                + (f" (runs {ids})" if ids else ""))
 
 
 def _sql_str(text: str) -> str:
@@ -127,6 +150,7 @@ class ResultsDB:
         self._used_hparams: tuple[tuple | None, list[str]] | None = None
         self._columns: dict[str, tuple[tuple | None, list[str]]] = {}
         self._pairs: tuple[tuple | None, pd.DataFrame] | None = None
+        self._lost: tuple[tuple, list[Lost]] | None = None
         self._con = duckdb.connect(":memory:")
         stats.register(self._con)
         # DuckDB lets SQL read its spill directory (default ./.tmp under the current directory) besides
@@ -154,7 +178,11 @@ class ResultsDB:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        except duckdb.Error:
+            if exc[0] is None:
+                raise  # else the exception under way says more (a query interrupted leaves its connection busy)
 
     # ----------------------------------------------------------------------------------------- views
     @property
@@ -216,6 +244,97 @@ class ResultsDB:
                                            + " FROM runs").fetchone() if names else ()
                 self._used_hparams = (self._key, [h for h, n in zip(names, counts) if n])
             return list(self._used_hparams[1])
+
+    def lost(self, sweep: str | None = None) -> list[Lost]:
+        """The runs this results dir committed that no view reads, of `sweep` if given (and those whose sweep no
+        file says): runs of a segment that cannot be read, of segment files the manifest does not list (it was
+        deleted or replaced by hand) that are nowhere else, rows whose runs-table row is gone, and runs a sweep
+        recorded finished that no file holds. Found once per version of the views, the orphan files and the
+        sweep records."""
+        with self._lock:
+            self.refresh()
+            root = self.results_dir
+            orphans = store.orphan_files(root)
+            records = store.recorded_finished(root)
+            key = (self._key, tuple(self._bad_segments), tuple(orphans),
+                   tuple((name, store._stamp(path)) for name, (path, _) in records.items()))
+            if self._lost is None or self._lost[0] != key:
+                self._lost = (key, self._find_lost(orphans, records))
+            found = self._lost[1]
+        return [lost for lost in found if sweep is None or lost.sweeps is None or sweep in lost.sweeps]
+
+    def _find_lost(self, orphans: list[Path], records: dict[str, tuple[Path, set[str]]]) -> list[Lost]:
+        root = self.results_dir
+        named: set[str] = set()  # each run named once, by the first finding
+        out: list[Lost] = []
+
+        def absent(ids: set[str]) -> set[str]:
+            """Those of `ids` the runs view lacks (an anti-join in DuckDB: a record lists up to 10^5 runs)."""
+            if not ids:
+                return set()
+            with contextlib.closing(self._con.cursor()) as cur:
+                cur.register("lost_candidates", pa.table({"run_id": sorted(ids)}))
+                return {r for (r,) in cur.execute("SELECT run_id FROM lost_candidates WHERE run_id NOT IN "
+                                                  "(SELECT run_id FROM runs)").fetchall()}
+
+        def add(kind: str, why: str, where: Path | str, pairs: list[tuple[str, str | None]], rows: list[dict] = (),
+                count: int | None = None, detail: str = "", checked: bool = False) -> None:
+            gone = {r for r, _ in pairs} if checked else absent({r for r, _ in pairs})
+            pairs = [(r, s) for r, s in pairs if r in gone and r not in named]
+            if not pairs and not count:
+                return
+            named.update(r for r, _ in pairs)
+            ids = tuple(sorted({r for r, _ in pairs}))
+            sweeps = None if not pairs or any(s is None for _, s in pairs) else frozenset(s for _, s in pairs)
+            out.append(Lost(kind, why, str(where), ids, len(ids) or count or 0, sweeps,
+                            tuple(row for row in rows if row["run_id"] in ids), detail))
+
+        segments = {seg.id: seg for seg in store.load_catalog(root).segments}
+        for seg_id, bad in self._bad_segments.items():
+            if seg_id in segments:
+                rows, pairs = store.segment_runs(root, seg_id)
+                add("bad_segment", "in a segment that cannot be read", bad.path, pairs, rows,
+                    None if pairs else segments[seg_id].runs, bad.error)
+        by_segment = {path.name.split(".", 1)[0] for path in orphans}
+        manifest = schema.manifest_file(root)
+        for seg_id in sorted(by_segment):
+            rows, pairs = store.segment_runs(root, seg_id)
+            add("unlisted_segment", "in a segment the manifest does not list",
+                schema.segment_file(root, seg_id, "runs").with_name(f"{seg_id}.*.parquet"), pairs, rows,
+                detail="" if manifest.is_file() else f"{manifest} is missing")
+        # rows whose runs-table row is gone: a live run's part metadata still holds its config
+        good = list(self._good_segments())
+        with contextlib.closing(self._con.cursor()) as cur:
+            orphaned = cur.execute(
+                f"SELECT DISTINCT run_id, sweep FROM {_LIVE_SAMPLES} WHERE run_id NOT IN (SELECT run_id FROM runs) "
+                + (f"UNION SELECT run_id, {'s_sweep' if all('s_sweep' in g.metrics_columns for g in good) else 'NULL'} "
+                   f"FROM {self._segment_source(good, 'metrics')} "
+                   "WHERE run_id NOT IN (SELECT run_id FROM runs)" if good else "")).fetchall()
+        if orphaned:
+            add("no_run_row", "with rows but no runs-table row", f"{root}/{schema.RUNS_GLOB} and the segments' runs "
+                "files", sorted(orphaned), self._rows_from_parts({r for r, _ in orphaned}), checked=True)
+        for sweep, (path, finished) in sorted(records.items()):
+            add("recorded", f"recorded finished by sweep {sweep!r} but held by no file", path,
+                [(r, sweep) for r in sorted(finished)])
+        return out
+
+    def _good_segments(self) -> tuple[store.Segment, ...]:
+        return tuple(seg for seg in store.load_catalog(self.results_dir).segments if seg.id not in self._bad_segments)
+
+    def _rows_from_parts(self, run_ids: set[str]) -> list[dict[str, Any]]:
+        """Runs-table rows (identity and configuration only) of live runs whose row is gone, from the run config
+        every part carries in its metadata."""
+        from orchestrator.results.writer import RunWriter
+
+        rows: dict[str, dict[str, Any]] = {}
+        for path in files.sample_parts(self.results_dir):
+            run_id = path.parent.name.removeprefix("run_id=")
+            check = self._checker.check(path, "samples") if run_id in run_ids and run_id not in rows else None
+            config = check.metadata.get(schema.META_RUN_CONFIG.decode()) if check is not None else None
+            if config:
+                with contextlib.suppress(ValueError):
+                    rows[run_id] = RunWriter(self.results_dir, json.loads(config))._base_row()
+        return list(rows.values())
 
     def refresh(self) -> list[BadFile]:
         """Re-scan the results dir and rebuild what changed (see the module docstring); returns bad_files. A file
@@ -481,18 +600,60 @@ class ResultsDB:
 
         return self._run(run)
 
-    def query(self, user_sql: str) -> pa.Table:
-        """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table.
+    def query(self, user_sql: str, timeout_s: float | None = None) -> pa.Table:
+        """User SQL: exactly one read-only SELECT (safety.check_query), as an Arrow table, stopped after `timeout_s`
+        seconds (QueryTimeout) or by Ctrl-C (KeyboardInterrupt), either at once: DuckDB runs it without the GIL's
+        checks for signals, so it runs in a thread the caller's thread waits on and interrupts.
 
         Raises safety.QueryRefused for refused statements and duckdb.Error (its own message) for bad SQL.
         """
         statement = safety.check_query(user_sql)
-        return self._run(lambda cur: cur.sql(statement).to_arrow_table())
+        return self._run(lambda cur: _interruptible(cur, lambda: cur.sql(statement).to_arrow_table(), timeout_s))
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor over freshly refreshed views, for a thread that runs its own queries (e.g. the dashboard)."""
         self.refresh()
         return self._con.cursor()
+
+
+class QueryTimeout(RuntimeError):
+    """A user query stopped after its time limit."""
+
+
+def _interruptible(cur: duckdb.DuckDBPyConnection, fn: Callable[[], T], timeout_s: float | None) -> T:
+    """fn() (a query on `cur`) run in a thread, interrupted on `cur` after timeout_s seconds or on Ctrl-C in the
+    calling thread."""
+    done: dict[str, Any] = {}
+    finished = threading.Event()  # not Thread.is_alive: a join that Ctrl-C interrupted can leave it False
+
+    def work() -> None:
+        try:
+            done["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            done["error"] = e
+        finally:
+            finished.set()
+
+    def stop() -> None:
+        # until the query has started it has nothing to interrupt, and while it is being bound the cursor is busy
+        while not finished.is_set():
+            with contextlib.suppress(duckdb.Error):
+                cur.interrupt()
+            finished.wait(0.05)
+
+    deadline = None if not timeout_s else time.monotonic() + timeout_s
+    threading.Thread(target=work, name="bca-query", daemon=True).start()
+    try:
+        while not finished.wait(0.05):
+            if deadline is not None and time.monotonic() >= deadline:
+                stop()
+                raise QueryTimeout(f"the query was stopped after {timeout_s:g} s")
+    except KeyboardInterrupt:
+        stop()
+        raise
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def run_metrics_sql(samples: str, runs: str) -> str:

@@ -39,7 +39,7 @@ from rich.text import Text
 from orchestrator import registry
 from orchestrator.data.streams import stream_label
 from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, continual_variants, parse_variant, variant_name
-from orchestrator.results import evidence, metrics, stats
+from orchestrator.results import evidence, metrics, schema, stats
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.schema import RANDOM_WEIGHTS
 
@@ -119,13 +119,17 @@ def load_paper_results() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------- data
 # Columns of the runs view a table's evidence needs besides the accuracy view's.
 _EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
+# What a lost run's row from its runs file does not bring into a table: what its rows said (they are not read).
+_NOT_IDENTITY = {c.name for c in schema.METRIC_COLUMNS} | {"status", "n_rows", "n_distinct", "complete", "n_ood"}
 
 
 def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     """Every recorded run (of `sweep`, if given), whatever its status: the accuracy view's row where it has samples
-    (metrics from its rows, `complete`), the runs view's where it has none. A table counts the finished, complete
-    ones and marks its cells by the others (`evidence`)."""
-    where = " WHERE sweep = $sweep" if sweep is not None else ""
+    (metrics from its rows, `complete`), the runs view's where it has none, and status 'lost' for the runs the
+    store committed that no view reads (`ResultsDB.lost`, where a file still holds their runs-table row). A table
+    counts the finished, complete ones and marks its cells by the others (`evidence`). Rows whose runs-table row
+    is gone have no seed or setting to be counted under: left out, and named by `ResultsDB.lost`."""
+    where = " WHERE status IS NOT NULL" + (" AND sweep = $sweep" if sweep is not None else "")
     params = {"sweep": sweep} if sweep is not None else None
     extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
     accuracy = db.columns("accuracy")
@@ -136,13 +140,19 @@ def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     bare = ", ".join(f'"{c}"' for c in db.columns("runs")
                      if c in carried and c not in METRICS and c not in ("n_ood", "n_rows", "n_distinct", "complete"))
     exclude = " EXCLUDE (" + ", ".join(f'"{c}"' for c in unused) + ")" if unused else ""
-    return db.df(f"""
+    runs = db.df(f"""
 SELECT * FROM (
     SELECT a.*{exclude}, {extra} FROM accuracy a LEFT JOIN runs r USING (run_id)
     UNION ALL BY NAME
     SELECT {bare}, {extra}, 0 AS n_rows, false AS complete FROM runs r
     WHERE run_id NOT IN (SELECT run_id FROM accuracy)
 ){where} ORDER BY backbone, method, dataset, seed, run_id""", params)
+    identity = [c for c in runs.columns if c not in METRICS and c not in _NOT_IDENTITY]
+    lost = [{**{c: row.get(c) for c in identity}, "status": "lost", "error": found.why,
+             "n_rows": 0, "complete": False}
+            for found in db.lost(sweep) for row in found.rows if sweep is None or row.get("sweep") == sweep]
+    return pd.concat([runs, pd.DataFrame(lost)], ignore_index=True) if lost else runs
+
 
 
 def _fmt_value(value: Any, column: str = "") -> str:

@@ -612,10 +612,61 @@ def orphan_files(results_dir: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.parquet") if p not in listed) if folder.is_dir() else []
 
 
+def segment_runs(results_dir: Path, segment_id: str) -> tuple[list[dict[str, Any]], list[tuple[str, str | None]]]:
+    """What a segment's files still say about its runs, whichever of them can be read: (its runs-table rows, from
+    its runs file; (run_id, sweep) of each run, from the first readable of its runs, metrics and samples files).
+    For naming the runs of a segment no view reads (unreadable, or not in the manifest)."""
+    rows: list[dict[str, Any]] = []
+    with contextlib.suppress(Exception):  # damaged or missing: the next file may still say
+        rows = pq.read_table(schema.segment_file(results_dir, segment_id, "runs")).to_pylist()
+    if rows:
+        return rows, [(r["run_id"], r.get("sweep")) for r in rows]
+    for kind, sweep in (("metrics", "s_sweep"), ("samples", "sweep")):
+        with contextlib.suppress(Exception):
+            table = pq.read_table(schema.segment_file(results_dir, segment_id, kind), columns=["run_id", sweep])
+            pairs = table.group_by(["run_id", sweep]).aggregate([]).to_pylist()
+            return [], sorted((p["run_id"], p[sweep]) for p in pairs)
+    return [], []
+
+
+def recorded_finished(results_dir: Path) -> dict[str, tuple[Path, set[str]]]:
+    """sweep -> (its record, the run_ids it recorded finished): the runs each sweep's driver saw finished
+    (orchestrator.sweep.record), which the store must still hold. Records written before they listed them, or
+    unreadable ones, say nothing."""
+    out: dict[str, tuple[Path, set[str]]] = {}
+    folder = schema.sweeps_root(results_dir)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        stamp = _stamp(path)
+        hit = _RECORDS.get(path)
+        if hit is None or hit[0] != stamp:  # a study's record lists 10^5 runs: parsed once per version
+            hit = _RECORDS[path] = (stamp, None)
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                data = json.loads(path.read_text("utf-8"))
+                if isinstance(data.get("finished"), list) and isinstance(data.get("name"), str):
+                    hit = _RECORDS[path] = (stamp, (data["name"], {str(r) for r in data["finished"]}))
+        if hit[1] is not None:
+            out[hit[1][0]] = (path, hit[1][1])
+    return out
+
+
+_RECORDS: dict[Path, tuple[tuple | None, tuple[str, set[str]] | None]] = {}
+
+
 def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
-    """Delete orphan segment files older than `older_than_s` (younger ones may belong to a compaction under way)."""
+    """Delete orphan segment files older than `older_than_s` (younger ones may belong to a compaction under way),
+    but none of a segment holding a run that is nowhere else: its manifest entry was lost (a manifest deleted by
+    hand), so it is the only copy, which the readers name as lost (db.ResultsDB.lost)."""
+    root = schema.resolve_results_dir(results_dir)
+    held = set(load_catalog(root).compacted()) | {
+        p.name.removeprefix("run_id=").removesuffix(".parquet") for p in files.run_files(root)}
+    only_copy: dict[str, bool] = {}
     now, n = time.time(), 0
     for path in orphan_files(results_dir):
+        seg_id = path.name.split(".", 1)[0]
+        if seg_id not in only_copy:
+            only_copy[seg_id] = any(run_id not in held for run_id, _ in segment_runs(root, seg_id)[1])
+        if only_copy[seg_id]:
+            continue
         with contextlib.suppress(FileNotFoundError):
             if now - path.stat().st_mtime >= older_than_s:
                 os.unlink(path)
@@ -625,4 +676,4 @@ def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
 
 __all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "commit_runs", "compact",
            "load_catalog",
-           "orphan_files", "remove_orphans", "restore"]
+           "orphan_files", "recorded_finished", "remove_orphans", "restore", "segment_runs"]

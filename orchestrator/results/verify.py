@@ -16,15 +16,20 @@ Problems found (each names its file or run):
                    `bca compact` removes them, and no view reads them meanwhile)
   orphan_segment   a segment file older than a minute that the manifest does not list (a compaction killed
                    before its commit; the next `bca compact` removes it)
+  inconsistent_rows  rows whose `correct` is not pred = label (a writer never stores such a row: edited by hand)
+  lost_runs        runs the results dir committed that no view reads (ResultsDB.lost): in an unreadable segment,
+                   in segment files the manifest does not list and nowhere else, rows without a runs-table row,
+                   or recorded finished by a sweep and held by no file
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import math
+import pyarrow.parquet as pq
 
 from orchestrator.results import files, schema, store
 from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_COLUMNS, PAIRED_STAT_COLUMNS, RUN_METRICS_COLUMNS,
@@ -63,7 +68,6 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         return report
     checker = files.FileChecker()
     catalog = store.load_catalog(root)
-    compacted = catalog.compacted()
     parts = files.sample_parts(root)
     report.parts = len(parts)
     good = []
@@ -75,6 +79,9 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
             report.problems.append(Problem("bad_segment", bad[0], bad[1]))
         else:
             segments.append(seg)
+    # the runs the readable segments hold (a bad segment's runs are named by `lost_runs` below)
+    compacted = {run_id for seg in segments
+                 for run_id in pq.read_table(seg.path(root, "runs"), columns=["run_id"]).column(0).to_pylist()}
     for path in parts:
         run_id = path.parent.name.removeprefix("run_id=")
         if run_id in compacted:
@@ -109,6 +116,12 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         runs = db.sql("SELECT run_id, n_samples, status, error FROM runs").to_pylist()
         for seg in segments:
             report.problems += _metrics_problems(db, root, seg)
+        for lost in db.lost():
+            if lost.kind == "no_run_row":
+                continue  # named run by run below
+            report.problems.append(Problem("lost_runs", lost.where, f"{lost.count} run(s) {lost.why}"
+                                           + (f" ({lost.detail})" if lost.detail else "") + ": "
+                                           + (", ".join(lost.run_ids) or "their ids are in no readable file")))
     report.runs = len(runs)
     seen = set()
     for r in per_run:
@@ -117,6 +130,9 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
         report.rows += seen_rows
         if r["foreign_rows"]:
             report.problems.append(Problem("foreign_rows", run_id, f"{r['foreign_rows']} row(s) in another run's folder"))
+        if r["miscounted"]:
+            report.problems.append(Problem("inconsistent_rows", run_id, f"{r['miscounted']} row(s) whose correct "
+                                                                        f"disagrees with pred = label"))
         if r["n_distinct"] != seen_rows:
             report.problems.append(Problem("duplicate_rows", run_id,
                                            f"{seen_rows - r['n_distinct']} duplicate (run_id, sample_idx) row(s)"))
@@ -150,6 +166,7 @@ def verify_results(results_dir: str | Path | None = None, temp_grace_s: float = 
 _PER_RUN_SQL = """
 SELECT s.run_id, count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct, max(s.sample_idx) AS max_idx,
        any_value(r.n_samples) AS n_samples, any_value(r.status) AS status, bool_or(r.run_id IS NOT NULL) AS has_row,
+       count(*) FILTER (WHERE s.correct IS DISTINCT FROM (s.pred = s.label)) AS miscounted,
        count(*) FILTER (WHERE s.filename IS NOT NULL
                         AND s.run_id IS DISTINCT FROM regexp_extract(s.filename, 'run_id=([^/]+)/', 1)) AS foreign_rows
 FROM {source} s
@@ -180,25 +197,26 @@ def _per_run(db: ResultsDB, good: list[Path], segments: list[Path]) -> list[dict
 
 
 def _rows_source(good: list[Path], segments: list[Path]) -> str | None:
-    """(run_id, sample_idx, filename) of every row in the given live parts and segments, run_id as stored in the
-    file (the samples view takes a live part's from its folder name). A segment's rows have no filename: a
-    segment holds many runs, so there is no folder to disagree with."""
+    """(run_id, sample_idx, label, pred, correct, filename) of every row in the given live parts and segments,
+    run_id as stored in the file (the samples view takes a live part's from its folder name). A segment's rows have
+    no filename: a segment holds many runs, so there is no folder to disagree with."""
     def listed(paths: list[Path]) -> str:
         return ", ".join("'" + str(p).replace("'", "''") + "'" for p in paths)
 
     selects = []
     if good:
-        selects.append(f"SELECT CAST(run_id AS VARCHAR) AS run_id, CAST(sample_idx AS BIGINT) AS sample_idx, filename "
-                       f"FROM read_parquet([{listed(good)}], filename=true, union_by_name=true, hive_partitioning=false)")
+        selects.append(f"SELECT CAST(run_id AS VARCHAR) AS run_id, CAST(sample_idx AS BIGINT) AS sample_idx, "
+                       f"CAST(label AS INTEGER) AS label, CAST(pred AS INTEGER) AS pred, CAST(correct AS BOOLEAN) AS "
+                       f"correct, filename FROM read_parquet([{listed(good)}], filename=true, union_by_name=true, "
+                       f"hive_partitioning=false)")
     if segments:
-        selects.append(f"SELECT run_id, sample_idx, NULL::VARCHAR AS filename FROM read_parquet([{listed(segments)}])")
+        selects.append(f"SELECT run_id, sample_idx, label, pred, correct, NULL::VARCHAR AS filename "
+                       f"FROM read_parquet([{listed(segments)}])")
     return "(" + " UNION ALL ".join(selects) + ")" if selects else None
 
 
 def _segment_problem(root: Path, seg: store.Segment) -> tuple[str, str] | None:
     """(file, what is wrong) for the first of a segment's files that is missing or fails a full read."""
-    import pyarrow.parquet as pq
-
     for kind in schema.SEGMENT_KINDS:
         path = seg.path(root, kind)
         try:

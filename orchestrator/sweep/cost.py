@@ -28,6 +28,9 @@ TRIAL_MAX_S = 60.0
 # Where the cards' gpu_samples_per_s come from (tests/test_study_spec.py holds them to it); the projection of
 # `bca sweep --dry-run` uses them where a GPU will run the sweep.
 GPU_RATES_LOGS = ("benchmarks/logs/gpu-h100-2026-11-26.txt", "benchmarks/logs/gpu-h100-2026-11-26-2.txt")
+# Images per second of each backbone's image encoder on the H100 of GPU_RATES_LOGS[0] ("3. image encoders": fp16,
+# batch 64), which prices the dry run's encoding (tests/test_study_spec.py holds them to the log).
+GPU_ENCODER_IMAGES_PER_S = {"RN50": 4612.0, "ViT-B-16": 6378.0, "ViT-L-14": 2631.0}
 # A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
 # rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
 UNKNOWN_SAMPLES_PER_S = 5.0
@@ -84,9 +87,13 @@ def registry_length(dataset: str) -> int:
     return (dataset_card(dataset).test_images if dataset_key(dataset) else None) or UNKNOWN_LENGTH
 
 
-def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
+def projected_hours(runs: list[Run], length: Callable[[Any], int], encode: dict[str, int] | None = None
+                    ) -> list[str]:
     """The dry run's projection: device-hours of `runs` (samples through each method) at the cards' CPU rates and
-    at their gpu_samples_per_s (runs of a method without a GPU rate counted at its CPU rate, and named)."""
+    at their gpu_samples_per_s (runs of a method without a GPU rate counted at its CPU rate, and named), plus on
+    the GPU the image views to encode per backbone (`encode`: model -> views) at GPU_ENCODER_IMAGES_PER_S (a
+    backbone without a measured rate is named, not priced). No CPU rate of the encoders is measured: the CPU
+    projection says it leaves encoding out."""
     samples: dict[str, int] = {}
     memo: dict[Any, int] = {}
     for run in runs:
@@ -104,11 +111,21 @@ def projected_hours(runs: list[Run], length: Callable[[Any], int]) -> list[str]:
         else:
             gpu += seconds
             missing.append(method)
+    encode = {model: views for model, views in (encode or {}).items() if views}
+    rates = {model: GPU_ENCODER_IMAGES_PER_S.get(model.replace("/", "-")) for model in encode}
+    encoding = sum(views / rates[model] for model, views in encode.items() if rates[model]) / 3600
+    unpriced = sorted(model for model in encode if not rates[model])
+    views = sum(encode.values())
     return [f"projected CPU-hours: {cpu / 3600:,.1f} (one core a run, the cards' samples_per_s at K = M = 1000, "
-            f"d = 512; {sum(samples.values()):,} samples through the methods)",
-            f"projected GPU-hours: {gpu / 3600:,.1f} (one H100, lockstep packs of 32 configs where a method has a "
-            f"runner, rates from {' and '.join(GPU_RATES_LOGS)}"
-            + (f"; at CPU rates: {', '.join(sorted(missing))}" if missing else "") + ")"]
+            f"d = 512; {sum(samples.values()):,} samples through the methods"
+            + (f"; the {views:,} image views to encode are not in it: no CPU rate of the encoders is measured"
+               if views else "") + ")",
+            f"projected GPU-hours: {gpu / 3600 + encoding:,.1f} (one H100: methods {gpu / 3600:,.1f}, lockstep packs "
+            f"of 32 configs where a method has a runner, rates from {' and '.join(GPU_RATES_LOGS)}"
+            + (f"; at CPU rates: {', '.join(sorted(missing))}" if missing else "")
+            + (f"; encoding {encoding:,.1f}, {views:,} image views at the image encoders' fp16 rates from "
+               f"{GPU_RATES_LOGS[0]}" + (f", not priced for {', '.join(unpriced)} (no measured rate)" if unpriced
+                                         else "") if views else "") + ")"]
 
 
 def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[Run], int]] | None:

@@ -9,8 +9,9 @@ Runs and trials per backbone / dataset / method (and batch size, where some run 
 sizes a per-sample method skips are named), with how many are finished already, the real data sources
 the trials will encode and whether the feature cache holds them, and the cost in online steps (samples streamed
 through a method, summed over the runs to run) and images to encode, and the projected CPU- and GPU-hours
-(`cost.projected_hours`). Cache entries are recognised by their manifest (backbone, dataset, image-list
-fingerprint, views and seed), without loading any weights.
+(`cost.projected_hours`: the GPU's include encoding at the backbone's measured rate). Cache entries are
+recognised by their manifest (backbone, dataset, image-list fingerprint, views and seed), without loading any
+weights.
 
 A spec whose data_root is not on this machine is planned for the machine that holds it: stream lengths are the
 registry's test-set sizes, the cache is not consulted, and this machine's checks (weights, resources) are left
@@ -94,7 +95,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     todo = [r for r in runs if r.run_id not in finished]
     lines = [f"sweep {spec.name} (dry run: nothing is run or written): {len(runs):,} runs, {len(finished):,} "
              f"finished, {len(todo):,} to run in {len(trials):,} trials (pack {spec.pack}) -> {spec.results_dir}"]
-    # a batch column where some run adapts on batches; a pack's trial counts under its first run's row
+    # a batch column where some run adapts on batches
     batched = any(r.batch_size != 1 for r in runs)
 
     def key(run: Run) -> tuple:
@@ -102,13 +103,17 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
 
     by_key = Counter(key(r) for r in runs)
     done = Counter(key(r) for r in runs if r.run_id in finished)
-    trial_count = Counter(key(t.runs[0]) for t in trials)
+    # a trial counts under every row it holds runs of (a pack holds several methods' runs of one data source)
+    trial_count = Counter(k for t in trials for k in {key(r) for r in t.runs})
     lines.append(f"  {'backbone':<20} {'dataset':<28} {'method':<10}" + (f" {'batch':>6}" if batched else "")
                  + f" {'runs':>9} {'finished':>9} {'trials':>9}")
     for k, n in by_key.items():
         backbone, dataset, method = k[:3]
         lines.append(f"  {backbone:<20} {dataset:<28} {method:<10}" + (f" {k[3]:>6}" if batched else "")
                      + f" {n:>9,} {done[k]:>9,} {trial_count[k]:>9,}")
+    if sum(trial_count.values()) > len(trials):
+        lines.append("  trials: those holding a run of the row; a trial packs runs of several rows, so the column "
+                     f"adds up to more than the {len(trials):,} trials")
     lines += _skipped_batch_sizes(spec)
     lines += _text_encoder_lines(runs)
     sharded: dict[str, dict[str, int]] = {}  # method -> run_id -> its shards
@@ -131,7 +136,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
                                 None if source.views == "single" else source.seed), source)
-    encode = 0
+    encode: Counter = Counter()  # backbone -> image views to encode
     elsewhere = data_elsewhere(spec)
     if elsewhere:
         lines.append(f"data_root {spec.data_root} is not on this machine: planned for the machine that holds it "
@@ -145,11 +150,11 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
             if state == "to encode":
                 from orchestrator.clip.views import parse_views
 
-                encode += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
+                encode[source.model] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
             lines.append(f"  {source.model} {source.weights or 'random weights'} {source.dataset} views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
-                 + (f", {encode:,} image views to encode" if entries else ""))
+                 + (f", {sum(encode.values()):,} image views to encode" if entries else ""))
     replayed = [trial for trial in trials if trial.replay]
     if replayed:
         lines.append(f"order-free runs computed once over their orders: {sum(len(t.runs) for t in replayed):,} runs of "
@@ -161,7 +166,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                      f"pass (one configuration per order where the runner steps one order at a time, or a trial of "
                      f"one run): the projected GPU-hours price them at their cards' rates, measured on packs of 32 "
                      f"configs, which overstate their speed")
-    return lines + projected_hours(computed, lambda source: lengths[source])
+    return lines + projected_hours(computed, lambda source: lengths[source], encode)
 
 
 def stepping_alone(trials: list[Trial]) -> Counter:

@@ -3,13 +3,15 @@
 A name is reused to resume the same configuration or to grow it: a spec whose runs include every recorded run
 (more grid values, more seeds, more datasets) keeps the finished runs and runs only the new ones. A spec that
 drops recorded runs (a changed setting alters runs already made) is refused, saying which settings changed.
+The record also lists the runs the sweep's driver saw finished, so that a results dir that lost some (a deleted
+manifest or segment file) says so instead of showing a smaller table (orchestrator.results.db.ResultsDB.lost).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from orchestrator.results import schema
 from orchestrator.results.atomic import atomic_write
@@ -66,9 +68,13 @@ def check_sweep_record(spec: SweepSpec, runs: list[Run]) -> str | None:
             f"run), or a new `name` (or remove {path} and that sweep's results)")
 
 
-def write_sweep_record(spec: SweepSpec, runs: list[Run]) -> Path:
+def write_sweep_record(spec: SweepSpec, runs: list[Run], finished: Iterable[str] = ()) -> Path:
+    """The record of the spec's runs and of those seen finished (`finished`): the store must hold those, and its
+    readers say which it no longer does (ResultsDB.lost). Written by the sweep's driver, under its lock, when it
+    starts and when it ends."""
     path = sweep_record_path(spec.results_dir, spec.name)
-    body = {"name": spec.name, "run_ids": sorted(r.run_id for r in runs), "spec": json.loads(spec_fingerprint(spec))}
+    body = {"name": spec.name, "run_ids": sorted(r.run_id for r in runs), "spec": json.loads(spec_fingerprint(spec)),
+            "finished": sorted(set(finished))}
     # ResultsWriteError names the path and the OS reason when the results dir cannot be written
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(body, indent=1, sort_keys=True)), "sweep record")
     return path

@@ -264,6 +264,10 @@ _STOPPED_ERROR = re.compile(r"^(SystemExit|KeyboardInterrupt)\b")
 _INTERRUPTED = "interrupted after "
 
 
+def _was_stopped(row: dict[str, Any]) -> bool:
+    return row.get("status") == "failed" and str(row.get("error") or "").startswith(_INTERRUPTED)
+
+
 def _mark_stopped(writer: RunWriter, command: str, out: Callable[[str], None]) -> None:
     """Record a run the sweep was stopped under: how far it got (its complete rows) and how to go on."""
     rows = writer.rows_done()
@@ -346,7 +350,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
         if resume and not sweep_record_path(spec.results_dir, spec.name).exists():
             # Accepted so that scripts can always pass --resume (scripts/demo.sh does).
             out(f"nothing to resume: sweep {spec.name!r} has not been started in {spec.results_dir}; starting it")
-        write_sweep_record(spec, runs)
+        rerun = {r.run_id for stale in changed.values() for r in stale} if rerun_changed else set()
+        write_sweep_record(spec, runs, [r.run_id for r in runs
+                                        if status[r.run_id] == "finished" and r.run_id not in rerun])
         for stale in changed.values() if rerun_changed else ():
             for run in stale:
                 RunWriter(spec.results_dir, run.config).discard_rows()
@@ -375,6 +381,9 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
             for run in todo:  # a shard failed for good, and a sibling shard started after it marked the run running
                 if run.run_id in errors and rows.get(run.run_id, {}).get("status") == "running":
                     _mark(RunWriter(spec.results_dir, run.config), errors[run.run_id], out)
+                elif run.run_id in errors and _was_stopped(rows.get(run.run_id, {})):
+                    # the failure callback counted its rows while the trial was still stopping: again, now
+                    _mark_stopped(RunWriter(spec.results_dir, run.config), command, out)
             interrupted = _record_interrupted(spec, [r for r in todo if r.run_id not in errors], command, out, rows)
             not_started = [r.run_id for r in todo if r.run_id not in errors and r.run_id not in interrupted
                            and r.run_id not in rows]
@@ -390,11 +399,11 @@ def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Cal
     stopped = []
     for run in todo:
         row = rows.get(run.run_id, {})
-        if row.get("status") == "running":
+        # one recorded interrupted already (on SIGTERM) was counted while its trial was still stopping, which can
+        # write a part after: counted again, so the record says what is on disk
+        if row.get("status") == "running" or _was_stopped(row):
             _mark_stopped(RunWriter(spec.results_dir, run.config), command, out)
             stopped.append(run.run_id)
-        elif str(row.get("error") or "").startswith(_INTERRUPTED):
-            stopped.append(run.run_id)  # recorded so by the failure callback
     return stopped
 
 
@@ -459,7 +468,9 @@ def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[s
     # a failure the results dir could not record (disk full) is a failure all the same
     failed.update({rid: error for rid, error in errors.items()
                    if rid not in failed and rows[rid].get("status") != "finished"})
-    finished = sum(1 for row in rows.values() if row.get("status") == "finished")
+    done = [rid for rid, row in rows.items() if row.get("status") == "finished"]
+    write_sweep_record(spec, runs, done)
+    finished = len(done)
     table = summary_table(spec.results_dir, spec.name)
     outcome = SweepOutcome(total=len(runs), skipped=skipped, finished=finished, failed=failed,
                            interrupted=interrupted, not_started=not_started, table=table)

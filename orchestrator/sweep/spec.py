@@ -252,8 +252,9 @@ OFFICIAL_BATCH = "official"  # a batch size meaning each method's card's (1 for 
 def _batch_size(value: Any) -> int | str:
     if value == OFFICIAL_BATCH or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
+    # the value given is added by load._pydantic_issues, as to every message
     raise PydanticCustomError("batch_size", "expected an integer >= 1 (samples per adaptation step) or "
-                                            "'official' (each method's own), got {value!r}", {"value": value})
+                                            "'official' (each method's own)")
 
 
 BatchSize = Annotated[Union[int, str], PlainValidator(_batch_size)]
@@ -272,8 +273,7 @@ def batch_sizes(values: list[int | str], method: str) -> list[int]:
 def _pack(value: Any) -> int | str:
     if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
-    raise PydanticCustomError("pack", "expected 'auto' or an integer greater than or equal to 1 (runs per trial), "
-                                      "got {value!r}", {"value": value})
+    raise PydanticCustomError("pack", "expected 'auto' or an integer greater than or equal to 1 (runs per trial)")
 
 
 class SweepSpec(_Strict):

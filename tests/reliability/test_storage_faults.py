@@ -153,11 +153,13 @@ def test_damaged_part_is_named_and_skipped_by_every_reader(damaged_results, kind
     run_file = next((root / "runs").rglob(f"run_id={runs[1].run_id}.parquet"))
     _truncate(run_file)
 
-    # bca query: goes on without the bad files and names them on stderr
+    # bca query: goes on without the bad files and names them on stderr; the run whose runs-table row is unreadable
+    # is named as lost, and the exit code says the result stands on a damaged store
     # (reading the columns, not just counting: a count is answered from footers, which page damage leaves intact)
     r = CliRunner().invoke(app, ["query", "SELECT run_id, count(*) AS n, sum(sample_idx) AS s, sum(label) AS l "
                                  "FROM samples GROUP BY run_id", "--results", str(root), "--json"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output
+    assert "1 run(s) with rows but no runs-table row" in r.stderr and runs[1].run_id in r.stderr
     counts = {row["run_id"]: row["n"] for row in json.loads(r.stdout)}
     assert counts[victim] == 40 and all(n in (40, 80) for n in counts.values())
     assert f"warning: skipped bad file {part}" in r.stderr
