@@ -94,9 +94,10 @@ def online_accuracy(curve: pd.DataFrame, series_methods: dict[str, str], kind: s
 
 
 def sensitivity(points: pd.DataFrame, param: str, series_methods: dict[str, str], metric_label: str = "accuracy (%)",
-                baseline: float | None = None, baseline_label: str = "") -> alt.LayerChart:
-    """Mean metric (± std over seeds) against one hyperparameter, one line per series; the zero-shot baseline as
-    a dashed reference line where given (the paper's Fig. 3).
+                baselines: dict[str, float] | None = None) -> alt.LayerChart:
+    """Mean metric (± std over seeds and orders) against one hyperparameter, one line per series; the zero-shot
+    baseline as a dashed reference line per label in `baselines` (one per stream protocol shown), as the paper's
+    Fig. 3.
 
     points columns: series, value, mean, std, n. Hyperparameters whose card marks them `log` get a log axis.
     """
@@ -113,8 +114,9 @@ def sensitivity(points: pd.DataFrame, param: str, series_methods: dict[str, str]
     )
     band = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=metric_label), y2="hi:Q")
     layers = [band, line]
-    if baseline is not None and np.isfinite(baseline):
-        rule = pd.DataFrame({"baseline": [baseline], "label": [baseline_label]})
+    shown = {label: value for label, value in (baselines or {}).items() if value is not None and np.isfinite(value)}
+    if shown:
+        rule = pd.DataFrame({"baseline": list(shown.values()), "label": list(shown)})
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(
             y="baseline:Q", tooltip=[alt.Tooltip("label:N", title="reference"),
                                      alt.Tooltip("baseline:Q", format=".2f")]))

@@ -165,14 +165,21 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
                    "image are compared.")
         pair = pair[pair["same_image"]]
     label_a, label_b = f"A: {options[run_a]}", f"B: {options[run_b]}"
+    # an OOD sample has no right answer: neither right nor wrong, counted apart (as every accuracy leaves it out)
+    ood = int(pair["is_ood"].sum())
+    pair = pair[~pair["is_ood"]]
     both = int((pair["correct_a"] & pair["correct_b"]).sum())
     only_a = int((pair["correct_a"] & ~pair["correct_b"]).sum())
     only_b = int((~pair["correct_a"] & pair["correct_b"]).sum())
     neither = len(pair) - both - only_a - only_b
-    cols = st.columns(4)
-    for col, (name, value) in zip(cols, [("both right", both), ("only A right", only_a), ("only B right", only_b),
-                                         ("neither", neither)]):
+    counts = [("both right", both), ("only A right", only_a), ("only B right", only_b), ("both wrong", neither)]
+    if ood:
+        counts.append(("OOD, not scored", ood))
+    for col, (name, value) in zip(st.columns(len(counts)), counts):
         col.metric(name, value)
+    if ood:
+        st.caption(f"{ood} OOD samples (a contaminated stream's held-out classes) have no right answer: they are "
+                   f"left out of the counts, the test and the tables below, as every accuracy leaves them out.")
     table, p_value = significance.mcnemar(pair["correct_a"], pair["correct_b"])
     st.markdown(f"**McNemar's test** (exact, on the {only_a + only_b} samples only one run gets right): "
                 f"p = {p_value:.3g}" + (f", significant at {significance.stats.ALPHA:g}"
@@ -197,7 +204,7 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
           f"compare_stream_{run_a}_{run_b}", "cmp_stream")
     st.caption(f"{label_a}  \n{label_b}")
     shown = diff.assign(label=diff["label"].map(namer), pred_a=diff["pred_a"].map(namer),
-                        pred_b=diff["pred_b"].map(namer)).drop(columns=["same_image"])
+                        pred_b=diff["pred_b"].map(namer)).drop(columns=["same_image", "is_ood"])
     st.markdown("**The samples only one of them gets right**, with both confidences")
     dataframe(shown, f"compare_{run_a}_{run_b}", "cmp_table")
     data_root = spec.get("data_root")

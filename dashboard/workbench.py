@@ -144,7 +144,8 @@ def sensitivity_panel(view: View) -> None:
     others = [*view.hparams, "num_templates", "templates", "views", "pretrained"]
     params = queries.sensitivity_params(finished, view.hparams)
     baseline_runs = finished[finished["method"] == registry.baseline_method()]
-    baseline = float(baseline_runs[view.metric].mean()) if not baseline_runs.empty else None
+    # CLIP's reference per stream protocol, as the curves are
+    clip = baseline_runs.groupby(queries.stream_protocols(baseline_runs))[view.metric].mean()
     baseline_label = registry.method_label(registry.baseline_method())
     shown = 0
     for param in params:
@@ -153,10 +154,16 @@ def sensitivity_panel(view: View) -> None:
             continue
         shown += 1
         methods = dict(zip(points["series"], points["method"]))
-        chart(charts.sensitivity(points, param, methods, view.metric_label, baseline, baseline_label), f"sensitivity_{param}",
+        protocols = list(dict.fromkeys(points["protocol"]))
+        baselines = {baseline_label if len(protocols) == 1 else f"{baseline_label} · {p}": clip.get(p)
+                     for p in protocols}
+        chart(charts.sensitivity(points, param, methods, view.metric_label, baselines), f"sensitivity_{param}",
               f"sens_{param}")
+        notes = ([f"one curve per stream protocol ({', '.join(protocols)}): their runs are not pooled"]
+                 if len(protocols) > 1 else [f"stream protocol: {protocols[0]}"])
         if held:
-            st.caption("other settings held at " + ", ".join(f"{k}={v}" for k, v in held.items()))
+            notes.append("other settings held at " + ", ".join(f"{k}={v}" for k, v in held.items()))
+        st.caption("; ".join(notes))
     if not shown:
         st.info("No finished configuration of one method was run with several values of a hyperparameter on "
                 f"{registry.dataset_title(view.focus[1])}: sweep one to see how {view.metric_label} depends on it "

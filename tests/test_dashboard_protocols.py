@@ -1,0 +1,116 @@
+"""The dashboard on a demo-like sweep's results (several stream protocols, orders, a contaminated stream's OOD
+rows): every page opens, the sensitivity curves and the best cells are per stream protocol, OOD samples are
+counted apart (no sample of them is right or wrong, docs/streams-and-metrics.md), and rows are told apart by
+method id, never by display label. Through streamlit's AppTest, on written results (no sweep: seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from dashboard_results import PROTOCOL_OOD_EVERY, protocol_results
+from test_dashboard_apptest import assert_clean, comparison, run_app, specs
+
+from orchestrator import registry
+from orchestrator.results.db import ResultsDB
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return protocol_results(tmp_path_factory.mktemp("protocols"))
+
+
+@pytest.fixture(scope="module")
+def runs(results: Path):
+    with ResultsDB(results) as db:
+        return db.df("SELECT a.*, p.helped, p.hurt, p.both_right, p.both_wrong FROM accuracy a "
+                     "LEFT JOIN paired p USING (run_id) ORDER BY run_id")
+
+
+def chart_data(at, title: str | None = None, mark: str | None = None) -> tuple[dict, pd.DataFrame]:
+    """(spec, data) of the first chart titled `title` (or drawn with `mark`): its data as the page sends it (Arrow,
+    beside the spec)."""
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        if (title is None or spec.get("title") == title) and (mark is None or spec.get("mark", {}).get("type") == mark):
+            frames = [pa.ipc.open_stream(d.data.data).read_pandas() for d in element.proto.datasets]
+            return spec, pd.concat(frames, ignore_index=True)
+    raise AssertionError(f"no chart titled {title!r} (mark {mark!r}) among "
+                         f"{[json.loads(e.proto.spec).get('title') for e in at.get('vega_lite_chart')]}")
+
+
+def test_configuration_page_of_a_run_with_orders(results: Path, runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    group = runs[(runs["method"] == "bca") & (runs["n1"] == 100)]["group_id"].iloc[0]
+    at = run_app(results, monkeypatch, page="Configuration", config=group)
+    assert_clean(at)
+    per_run = at.dataframe[0].value
+    assert sorted(per_run["order_index"]) == [0, 1, 2]
+    summary = at.dataframe[1].value
+    assert "order_index" not in set(summary["metric"])  # which order a run is, not a measure of it
+
+
+def test_order_index_is_not_a_metric(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_app(results, monkeypatch)
+    assert_clean(at)
+    assert not {"order_index", "batch_size", "seed"} & set(at.selectbox(key="select_metric").options)
+
+
+def test_sensitivity_per_stream_protocol(results: Path, runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_app(results, monkeypatch, panel="Sensitivity")
+    assert_clean(at)
+    _, data = chart_data(at, "sensitivity to n1")
+    points = data[data["series"].notna()].to_dict("records")
+    # one curve per protocol, each point over that protocol's three orders
+    bca = runs[(runs["method"] == "bca") & (runs["dataset"] == "imagenet")]
+    expected = {}
+    for stream, own in bca.groupby("stream"):
+        for n1, point in own.groupby("n1"):
+            expected[(stream, float(n1))] = (point["accuracy"].mean(), len(point))
+    assert len(points) == len(expected) == 4, points
+    shown = {}
+    for p in points:
+        stream = next(s for s in bca["stream"].unique() if evidence_protocol(s) in p["series"])
+        shown[(stream, p["value"])] = (p["mean"], p["n"])
+    assert shown.keys() == expected.keys()
+    for key, (mean, n) in expected.items():
+        assert shown[key][0] == pytest.approx(mean) and shown[key][1] == n == 3
+    # CLIP's reference line per protocol, each over that protocol's runs
+    clip = runs[(runs["method"] == "clip") & (runs["dataset"] == "imagenet")]
+    references = dict(zip(data["label"].dropna(), data["baseline"].dropna()))
+    assert references == pytest.approx({f"CLIP · {evidence_protocol(s)}": own["accuracy"].mean()
+                                        for s, own in clip.groupby("stream")})
+    assert "one curve per stream protocol" in " ".join(c.value for c in at.caption)
+
+
+def evidence_protocol(stream: str) -> str:
+    from orchestrator.results.evidence import protocol
+
+    return protocol(stream)
+
+
+def test_two_runs_count_ood_samples_apart(results: Path, runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a contaminated stream: the four counts are over the in-distribution samples, as the paired view's
+    (`bca query`), and the OOD samples are a count of their own."""
+    same = runs[(runs["dataset"] == "imagenet") & runs["stream"].str.contains("contaminated")
+                & (runs["order_index"] == 0)]
+    clip = same[same["method"] == "clip"].iloc[0]
+    bca = same[(same["method"] == "bca") & (same["n1"] == 100)].iloc[0]
+    at = run_app(results, monkeypatch, page="Compare two runs", run_a=clip["run_id"], run_b=bca["run_id"])
+    assert_clean(at)
+    counts = {m.label: int(m.value) for m in at.metric}
+    assert counts == {"both right": bca["both_right"], "only A right": bca["hurt"], "only B right": bca["helped"],
+                      "both wrong": bca["both_wrong"], "OOD, not scored": 200 // PROTOCOL_OOD_EVERY}
+    mcnemar = at.table[0].value
+    assert int(mcnemar.to_numpy().sum()) == 200 - 200 // PROTOCOL_OOD_EVERY
+
+
+def test_per_class_leaves_ood_out(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    at = run_app(results, monkeypatch, panel="Per class")
+    assert_clean(at)
+    per_class = at.dataframe[-1].value
+    assert sorted(per_class["label"]) == list(range(10))  # the ten classes, no "class -1" of the OOD samples
+    _, heat = chart_data(at, mark="rect")
+    assert set(heat["class"]) == {f"class {k}" for k in range(10)}
