@@ -475,8 +475,13 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
             numbers[f"{titles[column]} worst10"] = worst[column]
             numbers[f"{titles[column]} n"] = n[column]
             numbers[f"{titles[column]} n expected"] = expected[column]
-        best[titles[column]] = _best_per_protocol(values, frames, column, metric) if column != "Average" \
-            else metrics.best_index(values, metric)
+        if column == "Average":  # complete where every dataset's cell is; of the protocols its cells are of
+            complete = (n[datasets] >= expected[datasets]).all(axis=1)
+            protocols = frames["protocols"][datasets].apply(
+                lambda row: frozenset().union(*(p for p in row if isinstance(p, frozenset))), axis=1)
+        else:
+            complete, protocols = n[column] >= expected[column], frames["protocols"][column]
+        best[titles[column]] = _best_per_protocol(values, complete, protocols, metric)
     if pinned is not None and pinned in mean.index:
         deltas = {}
         for column in datasets:
@@ -501,15 +506,15 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def _best_per_protocol(values: pd.Series, frames: dict[str, pd.DataFrame], column: str, metric: str) -> pd.Series:
+def _best_per_protocol(values: pd.Series, complete: pd.Series, protocols: pd.Series, metric: str) -> pd.Series:
     """Best among the complete cells of each stream protocol: a contaminated stream's number is not compared with
     an i.i.d. one's."""
     from dashboard import metrics
 
     out = pd.Series(False, index=values.index)
-    complete = frames["n"][column] >= frames["expected"][column]
-    protocols = frames["protocols"][column].map(lambda p: tuple(sorted(p)) if isinstance(p, frozenset) else ())
-    for _, members in values[complete.fillna(False)].groupby(protocols[complete.fillna(False)]):
+    complete = complete.fillna(False).astype(bool)
+    protocols = protocols.map(lambda p: tuple(sorted(p)) if isinstance(p, frozenset) else ())
+    for _, members in values[complete].groupby(protocols[complete]):
         out[members.index] = metrics.best_index(members, metric)
     return out
 

@@ -6,6 +6,7 @@ method id, never by display label. Through streamlit's AppTest, on written resul
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +15,7 @@ import pytest
 from dashboard_results import PROTOCOL_OOD_EVERY, protocol_results
 from test_dashboard_apptest import assert_clean, comparison, run_app, specs
 
-from orchestrator import registry
+from dashboard import export, queries
 from orchestrator.results.db import ResultsDB
 
 
@@ -114,3 +115,34 @@ def test_per_class_leaves_ood_out(results: Path, monkeypatch: pytest.MonkeyPatch
     assert sorted(per_class["label"]) == list(range(10))  # the ten classes, no "class -1" of the OOD samples
     _, heat = chart_data(at, mark="rect")
     assert set(heat["class"]) == {f"class {k}" for k in range(10)}
+
+
+def bold_cells(element) -> set[tuple[str, str]]:
+    """(row's first cell, column) of every cell a styled st.table shows in bold."""
+    table = element.value
+    styles = element.proto.arrow_data.styler.styles
+    cells = set()
+    for rule in styles.split("}"):
+        if "font-weight: bold" in rule:
+            for row, col in re.findall(r"row(\d+)_col(\d+)", rule):
+                cells.add((table.iat[int(row), 0], table.columns[int(col)]))
+    return cells
+
+
+def test_average_best_per_stream_protocol(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caption says best among cells of one stream protocol: the Average column too, on the page and in
+    its Markdown export."""
+    at = run_app(results, monkeypatch)
+    assert_clean(at)
+    assert "best (higher) in bold among complete cells of one stream protocol" in " ".join(c.value for c in at.caption)
+    # each protocol's best: BCA n1=24000 on the i.i.d. stream, n1=100 on the contaminated one (PROTOCOL_ACCURACY)
+    iid, contaminated = "BCA (stream=iid, n1=24000)", "BCA (stream=contaminated(rate=0.2), n1=100)"
+    assert bold_cells(at.table[0]) == {(row, column) for row in (iid, contaminated)
+                                       for column in ("ImageNet", "ImageNet-A", "Average")}
+    with ResultsDB(results) as db:
+        all_runs = queries.accuracy_runs(db)
+    text, _, best = queries.metric_table(
+        queries.metric_summary(all_runs, queries.series_labels(all_runs, ["tau", "n1"]), "accuracy"), "accuracy")
+    bold = {line.split(" | ")[0].strip("| ") for line in export.to_markdown(text, best).splitlines()
+            if line.endswith(" (n=3)** |")}  # the Average cell, the last, in bold
+    assert bold == {iid, contaminated}
