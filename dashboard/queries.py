@@ -165,19 +165,15 @@ def comparison_tables(db: ResultsDB, runs: pd.DataFrame, paper: bool) -> list[re
     return report.report_tables(db, paper=paper, runs=runs, include_empty=False)
 
 
-def _is_clip_row(label: str) -> bool:
-    clip = registry.method_label(registry.baseline_method())
-    return label == clip or label.startswith(clip + " (")
-
-
 def comparison_frames(table: report.ReportTable,
                       filters: Filters) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(display text, numbers, best-cell mask) of a report table with its index as columns, CLIP's rows left
-    out when the method filter leaves CLIP out (they were only queried as the gain's baseline)."""
+    out when the method filter leaves CLIP out (they were only queried as the gain's baseline): told by the
+    rows' method ids, not their labels."""
     text, numbers = table.formatted(), table.to_frame()
     best = table.best.reindex(columns=text.columns, fill_value=False)
     if filters.method and registry.baseline_method() not in filters.method:
-        keep = [not _is_clip_row(r) for r in text.index.get_level_values("method")]
+        keep = (table.methods.reindex(text.index) != registry.baseline_method()).to_numpy()
         text, numbers, best = text[keep], numbers[keep], best[keep]
     text, numbers = text.reset_index(), numbers.reset_index()
     best = best.reset_index(drop=True).reindex(columns=text.columns, fill_value=False).astype(bool)

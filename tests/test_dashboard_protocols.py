@@ -16,7 +16,10 @@ from dashboard_results import PROTOCOL_OOD_EVERY, protocol_results
 from test_dashboard_apptest import assert_clean, comparison, run_app, specs
 
 from dashboard import export, queries
+from orchestrator.registry import MethodCard
+from orchestrator.registry import methods as registry_methods
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.testing import make_fake_results
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +149,18 @@ def test_average_best_per_stream_protocol(results: Path, monkeypatch: pytest.Mon
     bold = {line.split(" | ")[0].strip("| ") for line in export.to_markdown(text, best).splitlines()
             if line.endswith(" (n=3)** |")}  # the Average cell, the last, in bold
     assert bold == {iid, contaminated}
+
+
+def test_rows_are_told_apart_by_method_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method labelled like a configuration of CLIP ("CLIP (T)") stays when the method filter hides CLIP's
+    rows: rows are told apart by method id, not by label."""
+    monkeypatch.setitem(registry_methods._CARDS, "clip_t", MethodCard(
+        "clip_t", "CLIP (T)", 96, "toy", "CLIP at another temperature", "orchestrator.methods.clip.method:Clip"))
+    results = tmp_path / "results"
+    make_fake_results(results, methods={"clip": {}, "clip_t": {}, "bca": {"tau": 0.3}}, seeds=(1,), n=60,
+                      save_state=False)
+    at = run_app(results, monkeypatch, filter_method="clip_t")
+    assert_clean(at)
+    assert comparison(at)["configuration"].tolist() == ["CLIP (T)"]
+    paper = at.table[1].value  # the report's table: CLIP's rows queried as the gain's baseline, then hidden
+    assert paper["method"].tolist() == ["CLIP (T)"]
