@@ -13,10 +13,9 @@ import pandas as pd
 from orchestrator import registry
 from orchestrator.stages import STAGES
 
-# Category axes name every row: Vega would otherwise thin out labels it deems too close.
-_ALL_LABELS = alt.Axis(labelOverlap=False, labelLimit=320)
-# Legends: long configuration labels are cut at this width; the full label is in every mark's tooltip.
-LEGEND_LABEL_PX = 260
+# Category axes name every row, in full: Vega would otherwise thin out labels it deems too close, and cut long
+# ones (labelLimit 0: no limit), until two configurations that differ at the end of their labels read the same.
+_ALL_LABELS = alt.Axis(labelOverlap=False, labelLimit=0)
 # Height per legend entry / category row, so a chart grows with what it shows instead of squeezing the plot.
 ROW_PX = 20
 # One base colour per method (tableau20's strong shades first, readable on light and dark backgrounds), in the
@@ -51,7 +50,7 @@ def family_colours(series_methods: dict[str, str]) -> alt.Scale:
 
 def _series_colour(series_methods: dict[str, str], title: str | None = "configuration") -> alt.Color:
     return alt.Color("series:N", title=title, scale=family_colours(series_methods),
-                     legend=alt.Legend(labelLimit=LEGEND_LABEL_PX, symbolLimit=0, orient="right",
+                     legend=alt.Legend(labelLimit=0, symbolLimit=0, orient="right",
                                        symbolOpacity=1, symbolType="stroke", symbolStrokeWidth=3))
 
 
@@ -246,7 +245,7 @@ def disagreement_classes(by_class: pd.DataFrame, label_a: str, label_b: str) -> 
                     axis=alt.Axis(labelExpr="abs(datum.value)", tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
-                            legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
+                            legend=alt.Legend(orient="top", labelLimit=0, columns=1)),
             tooltip=["class:N", "run:N", alt.Tooltip("n:Q", title="samples")])
         .properties(height=140 + 28 * len(by_class))
     )
@@ -261,7 +260,7 @@ def disagreement_stream(over: pd.DataFrame, label_a: str, label_b: str) -> alt.C
             y=alt.Y("n:Q", title="samples only this run gets right", axis=alt.Axis(tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
-                            legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
+                            legend=alt.Legend(orient="top", labelLimit=0, columns=1)),
             tooltip=["run:N", "position:Q", "n:Q"])
         .properties(height=260)
     )

@@ -339,6 +339,8 @@ def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[
         return series_labels(runs, hparams)
 
     def show(column: str, value: Any) -> str:
+        if column == "stream":  # by protocol, as the tables name it, not its JSON
+            return f"stream={evidence.protocol(value)}"
         if pd.isna(value):
             return f"{column}=—"
         if column == "method":

@@ -5,6 +5,7 @@ method id, never by display label. Through streamlit's AppTest, on written resul
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -164,3 +165,29 @@ def test_rows_are_told_apart_by_method_id(tmp_path: Path, monkeypatch: pytest.Mo
     assert comparison(at)["configuration"].tolist() == ["CLIP (T)"]
     paper = at.table[1].value  # the report's table: CLIP's rows queried as the gain's baseline, then hidden
     assert paper["method"].tolist() == ["CLIP (T)"]
+
+
+def rendered_texts(at, title: str | None = None, mark: str | None = None) -> list[str]:
+    """Every text of a page's chart as Vega draws it (vl-convert's renderer, the page's spec and data)."""
+    import vl_convert
+
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        if (title is None or spec.get("title") == title) and (mark is None or mark in element.proto.spec):
+            spec["datasets"] = {d.name: json.loads(pa.ipc.open_stream(d.data.data).read_pandas().to_json(
+                orient="records")) for d in element.proto.datasets}
+            svg = vl_convert.vegalite_to_svg(json.dumps(spec))
+            return [html.unescape(t) for t in re.findall(r"<text[^>]*>([^<]*)</text>", svg)]
+    raise AssertionError(f"no chart titled {title!r}")
+
+
+def test_legends_show_every_label_in_full(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Grouped by several columns: the legend names each series in full (the stream by its protocol), so settings
+    that differ only at the end of their long labels never read the same."""
+    at = run_app(results, monkeypatch, group=["dataset", "backbone", "method", "stream", "seed", "n1"],
+                 filter_dataset="imagenet")
+    assert_clean(at)
+    labels = set(comparison(at)["configuration"])
+    assert "ImageNet · RN50 · BCA · stream=contaminated(rate=0.2) · seed=1 · n1=24000" in labels, labels
+    texts = rendered_texts(at, mark="line")  # the Stream panel's curves, their legend on the right
+    assert labels <= set(texts), sorted(set(texts) - labels)
