@@ -61,9 +61,9 @@ def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.D
         st.markdown("**Metrics**")
         values = all_runs[all_runs["run_id"] == run_id]
         metric_cols = metrics.metric_columns(values, hparams) if not values.empty else []
-        st.dataframe(pd.DataFrame({"metric": [metrics.label(c) for c in metric_cols],
-                                   "value": [values.iloc[0][c] for c in metric_cols]}),
-                     hide_index=True, width="stretch")
+        # a static table: every metric and value shown whole at any width (a scrolling grid cut them off)
+        st.table(pd.DataFrame({"metric": [metrics.label(c) for c in metric_cols],
+                               "value": [_number(values.iloc[0][c]) for c in metric_cols]}).set_index("metric"))
     record = record_for(row["sweep"]) or {}
     spec = record.get("spec") or {}
     names = context.class_names(spec.get("cache_dir"), row["dataset"], row["backbone"])
@@ -101,6 +101,13 @@ def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.D
         st.code(text, language="yaml")
         st.download_button("spec YAML", text.encode("utf-8"), file_name=f"reproduce-{run_id}.yaml",
                            mime="application/x-yaml", key="reproduce", on_click="ignore")
+
+
+def _number(value: float) -> str:
+    """A metric as the run page shows it: four significant digits, thousands whole ('2,863', '63.12', '0.0012')."""
+    if pd.isna(value):
+        return "—"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def config_page(results_dir: str, stamp: tuple, all_runs: pd.DataFrame, hparams: list[str]) -> None:

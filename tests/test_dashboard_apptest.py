@@ -193,7 +193,9 @@ def test_run_page_reproduces_the_run(sweep_results: Path, monkeypatch: pytest.Mo
     text = " ".join(m.value for m in at.markdown)
     assert "status:** finished" in text and "Skipped images:** 0" in text
     assert "Learned prior" in text and len(specs(at)) == 2  # learned and CLIP prior heat-maps
-    stream = at.dataframe[1].value
+    metrics = at.table[0].value  # every metric whole: a static table, not a scrolling grid
+    assert metrics.at["top-1 accuracy (%)", "value"] == f"{run['accuracy']:.4g}"
+    stream = at.dataframe[0].value
     assert stream["sample_idx"].tolist()[:3] == [0, 1, 2] and stream["label"].str.startswith("class ").all()
     command, spec_text = at.code[0].value, at.code[1].value
     assert command == f"bca sweep reproduce-{run['run_id']}.yaml"

@@ -175,6 +175,18 @@ JSON.stringify([...document.querySelectorAll('.vega-embed')].map(e => {
   return [Math.round(r.width), Math.round(r.height)];
 }))
 """
+# The run page's metrics: every cell of the table in the "Metrics" column, and those cut off (past the column's
+# right edge, or wider than their box).
+RUN_METRICS_JS = """
+(() => {
+  const column = [...document.querySelectorAll('[data-testid="stColumn"]')]
+    .find(c => c.innerText.trim().startsWith('Metrics'));
+  const right = column.getBoundingClientRect().right;
+  const cells = [...column.querySelectorAll('td, th')];
+  const cut = cells.filter(c => c.getBoundingClientRect().right > right + 1 || c.scrollWidth > c.clientWidth + 1);
+  return JSON.stringify([cells.map(c => c.innerText.trim()), cut.map(c => c.innerText.trim())]);
+})()
+"""
 COMPARISON_ROWS_JS = """
 [...document.querySelectorAll('[data-testid="stTable"]')[0].querySelectorAll('tbody tr')].map(
   r => r.querySelector('th, td').innerText.trim())
@@ -305,6 +317,13 @@ def test_dashboard_in_chromium(results: Path, tmp_path: Path) -> None:
         assert f"bca sweep reproduce-{bca['run_id']}.yaml" in cdp.evaluate("document.body.innerText")
         plot_areas(cdp, "run page (prior heat-maps)", at_least=2)
         screenshot(cdp, "dashboard-run", 1280)
+        cdp.call("Emulation.setDeviceMetricsOverride", width=1440, height=VIEW_HEIGHT, deviceScaleFactor=1,
+                 mobile=False)
+        time.sleep(1.5)  # the page re-lays out to the new viewport
+        cells, cut = json.loads(cdp.evaluate(RUN_METRICS_JS))
+        assert {"top-1 accuracy (%)", "peak memory (MB)"} <= set(cells) and not cut, (cells, cut)
+        cdp.call("Emulation.setDeviceMetricsOverride", width=1280, height=VIEW_HEIGHT, deviceScaleFactor=1,
+                 mobile=False)
 
         same = runs[(runs["dataset"] == bca["dataset"]) & (runs["seed"] == bca["seed"])]
         clip = same[same["method"] == "clip"].iloc[0]

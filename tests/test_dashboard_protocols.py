@@ -191,3 +191,12 @@ def test_legends_show_every_label_in_full(results: Path, monkeypatch: pytest.Mon
     assert "ImageNet · RN50 · BCA · stream=contaminated(rate=0.2) · seed=1 · n1=24000" in labels, labels
     texts = rendered_texts(at, mark="line")  # the Stream panel's curves, their legend on the right
     assert labels <= set(texts), sorted(set(texts) - labels)
+
+
+def test_run_page_names_ood_samples(results: Path, runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = runs[(runs["method"] == "bca") & runs["stream"].str.contains("contaminated")].iloc[0]
+    at = run_app(results, monkeypatch, page="Run", run=run["run_id"])
+    assert_clean(at)
+    stream = at.dataframe[0].value
+    ood = stream["sample_idx"] % PROTOCOL_OOD_EVERY == PROTOCOL_OOD_EVERY - 1
+    assert (stream.loc[ood, "label"] == "OOD").all() and stream.loc[~ood, "label"].str.startswith("class ").all()
