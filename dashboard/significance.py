@@ -49,11 +49,16 @@ def gain_summary(db: ResultsDB, runs: pd.DataFrame, labels: pd.Series) -> pd.Dat
     return out
 
 
+def interval_text(gain: float, low: float, high: float) -> str:
+    """A gain with its 95% interval as the tables show it: '+1.23 [+0.50, +1.96]'."""
+    return f"{gain:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
 def gain_text(summary: pd.DataFrame) -> pd.DataFrame:
     """The table as shown: gain [low, high], the test, p and Holm's p, and a ✓ where significant."""
     return pd.DataFrame({
         "series": summary["series"], "dataset": summary["dataset"], "runs": summary["runs"],
-        "gain over CLIP [95% interval]": [f"{g:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        "gain over CLIP [95% interval]": [interval_text(g, lo, hi)
                                           for g, lo, hi in zip(summary["gain"], summary["low"], summary["high"])],
         "test": summary["test"].map({stats.T_TEST: "t across runs", stats.POOLED_MCNEMAR: "pooled McNemar"}),
         "p": summary["p"].map(lambda v: f"{v:.3g}"), "p (Holm)": summary["p_holm"].map(lambda v: f"{v:.3g}"),

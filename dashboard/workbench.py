@@ -1,5 +1,6 @@
-"""The workbench page: filters, metric, grouping, chosen and pinned series, the comparison table and a panel per
-view (stream, sensitivity, prior, per class, which settings matter, cost, runs)."""
+"""The workbench page: filters, metric, grouping, chosen and pinned series; a first screen with the comparison
+table and its gain over CLIP with evidence; then a panel per view (stream, evidence, the paper's tables,
+sensitivity, prior, per class, which settings matter, cost, runs), only the open one drawn."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from orchestrator import registry
 from orchestrator.results import report, schema
 from orchestrator.results.db import ResultsDB
 
-PANELS = ("Stream", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost", "Runs")
+PANELS = ("Stream", "Evidence", "Paper tables", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost",
+          "Runs")
 
 
 def sidebar_filters(columns: dict[str, str], options: dict[str, list]) -> Filters:
@@ -57,9 +59,10 @@ class View:
         return metrics.label(self.metric)
 
 
-def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, view: View) -> None:
+def comparison_section(view: View, summary: pd.DataFrame, gains: pd.DataFrame) -> None:
+    """The first screen: the comparison table (`summary`: queries.metric_summary) and, row by row, its gain over
+    CLIP with the evidence for it; the charts, the tests' details and the paper's tables are panels below."""
     st.subheader(f"Comparison: {view.metric_label}")
-    summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
     if summary.empty:
         st.info(f"No finished runs with {view.metric_label} match the filters yet.")
     else:
@@ -75,45 +78,63 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
         st.table(styled)
         table_exports(text, numbers, best, f"comparison_{view.metric}", "comparison",
                       f"{view.metric_label} by configuration and dataset")
-        in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
-        if not in_focus.empty:
-            chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
-                                     registry.dataset_title(view.focus[1])),
-                  f"{view.metric}_{view.focus[1]}", "metric_bars")
-    with st.expander("The paper's tables (accuracy, Table 1 / Table 2 layout, gain over CLIP)",
-                     expanded=view.metric == "accuracy"):
-        paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
-        # every status: a cell counts its finished, complete runs and is marked by the others
-        tables = queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), paper)
-        if not tables:
-            st.info("No finished runs match the filters yet: the comparison needs finished runs.")
-        for i, table in enumerate(tables):
-            text, numbers, best = queries.comparison_frames(table, filters)
-            st.markdown(f"**{table.title}** — Δ CLIP: paired gain over zero-shot CLIP; what each cell stands on "
-                        "below the table")
-            styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
-            st.table(styled)
-            for note in table.notes:
-                st.caption(note)
-            table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
-    gain_section(db, view)
+    if not gains.empty:
+        st.markdown("**Gain over CLIP, with evidence** (top-1 accuracy points) — each run paired with CLIP on the "
+                    "same samples in the same order; [95% interval]; ✓: significant at "
+                    f"{significance.stats.ALPHA:g} after Holm's correction (docs/statistics.md). The tests, "
+                    "p-values and the intervals as a chart: the Evidence panel.")
+        st.table(gain_overview(gains))
 
 
-def gain_section(db: ResultsDB, view: View) -> None:
-    """Each series' gain over CLIP with its interval and a significance column (dashboard.significance)."""
-    gains = significance.gain_summary(db, view.runs, view.labels)
+def gain_overview(gains: pd.DataFrame) -> pd.DataFrame:
+    """The gains as a configuration x dataset table, in the comparison's row order: '+1.23 [+0.50, +1.96] ✓'."""
+    cells = gains.assign(cell=[significance.interval_text(g, lo, hi) + (" ✓" if s else "") for g, lo, hi, s in
+                               zip(gains["gain"], gains["low"], gains["high"], gains["significant"])])
+    wide = cells.pivot(index="series", columns="dataset", values="cell")
+    datasets = sorted(wide.columns, key=lambda d: (registry.dataset_key(d) is None, d))
+    wide = wide.reindex(index=list(dict.fromkeys(gains["series"])), columns=datasets).fillna("—")
+    wide.columns = [registry.dataset_title(d) for d in datasets]
+    return wide.rename_axis("configuration").reset_index()
+
+
+def evidence_panel(view: View, summary: pd.DataFrame, gains: pd.DataFrame) -> None:
+    """The comparison as charts on the focused dataset (the metric's mean ± std; the gain over CLIP with its
+    interval) and the gain table with each test and p-value (dashboard.significance)."""
+    in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
+    if not in_focus.empty:
+        chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
+                                 registry.dataset_title(view.focus[1])),
+              f"{view.metric}_{view.focus[1]}", "metric_bars")
     if gains.empty:
+        st.info("No finished run paired with CLIP on the same samples among the runs shown: no gain to test.")
         return
+    in_focus = gains[gains["dataset"] == view.focus[1]]
+    if not in_focus.empty:
+        chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
+              f"gain_{view.focus[1]}", "gain_intervals")
     st.markdown("**Gain over CLIP, with evidence** — each run paired with CLIP on the same samples in the same "
                 f"order; 95% interval; significance at {significance.stats.ALPHA:g} after Holm's correction over "
                 "the rows (docs/statistics.md)")
     text = significance.gain_text(gains)
     st.table(text)
     table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
-    in_focus = gains[gains["dataset"] == view.focus[1]]
-    if not in_focus.empty:
-        chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
-              f"gain_{view.focus[1]}", "gain_intervals")
+
+
+def paper_panel(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters) -> None:
+    paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
+    # every status: a cell counts its finished, complete runs and is marked by the others
+    tables = queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), paper)
+    if not tables:
+        st.info("No finished runs match the filters yet: the comparison needs finished runs.")
+    for i, table in enumerate(tables):
+        text, numbers, best = queries.comparison_frames(table, filters)
+        st.markdown(f"**{table.title}** — Δ CLIP: paired gain over zero-shot CLIP; what each cell stands on "
+                    "below the table")
+        styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
+        st.table(styled)
+        for note in table.notes:
+            st.caption(note)
+        table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
 
 
 def stream_panel(results_dir: str, stamp: tuple, view: View) -> None:
@@ -305,15 +326,19 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     pinned = st.sidebar.selectbox("pin a baseline series (Δ columns)", [None, *series],
                                   format_func=lambda s: "none" if s is None else s, key="pin", bind=URL)
 
+    first_screen = st.container()  # the comparison, filled once the view is known, above the panels' controls
     pairs = sorted(runs[["backbone", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     keys = [f"{b}/{d}" for b, d in pairs]
-    focus_key = st.selectbox("backbone / dataset for the stream, sensitivity, prior, per-class and cost views",
+    focus_key = st.selectbox("backbone / dataset of the panels' charts",
                              keys, key="focus", bind=URL,
                              format_func=lambda k: " / ".join([report.backbone_label(k.split("/", 1)[0]),
                                                                registry.dataset_title(k.split("/", 1)[1])]))
     focus = pairs[keys.index(focus_key)]
     view = View(runs, labels, hparams, metric, pinned if pinned in set(labels) else None, focus)
-    comparison_section(db, all_runs, filters, view)
+    summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
+    gains = significance.gain_summary(db, view.runs, view.labels)
+    with first_screen:
+        comparison_section(view, summary, gains)
 
     first = view.focus_runs.iloc[0]
     record = record_for(first["sweep"]) or {}
@@ -323,6 +348,8 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     tabs = st.tabs(list(PANELS), key="panel", bind=URL)
     panels = (
         lambda: stream_panel(results_dir, stamp, view),
+        lambda: evidence_panel(view, summary, gains),
+        lambda: paper_panel(db, all_runs, filters),
         lambda: sensitivity_panel(view),
         lambda: prior_panel(results_dir, view, namer),
         lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),

@@ -14,9 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from dashboard_results import PROTOCOL_OOD_EVERY, protocol_results
-from test_dashboard_apptest import assert_clean, comparison, run_app, specs
+from test_dashboard_apptest import assert_clean, comparison, paper_table, run_app
 
-from dashboard import export, queries
+from dashboard import export, queries, significance
+from orchestrator import registry
 from orchestrator.registry import MethodCard
 from orchestrator.registry import methods as registry_methods
 from orchestrator.results.db import ResultsDB
@@ -160,10 +161,10 @@ def test_rows_are_told_apart_by_method_id(tmp_path: Path, monkeypatch: pytest.Mo
     results = tmp_path / "results"
     make_fake_results(results, methods={"clip": {}, "clip_t": {}, "bca": {"tau": 0.3}}, seeds=(1,), n=60,
                       save_state=False)
-    at = run_app(results, monkeypatch, filter_method="clip_t")
+    at = run_app(results, monkeypatch, filter_method="clip_t", panel="Paper tables")
     assert_clean(at)
     assert comparison(at)["configuration"].tolist() == ["CLIP (T)"]
-    paper = at.table[1].value  # the report's table: CLIP's rows queried as the gain's baseline, then hidden
+    paper = paper_table(at)  # the report's table: CLIP's rows queried as the gain's baseline, then hidden
     assert paper["method"].tolist() == ["CLIP (T)"]
 
 
@@ -200,3 +201,24 @@ def test_run_page_names_ood_samples(results: Path, runs, monkeypatch: pytest.Mon
     stream = at.dataframe[0].value
     ood = stream["sample_idx"] % PROTOCOL_OOD_EVERY == PROTOCOL_OOD_EVERY - 1
     assert (stream.loc[ood, "label"] == "OOD").all() and stream.loc[~ood, "label"].str.startswith("class ").all()
+
+
+def test_first_screen_is_the_comparison_with_its_evidence(results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workbench opens on two tables, row for row: the comparison, then each configuration's gain over CLIP
+    with its interval and verdict; the charts, the tests' details and the paper's tables wait in their panels."""
+    at = run_app(results, monkeypatch)
+    assert_clean(at)
+    assert len(at.table) == 2  # nothing else drawn as a table on the first view
+    rows = comparison(at)["configuration"].tolist()
+    evidence = at.table[1].value
+    assert evidence["configuration"].tolist() == [r for r in rows if not r.startswith("CLIP (")]
+    with ResultsDB(results) as db:
+        all_runs = queries.accuracy_runs(db)
+        gains = significance.gain_summary(db, all_runs, queries.series_labels(all_runs, ["tau", "n1"]))
+    cells = evidence.set_index("configuration")
+    for g in gains.itertuples():
+        cell = cells.at[g.series, registry.dataset_title(g.dataset)]
+        assert cell == f"{g.gain:+.2f} [{g.low:+.2f}, {g.high:+.2f}]" + (" ✓" if g.significant else ""), cell
+    assert [m.value for m in at.markdown if m.value.startswith("**Gain over CLIP")]  # its heading says what it is
+    evidence_panel = run_app(results, monkeypatch, panel="Evidence")
+    assert any({"series", "dataset"} <= set(t.value.columns) for t in evidence_panel.table)  # the tests' table

@@ -84,7 +84,7 @@ def _app(root: Path, monkeypatch, **params) -> AppTest:
 
 def test_workbench_shows_the_gain_table_and_interval_chart(fake, monkeypatch):
     root, _ = fake
-    at = _app(root, monkeypatch)
+    at = _app(root, monkeypatch, panel="Evidence")
     assert not at.exception, [e.value for e in at.exception]
     tables = [t.value for t in at.table if GAIN_HEADER in t.value.columns]
     assert len(tables) == 1 and len(tables[0]) == 4 and "significant at 0.05" in tables[0].columns
