@@ -98,26 +98,26 @@ def gain_overview(gains: pd.DataFrame) -> pd.DataFrame:
 
 
 def evidence_panel(view: View, summary: pd.DataFrame, gains: pd.DataFrame) -> None:
-    """The comparison as charts on the focused dataset (the metric's mean ± std; the gain over CLIP with its
-    interval) and the gain table with each test and p-value (dashboard.significance)."""
+    """The gain table with each test and p-value (dashboard.significance), and the comparison as charts on the
+    focused dataset: the gain over CLIP with its interval, the metric's mean ± std."""
+    if gains.empty:
+        st.info("No finished run paired with CLIP on the same samples among the runs shown: no gain to test.")
+    else:
+        st.markdown("**Gain over CLIP, with evidence** — each run paired with CLIP on the same samples in the same "
+                    f"order; 95% interval; significance at {significance.stats.ALPHA:g} after Holm's correction over "
+                    "the rows (docs/statistics.md)")
+        text = significance.gain_text(gains)
+        st.table(text)
+        table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
+        in_focus = gains[gains["dataset"] == view.focus[1]]
+        if not in_focus.empty:
+            chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
+                  f"gain_{view.focus[1]}", "gain_intervals")
     in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
     if not in_focus.empty:
         chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
                                  registry.dataset_title(view.focus[1])),
               f"{view.metric}_{view.focus[1]}", "metric_bars")
-    if gains.empty:
-        st.info("No finished run paired with CLIP on the same samples among the runs shown: no gain to test.")
-        return
-    in_focus = gains[gains["dataset"] == view.focus[1]]
-    if not in_focus.empty:
-        chart(significance.gain_intervals(in_focus, charts.family_colours(view.series_methods)),
-              f"gain_{view.focus[1]}", "gain_intervals")
-    st.markdown("**Gain over CLIP, with evidence** — each run paired with CLIP on the same samples in the same "
-                f"order; 95% interval; significance at {significance.stats.ALPHA:g} after Holm's correction over "
-                "the rows (docs/statistics.md)")
-    text = significance.gain_text(gains)
-    st.table(text)
-    table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
 
 
 def paper_panel(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters) -> None:
