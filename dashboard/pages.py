@@ -156,12 +156,18 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
     left, right = st.columns(2)
     run_a = id_selectbox("run A", options, "run_a", left)
     same_stream = all_runs.set_index("run_id")
-    partners = [r for r in ids if r != run_a and same_stream.at[r, "dataset"] == same_stream.at[run_a, "dataset"]
-                and same_stream.at[r, "seed"] == same_stream.at[run_a, "seed"]] or [r for r in ids if r != run_a]
+    # the runs that saw A's very stream first (same data setting, seed and order), then those on its dataset
+    frame, own = same_stream.loc[ids], same_stream.loc[run_a]
+    same = pd.Series(True, index=frame.index)
+    for key in ("setting_id", "seed", "order_index"):
+        same &= (frame[key] == own[key]).fillna(False) | (frame[key].isna() & pd.isna(own[key]))
+    rank = (~same).astype(int) * 2 + (frame["dataset"] != own["dataset"]).astype(int)
+    partners = [r for r in rank.sort_values(kind="stable").index if r != run_a]
     if not partners:
         st.info("Only one run has samples: a comparison needs two.")
         return
-    run_b = id_selectbox("run B (same dataset and seed first)", {r: options[r] for r in partners}, "run_b", right)
+    run_b = id_selectbox("run B (those on the same stream in the same order first)", {r: options[r] for r in partners},
+                         "run_b", right)
     pair = load_pair(results_dir, stamp, run_a, run_b)
     if pair.empty:
         st.info("The two runs share no stream positions.")

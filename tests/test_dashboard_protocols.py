@@ -222,3 +222,21 @@ def test_first_screen_is_the_comparison_with_its_evidence(results: Path, monkeyp
     assert [m.value for m in at.markdown if m.value.startswith("**Gain over CLIP")]  # its heading says what it is
     evidence_panel = run_app(results, monkeypatch, panel="Evidence")
     assert any({"series", "dataset"} <= set(t.value.columns) for t in evidence_panel.table)  # the tests' table
+
+
+def test_two_runs_offer_the_same_stream_first(results: Path, runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run B's first choice is a run that saw A's very stream: same data setting (stream protocol), seed and order,
+    not merely the first run listed on A's dataset."""
+    with ResultsDB(results) as db:
+        listed = queries.run_table(db)["run_id"].tolist()  # the selectors' order
+    by_id = runs.set_index("run_id")
+    key = ["setting_id", "seed", "order_index"]
+
+    def first_on_its_dataset(run: str) -> str:
+        return next(r for r in listed if r != run and by_id.at[r, "dataset"] == by_id.at[run, "dataset"])
+
+    a = next(r for r in listed if (by_id.loc[first_on_its_dataset(r), key] != by_id.loc[r, key]).any())
+    at = run_app(results, monkeypatch, page="Compare two runs", run_a=a)
+    assert_clean(at)
+    b = at.selectbox(key="select_run_b").value
+    assert by_id.loc[b, key].tolist() == by_id.loc[a, key].tolist()
