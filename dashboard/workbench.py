@@ -176,8 +176,13 @@ def sensitivity_panel(view: View) -> None:
         shown += 1
         methods = dict(zip(points["series"], points["method"]))
         protocols = list(dict.fromkeys(points["protocol"]))
-        baselines = {baseline_label if len(protocols) == 1 else f"{baseline_label} · {p}": clip.get(p)
-                     for p in protocols}
+        # protocols where CLIP scores the same (it does not adapt: the same samples in another order) share a line
+        same: dict[float, list[str]] = {}
+        for p in protocols:
+            if pd.notna(clip.get(p)):
+                same.setdefault(round(float(clip[p]), 9), []).append(p)
+        baselines = {baseline_label if len(protocols) == 1 else f"{baseline_label} · {', '.join(ps)}":
+                     float(clip[ps[0]]) for ps in same.values()}
         chart(charts.sensitivity(points, param, methods, view.metric_label, baselines), f"sensitivity_{param}",
               f"sens_{param}")
         notes = ([f"one curve per stream protocol ({', '.join(protocols)}): their runs are not pooled"]
