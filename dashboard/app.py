@@ -18,7 +18,7 @@ from pathlib import Path
 import streamlit as st
 
 from dashboard import RESULTS_ENV, context, queries
-from dashboard.components import URL, dataframe, load_results, load_run_table, open_db
+from dashboard.components import URL, dataframe, load_comparison_tables, load_results, load_run_table, open_db
 from dashboard.pages import compare_page, config_page, run_page
 from dashboard.workbench import workbench
 from orchestrator.results import schema
@@ -47,6 +47,7 @@ def main() -> None:
         st.cache_data.clear()
         load_results.clear()
         load_run_table.clear()
+        load_comparison_tables.clear()
 
     if not Path(results_dir).is_dir():
         st.info(f"No results directory at `{results_dir}`. Run a sweep first (`bca sweep SPEC` writes to the "

@@ -13,10 +13,9 @@ import pandas as pd
 from orchestrator import registry
 from orchestrator.stages import STAGES
 
-# Category axes name every row: Vega would otherwise thin out labels it deems too close.
-_ALL_LABELS = alt.Axis(labelOverlap=False, labelLimit=320)
-# Legends: long configuration labels are cut at this width; the full label is in every mark's tooltip.
-LEGEND_LABEL_PX = 260
+# Category axes name every row, in full: Vega would otherwise thin out labels it deems too close, and cut long
+# ones (labelLimit 0: no limit), until two configurations that differ at the end of their labels read the same.
+_ALL_LABELS = alt.Axis(labelOverlap=False, labelLimit=0)
 # Height per legend entry / category row, so a chart grows with what it shows instead of squeezing the plot.
 ROW_PX = 20
 # One base colour per method (tableau20's strong shades first, readable on light and dark backgrounds), in the
@@ -51,7 +50,7 @@ def family_colours(series_methods: dict[str, str]) -> alt.Scale:
 
 def _series_colour(series_methods: dict[str, str], title: str | None = "configuration") -> alt.Color:
     return alt.Color("series:N", title=title, scale=family_colours(series_methods),
-                     legend=alt.Legend(labelLimit=LEGEND_LABEL_PX, symbolLimit=0, orient="right",
+                     legend=alt.Legend(labelLimit=0, symbolLimit=0, orient="right",
                                        symbolOpacity=1, symbolType="stroke", symbolStrokeWidth=3))
 
 
@@ -94,9 +93,10 @@ def online_accuracy(curve: pd.DataFrame, series_methods: dict[str, str], kind: s
 
 
 def sensitivity(points: pd.DataFrame, param: str, series_methods: dict[str, str], metric_label: str = "accuracy (%)",
-                baseline: float | None = None, baseline_label: str = "") -> alt.LayerChart:
-    """Mean metric (± std over seeds) against one hyperparameter, one line per series; the zero-shot baseline as
-    a dashed reference line where given (the paper's Fig. 3).
+                baselines: dict[str, float] | None = None) -> alt.LayerChart:
+    """Mean metric (± std over seeds and orders) against one hyperparameter, one line per series; the zero-shot
+    baseline as a dashed reference line per label in `baselines` (one per stream protocol shown), as the paper's
+    Fig. 3.
 
     points columns: series, value, mean, std, n. Hyperparameters whose card marks them `log` get a log axis.
     """
@@ -113,8 +113,9 @@ def sensitivity(points: pd.DataFrame, param: str, series_methods: dict[str, str]
     )
     band = base.mark_errorbar().encode(y=alt.Y("lo:Q", title=metric_label), y2="hi:Q")
     layers = [band, line]
-    if baseline is not None and np.isfinite(baseline):
-        rule = pd.DataFrame({"baseline": [baseline], "label": [baseline_label]})
+    shown = {label: value for label, value in (baselines or {}).items() if value is not None and np.isfinite(value)}
+    if shown:
+        rule = pd.DataFrame({"baseline": list(shown.values()), "label": list(shown)})
         layers.append(alt.Chart(rule).mark_rule(strokeDash=[6, 4], color="gray").encode(
             y="baseline:Q", tooltip=[alt.Tooltip("label:N", title="reference"),
                                      alt.Tooltip("baseline:Q", format=".2f")]))
@@ -244,7 +245,7 @@ def disagreement_classes(by_class: pd.DataFrame, label_a: str, label_b: str) -> 
                     axis=alt.Axis(labelExpr="abs(datum.value)", tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
-                            legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
+                            legend=alt.Legend(orient="top", labelLimit=0, columns=1)),
             tooltip=["class:N", "run:N", alt.Tooltip("n:Q", title="samples")])
         .properties(height=140 + 28 * len(by_class))
     )
@@ -259,7 +260,7 @@ def disagreement_stream(over: pd.DataFrame, label_a: str, label_b: str) -> alt.C
             y=alt.Y("n:Q", title="samples only this run gets right", axis=alt.Axis(tickMinStep=1, format="d")),
             color=alt.Color("run:N", title=None, scale=alt.Scale(domain=[label_a, label_b],
                                                                   range=[_BASE_COLOURS[0], _BASE_COLOURS[1]]),
-                            legend=alt.Legend(orient="top", labelLimit=LEGEND_LABEL_PX)),
+                            legend=alt.Legend(orient="top", labelLimit=0, columns=1)),
             tooltip=["run:N", "position:Q", "n:Q"])
         .properties(height=260)
     )

@@ -17,7 +17,7 @@ import streamlit as st
 
 from dashboard import charts, export, importance, prior, queries
 from orchestrator import registry
-from orchestrator.results import schema
+from orchestrator.results import report, schema
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import load_state
 
@@ -50,6 +50,21 @@ def load_run_table(results_dir: str, fingerprint: tuple) -> pd.DataFrame:
     """The runs table (every run, also those with no samples yet), read only by the views that list runs (the
     first page does not), shared as load_results is."""
     return queries.run_table(open_db(results_dir))
+
+
+def comparison_key(filters: queries.Filters) -> tuple:
+    """The runs the report's tables stand on, as load_comparison_tables' key: the filters' chosen values, CLIP let
+    through as the gain's baseline, every status (a cell counts its finished, complete runs and is marked by the
+    others)."""
+    return tuple(sorted(filters.with_clip().chosen.items()))
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def load_comparison_tables(results_dir: str, fingerprint: tuple, key: tuple, paper: bool) -> list[report.ReportTable]:
+    """The report's tables over the runs of `key` (comparison_key), built once per filter setting until a sweep
+    writes and shared, as load_results is, by the first screen's gains, the Evidence and the Paper tables panels."""
+    runs = queries.Filters((), **dict(key)).apply(load_results(results_dir, fingerprint)[0])
+    return queries.comparison_tables(open_db(results_dir), runs, paper)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -137,9 +137,12 @@ def class_names(cache_dir: str | Path | None, dataset: str, backbone: str) -> li
 
 
 def class_namer(names: list[str]):
-    """k -> 'k: name' when names are known, else 'class k' (all a synthetic run has)."""
+    """k -> 'k: name' when names are known, else 'class k' (all a synthetic run has); an OOD sample's label -1
+    -> 'OOD' (it has no class)."""
     def name(k: int) -> str:
         k = int(k)
+        if k == -1:
+            return "OOD"
         return f"{k}: {names[k]}" if 0 <= k < len(names) else f"class {k}"
     return name
 

@@ -21,9 +21,10 @@ from orchestrator.results.metrics import COST_METRICS, METRICS as REGISTERED, RU
 METRICS: tuple[Metric, ...] = (*RUN_METRICS, REGISTERED["helped"], REGISTERED["hurt"], *COST_METRICS)
 _BY_COLUMN = {m.name: m for m in METRICS}
 
-# Numeric columns of the views that describe a run rather than measure it.
-NOT_METRICS = frozenset({"seed", "num_templates", "n_samples", "n_rows", "n_distinct", "n_skipped", "n_ood", "win",
-                         "position", *(c.name for c in schema.HEAD_COLUMNS)})
+# Numeric columns of the views that describe a run rather than measure it: its identity (seed, order_index,
+# batch_size, ...) and its counts.
+NOT_METRICS = frozenset({"n_samples", "n_rows", "n_distinct", "n_skipped", "n_ood", "win", "position",
+                         *(c.name for c in (*schema.HEAD_COLUMNS, *schema.IDENTITY_COLUMNS))})
 
 
 def metric(column: str) -> Metric:

@@ -61,9 +61,9 @@ def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.D
         st.markdown("**Metrics**")
         values = all_runs[all_runs["run_id"] == run_id]
         metric_cols = metrics.metric_columns(values, hparams) if not values.empty else []
-        st.dataframe(pd.DataFrame({"metric": [metrics.label(c) for c in metric_cols],
-                                   "value": [values.iloc[0][c] for c in metric_cols]}),
-                     hide_index=True, width="stretch")
+        # a static table: every metric and value shown whole at any width (a scrolling grid cut them off)
+        st.table(pd.DataFrame({"metric": [metrics.label(c) for c in metric_cols],
+                               "value": [_number(values.iloc[0][c]) for c in metric_cols]}).set_index("metric"))
     record = record_for(row["sweep"]) or {}
     spec = record.get("spec") or {}
     names = context.class_names(spec.get("cache_dir"), row["dataset"], row["backbone"])
@@ -101,6 +101,13 @@ def run_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: pd.D
         st.code(text, language="yaml")
         st.download_button("spec YAML", text.encode("utf-8"), file_name=f"reproduce-{run_id}.yaml",
                            mime="application/x-yaml", key="reproduce", on_click="ignore")
+
+
+def _number(value: float) -> str:
+    """A metric as the run page shows it: four significant digits, thousands whole ('2,863', '63.12', '0.0012')."""
+    if pd.isna(value):
+        return "—"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def config_page(results_dir: str, stamp: tuple, all_runs: pd.DataFrame, hparams: list[str]) -> None:
@@ -149,12 +156,18 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
     left, right = st.columns(2)
     run_a = id_selectbox("run A", options, "run_a", left)
     same_stream = all_runs.set_index("run_id")
-    partners = [r for r in ids if r != run_a and same_stream.at[r, "dataset"] == same_stream.at[run_a, "dataset"]
-                and same_stream.at[r, "seed"] == same_stream.at[run_a, "seed"]] or [r for r in ids if r != run_a]
+    # the runs that saw A's very stream first (same data setting, seed and order), then those on its dataset
+    frame, own = same_stream.loc[ids], same_stream.loc[run_a]
+    same = pd.Series(True, index=frame.index)
+    for key in ("setting_id", "seed", "order_index"):
+        same &= (frame[key] == own[key]).fillna(False) | (frame[key].isna() & pd.isna(own[key]))
+    rank = (~same).astype(int) * 2 + (frame["dataset"] != own["dataset"]).astype(int)
+    partners = [r for r in rank.sort_values(kind="stable").index if r != run_a]
     if not partners:
         st.info("Only one run has samples: a comparison needs two.")
         return
-    run_b = id_selectbox("run B (same dataset and seed first)", {r: options[r] for r in partners}, "run_b", right)
+    run_b = id_selectbox("run B (those on the same stream in the same order first)", {r: options[r] for r in partners},
+                         "run_b", right)
     pair = load_pair(results_dir, stamp, run_a, run_b)
     if pair.empty:
         st.info("The two runs share no stream positions.")
@@ -165,14 +178,21 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
                    "image are compared.")
         pair = pair[pair["same_image"]]
     label_a, label_b = f"A: {options[run_a]}", f"B: {options[run_b]}"
+    # an OOD sample has no right answer: neither right nor wrong, counted apart (as every accuracy leaves it out)
+    ood = int(pair["is_ood"].sum())
+    pair = pair[~pair["is_ood"]]
     both = int((pair["correct_a"] & pair["correct_b"]).sum())
     only_a = int((pair["correct_a"] & ~pair["correct_b"]).sum())
     only_b = int((~pair["correct_a"] & pair["correct_b"]).sum())
     neither = len(pair) - both - only_a - only_b
-    cols = st.columns(4)
-    for col, (name, value) in zip(cols, [("both right", both), ("only A right", only_a), ("only B right", only_b),
-                                         ("neither", neither)]):
+    counts = [("both right", both), ("only A right", only_a), ("only B right", only_b), ("both wrong", neither)]
+    if ood:
+        counts.append(("OOD, not scored", ood))
+    for col, (name, value) in zip(st.columns(len(counts)), counts):
         col.metric(name, value)
+    if ood:
+        st.caption(f"{ood} OOD samples (a contaminated stream's held-out classes) have no right answer: they are "
+                   f"left out of the counts, the test and the tables below, as every accuracy leaves them out.")
     table, p_value = significance.mcnemar(pair["correct_a"], pair["correct_b"])
     st.markdown(f"**McNemar's test** (exact, on the {only_a + only_b} samples only one run gets right): "
                 f"p = {p_value:.3g}" + (f", significant at {significance.stats.ALPHA:g}"
@@ -197,7 +217,7 @@ def compare_page(results_dir: str, stamp: tuple, table: pd.DataFrame, all_runs: 
           f"compare_stream_{run_a}_{run_b}", "cmp_stream")
     st.caption(f"{label_a}  \n{label_b}")
     shown = diff.assign(label=diff["label"].map(namer), pred_a=diff["pred_a"].map(namer),
-                        pred_b=diff["pred_b"].map(namer)).drop(columns=["same_image"])
+                        pred_b=diff["pred_b"].map(namer)).drop(columns=["same_image", "is_ood"])
     st.markdown("**The samples only one of them gets right**, with both confidences")
     dataframe(shown, f"compare_{run_a}_{run_b}", "cmp_table")
     data_root = spec.get("data_root")

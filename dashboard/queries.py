@@ -168,19 +168,15 @@ def comparison_tables(db: ResultsDB, runs: pd.DataFrame, paper: bool) -> list[re
     return report.report_tables(db, paper=paper, runs=runs, include_empty=False)
 
 
-def _is_clip_row(label: str) -> bool:
-    clip = registry.method_label(registry.baseline_method())
-    return label == clip or label.startswith(clip + " (")
-
-
 def comparison_frames(table: report.ReportTable,
                       filters: Filters) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(display text, numbers, best-cell mask) of a report table with its index as columns, CLIP's rows left
-    out when the method filter leaves CLIP out (they were only queried as the gain's baseline)."""
+    out when the method filter leaves CLIP out (they were only queried as the gain's baseline): told by the
+    rows' method ids, not their labels."""
     text, numbers = table.formatted(), table.to_frame()
     best = table.best.reindex(columns=text.columns, fill_value=False)
     if filters.method and registry.baseline_method() not in filters.method:
-        keep = [not _is_clip_row(r) for r in text.index.get_level_values("method")]
+        keep = (table.methods.reindex(text.index) != registry.baseline_method()).to_numpy()
         text, numbers, best = text[keep], numbers[keep], best[keep]
     text, numbers = text.reset_index(), numbers.reset_index()
     best = best.reset_index(drop=True).reindex(columns=text.columns, fill_value=False).astype(bool)
@@ -223,12 +219,13 @@ def default_window(max_rows: int, points: int = CURVE_POINTS) -> int:
 
 # ---------------------------------------------------------------------------------------- per class
 def per_class(db: ResultsDB, run_ids: Sequence[str], backbone: str, dataset: str) -> pd.DataFrame:
-    """Samples and correct predictions per true class and run: columns run_id, label, n, correct (DuckDB)."""
+    """Samples and correct predictions per true class and run: columns run_id, label, n, correct (DuckDB). OOD
+    samples have no class (label -1): left out, as every accuracy leaves them out."""
     params = {"backbone": backbone, "dataset": dataset}
     return db.df(f"""
 SELECT run_id, label, count(*) AS n, sum(correct::INTEGER) AS correct
 FROM samples
-WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(run_ids)}
+WHERE backbone = $backbone AND dataset = $dataset AND {_runs_filter(run_ids)} AND is_ood IS NOT TRUE
 GROUP BY ALL ORDER BY run_id, label
 """, params)
 
@@ -273,16 +270,24 @@ def varying_numeric(runs: pd.DataFrame, columns: Sequence[str]) -> list[str]:
     return out
 
 
+def stream_protocols(runs: pd.DataFrame) -> pd.Series:
+    """Each run's stream protocol as shown ('iid', 'contaminated(rate=0.2)', 'dataset order')."""
+    streams = runs["stream"] if "stream" in runs else pd.Series(None, index=runs.index, dtype=object)
+    return report.per_value(streams, evidence.protocol)
+
+
 def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
                        metric: str = "accuracy") -> tuple[pd.DataFrame, dict]:
-    """Mean ± std of a metric over seeds against one hyperparameter, the paper's one-at-a-time Fig. 3.
+    """Mean ± std of a metric over seeds and orders against one hyperparameter, the paper's one-at-a-time Fig. 3.
 
     Runs vary in several hparams at once in a grid; to show the effect of `param` alone the other
     hparams in `others` are held at their most common value among the runs that have `param` (ties: the
-    smallest). Only (method, backbone, dataset) series with at least two values of `param` are kept.
-    Returns (points with columns series, method, backbone, dataset, value, mean, std, n; the held values).
+    smallest). One series per method, backbone, dataset and stream protocol (a contaminated stream's accuracy is
+    not pooled with an i.i.d. one's), kept where it has at least two values of `param`; the protocol is named in
+    the series where several are shown. Returns (points with columns series, method, backbone, dataset,
+    protocol, value, mean, std, n; the held values).
     """
-    columns = ["series", "method", "backbone", "dataset", "value", "mean", "std", "n"]
+    columns = ["series", "method", "backbone", "dataset", "protocol", "value", "mean", "std", "n"]
     finished = runs[evidence.usable(runs) & runs[param].notna()]
     held = {}
     for other in others:
@@ -293,7 +298,8 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
         value = _clean(min(counts.index[counts == counts.max()]))
         held[other] = value
         finished = finished[finished[other] == value]
-    keys = ["method", "backbone", "dataset"]
+    finished = finished.assign(protocol=stream_protocols(finished))
+    keys = ["method", "backbone", "dataset", "protocol"]
     finished = finished[finished.groupby(keys)[param].transform("nunique") >= 2]
     if finished.empty:
         return pd.DataFrame(columns=columns), held
@@ -302,10 +308,11 @@ def sensitivity_points(runs: pd.DataFrame, param: str, others: Sequence[str],
               .rename(columns={param: "value"}))
     points["value"] = points["value"].astype(float)
     several_backbones = points["backbone"].nunique() > 1
+    several_protocols = points["protocol"].nunique() > 1
     points["series"] = [
         " · ".join([registry.method_label(m), *([report.backbone_label(b)] if several_backbones else []),
-                    registry.dataset_title(d)])
-        for m, b, d in zip(points["method"], points["backbone"], points["dataset"])]
+                    registry.dataset_title(d), *([p] if several_protocols else [])])
+        for m, b, d, p in zip(points["method"], points["backbone"], points["dataset"], points["protocol"])]
     return points[columns], held
 
 
@@ -335,6 +342,8 @@ def group_labels(runs: pd.DataFrame, group_by: Sequence[str], hparams: Sequence[
         return series_labels(runs, hparams)
 
     def show(column: str, value: Any) -> str:
+        if column == "stream":  # by protocol, as the tables name it, not its JSON
+            return f"stream={evidence.protocol(value)}"
         if pd.isna(value):
             return f"{column}=—"
         if column == "method":
@@ -467,8 +476,13 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
             numbers[f"{titles[column]} worst10"] = worst[column]
             numbers[f"{titles[column]} n"] = n[column]
             numbers[f"{titles[column]} n expected"] = expected[column]
-        best[titles[column]] = _best_per_protocol(values, frames, column, metric) if column != "Average" \
-            else metrics.best_index(values, metric)
+        if column == "Average":  # complete where every dataset's cell is; of the protocols its cells are of
+            complete = (n[datasets] >= expected[datasets]).all(axis=1)
+            protocols = frames["protocols"][datasets].apply(
+                lambda row: frozenset().union(*(p for p in row if isinstance(p, frozenset))), axis=1)
+        else:
+            complete, protocols = n[column] >= expected[column], frames["protocols"][column]
+        best[titles[column]] = _best_per_protocol(values, complete, protocols, metric)
     if pinned is not None and pinned in mean.index:
         deltas = {}
         for column in datasets:
@@ -493,15 +507,15 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None or pd.isna(value) else int(value)
 
 
-def _best_per_protocol(values: pd.Series, frames: dict[str, pd.DataFrame], column: str, metric: str) -> pd.Series:
+def _best_per_protocol(values: pd.Series, complete: pd.Series, protocols: pd.Series, metric: str) -> pd.Series:
     """Best among the complete cells of each stream protocol: a contaminated stream's number is not compared with
     an i.i.d. one's."""
     from dashboard import metrics
 
     out = pd.Series(False, index=values.index)
-    complete = frames["n"][column] >= frames["expected"][column]
-    protocols = frames["protocols"][column].map(lambda p: tuple(sorted(p)) if isinstance(p, frozenset) else ())
-    for _, members in values[complete.fillna(False)].groupby(protocols[complete.fillna(False)]):
+    complete = complete.fillna(False).astype(bool)
+    protocols = protocols.map(lambda p: tuple(sorted(p)) if isinstance(p, frozenset) else ())
+    for _, members in values[complete].groupby(protocols[complete]):
         out[members.index] = metrics.best_index(members, metric)
     return out
 
@@ -536,10 +550,12 @@ FROM samples WHERE run_id = $run ORDER BY sample_idx LIMIT $limit
 
 
 def aligned_pair(db: ResultsDB, run_a: str, run_b: str) -> pd.DataFrame:
-    """Two runs' rows side by side at the same stream position: sample_idx, image_id (A's), same_image, label,
-    pred_a, pred_b, correct_a, correct_b, confidence_a, confidence_b. Positions only one run has are left out."""
+    """Two runs' rows side by side at the same stream position: sample_idx, image_id (A's), same_image, is_ood
+    (in either run), label, pred_a, pred_b, correct_a, correct_b, confidence_a, confidence_b. Positions only one
+    run has are left out."""
     return db.df("""
-SELECT a.sample_idx, a.image_id, a.image_id IS NOT DISTINCT FROM b.image_id AS same_image, a.label,
+SELECT a.sample_idx, a.image_id, a.image_id IS NOT DISTINCT FROM b.image_id AS same_image,
+       coalesce(a.is_ood, false) OR coalesce(b.is_ood, false) AS is_ood, a.label,
        a.pred AS pred_a, b.pred AS pred_b, a.correct AS correct_a, b.correct AS correct_b,
        a.confidence AS confidence_a, b.confidence AS confidence_b
 FROM (SELECT * FROM samples WHERE run_id = $a) a JOIN (SELECT * FROM samples WHERE run_id = $b) b USING (sample_idx)

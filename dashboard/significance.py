@@ -30,12 +30,17 @@ def gain_summary(tables: Sequence[report.ReportTable]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def interval_text(gain: float, low: float, high: float) -> str:
+    """A gain with its 95% interval as the tables show it: '+1.23 [+0.50, +1.96]'."""
+    return f"{gain:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
 def gain_text(summary: pd.DataFrame) -> pd.DataFrame:
     """The table as shown: gain [low, high], the test, p and Holm's p, and a ✓ where significant."""
     return pd.DataFrame({
         "backbone": summary["backbone"], "series": summary["series"], "dataset": summary["column"],
         "runs": summary["runs"],
-        "gain over CLIP [95% interval]": [f"{g:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+        "gain over CLIP [95% interval]": [interval_text(g, lo, hi)
                                           for g, lo, hi in zip(summary["gain"], summary["low"], summary["high"])],
         "test": summary["test"].map(TEST_NAMES),
         "p": summary["p"].map(lambda v: f"{v:.3g}"), "p (Holm, per table)": summary["p_holm"].map(lambda v: f"{v:.3g}"),

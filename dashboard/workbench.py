@@ -1,5 +1,6 @@
-"""The workbench page: filters, metric, grouping, chosen and pinned series, the comparison table and a panel per
-view (stream, sensitivity, prior, per class, which settings matter, cost, runs)."""
+"""The workbench page: filters, metric, grouping, chosen and pinned series; a first screen with the comparison
+table and its gain over CLIP with evidence; then a panel per view (stream, evidence, the paper's tables,
+sensitivity, prior, per class, which settings matter, cost, runs), only the open one drawn."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, context, importance, metrics, queries, significance
-from dashboard.components import (URL, chart, dataframe, id_selectbox, link, load_curves, load_importance,
-                                  load_per_class, load_run_table, prior_view, table_exports)
+from dashboard.components import (URL, chart, comparison_key, dataframe, id_selectbox, link, load_comparison_tables,
+                                  load_curves, load_importance, load_per_class, load_run_table, prior_view,
+                                  table_exports)
 from dashboard.queries import Filters
 from orchestrator import registry
 from orchestrator.results import report, schema
 from orchestrator.results.db import ResultsDB
 
-PANELS = ("Stream", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost", "Runs")
+PANELS = ("Stream", "Evidence", "Paper tables", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost",
+          "Runs")
 
 
 def sidebar_filters(columns: dict[str, str], options: dict[str, list]) -> Filters:
@@ -57,9 +60,11 @@ class View:
         return metrics.label(self.metric)
 
 
-def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, view: View) -> None:
+def comparison_section(view: View, summary: pd.DataFrame, tables: list[report.ReportTable]) -> None:
+    """The first screen: the comparison table (`summary`: queries.metric_summary) and, row for row of the report's
+    tables (`tables`), each configuration's gain over CLIP with the evidence for it, the tables' own tested cells
+    and Holm families; the charts, the tests' details and the paper's tables are panels below."""
     st.subheader(f"Comparison: {view.metric_label}")
-    summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
     if summary.empty:
         st.info(f"No finished runs with {view.metric_label} match the filters yet.")
     else:
@@ -75,48 +80,69 @@ def comparison_section(db: ResultsDB, all_runs: pd.DataFrame, filters: Filters, 
         st.table(styled)
         table_exports(text, numbers, best, f"comparison_{view.metric}", "comparison",
                       f"{view.metric_label} by configuration and dataset")
-        in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
-        if not in_focus.empty:
-            chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
-                                     registry.dataset_title(view.focus[1])),
-                  f"{view.metric}_{view.focus[1]}", "metric_bars")
-    with st.expander("The paper's tables (accuracy, Table 1 / Table 2 layout, gain over CLIP)",
-                     expanded=view.metric == "accuracy"):
-        paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
-        # every status: a cell counts its finished, complete runs and is marked by the others
-        tables = queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), paper)
-        if not tables:
-            st.info("No finished runs match the filters yet: the comparison needs finished runs.")
-        for i, table in enumerate(tables):
-            text, numbers, best = queries.comparison_frames(table, filters)
-            st.markdown(f"**{table.title}** — Δ CLIP: paired gain over zero-shot CLIP; what each cell stands on "
-                        "below the table")
-            styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
-            st.table(styled)
-            for note in table.notes:
-                st.caption(note)
-            table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
-    gain_section(tables, view)
+    tested = [t for t in tables if t.gain_evidence is not None and len(t.gain_evidence)]
+    if tested:
+        st.markdown("**Gain over CLIP, with evidence** (top-1 accuracy points) — each run paired with CLIP on the "
+                    "same samples in the same order; [95% interval] over runs and test samples; ✓: significant at "
+                    f"{significance.stats.ALPHA:g} after Holm's correction over each table's cells, where the "
+                    "paper's tables star them (docs/statistics.md). The tests, p-values and the intervals as a "
+                    "chart: the Evidence panel; the tables themselves: the Paper tables panel.")
+    for table in tested:
+        if len(tested) > 1:
+            st.caption(table.title)
+        st.table(gain_overview(table.gain_evidence))
 
 
-def gain_section(tables: list[report.ReportTable], view: View) -> None:
-    """The paper tables' tested cells with their evidence: gain over CLIP, interval, significance
-    (dashboard.significance; the same cells and Holm families as the tables' stars)."""
-    gains = significance.gain_summary(tables)
+def gain_overview(evidence: pd.DataFrame) -> pd.DataFrame:
+    """One report table's tested cells (ReportTable.gain_evidence) as its configuration x column layout, in the
+    table's row and column order: '+1.23 [+0.50, +1.96] ✓'."""
+    cells = evidence.assign(cell=[significance.interval_text(g, lo, hi) + (" ✓" if s else "") for g, lo, hi, s in
+                                  zip(evidence["gain"], evidence["low"], evidence["high"], evidence["significant"])])
+    wide = cells.pivot(index=["backbone", "series"], columns="column", values="cell")
+    rows = list(dict.fromkeys(zip(evidence["backbone"], evidence["series"])))
+    wide = wide.reindex(index=rows, columns=list(dict.fromkeys(evidence["column"]))).fillna("—")
+    return wide.rename_axis(["backbone", "configuration"]).rename_axis(columns=None).reset_index()
+
+
+def evidence_panel(view: View, summary: pd.DataFrame, gains: pd.DataFrame) -> None:
+    """The gain table with each test and p-value (dashboard.significance), and the comparison as charts on the
+    focused dataset: the gain over CLIP with its interval, the metric's mean ± std."""
     if gains.empty:
-        return
-    st.markdown("**Gain over CLIP, with evidence** — the tables' cells above: each run paired with CLIP on the same "
-                f"samples in the same order; 95% interval over runs and test samples; significance at "
-                f"{significance.stats.ALPHA:g} after Holm's correction over each table's cells, as the tables' "
-                "stars (docs/statistics.md)")
-    text = significance.gain_text(gains)
-    st.table(text)
-    table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
-    in_focus = gains[gains["dataset"] == view.focus[1]]
+        st.info("No finished run paired with CLIP on the same samples among the runs shown: no gain to test.")
+    else:
+        st.markdown("**Gain over CLIP, with evidence** — the tested cells of the paper's tables: each run paired "
+                    "with CLIP on the same samples in the same order; 95% interval over runs and test samples; "
+                    f"significance at {significance.stats.ALPHA:g} after Holm's correction over each table's "
+                    "cells, as the tables' stars (docs/statistics.md)")
+        text = significance.gain_text(gains)
+        st.table(text)
+        table_exports(text, gains, None, "gain_over_clip", "gains", "gain over CLIP")
+        in_focus = gains[gains["dataset"] == view.focus[1]]
+        if not in_focus.empty:
+            chart(significance.gain_intervals(in_focus, charts.family_colours(dict(zip(in_focus["series"],
+                                                                                       in_focus["method"])))),
+                  f"gain_{view.focus[1]}", "gain_intervals")
+    in_focus = summary.loc[summary["dataset"] == view.focus[1], ["series", "mean", "std", "n"]]
     if not in_focus.empty:
-        chart(significance.gain_intervals(in_focus, charts.family_colours(dict(zip(in_focus["series"],
-                                                                                   in_focus["method"])))),
-              f"gain_{view.focus[1]}", "gain_intervals")
+        chart(charts.metric_bars(in_focus, view.series_methods, view.metric_label,
+                                 registry.dataset_title(view.focus[1])),
+              f"{view.metric}_{view.focus[1]}", "metric_bars")
+
+
+def paper_panel(results_dir: str, stamp: tuple, filters: Filters) -> None:
+    paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
+    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), paper)
+    if not tables:
+        st.info("No finished runs match the filters yet: the comparison needs finished runs.")
+    for i, table in enumerate(tables):
+        text, numbers, best = queries.comparison_frames(table, filters)
+        st.markdown(f"**{table.title}** — Δ CLIP: paired gain over zero-shot CLIP; what each cell stands on "
+                    "below the table")
+        styled = text.style.apply(lambda _: best.map(lambda b: "font-weight: bold" if b else ""), axis=None)
+        st.table(styled)
+        for note in table.notes:
+            st.caption(note)
+        table_exports(text, numbers, best, f"paper_table_{i + 1}", f"paper_{i}", table.title)
 
 
 def stream_panel(results_dir: str, stamp: tuple, view: View) -> None:
@@ -147,7 +173,8 @@ def sensitivity_panel(view: View) -> None:
     others = [*view.hparams, "num_templates", "templates", "views", "pretrained"]
     params = queries.sensitivity_params(finished, view.hparams)
     baseline_runs = finished[finished["method"] == registry.baseline_method()]
-    baseline = float(baseline_runs[view.metric].mean()) if not baseline_runs.empty else None
+    # CLIP's reference per stream protocol, as the curves are
+    clip = baseline_runs.groupby(queries.stream_protocols(baseline_runs))[view.metric].mean()
     baseline_label = registry.method_label(registry.baseline_method())
     shown = 0
     for param in params:
@@ -156,10 +183,21 @@ def sensitivity_panel(view: View) -> None:
             continue
         shown += 1
         methods = dict(zip(points["series"], points["method"]))
-        chart(charts.sensitivity(points, param, methods, view.metric_label, baseline, baseline_label), f"sensitivity_{param}",
+        protocols = list(dict.fromkeys(points["protocol"]))
+        # protocols where CLIP scores the same (it does not adapt: the same samples in another order) share a line
+        same: dict[float, list[str]] = {}
+        for p in protocols:
+            if pd.notna(clip.get(p)):
+                same.setdefault(round(float(clip[p]), 9), []).append(p)
+        baselines = {baseline_label if len(protocols) == 1 else f"{baseline_label} · {', '.join(ps)}":
+                     float(clip[ps[0]]) for ps in same.values()}
+        chart(charts.sensitivity(points, param, methods, view.metric_label, baselines), f"sensitivity_{param}",
               f"sens_{param}")
+        notes = ([f"one curve per stream protocol ({', '.join(protocols)}): their runs are not pooled"]
+                 if len(protocols) > 1 else [f"stream protocol: {protocols[0]}"])
         if held:
-            st.caption("other settings held at " + ", ".join(f"{k}={v}" for k, v in held.items()))
+            notes.append("other settings held at " + ", ".join(f"{k}={v}" for k, v in held.items()))
+        st.caption("; ".join(notes))
     if not shown:
         st.info("No finished configuration of one method was run with several values of a hyperparameter on "
                 f"{registry.dataset_title(view.focus[1])}: sweep one to see how {view.metric_label} depends on it "
@@ -301,15 +339,21 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     pinned = st.sidebar.selectbox("pin a baseline series (Δ columns)", [None, *series],
                                   format_func=lambda s: "none" if s is None else s, key="pin", bind=URL)
 
+    first_screen = st.container()  # the comparison, filled once the view is known, above the panels' controls
     pairs = sorted(runs[["backbone", "dataset"]].drop_duplicates().itertuples(index=False, name=None))
     keys = [f"{b}/{d}" for b, d in pairs]
-    focus_key = st.selectbox("backbone / dataset for the stream, sensitivity, prior, per-class and cost views",
+    focus_key = st.selectbox("backbone / dataset of the panels' charts",
                              keys, key="focus", bind=URL,
                              format_func=lambda k: " / ".join([report.backbone_label(k.split("/", 1)[0]),
                                                                registry.dataset_title(k.split("/", 1)[1])]))
     focus = pairs[keys.index(focus_key)]
     view = View(runs, labels, hparams, metric, pinned if pinned in set(labels) else None, focus)
-    comparison_section(db, all_runs, filters, view)
+    summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
+    # the report's tables carry the gains' evidence: one Holm family per table, as the report stars its cells
+    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), False)
+    gains = significance.gain_summary(tables)
+    with first_screen:
+        comparison_section(view, summary, tables)
 
     first = view.focus_runs.iloc[0]
     record = record_for(first["sweep"]) or {}
@@ -319,6 +363,8 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     tabs = st.tabs(list(PANELS), key="panel", bind=URL)
     panels = (
         lambda: stream_panel(results_dir, stamp, view),
+        lambda: evidence_panel(view, summary, gains),
+        lambda: paper_panel(results_dir, stamp, filters),
         lambda: sensitivity_panel(view),
         lambda: prior_panel(results_dir, view, namer),
         lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),

@@ -112,3 +112,30 @@ def real_dataset_results(root: Path, dataset: str, methods: dict[str, dict]) -> 
         "count": 60, "skipped_count": 0, "created_at": "2026-01-01T00:00:00+00:00", "class_names": CLASS_NAMES}))
     return results
 
+
+
+# A demo-like sweep's shape (experiments/demo.yaml): an i.i.d. and a contaminated stream, three orders each, BCA at
+# two n1. Accuracies per (protocol, setting) so that each protocol has its own best configuration.
+PROTOCOLS = {"iid": "iid", "contaminated": {"contaminated": {"rate": 0.2}}}
+PROTOCOL_ACCURACY = {("iid", "clip"): 0.55, ("iid", 100): 0.5, ("iid", 24000): 0.75,
+                     ("contaminated", "clip"): 0.45, ("contaminated", 100): 0.6, ("contaminated", 24000): 0.35}
+PROTOCOL_OOD_EVERY = 5  # 20% of a contaminated stream's positions are OOD
+
+
+def protocol_results(root: Path, methods: dict[str, dict] | None = None) -> Path:
+    """CLIP and BCA (n1 = 100 and 24000) on two datasets under both PROTOCOLS, three orders each, one seed, 200
+    samples per stream (the contaminated ones with OOD rows); `methods` adds other methods' runs; returns the
+    results dir."""
+    results = root / "results"
+    settings = [("clip", {}, "clip"), ("bca", {"tau": 0.3, "n1": 100}, 100), ("bca", {"tau": 0.3, "n1": 24000}, 24000),
+                *((m, h, "clip") for m, h in (methods or {}).items())]
+    for dataset in ("imagenet", "imagenet_a"):
+        for name, stream in PROTOCOLS.items():
+            for method, hparams, key in settings:
+                for order in range(3):
+                    config = {"sweep": "protocols", "backbone": "RN50", "pretrained": "openai", "dataset": dataset,
+                              "method": method, "seed": 1, "templates": "ensemble7", "num_templates": 1,
+                              "views": "1", "stream": stream, "order_index": order, "hparams": hparams}
+                    write_fake_run(results, config, n=200, accuracy=PROTOCOL_ACCURACY[name, key], part_size=200,
+                                   ood_every=PROTOCOL_OOD_EVERY if name == "contaminated" else 0, save_state=False)
+    return results

@@ -47,6 +47,11 @@ def comparison(at: AppTest):
     return at.table[0].value
 
 
+def paper_table(at: AppTest):
+    """The report's first table (the Paper tables panel: rows by backbone and method)."""
+    return next(t.value for t in at.table if "method" in t.value.columns)
+
+
 def specs(at: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
 
@@ -79,11 +84,12 @@ def test_workbench_comparison_and_exports(sweep_results: Path, monkeypatch: pyte
     table = comparison(at)
     assert set(table["configuration"]) == CONFIG_ROWS, table["configuration"].tolist()
     assert {"synthetic-label_shift", "synthetic-continual", "Average"} <= set(table.columns)
-    paper = at.table[1].value  # the report's table, with the gain over CLIP
-    gains = dict(zip(paper["method"], paper["Δ CLIP (Average)"]))
-    assert gains["CLIP"] == "+0.00 (n=2)" and all(g != "—" for g in gains.values()), gains
     labels = {b.label for b in at.download_button}
     assert {"CSV", "Markdown", "LaTeX", "PNG", "SVG"} <= labels, labels
+    at = run_app(sweep_results, monkeypatch, panel="Paper tables")
+    paper = paper_table(at)  # the report's table, with the gain over CLIP
+    gains = dict(zip(paper["method"], paper["Δ CLIP (Average)"]))
+    assert gains["CLIP"] == "+0.00 (n=2)" and all(g != "—" for g in gains.values()), gains
 
 
 @pytest.mark.parametrize("panel", PANELS)
@@ -91,8 +97,9 @@ def test_every_panel_renders(panel: str, sweep_results: Path, monkeypatch: pytes
     at = run_app(sweep_results, monkeypatch, panel=panel)
     assert_clean(at)
     charts = specs(at)
-    # the comparison's dot plot, plus each panel's own charts (Runs is a table)
-    assert len(charts) >= (1 if panel == "Runs" else 2), (panel, len(charts))
+    # each panel's own charts (Runs and the paper's tables are tables; Evidence: the dot plot and the intervals)
+    least = {"Runs": 0, "Paper tables": 0, "Stream": 1, "Per class": 1}.get(panel, 2)
+    assert len(charts) >= least, (panel, len(charts))
     if panel == "Runs":
         listing = at.dataframe[-1].value
         assert len(listing) == 36 and listing["page"].str.startswith("?page=Run&run=").all()
@@ -147,11 +154,11 @@ def test_group_choose_and_pin(sweep_results: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_filters_change_table_and_keep_clip(sweep_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = run_app(sweep_results, monkeypatch)
+    at = run_app(sweep_results, monkeypatch, panel="Paper tables")
     at.multiselect(key="filter_method").set_value(["bca"]).run()
     assert_clean(at)
     assert {r.split(" (")[0] for r in comparison(at)["configuration"]} == {"BCA"}
-    paper = at.table[1].value  # CLIP's rows are hidden, yet still the baseline of the gain
+    paper = paper_table(at)  # CLIP's rows are hidden, yet still the baseline of the gain
     assert all(g.startswith(("+", "-")) for g in paper["Δ CLIP (Average)"])
 
     at = run_app(sweep_results, monkeypatch)
@@ -193,7 +200,9 @@ def test_run_page_reproduces_the_run(sweep_results: Path, monkeypatch: pytest.Mo
     text = " ".join(m.value for m in at.markdown)
     assert "status:** finished" in text and "Skipped images:** 0" in text
     assert "Learned prior" in text and len(specs(at)) == 2  # learned and CLIP prior heat-maps
-    stream = at.dataframe[1].value
+    metrics = at.table[0].value  # every metric whole: a static table, not a scrolling grid
+    assert metrics.at["top-1 accuracy (%)", "value"] == f"{run['accuracy']:.4g}"
+    stream = at.dataframe[0].value
     assert stream["sample_idx"].tolist()[:3] == [0, 1, 2] and stream["label"].str.startswith("class ").all()
     command, spec_text = at.code[0].value, at.code[1].value
     assert command == f"bca sweep reproduce-{run['run_id']}.yaml"
@@ -233,11 +242,11 @@ def test_two_run_comparison(sweep_results: Path, monkeypatch: pytest.MonkeyPatch
 
 # -------------------------------------------------------------------------------------- written results
 def test_paper_rows(fake_results: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    at = run_app(fake_results, monkeypatch)
-    assert "source" not in at.table[1].value.columns
+    at = run_app(fake_results, monkeypatch, panel="Paper tables")
+    assert "source" not in paper_table(at).columns
     at.toggle(key="paper_rows").set_value(True).run()
     assert not at.exception
-    table = at.table[1].value
+    table = paper_table(at)
     assert {"measured", "paper", "Δ paper"} <= set(table["source"])
     paper_bca = table[table["method"].str.startswith("BCA") & (table["source"] == "paper")
                       & (table["backbone"] == "RN50")]
@@ -308,7 +317,8 @@ def test_truncated_part_is_named_and_left_out(tmp_path: Path, monkeypatch: pytes
     # 24.3: the cell of the run with a lost part is marked, not recomputed on the rows that are left
     cells = comparison(at).set_index("configuration")["ImageNet"]
     assert cells["BCA"] == "— (n=0 of 1)" and cells["CLIP"].endswith("(n=1)"), cells.to_dict()
-    paper = at.table[1].value.set_index("method")
+    at = run_app(tmp_path, monkeypatch, panel="Paper tables")
+    paper = paper_table(at).set_index("method")
     assert paper.at["BCA", "ImageNet"] == "— (n=0 of 1)"
     assert "finished but 80 of 120 rows readable" in " ".join(c.value for c in at.caption)
     # and on its own pages: the configuration counts it out, the run page says why

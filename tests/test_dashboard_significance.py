@@ -102,25 +102,38 @@ def _starred(text: pd.DataFrame, columns) -> set[tuple[str, str]]:
 
 
 def test_workbench_evidence_stars_the_cells_the_report_stars(fake, monkeypatch):
+    """The first screen's ✓, the Evidence panel's ✓ and the Paper tables panel's stars are the report's stars: one
+    Holm family per table, the averages included."""
     root, _ = fake
     with ResultsDB(root) as db:
         (table,) = report.report_tables(db)
     reported = _starred(table.formatted().reset_index(), table.columns)
     assert 0 < len(reported) < 9  # some cells are significant, not all
-    at = _app(root, monkeypatch)
+
+    first = _app(root, monkeypatch)
+    assert not first.exception, [e.value for e in first.exception]
+    overview = first.table[1].value  # under the comparison
+    assert list(overview.columns) == ["backbone", "configuration", *table.columns]
+    assert {(r["configuration"], c) for _, r in overview.iterrows() for c in table.columns
+            if r[c].endswith("✓")} == reported
+
+    at = _app(root, monkeypatch, panel="Evidence")
     assert not at.exception, [e.value for e in at.exception]
     evidence = [t.value for t in at.table if GAIN_HEADER in t.value.columns]
-    assert len(evidence) == 1 and "significant at 0.05" in evidence[0].columns
-    # one row per tested cell of the paper table, the averages included: one Holm family
-    legend = next(c.value for c in at.caption if c.value.startswith(report.SIGNIFICANT))
-    assert f"over this table's {len(evidence[0])} tested cells" in legend and len(evidence[0]) == 9
+    assert len(evidence) == 1 and "significant at 0.05" in evidence[0].columns and len(evidence[0]) == 9
     shown = {(r["series"], r["dataset"]) for _, r in evidence[0].iterrows() if r["significant at 0.05"] == "✓"}
-    paper = next(t.value for t in at.table if "Δ CLIP (Average)" in t.value.columns)
-    assert shown == _starred(paper, table.columns) == reported
+    assert shown == reported
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     assert any(layer.get("mark", {}).get("type") == "errorbar" and "low" in json.dumps(layer)
                for spec in specs for layer in spec.get("layer", [])
                if "gain over CLIP" in json.dumps(layer))
+
+    papers = _app(root, monkeypatch, panel="Paper tables")
+    assert not papers.exception, [e.value for e in papers.exception]
+    legend = next(c.value for c in papers.caption if c.value.startswith(report.SIGNIFICANT))
+    assert f"over this table's {len(evidence[0])} tested cells" in legend
+    paper = next(t.value for t in papers.table if "Δ CLIP (Average)" in t.value.columns)
+    assert _starred(paper, table.columns) == reported
 
 
 def test_two_run_page_shows_mcnemar(fake, monkeypatch):

@@ -23,7 +23,7 @@ SECTION = "Gain over CLIP, with evidence"
 SECTION_BOX_JS = """
 (() => {
   const heading = [...document.querySelectorAll('[data-testid="stMarkdownContainer"]')]
-    .find(e => e.innerText.startsWith(%s));
+    .filter(e => e.innerText.startsWith(%s)).pop();  // the Evidence panel's, after the first screen's
   const top = heading.getBoundingClientRect().top + window.scrollY;
   const chart = [...document.querySelectorAll('.vega-embed')]
     .find(e => e.getBoundingClientRect().top + window.scrollY > top);
@@ -48,7 +48,7 @@ def test_gain_intervals_in_chromium(results: Path, tmp_path: Path) -> None:
     with page(results, tmp_path, "significance") as (url, cdp):
         cdp.call("Emulation.setDeviceMetricsOverride", width=1280, height=VIEW_HEIGHT, deviceScaleFactor=1,
                  mobile=False)
-        navigate(cdp, f"{url}/?{urlencode({'filter_dataset': 'dtd'})}", SECTION)
+        navigate(cdp, f"{url}/?{urlencode({'filter_dataset': 'dtd', 'panel': 'Evidence'})}", "p (Holm, per table)")
         text = cdp.evaluate("document.body.innerText")
         assert "gain over CLIP [95% interval]" in text and "significant at 0.05" in text and "✓" in text
         plot_areas(cdp, "workbench with the gain intervals", at_least=2)

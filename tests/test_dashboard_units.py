@@ -306,8 +306,7 @@ def test_charts_keep_a_plotting_area_with_many_configurations(n_series: int) -> 
     summary = pd.DataFrame({"series": names, "mean": np.arange(n_series) + 60.0, "std": 0.5, "n": 2})
     per_class = pd.DataFrame([{"series": s, "class": f"class {k}", "accuracy": 50.0, "n": 3}
                               for s in names for k in range(10)])
-    for chart in (charts.online_accuracy(curve, series), charts.sensitivity(points, "n2", series, baseline=61.0,
-                                                                           baseline_label="CLIP"),
+    for chart in (charts.online_accuracy(curve, series), charts.sensitivity(points, "n2", series, baselines={"CLIP": 61.0}),
                   charts.metric_bars(summary, series, "accuracy (%)"), charts.per_class_accuracy(per_class, series)):
         assert plot_height(chart) >= max(50, 15 * n_series)  # room for every series, whatever the legend takes
 

@@ -277,6 +277,8 @@ class ReportTable:
     gain_high: pd.DataFrame | None = None
     p_holm: pd.DataFrame | None = None
     gain_evidence: pd.DataFrame | None = None  # one row per tested cell (EVIDENCE_COLUMNS), the family of p_holm
+    # each row's method id (the index holds display labels, which two methods may share a prefix of)
+    methods: pd.Series | None = None
 
     def significant(self, key: Any, col: str) -> bool:
         return self.p_holm is not None and bool(self.p_holm.at[key, col] <= stats.ALPHA)
@@ -462,7 +464,8 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
             row_keys.append((backbone, method, published_only.get(method) or registry.method_label(method)))
     row_keys.sort(key=lambda r: (r[0], registry.method_rank(r[1]), r[2]))
 
-    index, means, stds, ns, expected, gains, gain_ns, by_index, gain_by_index = [], [], [], [], [], [], [], {}, {}
+    index, methods, means, stds, ns, expected, gains, gain_ns = [], [], [], [], [], [], [], []
+    by_index, gain_by_index = {}, {}
     not_compared = 0
     for backbone, method, row in row_keys:
         own = cells.get((backbone, method, row), {})
@@ -481,6 +484,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
         for source, values in sources:
             key = (backbone, row, source) if paper else (backbone, row)
             index.append(key)
+            methods.append(method)
             means.append({c: values[c][0] for c in columns})
             stds.append({c: values[c][1] for c in columns})
             ns.append({c: values[c][2] for c in columns})
@@ -508,7 +512,8 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
     table = ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
-                        notes, expected_frame, gain_n, by_index, gain_by_index)
+                        notes, expected_frame, gain_n, by_index, gain_by_index,
+                        methods=pd.Series(methods, index=idx, dtype=object))
     if metric == "accuracy":  # the tests are of top-1 accuracy: helped against hurt on the same samples
         _significance(db, table, runs, layout)
     return table

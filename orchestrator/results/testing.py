@@ -30,6 +30,7 @@ class FakeRun:
     preds: np.ndarray
     n_samples: int
     status: str
+    is_ood: np.ndarray  # OOD rows: label -1, in no accuracy
 
     @property
     def correct(self) -> np.ndarray:
@@ -37,11 +38,12 @@ class FakeRun:
 
     @property
     def accuracy(self) -> float:
-        return 100.0 * metrics.top1(self.correct)
+        return 100.0 * metrics.top1(self.correct[~self.is_ood])
 
     @property
     def last50_accuracy(self) -> float:
-        return 100.0 * metrics.top1(self.correct[self.n_samples // 2:])
+        second = slice(self.n_samples // 2, None)
+        return 100.0 * metrics.top1(self.correct[second][~self.is_ood[second]])
 
 
 def _base_accuracy(method: str) -> float:
@@ -57,11 +59,13 @@ def _unit(seed_text: str) -> float:
 
 def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int = 100, num_classes: int = 10,
                    accuracy: float = 0.6, rows: int | None = None, status: str = "finished", part_size: int = 40,
-                   save_state: bool = True, embed_dim: int = 16) -> FakeRun:
+                   save_state: bool = True, embed_dim: int = 16, ood_every: int = 0) -> FakeRun:
     """Write one run through RunWriter: `rows` (default n) stream rows in parts of `part_size`, marked `status`.
 
     A 'finished' run must have rows == n. The stream's correctness is drawn with probability `accuracy`,
-    seeded by the run id, so the same config always gives the same rows.
+    seeded by the run id, so the same config always gives the same rows. `ood_every`: every so many stream
+    positions hold an OOD sample (label -1, is_ood), as a contaminated stream does; the same positions in every
+    run, so runs on one stream pair up as a sweep's do.
     """
     rows = n if rows is None else rows
     writer = RunWriter(results_dir, config)
@@ -72,6 +76,8 @@ def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int
     confidence = np.where(hit, rng.uniform(0.5, 1.0, rows), rng.uniform(0.1, 0.8, rows)).astype(np.float32)
     tau = writer.config["hparams"].get("tau")
     gated = confidence > tau if tau is not None else np.zeros(rows, bool)
+    is_ood = np.arange(rows) % ood_every == ood_every - 1 if ood_every else np.zeros(rows, bool)
+    labels = np.where(is_ood, -1, labels)
     writer.mark("running", n_samples=n)
     for start in range(0, rows, part_size):
         stop = min(rows, start + part_size)
@@ -79,8 +85,8 @@ def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int
             "image_id": [f"img_{i:06d}" for i in range(start, stop)],
             "label": labels[start:stop], "pred": preds[start:stop], "confidence": confidence[start:stop],
             "gated": gated[start:stop], "gated_prior": gated[start:stop],
-            "selected": np.where(gated[start:stop], preds[start:stop], -1)})
-    run = FakeRun(writer.run_id, writer.config, labels, preds, n, status)
+            "selected": np.where(gated[start:stop], preds[start:stop], -1), "is_ood": is_ood[start:stop]})
+    run = FakeRun(writer.run_id, writer.config, labels, preds, n, status, is_ood)
     card = registry.find_method(writer.config["method"])
     if save_state and card is not None and card.prior:
         num_templates = writer.config.get("num_templates") or 1
@@ -93,6 +99,7 @@ def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int
                            "U": (u / np.linalg.norm(u, axis=1, keepdims=True)).astype(np.float32)})
     if status == "finished":
         writer.mark("finished", n_samples=n, accuracy=run.accuracy, last50_accuracy=run.last50_accuracy,
+                    **({"n_ood": int(is_ood.sum())} if ood_every else {}),
                     samples_per_s=1000 + 500 * rng.random(), time_encoder_s=0.0, time_logits_s=0.01 * n / 100,
                     time_posterior_s=0.002 * n / 100, time_update_s=0.005 * n / 100, peak_mem_mb=300 + 10 * rng.random())
     elif status == "failed":
