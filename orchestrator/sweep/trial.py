@@ -521,10 +521,12 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             began = time.perf_counter()
             trace = method.run(features[start:start + part])
             labels = stream.labels[start:start + part]
-            sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
-            if checkpointed:
+            rows = outcome.add(trace, labels, time.perf_counter() - began)
+            if checkpointed:  # the state first: a part on disk always has its state saved (a kill between the two
+                # leaves a state ahead of the rows, which a resume does not take: it replays from the start)
                 outcome.state[STATE_ROWS] = np.array(min(start + part, len(stream)))
                 _save_state(writer, outcome, stream)
+            sink.offer(start, rows)
             progress("adapting", min(start + part, len(stream)), len(stream))
         if first:  # the rows before `first` are on disk from before: the metrics are the whole run's, read back
             outcome.rows = rows_on_disk(writer)
