@@ -106,3 +106,16 @@ def test_what_the_methods_refuse():
         make_method("tent", emb, torch.arange(K), K, vision=vision, precision="amp_fp16")
     with pytest.raises(ValueError, match=r"tent: images must be float32 \[n, 3, H, W\]"):
         make_method("tent", emb, torch.arange(K), K, vision=vision).run(images[:, 0])
+
+
+def test_the_cards_memory_per_image_is_the_measured_one():
+    """The cards' mb_per_image is the activation memory one image's step keeps through ViT-B/16's vision tower."""
+    import open_clip
+
+    from orchestrator.methods.encoder import saved_bytes_per_image
+    from orchestrator.registry import method_card
+
+    visual = open_clip.create_model("ViT-B-16", pretrained=None).visual
+    measured = saved_bytes_per_image(visual, 224) / 2**20
+    for name in ("tent", "sar"):
+        assert method_card(name).image_encoder.mb_per_image == round(measured, 1)

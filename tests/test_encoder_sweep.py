@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+from orchestrator.methods.encoder import EncoderMethod
 from orchestrator.results.writer import RunWriter, load_state
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
@@ -72,7 +73,7 @@ def test_a_spec_mixing_encoder_and_cached_feature_methods_reports_every_method(t
     assert len(rows(path, "sar")) == 9
 
 
-def test_a_continual_run_killed_mid_stream_resumes_from_its_state_to_the_same_rows(tmp_path, data):
+def test_a_continual_run_killed_mid_stream_resumes_from_its_state_to_the_same_rows(tmp_path, data, monkeypatch):
     methods = [{"method": "tent", "batch_size": 2, "lr": 0.05}]
     whole = write_spec(tmp_path / "whole", methods, data)
     run_all(whole)
@@ -83,7 +84,12 @@ def test_a_continual_run_killed_mid_stream_resumes_from_its_state_to_the_same_ro
     (run,) = expand(spec)
     assert RunWriter(spec.results_dir, run.config).rows_done() == 4
     assert int(load_state(spec.results_dir, run.run_id)[STATE_ROWS]) == 4  # the state after the first part
+    loaded = []
+    restore = EncoderMethod.load_state_tensors
+    monkeypatch.setattr(EncoderMethod, "load_state_tensors",
+                        lambda self, state: loaded.append(int(state.get(STATE_ROWS, -1))) or restore(self, state))
     ((_, (result,)),) = run_all(killed)
+    assert loaded == [4]  # it went on from the saved state, not by replaying the first part
     assert result["resumed_from"] == 4 and result["rows_written"] == 5
     volatile = {"samples_per_s"}
     assert [{k: v for k, v in r.items() if k not in volatile} for r in rows(killed, "tent")] == \

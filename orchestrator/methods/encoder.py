@@ -246,3 +246,21 @@ def entropy_margin(fraction: float, num_classes: int) -> float:
     """SAR's and DeYO's margins are given as fractions of the uniform entropy ln K (official: `* math.log(1000)`,
     `* math.log(num_class)`)."""
     return fraction * math.log(num_classes)
+
+
+def saved_bytes_per_image(vision: torch.nn.Module, image_size: int) -> int:
+    """Bytes autograd keeps for one image's step through the tower with its norm layers' affine parameters trainable
+    (an encoder method's activation memory per image, `ImageEncoderUse.mb_per_image`), counted on a one-image pass."""
+    model = copy.deepcopy(vision).float()
+    configure_norm(model, [p for _, p in norm_parameters(model)])
+    total = 0
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    x = torch.zeros(1, 3, image_size, image_size, device=next(model.parameters()).device)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        model(x).sum()
+    return total

@@ -383,6 +383,8 @@ class MethodCard:
         otherwise), its `group_views` for the dataset's group, or the single view. Methods taking one feature get
         the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
+        if self.image_encoder is not None:  # it decodes each image with the backbone's eval transform itself
+            return parse_views("single")
         card = dataset_card(dataset)
         own = parse_views(card.views)
         if card.name in {canonical_dataset(d) for d in self.single_view_datasets}:
