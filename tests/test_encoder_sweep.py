@@ -106,6 +106,15 @@ def test_an_episodic_run_in_shards_writes_the_unsharded_runs_rows(tmp_path, data
     assert rows(sharded, "tent") == rows(one, "tent")
 
 
+def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
+    r = bca("sweep", str(write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"}], data)),
+            "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "methods adapting CLIP's image encoder on the images (one trial per run, never packed" in r.stdout
+    assert "  sar at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine parameters), " \
+           "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
+
+
 def test_the_spec_refuses_shards_of_a_continual_run_and_synthetic_data(tmp_path, data):
     r = bca("sweep", str(write_spec(tmp_path, [{"method": "tent", "shards": 2}], data)), "--dry-run")
     assert r.exit_code == 2
