@@ -1,4 +1,4 @@
-"""The methods that adapt CLIP's image encoder (Tent, SAR) against per-batch references written from their official
+"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO) against per-batch references written from their official
 code, run in float64 on open_clip's tiny towers with random weights, on streams where adaptation changes the
 predictions; a stream in parts and a restored state equal it at once; the inputs they refuse."""
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
 from orchestrator.methods import make_method
+from orchestrator.methods.deyo.reference import run_reference as deyo_reference
 from orchestrator.methods.sar.reference import run_reference as sar_reference
 from orchestrator.methods.tent.reference import run_reference as tent_reference
 
@@ -73,6 +74,16 @@ def test_sar_equals_its_reference_through_its_filter_and_recovery(reset_constant
         assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
 
 
+def test_deyo_equals_its_reference_through_its_entropy_and_plpd_filters():
+    """A PLPD threshold of 0 keeps the confident images whose prediction the patch shuffle lowers at all."""
+    vision, images, emb = tower(TINY_VIT)
+    hp = {"lr": 0.5, "margin": 0.8, "plpd_threshold": 0.0}
+    trace = make_method("deyo", emb, torch.arange(K), K, batch_size=B, vision=vision, **hp).run(images)
+    check(trace.posteriors, lambda dtype: deyo_reference(images, vision, emb, batch_size=B, dtype=dtype, **hp))
+    assert trace.gated.any() and not trace.gated.all()
+    assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
+
+
 def test_parts_and_a_restored_state_equal_the_stream_at_once():
     """A continual run fed in parts of whole batches equals it at once, and a fresh method given the state saved
     after the first part (what a resumed run loads from its state file) goes on to the same rows."""
@@ -117,5 +128,5 @@ def test_the_cards_memory_per_image_is_the_measured_one():
 
     visual = open_clip.create_model("ViT-B-16", pretrained=None).visual
     measured = saved_bytes_per_image(visual, 224) / 2**20
-    for name in ("tent", "sar"):
+    for name in ("tent", "sar", "deyo"):
         assert method_card(name).image_encoder.mb_per_image == round(measured, 1)
