@@ -72,7 +72,9 @@ def measure(name: str, num_classes: int, dim: int, n: int) -> tuple[int, int]:
 
 
 def test_every_method_states_its_memory():
-    builtin = [c for c in method_cards() if str(c.impl).startswith("orchestrator.methods.")]
+    # (a method adapting the image encoder holds the tower's adapted parameters and their optimiser state, which K
+    # and d do not give: the methods table says so, and its memory plan is per image, `ImageEncoderUse.mb_per_image`)
+    builtin = [c for c in method_cards() if str(c.impl).startswith("orchestrator.methods.") and not c.image_encoder]
     assert len(builtin) > 20 and [c.name for c in builtin if c.state_words is None] == []
 
 
