@@ -108,9 +108,12 @@ def test_an_episodic_run_in_shards_writes_the_unsharded_runs_rows(tmp_path, data
 
 
 def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
-    r = bca("sweep", str(write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"}], data)),
-            "--dry-run")
+    """Also: a spec's augmented views are not encoded for an encoder method, which takes the single view."""
+    path = write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"}], data)
+    path.write_text(path.read_text() + "views: augmix7\n")
+    r = bca("sweep", str(path), "--dry-run")
     assert r.exit_code == 0, r.output
+    assert "dtd views=single" in r.stdout and "dtd views=augmix7 seed=1" in r.stdout
     assert "methods adapting CLIP's image encoder on the images (one trial per run, never packed" in r.stdout
     assert "  sar at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine parameters), " \
            "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
