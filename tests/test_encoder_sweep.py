@@ -119,10 +119,13 @@ def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
            "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
 
 
-def test_the_spec_refuses_shards_of_a_continual_run_and_synthetic_data(tmp_path, data):
-    r = bca("sweep", str(write_spec(tmp_path, [{"method": "tent", "shards": 2}], data)), "--dry-run")
+def test_the_spec_refuses_shards_of_a_continual_run_fp16_on_a_cpu_and_synthetic_data(tmp_path, data):
+    r = bca("sweep", str(write_spec(tmp_path, [{"method": "tent", "shards": 2},
+                                               {"method": "sar", "precision": "amp_fp16"}], data)), "--dry-run")
     assert r.exit_code == 2
     assert "methods[0].shards: 'tent' carries the adapted encoder from batch to batch unless episodic: true" in r.stderr
+    assert "methods[1].precision: 'amp_fp16' runs 'sar''s encoder under CUDA fp16 autocast, and resources.gpu is 0" \
+        in r.stderr
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"name": "s", "results_dir": "results", "datasets": [
         {"synthetic": "label_shift", "n": 60, "num_classes": 4, "dim": 16}], "methods": [{"method": "sar"}],

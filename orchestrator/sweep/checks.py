@@ -279,6 +279,10 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"generated embeddings only (no images, no encoder); expected real "
                                                    f"datasets for it (with `datasets:` on the method entry; the tiny "
                                                    f"test backbones run it on image fixtures)"))
+        if card.image_encoder is not None and "amp_fp16" in grid.get("precision", []) and spec.resources.gpu == 0:
+            issues.append((f"methods[{i}].precision", f"'amp_fp16' runs {entry.method!r}'s encoder under CUDA fp16 "
+                                                      f"autocast, and resources.gpu is 0 (its trials run on the CPU); "
+                                                      f"expected precision 'fp32', or resources.gpu > 0"))
         if card.text_encoder is not None and synthetic:
             issues.append((f"methods[{i}].method", f"{entry.method!r} tunes the prompt through CLIP's text encoder at "
                                                    f"test time, and the synthetic dataset {synthetic[0]!r} has "
