@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,6 @@ from orchestrator.methods.base import Method, StageTimer, Trace, concat_traces, 
 from orchestrator.methods.prototypes import class_prototypes
 
 NORM_LAYERS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.LayerNorm, torch.nn.GroupNorm)
-PRECISIONS = ("fp32", "amp_fp16")
 _ENC, _OPT, _EXTRA = "enc__", "opt__", "x__"
 
 
@@ -106,9 +105,6 @@ class EncoderMethod(Method):
     """Base of the methods that adapt the image encoder (module docstring). Subclasses set `name`, implement
     `make_optimizer` and `adapt`, and may override `parameters_to_adapt`, `extra_state` / `load_extra_state` and
     `reset_extra`."""
-
-    # what `adapt` reads besides its batch: the logit scale of CLIP's classifier, the forward's precision
-    shared_hparams: ClassVar[tuple[str, ...]] = ("logit_scale", "precision")
 
     def __init__(self, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int, *,
                  vision: Any, **hparams: Any) -> None:
@@ -207,10 +203,6 @@ class EncoderMethod(Method):
         self.optimizer.load_state_dict({"state": entries, "param_groups": fresh["param_groups"]})
         self.load_extra_state({key[len(_EXTRA):]: torch.as_tensor(value) for key, value in state.items()
                                if key.startswith(_EXTRA)})
-
-
-def sgd(params: list[torch.nn.Parameter], lr: float, momentum: float = 0.9) -> torch.optim.SGD:
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
 class SAM:
