@@ -127,8 +127,16 @@ class EncoderMethod(Method):
 
     # ------------------------------------------------------------------------------------ what subclasses say
     def parameters_to_adapt(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-        """(name, parameter) of what the optimiser steps; default: every norm layer's affine parameters."""
-        return norm_parameters(model)
+        """(name, parameter) of what the optimiser steps, as the card's `image_encoder.params` says: 'norm', every
+        norm layer's affine parameters; 'all', every parameter. 'lora' adds modules to the tower, which a method
+        does by overriding this (none built in does)."""
+        params = self.card().image_encoder.params
+        if params == "norm":
+            return norm_parameters(model)
+        if params == "all":
+            return list(model.named_parameters())
+        raise ValueError(f"{self.name}: its card's image_encoder params is {params!r}; a method adapting LoRA "
+                         f"adapters adds them to its tower copy in parameters_to_adapt")
 
     @abstractmethod
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
