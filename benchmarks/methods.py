@@ -300,7 +300,8 @@ def run(args: argparse.Namespace, preset: dict) -> None:
     from orchestrator.registry import method_cards
 
     # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it.
-    cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.text_encoder is None]
+    cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.text_encoder is None
+             and c.image_encoder is None]
     print(f"machine: {os.cpu_count()} cpus, device {args.device}, torch threads {args.threads}; "
           f"load average at start {os.getloadavg()[0]:.1f}")
     print(f"stream: K = M = {preset['K']}, d = {preset['d']}, n = {preset['n']} (view methods: "

@@ -44,7 +44,7 @@ def order_runners() -> list:
     from orchestrator.methods.lockstep import steps_orders
     from orchestrator.registry import method_cards
 
-    return [c for c in method_cards() if c.text_encoder is None and not order_free(c.name)
+    return [c for c in method_cards() if c.text_encoder is None and c.image_encoder is None and not order_free(c.name)
             and steps_orders(c.lockstep_runner(c.takes_views), False)]
 
 

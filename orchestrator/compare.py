@@ -27,8 +27,9 @@ DEFAULT_SAMPLES = 1000  # per synthetic stream: long enough for the adaptive met
 
 
 def _runs_on_one_view(card: registry.MethodCard) -> bool:
-    """Whether a method runs on the synthetic presets, which have a single view per sample."""
-    return not card.views_everywhere
+    """Whether a method runs on the synthetic presets, which have a single view per sample and no images (a method
+    adapting the image encoder needs them)."""
+    return not card.views_everywhere and card.image_encoder is None
 
 
 def resolve_method(method: str) -> tuple[str, list[str], list[str]]:

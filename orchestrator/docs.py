@@ -60,6 +60,9 @@ def _cost(card) -> str:
     if card.text_encoder is not None:
         parts.append(f"{card.text_encoder.mb_per_class:g} MB per class a sample (text encoder, "
                      f"{card.text_encoder.device})")
+    if card.image_encoder is not None:
+        parts.append(f"a forward and backward of the image encoder per image per step, "
+                     f"{card.image_encoder.mb_per_image:g} MB per image (ViT-B/16, {card.image_encoder.device})")
     return "; ".join(parts) or "-"
 
 
@@ -78,6 +81,8 @@ def _memory(card) -> str:
     counts), with its growth per sample where it grows with the stream."""
     from orchestrator.sweep.cost import state_bytes
 
+    if card.image_encoder is not None:
+        return "its adapted encoder parameters and their optimiser state"
     start = state_bytes(card.name, *MEMORY_SHAPE)
     text = _size(start) if start else "none"
     growth = state_bytes(card.name, *MEMORY_SHAPE, 1) - start
@@ -93,6 +98,11 @@ def methods_table() -> str:
             "|---|---|---|---|---|---|---|"]
     for card in method_cards():
         inputs = {"single": "one feature", "views": "views", "either": "one feature or views"}[card.inputs]
+        if card.image_encoder is not None:
+            params = {"norm": "norm-layer affine", "lora": "LoRA on attention", "all": "all"}
+            reset = card.image_encoder.episodic
+            inputs = (f"images; updates the image encoder ({params[card.image_encoder.params]}), "
+                      f"{'episodic' if reset is True else 'continual' if reset is False else f'continual or {reset}'}")
         if card.batch_size is not None:
             inputs += f", batches of {card.batch_size}"
         rows.append(f"| `{card.name}` | {card.label} | {card.summary} | {inputs} | {_cost(card)} | {_memory(card)} | "

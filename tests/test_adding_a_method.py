@@ -41,7 +41,7 @@ def write_plugin(root: Path) -> None:
 
 def test_the_doc_shows_a_whole_plugin():
     assert set(doc_files()) == {"toy_temp/__init__.py", "toy_temp/card.py", "toy_temp/method.py",
-                                "toy_temp/lockstep.py", "toy.yaml"}
+                                "toy_temp/lockstep.py", "toy.yaml", "toy_entropy/card.py", "toy_entropy/method.py"}
     assert doc_commands()[1:] == ["bca sweep toy.yaml", "BCA_PLUGINS=toy_temp bca report --results results"]
 
 
@@ -128,3 +128,38 @@ def test_a_pack_sends_the_plugin_configs_to_its_lockstep_runner(tmp_path, monkey
         expected = single.run(feats)
         assert torch.equal(trace.predictions, expected.predictions)
         torch.testing.assert_close(trace.posteriors, expected.posteriors, rtol=0, atol=1e-6)
+
+
+def test_the_image_encoder_plugin_runs_through_a_sweep_and_the_report(tmp_path, monkeypatch):
+    """Section 6's plugin (its two files as the page shows them) in a sweep beside zero-shot CLIP on a real-layout
+    image dataset with the tiny model, run trial by trial, its row in `bca report`."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+    from orchestrator.registry.methods import PLUGINS_ENV
+    from orchestrator.sweep.load import load_spec
+    from orchestrator.sweep.plan import expand, make_trials
+    from orchestrator.sweep.trial import execute_trial, settings_of
+
+    for path, text in doc_files().items():
+        if path.startswith("toy_entropy/"):
+            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / path).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=2)
+    (tmp_path / "enc.yaml").write_text(yaml.safe_dump({
+        "name": "enc", "results_dir": "results", "cache_dir": "cache", "data_root": "data", "plugins": ["toy_entropy"],
+        "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                       "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
+        "datasets": ["dtd"], "methods": [{"method": "clip"}, {"method": "entropy_sgd", "batch_size": "official"}],
+        "seeds": [1], "resources": {"cpus": 1}}))
+    spec = load_spec(tmp_path / "enc.yaml")
+    for trial in make_trials(expand(spec), spec.pack):
+        execute_trial(trial, settings_of(spec))
+    monkeypatch.setenv(PLUGINS_ENV, "toy_entropy")
+    r = CliRunner().invoke(app, ["report", "--results", "results"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert r.exit_code == 0, r.output
+    assert "Entropy SGD (batch_size=16)" in r.stdout and "CLIP (batch_size=1)" in r.stdout

@@ -37,8 +37,9 @@ def test_unknown_hparam_names_it_and_lists_the_valid_ones():
 
 
 # The prompt-tuning methods need a text tower besides the features: tests/test_tpt.py runs them at their defaults
-# and on an empty stream.
-WITHOUT_TEXT = [m for m in method_names() if method_card(m).text_encoder is None]
+# and on an empty stream; the image-encoder methods take images (tests/test_encoder_methods.py).
+WITHOUT_TEXT = [m for m in method_names()
+                if method_card(m).text_encoder is None and method_card(m).image_encoder is None]
 
 
 @pytest.mark.parametrize("method", WITHOUT_TEXT)

@@ -72,12 +72,14 @@ def measure(name: str, num_classes: int, dim: int, n: int) -> tuple[int, int]:
 
 
 def test_every_method_states_its_memory():
-    builtin = [c for c in method_cards() if str(c.impl).startswith("orchestrator.methods.")]
+    # (a method adapting the image encoder holds the tower's adapted parameters and their optimiser state, which K
+    # and d do not give: the methods table says so, and its memory plan is per image, `ImageEncoderUse.mb_per_image`)
+    builtin = [c for c in method_cards() if str(c.impl).startswith("orchestrator.methods.") and not c.image_encoder]
     assert len(builtin) > 20 and [c.name for c in builtin if c.state_words is None] == []
 
 
 # ECALP's buffers start at 64 rows and double: at n = 64 (and 128, 256, ...) they hold exactly n
-@pytest.mark.parametrize("name", [c.name for c in method_cards() if c.text_encoder is None])
+@pytest.mark.parametrize("name", [c.name for c in method_cards() if c.text_encoder is None and c.image_encoder is None])
 def test_the_cards_state_memory_is_what_a_run_holds(name):
     held, stated = measure(name, 20, 32, 64)
     assert abs(held - stated) <= TOLERANCE * max(held, 1), (name, held, stated)

@@ -272,18 +272,19 @@ def check_batch_size(method: str, batch_size: Any) -> int:
 
 
 def make_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                batch_size: int = 1, text: Any = None, **hparams: Any) -> Method:
+                batch_size: int = 1, text: Any = None, vision: Any = None, **hparams: Any) -> Method:
     """Validate everything but the features and build the method's initial state (hparams not given take the
     card's defaults; per-dataset defaults are the sweep's business: `method_card(m).defaults(dataset)`).
     batch_size: samples per adaptation step (`BatchMethod`; a per-sample method takes 1 only). text: the text
     tower and class prompts (`orchestrator.methods.prompt.PromptText`) of a method whose card has a
-    `text_encoder`; None for every other method."""
+    `text_encoder`; vision: the backbone's vision tower (`orchestrator.methods.encoder`) of a method whose card has
+    an `image_encoder` (its `run` then takes images); None for every other method."""
     validate_class_inputs(class_embeddings, class_ids, num_classes)
-    return build_method(method, class_embeddings, class_ids, num_classes, batch_size, text, **hparams)
+    return build_method(method, class_embeddings, class_ids, num_classes, batch_size, text, vision, **hparams)
 
 
 def build_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.Tensor, num_classes: int,
-                 batch_size: int = 1, text: Any = None, **hparams: Any) -> Method:
+                 batch_size: int = 1, text: Any = None, vision: Any = None, **hparams: Any) -> Method:
     """`make_method` for class inputs already validated (`validate_class_inputs`): a pack builds G methods over
     one set of class embeddings and checks it once."""
     card = method_card(method)
@@ -291,9 +292,14 @@ def build_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.T
     batch_size = check_batch_size(method, batch_size)
     if card.text_encoder is None and text is not None:
         raise ValueError(f"{method}: takes no text encoder (text=...); only methods whose card has a text_encoder do")
+    if card.image_encoder is None and vision is not None:
+        raise ValueError(f"{method}: takes no vision tower (vision=...); only methods whose card has an image_encoder "
+                         f"do")
     cls = card.implementation()
     checked = cls.check_hparams(resolved, class_embeddings.shape[0], int(num_classes))
     extra = {} if card.text_encoder is None else {"text": text}
+    if card.image_encoder is not None:
+        extra["vision"] = vision
     built = cls(class_embeddings, class_ids, int(num_classes), **extra, **checked)
     built.batch_size = batch_size
     return built

@@ -172,6 +172,53 @@ class TextEncoderUse:
         return f"CLIP's text encoder at test time, wants {'a GPU' if self.device == 'gpu' else 'any device'}, {need}"
 
 
+ENCODER_PARAMS = ("norm", "lora", "all")
+
+
+@dataclass(frozen=True)
+class ImageEncoderUse:
+    """A method that adapts CLIP's image encoder at test time: the trial streams the dataset's images (decoded and
+    augmented by the view code that fills the feature cache) through its own copy of the backbone's vision tower.
+
+    params: what it updates: 'norm' (the affine scale and shift of every LayerNorm / BatchNorm / GroupNorm,
+    BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention) or 'all'; episodic: True (the
+    encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
+    name of the bool hparam that chooses per run; device: 'gpu' (impractical on a CPU at benchmark scale) or
+    'any'; mb_per_image: activation memory one image's adaptation step keeps, float32, at the ViT-B/16 vision
+    tower (a sweep's memory plan: a batch of B images needs about B times it). Its batch size is the card's
+    `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
+
+    params: str
+    episodic: bool | str
+    mb_per_image: float
+    device: str = "any"
+
+    def __post_init__(self) -> None:
+        if self.params not in ENCODER_PARAMS:
+            raise ValueError(f"image encoder params must be one of {ENCODER_PARAMS}, got {self.params!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"image encoder device must be one of {DEVICES}, got {self.device!r}")
+        if not self.mb_per_image > 0:
+            raise ValueError(f"image encoder mb_per_image must be > 0, got {self.mb_per_image!r}")
+        if not isinstance(self.episodic, (bool, str)):
+            raise ValueError(f"image encoder episodic must be true, false or a bool hparam's name, "
+                             f"got {self.episodic!r}")
+
+    def is_episodic(self, hparams: Mapping[str, Any]) -> bool:
+        """Whether a run with these (resolved) hparams resets the encoder before every batch."""
+        return self.episodic if isinstance(self.episodic, bool) else bool(hparams[self.episodic])
+
+    def describe(self, batch_size: int | None = None) -> str:
+        """In words, for the plan and the docs."""
+        need = f"{self.mb_per_image:g} MB per image"
+        if batch_size:
+            need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
+        what = {"norm": "its norm layers' affine parameters", "lora": "LoRA on its attention",
+                "all": "all its parameters"}[self.params]
+        return (f"CLIP's image encoder adapted at test time ({what}), wants "
+                f"{'a GPU' if self.device == 'gpu' else 'any device'}, {need}")
+
+
 @dataclass(frozen=True)
 class MethodCard:
     """One method.
@@ -205,7 +252,8 @@ class MethodCard:
     where the method runs CLIP's text encoder at test time (the trial gives it the text tower: real datasets
     only), else None; templates: the template set its official run embeds (`orchestrator.clip.prompts`) where
     that is not the dataset's own, what a spec's default `templates: protocol` gives its runs (None: the
-    dataset's own templates).
+    dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
+    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None.
     """
 
     name: str
@@ -251,6 +299,7 @@ class MethodCard:
     batch_size: int | None = None
     text_encoder: TextEncoderUse | None = None
     templates: str | None = None
+    image_encoder: ImageEncoderUse | None = None
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -285,6 +334,17 @@ class MethodCard:
             raise ValueError(f"method {self.name!r}: text_encoder must be a TextEncoderUse or None, "
                              f"got {self.text_encoder!r}")
         names = [h.name for h in self.hparams]
+        if self.image_encoder is not None:
+            if not isinstance(self.image_encoder, ImageEncoderUse):
+                raise ValueError(f"method {self.name!r}: image_encoder must be an ImageEncoderUse or None, "
+                                 f"got {self.image_encoder!r}")
+            chooser = self.image_encoder.episodic
+            if isinstance(chooser, str) and not any(h.name == chooser and h.kind == "bool" for h in self.hparams):
+                raise ValueError(f"method {self.name!r}: image_encoder episodic {chooser!r} is not one of its bool "
+                                 f"hparams")
+            if self.text_encoder is not None:
+                raise ValueError(f"method {self.name!r}: a method adapts the image encoder or the text encoder, "
+                                 f"not both")
         if len(set(names)) != len(names):
             raise ValueError(f"method {self.name!r}: an hparam is declared twice in {names}")
         for h in self.hparams:
@@ -333,6 +393,8 @@ class MethodCard:
         feature get the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident
         views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
+        if self.image_encoder is not None:  # it decodes each image with the backbone's eval transform itself
+            return parse_views("single")
         card = dataset_card(dataset)
         own = parse_views(card.views)
         if card.name in {canonical_dataset(d) for d in self.single_view_datasets}:

@@ -275,6 +275,16 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
         synthetic = [dataset_name(d) for d in datasets if isinstance(d, SyntheticDataset)]
+        if card.image_encoder is not None and synthetic:
+            issues.append((f"methods[{i}].method", f"{entry.method!r} adapts CLIP's image encoder on the images at "
+                                                   f"test time, and the synthetic dataset {synthetic[0]!r} has "
+                                                   f"generated embeddings only (no images, no encoder); expected real "
+                                                   f"datasets for it (with `datasets:` on the method entry; the tiny "
+                                                   f"test backbones run it on image fixtures)"))
+        if card.image_encoder is not None and "amp_fp16" in grid.get("precision", []) and spec.resources.gpu == 0:
+            issues.append((f"methods[{i}].precision", f"'amp_fp16' runs {entry.method!r}'s encoder under CUDA fp16 "
+                                                      f"autocast, and resources.gpu is 0 (its trials run on the CPU); "
+                                                      f"expected precision 'fp32', or resources.gpu > 0"))
         if card.text_encoder is not None and synthetic:
             issues.append((f"methods[{i}].method", f"{entry.method!r} tunes the prompt through CLIP's text encoder at "
                                                    f"test time, and the synthetic dataset {synthetic[0]!r} has "
@@ -282,7 +292,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"expected real datasets for it (with `datasets:` on the method "
                                                    f"entry; the tiny test backbones run it on image fixtures)"))
         if entry.shards is not None and entry.shards > 1:
-            issues += _shard_issues(i, entry.method)
+            issues += _shard_issues(i, entry.method, grid)
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
@@ -310,14 +320,25 @@ def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     return issues
 
 
-def _shard_issues(i: int, method: str) -> list[tuple[str, str]]:
+def _shard_issues(i: int, method: str, grid: dict[str, list]) -> list[tuple[str, str]]:
     """Shards run apart, each from a fresh state: only an episodic method (state reset every sample) gives the
-    rows of the unsharded run."""
+    rows of the unsharded run; a method adapting the image encoder where every run of the entry resets it before
+    every batch (its card's `image_encoder.episodic`)."""
     from orchestrator.methods.episodic import order_free
     from orchestrator.registry import method_names
 
     if order_free(method):
         return []
+    encoder = method_card(method).image_encoder
+    if encoder is not None:
+        chooser = encoder.episodic
+        values = grid.get(chooser, [method_card(method).defaults()[chooser]]) if isinstance(chooser, str) else [chooser]
+        if all(values):
+            return []
+        if isinstance(chooser, str):
+            return [(f"methods[{i}].shards", f"{method!r} carries the adapted encoder from batch to batch unless "
+                                             f"{chooser}: true, so its stream cannot be split into shards run apart; "
+                                             f"expected {chooser}: true on the entry, or no shards")]
     free = [name for name in method_names() if order_free(name)]
     return [(f"methods[{i}].shards", f"{method!r} carries its state from sample to sample, so its stream cannot be "
                                      f"split into shards run apart; expected no shards (or shards: 1) for it, or "

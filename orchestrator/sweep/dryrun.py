@@ -89,6 +89,19 @@ def _text_encoder_lines(runs: list[Run]) -> list[str]:
     return lines
 
 
+def _image_encoder_lines(runs: list[Run]) -> list[str]:
+    """The methods that adapt CLIP's image encoder on the images, one trial per run (never packed: each adapts its
+    own copy), with the device they want and their activation memory at each run's batch size."""
+    from orchestrator.registry import method_card
+
+    pairs = dict.fromkeys((r.method, r.batch_size) for r in runs if method_card(r.method).image_encoder)
+    lines = ["methods adapting CLIP's image encoder on the images (one trial per run, never packed; the trial "
+             "decodes the stream's images and loads the backbone's vision tower):"] if pairs else []
+    for method, batch in pairs:
+        lines.append(f"  {method} at batch size {batch}: {method_card(method).image_encoder.describe(batch)}")
+    return lines
+
+
 def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: dict[str, str | None]) -> list[str]:
     """The dry run's report, one line each."""
     finished = {rid for rid, state in status.items() if state == "finished"}
@@ -116,6 +129,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                      f"adds up to more than the {len(trials):,} trials")
     lines += _skipped_batch_sizes(spec)
     lines += _text_encoder_lines(runs)
+    lines += _image_encoder_lines(runs)
     sharded: dict[str, dict[str, int]] = {}  # method -> run_id -> its shards
     for trial in trials:
         if trial.shard is not None:

@@ -520,10 +520,14 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     trials: list[Trial] = []
+    alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder (its own copy, on images)
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
+            continue
+        if alone.setdefault(id(run._group), method_card(run.method).image_encoder is not None):
+            trials.append(Trial(run.run_id, run.source, (run,)))  # never packed: its encoder is its own
             continue
         key = keys.get(id(run._group), False)
         if key is False:

@@ -29,12 +29,9 @@ from orchestrator.results.schema import artifacts_root, check_run_id
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import Run, Shard
-from orchestrator.sweep.trial import (Progress, Settings, Stream, _code_path, _failpoint, _features_for, _finish,
-                                      _mark_failed, _method_for, _Outcome, _peak_mb, _silent, WARMUP_SAMPLES,
-                                      warm_up)
-
-# The run's columns its metrics are computed from (as the unsharded trial computes them from its own outputs).
-_METRIC_COLUMNS = ("pred", "confidence", "top5", "prob_true")
+from orchestrator.sweep.trial import (ImageSide, Progress, Settings, Stream, _batch_size, _code_path, _failpoint,
+                                      _features_for, _finish, _mark_failed, _method_for, _Outcome, _peak_mb, _silent,
+                                      WARMUP_SAMPLES, part_rows_for, rows_on_disk, warm_up)
 
 
 def shards_dir(results_dir: str | Path, run_id: str) -> Path:
@@ -47,7 +44,8 @@ def _record_path(results_dir: str | Path, run_id: str, shard: Shard) -> Path:
 
 
 def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                  peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None) -> dict[str, Any]:
+                  peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None,
+                  vision: ImageSide | None = None) -> dict[str, Any]:
     """Compute and write the rows of the shard's range that are not on disk yet, record its timings, and finish
     the run if it is now whole (text: the text tower of a method that runs one, as the unsharded trial gives it). Returns what the shard did (rows written, samples/s) and, when it finished the
     run, the run's metrics."""
@@ -55,23 +53,24 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
     n = len(stream)
     writer.mark("running", n_samples=n)
     try:
-        lo, hi = shard.rows(n, settings.part_rows)
+        part = part_rows_for(settings.part_rows, _batch_size(run.config))  # whole batches, as the unsharded run
+        lo, hi = shard.rows(n, part)
         holes = writer.missing(lo, hi)
         outcome = _Outcome()
         warmup_s, written, parts = 0.0, 0, 0
         if holes:
             config = run.config
-            features = _features_for(config, stream)
+            features = _features_for(config, stream, vision)
 
             def method_for_stream() -> Any:
-                return _method_for(config, stream, text)
+                return _method_for(config, stream, text, vision)
 
             warmup_s = warm_up([_code_path(config, features)],
                                lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
             method = method_for_stream()
             # the unsharded run's part-sized calls that hold a missing row (holes never cross a shard's range)
-            for start in range(lo, hi, settings.part_rows):
-                end = min(start + settings.part_rows, hi)
+            for start in range(lo, hi, part):
+                end = min(start + part, hi)
                 wanted = [(max(a, start), min(b, end)) for a, b in holes if a < end and start < b]
                 if not wanted:
                     continue
@@ -118,11 +117,7 @@ def _finish_if_whole(run: Run, writer: RunWriter, count: int, stream: Stream) ->
             return None
         shards = [json.loads(path.read_text()) for path in records]
         outcome = _Outcome()
-        table = writer.read_columns(list(_METRIC_COLUMNS))
-        outcome.rows = [{"pred": table.column("pred").to_numpy(),
-                         "confidence": table.column("confidence").to_numpy(),
-                         "top5": table.column("top5").combine_chunks().flatten().to_numpy().reshape(len(table), -1),
-                         "prob_true": table.column("prob_true").to_numpy(zero_copy_only=False)}]
+        outcome.rows = rows_on_disk(writer)
         outcome.run_s = sum(s["run_s"] for s in shards)
         outcome.computed = sum(s["computed"] for s in shards)
         for s in shards:

@@ -368,10 +368,15 @@ def _feature_kind(config: dict[str, Any], stream: Stream) -> str:
     return "one view" if method_card(config["method"]).takes_views else "features"
 
 
-def _features_for(config: dict[str, Any], stream: Stream) -> torch.Tensor:
+def _features_for(config: dict[str, Any], stream: Stream, vision: ImageSide | None = None) -> Any:
     """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
     stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
-    means)."""
+    means); for a method that adapts the image encoder, the stream's images (`ImageSide.images`)."""
+    if method_card(config["method"]).image_encoder is not None:
+        if vision is None:
+            raise ValueError(f"{config['method']}: adapts CLIP's image encoder, so its run needs the stream's images "
+                             f"and the vision tower (a real dataset and its backbone)")
+        return vision.images
     kind = _feature_kind(config, stream)
     return {"views": stream.view_features, "one view": stream.features[:, None]}.get(kind, stream.features)
 
@@ -417,10 +422,39 @@ def _prompt_text(configs: list[dict[str, Any]], source: DataSource, stream: Stre
     return prompt_text(backbone, stream.class_names)
 
 
-def _method_for(config: dict[str, Any], stream: Stream, text: Any) -> Any:
-    """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one)."""
+@dataclass(frozen=True)
+class ImageSide:
+    """What a run whose method adapts CLIP's image encoder takes instead of features: the backbone's vision tower
+    (the method adapts its own copy) and the stream's images (`StreamImages`, decoded in stream order on demand)."""
+
+    tower: torch.nn.Module
+    images: Any
+
+
+def _image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream, settings: Settings
+                ) -> ImageSide | None:
+    """The vision tower and the stream's images for the runs whose method adapts CLIP's image encoder (the source's
+    backbone, loaded once per process, as `_prompt_text` loads it), else None. Their images take the backbone's eval
+    transform (the 'single' view): the encoder methods here take one image a sample."""
+    if all(method_card(c["method"]).image_encoder is None for c in configs):
+        return None
+    from orchestrator.clip.backbone import BackboneSpec, shared_backbone
+    from orchestrator.clip.views import ViewTransform, parse_views
+    from orchestrator.features.images import StreamImages
+
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+                               weights_dir=None, allow_download=False)
+    transform = ViewTransform(parse_views("single"), backbone.preprocess, backbone.resolved.preprocess)
+    images = StreamImages(stream.image_ids, settings.data_root, transform, stream.class_embeddings.device)
+    return ImageSide(backbone.model.visual, images)
+
+
+def _method_for(config: dict[str, Any], stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
+    """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one; the
+    vision tower where it adapts the image encoder)."""
+    tower = vision.tower if vision is not None and method_card(config["method"]).image_encoder else None
     return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                       batch_size=_batch_size(config), text=text, **_method_hparams(config, len(stream)))
+                       batch_size=_batch_size(config), text=text, vision=tower, **_method_hparams(config, len(stream)))
 
 
 def _method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
@@ -461,30 +495,41 @@ def warm_up(keys: list[tuple], call: Callable[[], Any]) -> float:
 
 
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None) -> dict[str, Any]:
+                peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None,
+                vision: ImageSide | None = None) -> dict[str, Any]:
     """One online run over the stream, a part at a time (the method keeps its state between calls), so rows
-    reach the disk while the run goes on."""
+    reach the disk while the run goes on. A method that adapts the image encoder saves its state with each part
+    (`STATE_ROWS`), and a resumed run goes on from there instead of replaying the stream."""
     writer = RunWriter(settings.results_dir, run.config)
     writer.mark("running", n_samples=len(stream))
     try:
         config = run.config
 
         def method_for_stream() -> Any:
-            return _method_for(config, stream, text)
+            return _method_for(config, stream, text, vision)
 
-        features = _features_for(config, stream)
+        features = _features_for(config, stream, vision)
         warmup_s = warm_up([_code_path(config, features)],
                            lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
         method = method_for_stream()
         part = part_rows_for(settings.part_rows, _batch_size(config))
         sink = _RowSink(writer, stream, part, settings.failpoint)
         outcome = _Outcome()
-        for start in range(0, len(stream), part):
+        checkpointed = method_card(config["method"]).image_encoder is not None
+        first = _resume_state(writer, method, sink.done) if checkpointed else 0
+        for start in range(first, len(stream), part):
             began = time.perf_counter()
             trace = method.run(features[start:start + part])
             labels = stream.labels[start:start + part]
-            sink.offer(start, outcome.add(trace, labels, time.perf_counter() - began))
+            rows = outcome.add(trace, labels, time.perf_counter() - began)
+            if checkpointed:  # the state first: a part on disk always has its state saved (a kill between the two
+                # leaves a state ahead of the rows, which a resume does not take: it replays from the start)
+                outcome.state[STATE_ROWS] = np.array(min(start + part, len(stream)))
+                _save_state(writer, outcome, stream)
+            sink.offer(start, rows)
             progress("adapting", min(start + part, len(stream)), len(stream))
+        if first:  # the rows before `first` are on disk from before: the metrics are the whole run's, read back
+            outcome.rows = rows_on_disk(writer)
         return _finish(run, writer, sink.resumed_from, outcome, stream, encode_s, _peak_mb(peak), warmup_s)
     except BaseException as exc:
         _mark_failed(writer, exc)
@@ -519,6 +564,37 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
         for i, trace in zip(picked, run_pass(configs, features, None if orders is None else orders[picked])):
             traces[i] = trace
     return traces, warmup_s, time.perf_counter() - began
+
+
+# The state file's entry saying after how many rows of the stream its state was taken (an encoder method's run).
+STATE_ROWS = "state_rows"
+# The run's columns its metrics are computed from.
+METRIC_COLUMNS = ("pred", "confidence", "top5", "prob_true")
+
+
+def _resume_state(writer: RunWriter, method: Any, rows_done: int) -> int:
+    """Where a run whose state file holds its method's state after `state_rows` rows goes on: there, with that
+    state loaded, when those rows are all on disk; else 0 (the stream from its start, fresh)."""
+    from orchestrator.results.writer import load_state
+
+    try:
+        state = load_state(writer.results_dir, writer.run_id)
+    except FileNotFoundError:
+        return 0
+    rows = int(state.get(STATE_ROWS, 0))
+    if not 0 < rows <= rows_done:
+        return 0
+    method.load_state_tensors(state)
+    return rows
+
+
+def rows_on_disk(writer: RunWriter) -> list[dict[str, np.ndarray]]:
+    """The run's written rows (the columns its metrics are computed from), as `_Outcome.rows` holds them."""
+    table = writer.read_columns(list(METRIC_COLUMNS))
+    return [{"pred": table.column("pred").to_numpy(),
+             "confidence": table.column("confidence").to_numpy(),
+             "top5": table.column("top5").combine_chunks().flatten().to_numpy().reshape(len(table), -1),
+             "prob_true": table.column("prob_true").to_numpy(zero_copy_only=False)}]
 
 
 def mark_unfinished_failed(writers: list[RunWriter], exc: BaseException) -> None:
@@ -647,11 +723,15 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = _silent
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
         text = _prompt_text([run.config for run in todo], trial.source, stream)
+        vision = _image_side([run.config for run in todo], trial.source, stream, settings)
         if trial.shard is not None:
             from orchestrator.sweep.shard import execute_shard
 
             return [execute_shard(todo[0], trial.shard, stream, settings, encode_s=encode_s, peak=peak,
-                                  progress=progress, text=text)]
+                                  progress=progress, text=text, vision=vision)]
         if len(todo) > 1:
+            if vision is not None:  # the plan gives such a run a trial of its own (`plan._make_trials`)
+                raise ValueError("a pack holds a run whose method adapts the image encoder; such runs are not packed")
             return execute_pack(todo, stream, settings, encode_s=encode_s, peak=peak, text=text)
-        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress, text=text)]
+        return [execute_run(todo[0], stream, settings, encode_s=encode_s, peak=peak, progress=progress, text=text,
+                            vision=vision)]

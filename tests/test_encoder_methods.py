@@ -1,0 +1,132 @@
+"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO) against per-batch references written from their official
+code, run in float64 on open_clip's tiny towers with random weights, on streams where adaptation changes the
+predictions; a stream in parts and a restored state equal it at once; the inputs they refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orchestrator.clip.backbone import load_backbone
+from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
+from orchestrator.methods import make_method
+from orchestrator.methods.deyo.reference import run_reference as deyo_reference
+from orchestrator.methods.sar.reference import run_reference as sar_reference
+from orchestrator.methods.tent.reference import run_reference as tent_reference
+
+K, N, B = 4, 12, 4
+EPS32 = torch.finfo(torch.float32).eps
+_TOWERS: dict = {}
+
+
+def tower(model: str):
+    """The tiny tower, N noise images, and class embeddings from the first K images' centred features (random towers
+    map every image near one direction; centred, the first K are confident and the rest mixed and unsure)."""
+    if model not in _TOWERS:
+        register_tiny_models()
+        backbone = load_backbone(model, None, "cpu")
+        images = torch.randn(N, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+        features = backbone.encode_images(images)
+        _TOWERS[model] = backbone.model.visual, images, F.normalize(features[:K] - features.mean(0), dim=-1)
+    return _TOWERS[model]
+
+
+def zero_shot(vision, images, emb):
+    with torch.no_grad():
+        return torch.softmax(100.0 * F.normalize(vision.eval()(images), dim=-1) @ emb.T, dim=1)
+
+
+def check(post: torch.Tensor, reference) -> None:
+    """Predictions identical to the float64 reference; posteriors within float32's drift from it: the same reference
+    run in float32 measures how far float32 rounding carries through the adaptation on this stream, and the method
+    (float32, its own order of operations) may be a few times that away, plus a few ulps of a posterior."""
+    truth, in_float32 = reference(torch.float64), reference(torch.float32)
+    drift = float((in_float32.double() - truth).abs().max())
+    assert torch.equal(post.argmax(1), truth.argmax(1))
+    assert float((post.double() - truth).abs().max()) <= 4 * drift + 8 * EPS32
+
+
+CASES = [(TINY_VIT, {"lr": 0.01}), (TINY_RN, {"lr": 0.01}),
+         (TINY_VIT, {"lr": 0.5, "optimizer": "sgd", "steps": 2, "episodic": True})]
+
+
+@pytest.mark.parametrize("model,hp", CASES)
+def test_tent_equals_its_reference_and_adapting_changes_predictions(model, hp):
+    vision, images, emb = tower(model)
+    post = make_method("tent", emb, torch.arange(K), K, batch_size=B, vision=vision, **hp).run(images).posteriors
+    check(post, lambda dtype: tent_reference(images, vision, emb, batch_size=B, dtype=dtype, **hp))
+    assert (post.argmax(1) != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
+
+
+@pytest.mark.parametrize("reset_constant", [0.0, 0.4])
+def test_sar_equals_its_reference_through_its_filter_and_recovery(reset_constant):
+    """0.0: never recovered, the adaptation changes predictions; 0.4: the confident first batch's loss puts the moving
+    average below it, so the model is recovered (reset) along the stream."""
+    vision, images, emb = tower(TINY_VIT)
+    hp = {"lr": 2.0, "margin": 0.6, "reset_constant": reset_constant}
+    trace = make_method("sar", emb, torch.arange(K), K, batch_size=B, vision=vision, **hp).run(images)
+    check(trace.posteriors, lambda dtype: sar_reference(images, vision, emb, batch_size=B, dtype=dtype, **hp)[0])
+    assert trace.gated.any() and not trace.gated.all()  # the reliable-entropy filter leaves some images out
+    if reset_constant:
+        assert sar_reference(images, vision, emb, batch_size=B, **hp)[1] >= 1
+    else:
+        assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
+
+
+def test_deyo_equals_its_reference_through_its_entropy_and_plpd_filters():
+    """A PLPD threshold of 0 keeps the confident images whose prediction the patch shuffle lowers at all."""
+    vision, images, emb = tower(TINY_VIT)
+    hp = {"lr": 0.5, "margin": 0.8, "plpd_threshold": 0.0}
+    trace = make_method("deyo", emb, torch.arange(K), K, batch_size=B, vision=vision, **hp).run(images)
+    check(trace.posteriors, lambda dtype: deyo_reference(images, vision, emb, batch_size=B, dtype=dtype, **hp))
+    assert trace.gated.any() and not trace.gated.all()
+    assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
+
+
+def test_parts_and_a_restored_state_equal_the_stream_at_once():
+    """A continual run fed in parts of whole batches equals it at once, and a fresh method given the state saved
+    after the first part (what a resumed run loads from its state file) goes on to the same rows."""
+    vision, images, emb = tower(TINY_VIT)
+    hp = {"lr": 2.0, "margin": 0.6, "reset_constant": 0.0}
+
+    def sar():
+        return make_method("sar", emb, torch.arange(K), K, batch_size=B, vision=vision, **hp)
+
+    whole = sar().run(images)
+    first = sar()
+    head = first.run(images[:B])
+    state = {k: v.numpy() for k, v in head.state.items()}  # as the state file stores it
+    resumed = sar()
+    resumed.load_state_tensors(state)
+    tail = resumed.run(images[B:])
+    assert torch.equal(torch.cat([head.posteriors, tail.posteriors]), whole.posteriors)
+    assert torch.equal(first.run(images[B:]).posteriors, tail.posteriors)
+    assert {k for k in state if k.startswith("opt__")} and "x__ema" in state
+
+
+def test_what_the_methods_refuse():
+    vision, images, emb = tower(TINY_VIT)
+    with pytest.raises(ValueError, match=r"tent: adapts CLIP's image encoder, so it needs vision=<the backbone's "
+                                         r"vision tower>"):
+        make_method("tent", emb, torch.arange(K), K)
+    with pytest.raises(ValueError, match=r"tda: takes no vision tower \(vision=...\)"):
+        make_method("tda", emb, torch.arange(K), K, vision=vision)
+    with pytest.raises(ValueError, match=r"precision 'amp_fp16' \(CUDA fp16 autocast\) needs a CUDA device, the run "
+                                         r"is on cpu"):
+        make_method("tent", emb, torch.arange(K), K, vision=vision, precision="amp_fp16")
+    with pytest.raises(ValueError, match=r"tent: images must be float32 \[n, 3, H, W\]"):
+        make_method("tent", emb, torch.arange(K), K, vision=vision).run(images[:, 0])
+
+
+def test_the_cards_memory_per_image_is_the_measured_one():
+    """The cards' mb_per_image is the activation memory one image's step keeps through ViT-B/16's vision tower."""
+    import open_clip
+
+    from orchestrator.methods.encoder import saved_bytes_per_image
+    from orchestrator.registry import method_card
+
+    visual = open_clip.create_model("ViT-B-16", pretrained=None).visual
+    measured = saved_bytes_per_image(visual, 224) / 2**20
+    for name in ("tent", "sar", "deyo"):
+        assert method_card(name).image_encoder.mb_per_image == round(measured, 1)
