@@ -42,8 +42,8 @@ Where the official code and the paper or this port differ (this follows the code
   leaves unspecified. Here equal prompts are one context for the tower, the logits, the entropy and the plpd,
   so they tie exactly, and ties rank by prompt id (a stable sort): on the first sample only the fresh prompt is
   chosen.
-- The official step runs under fp16 autocast with a GradScaler (init scale 1000) on fp16 CLIP weights; here
-  everything is float32 (as TPT). int(V * keep) is floored at one view; with a single view (no augmented view)
+- Precision: as TPT's, the official code keeps CLIP's weights and the contexts in float32 under fp16 autocast,
+  with one GradScaler(init_scale=1000) carried across samples; here everything is float32 (as TPT). int(V * keep) is floored at one view; with a single view (no augmented view)
   every plpd is 0. s is the logit_scale hparam.
 - The code's one forward runs every prompt with gradients; here that forward (selection and confident views) runs
   without them, over the distinct contexts; then only the chosen prompts' contexts run again with gradients, a

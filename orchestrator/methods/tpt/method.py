@@ -14,9 +14,10 @@ view features are its features):
 3. the posterior is softmax(s x_0 T^T) with the tuned context.
 
 Where the official code and the paper or this port differ, this follows the code:
-- The official step runs under fp16 autocast with a GradScaler (init scale 1000) on fp16 CLIP weights; here
-  everything is float32 (the scaled and unscaled gradients agree up to rounding; the scaler's skipped steps
-  never happen in float32).
+- Precision: the official code keeps CLIP's weights and the context in float32 (clip.load's convert_weights is
+  commented out) and runs the forward and the loss under fp16 autocast, the backward through one
+  GradScaler(init_scale=1000) made once and carried from sample to sample; here everything is float32, without
+  autocast or a scaler (the scaled and unscaled gradients agree up to rounding).
 - int(V * keep) is floored at one view (the official count is 6 of 64 views; below 10 views it would be none).
 - s is the logit_scale hparam (CLIP's exp(logit_scale) = 100 for the released weights), not read from the
   backbone.
