@@ -18,7 +18,11 @@ Where the official code and the paper or this port differ, this follows the code
   commented out) and runs the forward and the loss under fp16 autocast, the backward through one
   GradScaler(init_scale=1000) made once and carried from sample to sample; here everything is float32, without
   autocast or a scaler (the scaled and unscaled gradients agree up to rounding).
-- int(V * keep) is floored at one view (the official count is 6 of 64 views; below 10 views it would be none).
+- int(V * keep) views feed the loss, as the official select_confident_samples counts them (6 of 64 views).
+  Where that is none (fewer than 10 views at keep 0.1) the official loss is the entropy of no view, NaN, with a
+  zero gradient: AdamW's weight decay alone moves the context (by lr * 0.01 of itself a step). Such a run is
+  refused (`selected_views`: a ValueError here, exit 2 in a sweep's validation) rather than run as
+  something else; tests/test_tpt.py holds the count to the official one and the no-view step to what it does.
 - s is the logit_scale hparam (CLIP's exp(logit_scale) = 100 for the released weights), not read from the
   backbone.
 The class embeddings a sweep passes (from its template set) are not used: the class text features are TPT's
