@@ -141,7 +141,9 @@ def selected_views(method: str, views: int, keep: float) -> int:
     than run as something else."""
     count = int(views * keep)
     if count < 1:
-        least = math.ceil(1 / keep - 1e-9)
+        least = max(1, math.floor(1 / keep))
+        while int(least * keep) < 1:           # the fewest views the float product gives one of
+            least += 1
         raise ValueError(f"{method}: keep {keep:g} of {views} view{'s' if views != 1 else ''} selects int({views} * "
                          f"{keep:g}) = 0 views for the loss, where the official code (select_confident_samples) "
                          f"takes a NaN loss and leaves the prompt untuned; expected V * keep >= 1: at keep {keep:g} "

@@ -27,11 +27,11 @@ Where official code and paper differ:
   often the second node of the sample just added; when that index becomes the next sample the entry is
   dropped (similarity -1), and the true neighbour it pushed out never returns. So from sample k_image on the
   lists of samples 0..k_image can miss a nearer sample, until later samples push it out of the exact list
-  too; every later row's list is the exact one (a row then holds k_image + 2 entries). `graph: exact` (the default) takes the
-  k nearest nodes, the paper's graph; `graph: official` keeps the official store, transcribed in
-  `reference.py` (tests/test_ecalp.py holds both to it, list by list, on class-after-class streams where
-  they differ). The default is exact: the lost neighbour is the store's bookkeeping, not the method the paper
-  describes, and exact lists do not depend on when a sample arrived.
+  too; every later row's list is the exact one (a row then holds k_image + 2 entries). `graph: exact` (the
+  default) takes the k nearest nodes, the paper's graph; `graph: official` keeps the official store,
+  transcribed in `reference.py` (tests/test_ecalp.py holds both to it, list by list, on class-after-class
+  streams where they differ). The default is exact: the lost neighbour is the store's bookkeeping, not the
+  method the paper describes, and exact lists do not depend on when a sample arrived.
 - Sample i and its second node always tie; where they straddle a list's end the official code leaves the choice
   to torch.topk, which on CPU takes either (both are seen on one stream). Here the second node comes first,
   in both constructions and in `reference.py`, so that CPU and GPU runs agree. Other equal similarities
@@ -42,9 +42,9 @@ Where official code and paper differ:
 Exact and fast: with `graph: exact` each sample's list over the real samples is kept sorted, the new sample is
 inserted where it beats the last entry, and the second node of sample i is spliced in before sample i, which
 gives the lists `reference.py` recomputes at every sample; `graph: official` updates the official store the same
-way (only the rows the new sample or a dropped entry changes). The propagation itself is over the whole graph at every sample (every node's carried label
-comes from it), on a sparse W~: per sample O(n (k_image + k_text) C) work and O(n (d + C)) memory at n samples
-seen; docs/methods.md gives the ImageNet figures.
+way (only the rows the new sample or a dropped entry changes). The propagation itself is over the whole graph at
+every sample (every node's carried label comes from it), on a sparse W~: per sample O(n (k_image + k_text) C)
+work and O(n (d + C)) memory at n samples seen; docs/methods.md gives the ImageNet figures.
 
 Several class embeddings per class (M > K) are averaged per class and renormalised (`prototypes.py`): the
 official features (extracted with DMN's code) hold one text embedding per class, the prompt ensemble's mean.
