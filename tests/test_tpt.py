@@ -179,11 +179,65 @@ def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
 
 
 @pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "dynaprompt"])
-def test_defaults_on_an_empty_stream_and_on_one_view(text, stream, method):
+def test_defaults_on_an_empty_stream_and_on_the_fewest_views(text, stream, method):
+    """At keep 0.1, 10 views select one; fewer select none and are refused, an empty stream of them too."""
     emb, views = stream
     assert make_method(method, emb, torch.arange(K), K, text=text).run(views[:0]).posteriors.shape == (0, K)
-    post = make_method(method, emb, torch.arange(K), K, text=text).run(views[:2, :1]).posteriors
+    post = make_method(method, emb, torch.arange(K), K, text=text).run(views[:2, :10]).posteriors
     assert post.shape == (2, K) and torch.allclose(post.sum(1), torch.ones(2))
+    for V, noun in ((1, "view"), (9, "views")):
+        with pytest.raises(ValueError, match=rf"^{method}: keep 0.1 of {V} {noun} selects int\({V} \* 0.1\) = 0 "
+                                             rf"views for the loss, .* expected V \* keep >= 1: at keep 0.1 at least "
+                                             rf"10 views \(the official protocol has 64\), or a larger keep$"):
+            make_method(method, emb, torch.arange(K), K, text=text).run(views[:2 * (V > 1), :V])
+
+
+def test_the_views_refused_are_those_the_official_selection_leaves_none_of():
+    """select_confident_samples as the official code counts (tpt/reference.py; DynaPrompt's over [V, P, K]): the
+    methods read exactly its count of views, and refuse exactly where it is none."""
+    from orchestrator.methods.dynaprompt.reference import select_confident_samples as dyna_select
+    from orchestrator.methods.prompt import selected_views
+    from orchestrator.methods.tpt.reference import select_confident_samples
+
+    for keep in (0.1, 0.05, 0.3, 1 / 3, 0.25):
+        for V in range(1, 70):
+            official = select_confident_samples(torch.randn(V, K), keep).numel()
+            assert dyna_select(torch.randn(V, 3, K), keep)[1].numel() == official
+            if official:
+                assert selected_views("tpt", V, keep) == official
+            else:
+                with pytest.raises(ValueError, match=r"= 0 views for the loss"):
+                    selected_views("tpt", V, keep)
+
+
+@pytest.mark.parametrize("ctpt_lambda", [0.0, 50.0])
+def test_the_official_step_with_no_view_does_not_tune(text, stream, ctpt_lambda):
+    """What the refusal spares (tpt/reference.py, the official step on 9 views at keep 0.1): no view is selected,
+    the entropy is NaN and sends no gradient, so AdamW's step only decays the context (weight decay 0.01); C-TPT's
+    dispersion term alone moves it."""
+    from orchestrator.methods.tpt.reference import (PromptLearner, avg_entropy, select_confident_samples,
+                                                    text_dispersion)
+
+    _, views = stream
+    learner = PromptLearner(text)
+    init = learner.ctx.detach().clone()
+    optimizer = torch.optim.AdamW([learner.ctx], 5e-3)
+    features = learner.text_features()
+    output = 100.0 * views[0, :9] @ features.t()
+    selected = select_confident_samples(output, 0.1)
+    assert selected.numel() == 0
+    entropy = avg_entropy(output[selected])
+    assert entropy.isnan()
+    loss = entropy + (-ctpt_lambda * text_dispersion(features)) if ctpt_lambda else entropy
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    grad = learner.ctx.grad
+    if ctpt_lambda:
+        assert bool(grad.isfinite().all()) and bool(grad.abs().max() > 0)
+    else:
+        assert not bool(grad.any())
+        torch.testing.assert_close(learner.ctx.detach(), init * (1 - 5e-3 * 0.01), rtol=1e-6, atol=0)
 
 
 def test_the_cards_memory_per_class_is_the_measured_one():

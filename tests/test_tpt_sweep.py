@@ -27,7 +27,7 @@ def real_spec(tmp_path: Path, **overrides) -> Path:
     spec = {"name": "prompt", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
             "backbones": [{"model": TINY_VIT, "pretrained": "random",
                            "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
-            "datasets": ["dtd"], "views": "augmix7", "methods": [{"method": "clip"}, {"method": "tpt"}],
+            "datasets": ["dtd"], "views": "augmix9", "methods": [{"method": "clip"}, {"method": "tpt"}],
             "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4, **overrides}
     path = tmp_path / "prompt.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -55,6 +55,23 @@ def test_a_synthetic_dataset_is_refused_for_prompt_tuning(tmp_path):
     assert "methods[0].method" in r.stderr and "'tpt' tunes the prompt through CLIP's text encoder at test time, " \
            "and the synthetic dataset 'synthetic-label_shift' has generated embeddings only" in r.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_views_whose_selection_is_empty_are_refused(tmp_path):
+    """int(V * keep) views feed the loss, as the official code counts them: at keep 0.1, 8 views (augmix7) select
+    none, so the entry exits 2 naming where; a larger keep runs, and so does the same keep with 10 views."""
+    r = bca("sweep", str(real_spec(tmp_path, views="augmix7", methods=[
+        {"method": "clip"}, {"method": "tpt"}, {"method": "rtpt", "keep": [0.1, 0.125]}, {"method": "dynaprompt"}])),
+        "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert ("methods[1].method: on dtd with views augmix7: tpt: keep 0.1 of 8 views selects int(8 * 0.1) = 0 views "
+            "for the loss, where the official code (select_confident_samples) takes a NaN loss and leaves the prompt "
+            "untuned; expected V * keep >= 1: at keep 0.1 at least 10 views (the official protocol has 64), or a "
+            "larger keep") in " ".join(r.stderr.split())
+    assert "methods[2].keep[0]: on dtd with views augmix7: rtpt: keep 0.1" in " ".join(r.stderr.split())
+    assert "methods[2].keep[1]" not in r.stderr and "methods[3].method: on dtd" in r.stderr
+    assert not (tmp_path / "results").exists()
+    assert bca("sweep", str(real_spec(tmp_path, methods=[{"method": "tpt"}])), "--dry-run").exit_code == 0
 
 
 def test_dynaprompts_stream_is_refused_shards(tmp_path):

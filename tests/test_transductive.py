@@ -206,3 +206,18 @@ def test_transclip_and_zlap_collapse_on_batches_with_few_classes():
         assert whole[method] > whole["clip"] + 3, (method, whole)
         assert separate[method] < separate["clip"] - 3, (method, separate)
     assert separate["stata"] > separate["clip"] + 1, separate
+
+
+def test_the_official_batch_size_is_the_readme_tables_and_64_runs_as_asked(tmp_path):
+    """StatA's repository gives two sizes (docs/methods.md): the cards take 128, its README table's and
+    script/StatA_online.sh's; `batch_size: 64` on an entry (main.py's default) plans runs at 64."""
+    from orchestrator.sweep.load import validate_spec
+    from orchestrator.sweep.plan import expand
+
+    for method in ("stata", "transclip", "zlap"):
+        assert method_card(method).batch_size == OFFICIAL
+    assert "README's table and script/StatA_online.sh" in method_card("stata").source
+    spec = {"name": "b", "results_dir": "results", "seeds": [1],
+            "datasets": [{"synthetic": "label_shift", "n": 50, "num_classes": 3, "dim": 8}],
+            "methods": [{"method": "stata", "batch_size": [64, "official"]}]}
+    assert sorted(r.batch_size for r in expand(validate_spec(spec, base_dir=tmp_path))) == [64, OFFICIAL]

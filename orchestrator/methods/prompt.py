@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from orchestrator.methods.base import Trace
 from orchestrator.methods.episodic import Episodic
-from orchestrator.methods.views import kept_count
 
 CTX_INIT = "a photo of a"  # the official scripts' --ctx_init a_photo_of_a (TPT, C-TPT, R-TPT, DynaPrompt)
 # Bytes of saved activations one pass may hold (the chunk of samples is sized to stay under it): the text
@@ -133,12 +133,29 @@ def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(avg * torch.exp(avg)).sum(dim=-1)
 
 
-def confident_views(logits: torch.Tensor, keep: float) -> torch.Tensor:
+def selected_views(method: str, views: int, keep: float) -> int:
+    """int(V * keep): how many of a sample's V views the loss reads, as the official select_confident_samples
+    counts them (TPT's, and C-TPT's, R-TPT's and DynaPrompt's copies); a ValueError where that is none. The official
+    code then takes the entropy of no view, a NaN loss with a zero gradient: only AdamW's weight decay moves the
+    prompt (C-TPT: its dispersion term alone), so it does not tune as its method says, and this is refused rather
+    than run as something else."""
+    count = int(views * keep)
+    if count < 1:
+        least = max(1, math.floor(1 / keep))
+        while int(least * keep) < 1:           # the fewest views the float product gives one of
+            least += 1
+        raise ValueError(f"{method}: keep {keep:g} of {views} view{'s' if views != 1 else ''} selects int({views} * "
+                         f"{keep:g}) = 0 views for the loss, where the official code (select_confident_samples) "
+                         f"takes a NaN loss and leaves the prompt untuned; expected V * keep >= 1: at keep {keep:g} "
+                         f"at least {least} views (the official protocol has 64), or a larger keep")
+    return count
+
+
+def confident_views(logits: torch.Tensor, keep: float, method: str) -> torch.Tensor:
     """[B, V, K] view logits -> [B, int(V * keep)] the lowest-entropy views, as TPT's select_confident_samples
-    (its entropy, argsort ascending, int(V * keep) of them; at least one, where the official code would take
-    none)."""
+    (its entropy, argsort ascending, int(V * keep) of them; none is refused: `selected_views`)."""
     entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
-    return torch.argsort(entropy, dim=1, stable=True)[:, :kept_count(logits.shape[1], keep)]
+    return torch.argsort(entropy, dim=1, stable=True)[:, :selected_views(method, logits.shape[1], keep)]
 
 
 class ClassPrompts:
@@ -182,12 +199,17 @@ class PromptTuning(Episodic):
         self.chunk = max(1, min(MAX_CHUNK, PASS_BYTES // max(1, self.prompts.saved_bytes)))
 
     def shared_key(self, views: int) -> tuple:
-        return (self.hp["logit_scale"], kept_count(views, self.hp["keep"]))
+        return (self.hp["logit_scale"], selected_views(self.name, views, self.hp["keep"]))
+
+    def _run(self, features: torch.Tensor) -> Trace:
+        selected_views(self.name, features.shape[1], self.hp["keep"])    # refused before any work, empty or not
+        return super()._run(features)
 
     def shared(self, chunk: torch.Tensor) -> torch.Tensor:
         """Each sample's confident views [c, k] by their logits at the initial context (official: chosen on the
         first step's output, which is at the initial context, and kept for the later steps)."""
-        return confident_views(self.hp["logit_scale"] * chunk @ self.prompts.init_features.T, self.hp["keep"])
+        return confident_views(self.hp["logit_scale"] * chunk @ self.prompts.init_features.T, self.hp["keep"],
+                               self.name)
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """[B] each sample's loss from its confident views' logits [B, k, K] and its class text features

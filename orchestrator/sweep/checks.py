@@ -291,6 +291,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"generated embeddings only (no text encoder, no class prompts); "
                                                    f"expected real datasets for it (with `datasets:` on the method "
                                                    f"entry; the tiny test backbones run it on image fixtures)"))
+        if card.text_encoder is not None:
+            issues += _selection_issues(spec, i, entry.method, datasets, grid)
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
         if card.views_everywhere and "single" in views:
@@ -317,6 +319,32 @@ def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append(("batch_size", f"{why}, but batch_size {spec.batch_size} leaves methods[{i}] no run; "
                                          f"expected 1 or 'official' among the values (they are skipped for a "
                                          f"per-sample method), or batch_size: 1 on the method entry"))
+    return issues
+
+
+def _selection_issues(spec: SweepSpec, i: int, method: str, datasets: list, grid: dict) -> list[tuple[str, str]]:
+    """Prompt tuning's loss reads int(V * keep) of a sample's V views, as its official code counts them; a run where
+    that is none is refused (`orchestrator.methods.prompt.selected_views` says why), one line per dataset and keep."""
+    from orchestrator.methods.prompt import selected_views
+    from orchestrator.registry.views import parse_views
+
+    card, issues = method_card(method), []
+    keeps = grid.get("keep")
+    for ds in datasets:
+        if isinstance(ds, SyntheticDataset):       # refused for prompt tuning on its own
+            continue
+        views = dataset_views(spec, ds, method)
+        for j, keep in enumerate(keeps or [card.defaults(dataset_name(ds))["keep"]]):
+            try:
+                keep = card.hparam("keep").check(method, keep)
+            except ValueError:                     # an invalid keep, reported on its own
+                continue
+            try:
+                selected_views(method, parse_views(views).num_views, keep)
+            except ValueError as exc:
+                where = f"methods[{i}].keep" + (f"[{j}]" if keeps and len(keeps) > 1 else "") if keeps else \
+                    f"methods[{i}].method"
+                issues.append((where, f"on {dataset_name(ds)} with views {views}: {exc}"))
     return issues
 
 

@@ -11,9 +11,10 @@ lambda (--lambda_term) is 50 in the fine-grained script and 20 in the ImageNet s
 --I_augmix: AugMix views on ImageNet and its variants as well (TPT takes crops there).
 
 Where the code and the paper or this port differ, this follows the code: float32 instead of its fp16 autocast
-and GradScaler (as TPT); at least one confident view; the softmax scale is the logit_scale hparam. The paper's
-temperature-scaled variant (run_type ..._ts, a fixed temperature per architecture) is not part of C-TPT's method
-and is left out.
+over float32 weights and its GradScaler carried across samples (as TPT); int(V * keep) views as its code counts
+them, none refused (as TPT: its dispersion term alone would move the prompt); the softmax scale is the logit_scale
+hparam. The paper's temperature-scaled variant (run_type ..._ts, a fixed temperature per architecture) is not
+part of C-TPT's method and is left out.
 """
 
 from __future__ import annotations

@@ -42,9 +42,11 @@ Where the official code and the paper or this port differ (this follows the code
   leaves unspecified. Here equal prompts are one context for the tower, the logits, the entropy and the plpd,
   so they tie exactly, and ties rank by prompt id (a stable sort): on the first sample only the fresh prompt is
   chosen.
-- The official step runs under fp16 autocast with a GradScaler (init scale 1000) on fp16 CLIP weights; here
-  everything is float32 (as TPT). int(V * keep) is floored at one view; with a single view (no augmented view)
-  every plpd is 0. s is the logit_scale hparam.
+- Precision: as TPT's, the official code keeps CLIP's weights and the contexts in float32 under fp16 autocast,
+  with one GradScaler(init_scale=1000) carried across samples; here everything is float32 (as TPT).
+- int(V * keep) views feed the loss, as the code counts them (select_confident_samples); where that is none
+  (fewer than 10 views at keep 0.1) the code's loss is NaN and only weight decay acts, so the run is refused (as
+  TPT). s is the logit_scale hparam.
 - The code's one forward runs every prompt with gradients; here that forward (selection and confident views) runs
   without them, over the distinct contexts; then only the chosen prompts' contexts run again with gradients, a
   block at a time, each prompt's gradient scaled by its share of the mean: the code's gradient (its loss reads
@@ -67,8 +69,7 @@ from typing import Any
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace
-from orchestrator.methods.prompt import PASS_BYTES, ClassPrompts, PromptText, avg_entropy
-from orchestrator.methods.views import kept_count
+from orchestrator.methods.prompt import PASS_BYTES, ClassPrompts, PromptText, avg_entropy, selected_views
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -119,6 +120,7 @@ class DynaPrompt(Method):
         self.chunk = max(1, PASS_BYTES // max(1, self.prompts.saved_bytes))   # distinct contexts per backward
 
     def _run(self, features: torch.Tensor) -> Trace:
+        selected_views(self.name, features.shape[1], self.hp["keep"])    # refused before any work, empty or not
         return self.run_steps(features)
 
     def contexts(self, prompts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +167,8 @@ class DynaPrompt(Method):
                 # the views of lowest entropy averaged over the chosen prompts (select_confident_samples)
                 z = logits[:, row[chosen]]
                 view_entropy = (-(z.softmax(-1) * z.log_softmax(-1)).sum(-1)).mean(-1)
-                keep = torch.argsort(view_entropy, stable=True)[:kept_count(views.shape[0], self.hp["keep"])]
+                keep = torch.argsort(view_entropy, stable=True)[:selected_views(self.name, views.shape[0],
+                                                                                 self.hp["keep"])]
             for j in chosen:
                 self.order.remove(j)
                 self.order.append(j)

@@ -29,7 +29,7 @@ def select_confident_samples(logits: torch.Tensor, top: float) -> tuple[torch.Te
     batch_entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
     if batch_entropy.dim() > 1:
         batch_entropy = batch_entropy.mean(-1)
-    idx = torch.argsort(batch_entropy, descending=False, stable=True)[:max(1, int(logits.size()[0] * top))]
+    idx = torch.argsort(batch_entropy, descending=False, stable=True)[:int(logits.size()[0] * top)]
     return logits[idx], idx
 
 

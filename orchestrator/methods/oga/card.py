@@ -22,10 +22,14 @@ CARDS = (
                 choices=COV_ESTIMATORS),
          HParam("normalize_mu", "bool", False, "L2-normalise the class means after each update (official option, "
                 "off by default)", "flag"),
-         LOGIT_SCALE),
+         LOGIT_SCALE,
+         HParam("state_dtype", "str", "float32", "dtype of the memory and its entropies: float32 (default: "
+                "float16's rounding belongs to the dtype, not the method) or float16 as the official code "
+                "(OGA_core.py GaussAdapt: a sample is kept only below a stored entropy's float16 value)", "choice",
+                choices=("float32", "float16"))),
         state=("mus", "inv_sigma", "memory_filled", "memory_entropy"),
         # memory [K, slots, d] with its entropies and bool fill flags, the inverse covariance [d, d], means and
-        # prototypes [K, d]
+        # prototypes [K, d] (float16: the memory and its entropies take half of this)
         state_words="K*shot_capacity*d + 1.25*K*shot_capacity + d*d + 2*K*d",
         source="cfuchs2023/OGA@26b6010 (OGA/OGA_core.py GaussAdapt; runner.py: update_memory on the batch, then "
                "get_log_probs and get_MAP with simplex_p=True; main.py defaults: batch 32, shot_capacity 8, tau 0.05, "

@@ -20,11 +20,18 @@ Trace: selected = the pseudo-label whose memory took the sample (-1: none), gate
 gated_prior always False. State: 'mus' [K, d], 'inv_sigma' [d, d], 'memory_filled' [K, S], 'memory_entropy'
 [K, S].
 
-Where this differs from the official code: its memory, memory entropies and soft labels are float16 and its
-zero-shot logits float64; here everything is float32 (the project's rule), so a sample whose entropy ties a
-stored one within float16 rounding may be kept where the official code drops it. The class prototypes are the
-mean of a class's prompt embeddings, renormalised (the official `clip_prototypes`). The soft labels the official
-memory stores are read only by an estimator option its runner never turns on, so they are not kept.
+Precision: the official memory, memory entropies and soft labels are float16 and its zero-shot logits float64.
+Here everything is float32 by default (the project's rule), so a sample whose entropy lies between a stored
+entropy and that entropy's float16 value below it is kept here where the official code drops it.
+`state_dtype: float16` keeps the memory and its entropies in float16 as the official code does: the empty
+slots start at float16(log K), a sample is compared with the stored float16 values and its entropy stored
+rounded, and a class's mean is the float16 mean of its float16 slots (float32 sum, one rounding, as a GPU takes
+a half mean), read as float32; the zero-shot logits and entropies stay float32, the covariance and the
+prediction float32 (as the official code's). tests/test_oga.py holds it to a float16 transcription
+(`reference.py`) on a stream built so that a sample's entropy falls in that gap.
+The class prototypes are the mean of a class's prompt embeddings, renormalised (the official `clip_prototypes`).
+The soft labels the official memory stores are read only by an estimator option its runner never turns on, so
+they are not kept.
 """
 
 from __future__ import annotations
@@ -77,12 +84,13 @@ class OGA(BatchMethod):
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         k, d, s = num_classes, class_embeddings.shape[1], self.hp["shot_capacity"]
         device = class_embeddings.device
+        dtype = torch.float16 if self.hp["state_dtype"] == "float16" else torch.float32
         self.prototypes = class_prototypes(class_embeddings, class_ids, num_classes)
         self.mus = self.prototypes.clone()
         self.inv_sigma = d * torch.eye(d, dtype=torch.float32, device=device)
-        self.memory = torch.zeros(k, s, d, dtype=torch.float32, device=device)
+        self.memory = torch.zeros(k, s, d, dtype=dtype, device=device)
         self.filled = torch.zeros(k, s, dtype=torch.bool, device=device)
-        self.memory_entropy = torch.full((k, s), math.log(k), dtype=torch.float32, device=device)
+        self.memory_entropy = torch.full((k, s), math.log(k), dtype=dtype, device=device)
 
     def _store(self, features: torch.Tensor, entropy: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Step 2 over the batch in order; returns which samples entered the memory [b] bool. The decisions run on
@@ -100,7 +108,7 @@ class OGA(BatchMethod):
         if writes:
             (cs, slots), rows = zip(*writes), list(writes.values())
             cs, slots = torch.tensor(cs, device=features.device), torch.tensor(slots, device=features.device)
-            self.memory[cs, slots] = features[torch.tensor(rows, device=features.device)]
+            self.memory[cs, slots] = features[torch.tensor(rows, device=features.device)].to(self.memory.dtype)
             self.filled[cs, slots] = True
             self.memory_entropy.copy_(held)
         return stored.to(features.device)
@@ -108,7 +116,8 @@ class OGA(BatchMethod):
     def _refit(self) -> None:
         """Step 3: the means of classes with >= 2 stored samples, then the covariance once one class holds > 2."""
         counts = self.filled.sum(dim=1)
-        means = (self.filled[..., None] * self.memory).mean(dim=1)
+        # float16: the mean of the float16 slots rounded once (a no-op in float32)
+        means = (self.filled[..., None] * self.memory.float()).mean(dim=1).to(self.memory.dtype).float()
         mask = counts >= 2
         self.mus[mask] = means[mask]
         if self.hp["normalize_mu"]:
@@ -135,4 +144,4 @@ class OGA(BatchMethod):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"mus": self.mus.clone(), "inv_sigma": self.inv_sigma.clone(), "memory_filled": self.filled.clone(),
-                "memory_entropy": self.memory_entropy.clone()}
+                "memory_entropy": self.memory_entropy.float()}    # a float16 memory's values exactly

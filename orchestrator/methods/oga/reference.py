@@ -1,6 +1,8 @@
 """A plain per-batch transcription of OGA's official code (cfuchs2023/OGA OGA_core.py GaussAdapt, runner.py's
-batch loop) in float32, for the tests to hold `method.OGA` to: one sample at a time through the memory, the
-class means and covariance as its loops and einsums write them."""
+batch loop), for the tests to hold `method.OGA` to: one sample at a time through the memory, the class means and
+covariance as its loops and einsums write them. state_dtype float16 keeps the memory and its entropies float16
+as the official code does (its mean of the float16 slots taken as a GPU takes a half mean: float32 sum, one
+rounding); float32 is the project's default."""
 
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ from orchestrator.methods.prototypes import class_prototypes
 def run_oga_reference(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
                       num_classes: int, batch_size: int, map_tau: float = 0.05, shot_capacity: int = 8,
                       cov_estimator: str = "ridge_moore_penrose", normalize_mu: bool = False,
-                      logit_scale: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
+                      logit_scale: float = 100.0, state_dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """(posteriors [n, K], stored [n] bool) over the stream, batch after batch."""
     protos = class_prototypes(class_embeddings, class_ids, num_classes)
     k, d = protos.shape
+    dtype = torch.float16 if state_dtype == "float16" else torch.float32
     mus = protos.clone()
     inv_sig = d * torch.eye(d)
-    memory = torch.zeros(k, shot_capacity, d)
+    memory = torch.zeros(k, shot_capacity, d, dtype=dtype)
     state = torch.zeros(k, shot_capacity, dtype=torch.bool)
-    mem_entropy = math.log(k) * torch.ones(k, shot_capacity)
+    mem_entropy = math.log(k) * torch.ones(k, shot_capacity, dtype=dtype)
     posteriors, stored = [], []
     for start in range(0, features.shape[0], batch_size):
         x = features[start:start + batch_size]
@@ -36,14 +39,14 @@ def run_oga_reference(features: torch.Tensor, class_embeddings: torch.Tensor, cl
             up = bool(torch.any(zs_entropy[j] < mem_entropy[c, :]))
             if up:
                 idx = torch.argmax(mem_entropy[c, :])
-                memory[c, idx] = x[j]
-                mem_entropy[c, idx] = zs_entropy[j]
+                memory[c, idx] = x[j].to(dtype)
+                mem_entropy[c, idx] = zs_entropy[j].to(dtype)
                 state[c, idx] = True
                 updated = True
             flags.append(up)
         if updated:
             # __update_mu
-            means = torch.mean(state[..., None] * memory, dim=1)
+            means = torch.mean(state[..., None] * memory.float(), dim=1).to(dtype).float()
             mask = torch.sum(state, dim=1) >= 2
             mus[mask, :] = means[mask, :]
             if normalize_mu:

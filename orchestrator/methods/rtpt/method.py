@@ -17,8 +17,9 @@ Where the code and the paper or this port differ:
   self-similarity is often just below 1, so the code keeps it there at random. `exclude: self` (default) leaves
   the view itself out, as the paper says and the mask intends; `exclude: code` is the literal mask.
 - Fewer than neighbours + 1 views: the neighbours are all the others (the code would fail); one view: it alone.
-- Float32 throughout (the code runs without autocast or a scaler); at least one confident view; the softmax scale
-  is the logit_scale hparam. Adversarial attacks (--eps > 0) are not part of this method.
+- Float32 throughout (the code runs without autocast or a scaler); int(V * keep) views in the loss, as the code
+  counts them, none refused (as TPT: the code's loss would be NaN, its step weight decay alone); the softmax
+  scale is the logit_scale hparam. Adversarial attacks (--eps > 0) are not part of this method.
 """
 
 from __future__ import annotations

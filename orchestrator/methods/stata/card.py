@@ -17,5 +17,6 @@ CARDS = (
          *TRANSDUCTIVE),
         **PER_BATCH, samples_per_s=117.0, gpu_samples_per_s=6152.0,
         source="MaxZanella/StatA@eea8637 solvers/StatA.py, main.py (--online, get_hp); every dataset alike "
-               "(scripts/StatA_online.sh)"),
+               "(script/StatA_online.sh); batch 128 from the README's table and script/StatA_online.sh (main.py's "
+               "--batch_size default and one README command say 64)"),
 )

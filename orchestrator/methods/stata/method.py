@@ -13,10 +13,12 @@ every difference from the code) with the anchor on the text statistics:
 so a class the batch barely holds stays at its text statistics: what keeps StatA from collapsing on batches
 with few classes, where TransCLIP does.
 
-The online protocol: the official loop takes batches of 128 from the Dirichlet stream (slots = min(n // 128,
+The online protocol: the official loop takes batches of b from the Dirichlet stream (slots = min(n // b,
 classes): `orchestrator.data`'s sampler) and drops the last partial batch; here every sample is predicted, the
-last batch solved as it is (b < 128 samples, with min(n_neighbors, b - 1) neighbours each). The code's defaults
-(alpha 1, hard beta, 3 neighbours, 10 iterations) serve every dataset in its scripts (scripts/StatA_online.sh),
+last batch solved as it is (fewer than b samples, with min(n_neighbors, b - 1) neighbours each). b is ambiguous
+upstream: the README's table and script/StatA_online.sh use 128, main.py's --batch_size default and one README
+command 64; the card's batch size is 128, the size behind the published online table. The code's defaults
+(alpha 1, hard beta, 3 neighbours, 10 iterations) serve every dataset in its scripts (script/StatA_online.sh),
 so there are no per-dataset values. Code vs paper: this module follows the code; the departures listed in
 `transclip/method.py` are from the code. The paper (arXiv 2501.03729) states the anchor as a KL term on the
 Gaussian statistics solved by block-coordinate descent; its equations were not compared line by line with the

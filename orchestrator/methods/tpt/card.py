@@ -9,8 +9,9 @@ from orchestrator.registry.card import HParam, MethodCard, TextEncoderUse
 LR = HParam("lr", "float", 5e-3, "AdamW learning rate of the context tokens (--lr)", "rate", low=0.0, low_open=True,
             log=True)
 STEPS = HParam("steps", "int", 1, "AdamW steps on the context per sample (--tta_steps)", "count", low=1)
-KEEP = HParam("keep", "float", 0.1, "fraction of lowest-entropy views in the loss (--selection_p)", "rate", low=0.0,
-              high=1.0, low_open=True)
+KEEP = HParam("keep", "float", 0.1, "fraction of lowest-entropy views in the loss (--selection_p): int(V keep) of "
+              "V views, as the official code counts them; a run where that is none is refused (the official code "
+              "would not tune)", "rate", low=0.0, high=1.0, low_open=True)
 # Activation memory of one sample's tuning step per class, float32, at the text tower of ViT-B/16 and RN50
 # (width 512, 12 layers, 77 tokens): TextTower.saved_bytes_per_prompt, as `python -m benchmarks.prompt` prints it.
 TEXT = TextEncoderUse(device="gpu", mb_per_class=18.2)

@@ -14,10 +14,15 @@ view features are its features):
 3. the posterior is softmax(s x_0 T^T) with the tuned context.
 
 Where the official code and the paper or this port differ, this follows the code:
-- The official step runs under fp16 autocast with a GradScaler (init scale 1000) on fp16 CLIP weights; here
-  everything is float32 (the scaled and unscaled gradients agree up to rounding; the scaler's skipped steps
-  never happen in float32).
-- int(V * keep) is floored at one view (the official count is 6 of 64 views; below 10 views it would be none).
+- Precision: the official code keeps CLIP's weights and the context in float32 (clip.load's convert_weights is
+  commented out) and runs the forward and the loss under fp16 autocast, the backward through one
+  GradScaler(init_scale=1000) made once and carried from sample to sample; here everything is float32, without
+  autocast or a scaler (the scaled and unscaled gradients agree up to rounding).
+- int(V * keep) views feed the loss, as the official select_confident_samples counts them (6 of 64 views).
+  Where that is none (fewer than 10 views at keep 0.1) the official loss is the entropy of no view, NaN, with a
+  zero gradient: AdamW's weight decay alone moves the context (by lr * 0.01 of itself a step). Such a run is
+  refused (`selected_views`: a ValueError here, exit 2 in a sweep's validation) rather than run as
+  something else; tests/test_tpt.py holds the count to the official one and the no-view step to what it does.
 - s is the logit_scale hparam (CLIP's exp(logit_scale) = 100 for the released weights), not read from the
   backbone.
 The class embeddings a sweep passes (from its template set) are not used: the class text features are TPT's

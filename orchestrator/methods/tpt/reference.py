@@ -14,13 +14,16 @@ from orchestrator.methods.prompt import PromptText
 
 
 def select_confident_samples(logits: torch.Tensor, top: float) -> torch.Tensor:
+    """The official count, int(V * top): none below V * top = 1 (the methods refuse that case)."""
     batch_entropy = -(logits.softmax(1) * logits.log_softmax(1)).sum(1)
-    return torch.argsort(batch_entropy, descending=False, stable=True)[:max(1, int(batch_entropy.size()[0] * top))]
+    return torch.argsort(batch_entropy, descending=False, stable=True)[:int(batch_entropy.size()[0] * top)]
 
 
 def avg_entropy(outputs: torch.Tensor) -> torch.Tensor:
+    """Of no view as of several, as the official np.log: log(0) = -inf, so the loss is NaN."""
     logits = outputs - outputs.logsumexp(dim=-1, keepdim=True)
-    avg_logits = logits.logsumexp(dim=0) - math.log(logits.shape[0])
+    n = logits.shape[0]
+    avg_logits = logits.logsumexp(dim=0) - (math.log(n) if n else -math.inf)
     avg_logits = torch.clamp(avg_logits, min=torch.finfo(avg_logits.dtype).min)
     return -(avg_logits * torch.exp(avg_logits)).sum(dim=-1)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.registry.card import HParam, MethodCard
 
-# StatA's online comparison runs every method on batches of 128 (README, scripts/StatA_online.sh)
+# StatA's online comparison: batches of 128 in its README's table and script/StatA_online.sh, the default here;
+# upstream is ambiguous, main.py's --batch_size default and one README command say 64
 STATA_BATCH = 128
 # StatA's loader (datasets/__init__.py get_all_dataloaders) feeds clip.load's preprocess on every dataset, the
 # ImageNet variants included: one view where the other single-feature methods get AugMix's confident mean
