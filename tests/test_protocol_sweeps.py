@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from sklearn.metrics import balanced_accuracy_score, f1_score
 
 from orchestrator.data import streams
 from orchestrator.data.synthetic import make_synthetic
@@ -81,7 +82,7 @@ def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
         assert r["label"][~ood].max() < 4  # half of the 8 classes held out: the label space is the other 4
         expected = metrics.run_metrics(correct=r["correct"], confidence=r["confidence"], labels=r["label"],
                                        top5_classes=np.stack(r["top5"]), prob_true=r["prob_true"].astype(float),
-                                       is_ood=ood)
+                                       is_ood=ood, preds=r["pred"])
         got = view.loc[run_obj.run_id]
         assert got["accuracy"] == pytest.approx(100 * expected.top1)
         assert got["last50_accuracy"] == pytest.approx(100 * expected.last_half)
@@ -89,9 +90,16 @@ def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
         assert got["ece"] == pytest.approx(100 * expected.ece)
         assert got["nll"] == pytest.approx(expected.nll, rel=1e-5)
         assert got["ood_auroc"] == pytest.approx(100 * expected.ood_auroc)
+        assert got["ece20"] == pytest.approx(100 * expected.ece20)
+        # the class-averaged metrics over the in-distribution rows, as sklearn computes them
+        assert got["macro_f1"] == pytest.approx(100 * f1_score(r["label"][~ood], r["pred"][~ood], average="macro"))
+        assert got["balanced_accuracy"] == pytest.approx(
+            100 * balanced_accuracy_score(r["label"][~ood], r["pred"][~ood]))
         assert got["n_ood"] == ood.sum()
         # the trial's runs-table metrics are the same numbers
-        assert db.df(f"SELECT ece FROM runs WHERE run_id = '{run_obj.run_id}'")["ece"][0] == pytest.approx(got["ece"])
+        stored = db.df(f"SELECT * FROM runs WHERE run_id = '{run_obj.run_id}'").iloc[0]
+        for m in metrics.RUN_METRICS:
+            assert stored[m.name] == pytest.approx(got[m.name], rel=1e-6), m.name
 
 
 def test_paired_view_counts_helped_and_hurt_on_the_same_samples(tmp_path):

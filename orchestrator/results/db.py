@@ -700,6 +700,14 @@ _GAINS_SQL = ("CREATE OR REPLACE MACRO gains_against(baseline_method) AS TABLE "
               + _gains_sql("paired_against(baseline_method)", "baseline_method"))
 
 
+def _summary_metrics() -> str:
+    """Every registered metric's mean and std over a configuration's complete runs (Metric.summary_columns)."""
+    return ",\n           ".join(
+        f"avg({_ident(m.name)}) FILTER (WHERE complete) AS {_ident(mean)}, "
+        f"stddev_samp({_ident(m.name)}) FILTER (WHERE complete) AS {_ident(std)}"
+        for m in metrics.RUN_METRICS for mean, std in [m.summary_columns])
+
+
 def _summary_sql(hparams: Sequence[str]) -> str:
     any_h = ", ".join(f"any_value({_ident(h)}) AS {_ident(h)}" for h in hparams)
     return f"""
@@ -714,11 +722,7 @@ grouped AS (
            any_value(stream) AS stream, any_value(batch_size) AS batch_size,
            count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
            count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
-           avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
-           avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
-           stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
-           avg(top5_accuracy) FILTER (WHERE complete) AS top5_mean, avg(ece) FILTER (WHERE complete) AS ece_mean,
-           avg(nll) FILTER (WHERE complete) AS nll_mean, avg(ood_auroc) FILTER (WHERE complete) AS ood_auroc_mean,
+           {_summary_metrics()},
            count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
 ),

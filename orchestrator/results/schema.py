@@ -103,15 +103,16 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
                                                "stored before batches existed), else a batch method's batch size",
            missing=1),
 )
+_OOD_AUROC = [m.name for m in RUN_METRICS].index("ood_auroc")
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
     Column("n_samples", pa.int64(), "BIGINT", "length of the run's stream"),
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
     # the registry's metrics (orchestrator.results.metrics); n_ood keeps its place before ood_auroc, the order
-    # files have always had
-    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name != "ood_auroc"),
+    # files have always had (the metrics registered after ood_auroc follow it)
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS[:_OOD_AUROC]),
     Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
-    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name == "ood_auroc"),
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS[_OOD_AUROC:]),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     Column("warmup_s", pa.float64(), "DOUBLE", "seconds of the first call of the run's code in its process (JIT "
                                                "compilation, lazy set-up), on throwaway state; not in samples_per_s "

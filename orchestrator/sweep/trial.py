@@ -338,9 +338,10 @@ def _finished_metrics(outcome: _Outcome, stream: Stream, encode_s: float, peak_m
     """A finished run's runs-table metrics, from its rows in `outcome`."""
     n = len(stream)
     labels, is_ood = stream.labels.numpy(), stream.is_ood.numpy()
-    measured = run_metrics(correct=outcome.column("pred") == labels, confidence=outcome.column("confidence"),
-                           labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
-                           is_ood=is_ood)
+    preds = outcome.column("pred")
+    measured = run_metrics(correct=preds == labels, confidence=outcome.column("confidence"), labels=labels,
+                           top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"), is_ood=is_ood,
+                           preds=preds)
     metrics = {"n_samples": n, **stored_run_metrics(measured), "n_ood": int(is_ood.sum()),
                "samples_per_s": outcome.computed / outcome.run_s if outcome.run_s > 0 else float("inf"),
                "warmup_s": warmup_s,
