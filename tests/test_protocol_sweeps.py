@@ -71,6 +71,24 @@ def test_dirichlet_stream_is_stored_in_its_order(tmp_path):
         assert np.array_equal(stored["label"], labels[expected])
 
 
+def test_longtail_stream_runs_its_own_subset_per_order(tmp_path):
+    data = {**DATA, "synthetic": "iid"}  # uniform class frequencies: label_shift's rarest class is too small a head
+    spec, db = run(tmp_path, datasets=[data], stream={"longtail": {"imbalance": 4}}, orders=2)
+    labels = make_synthetic("iid", seed=1, n=400, num_classes=8, dim=16).labels.numpy()
+    seeds = streams.derive_order_seeds(1, 2)
+    view = db.df("SELECT * FROM accuracy").set_index("run_id")
+    for run_obj in expand(spec):
+        expected = streams.LongTail(4).order(labels, seeds[run_obj.config["order_index"]]).index
+        assert np.array_equal(load_state(spec.results_dir, run_obj.run_id)["stream_order"], expected)
+        stored = rows(spec.results_dir, run_obj.run_id)
+        assert np.array_equal(stored["label"], labels[expected])
+        got = view.loc[run_obj.run_id]
+        assert got["complete"] and got["n_samples"] == len(expected) < 400
+        assert got["macro_f1"] == pytest.approx(100 * f1_score(stored["label"], stored["pred"], average="macro"))
+    summary = db.df("SELECT method, n, macro_f1_mean FROM summary")
+    assert set(summary["n"]) == {2} and summary["macro_f1_mean"].notna().all()
+
+
 def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
     spec, db = run(tmp_path, stream={"contaminated": {"rate": 0.2}})
     view = db.df("SELECT * FROM accuracy").set_index("run_id")

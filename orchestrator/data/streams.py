@@ -25,6 +25,14 @@ whether the sample is out of distribution.
   another (in label order); we follow StatA.
 - ``Separate``: class after class (class-incremental): the classes present in a random order, each
   class's samples shuffled (StatA's gamma = -1).
+- ``LongTail(imbalance)``: a long-tailed subset of the dataset in a uniformly random order (L-TTA, ICLR 2026,
+  streams at imbalance 10, 20 and 50; its code was not available to us, so this follows the paper's
+  description with the exponential profile of the long-tailed benchmarks it builds on, LDAM-DRW's
+  ``get_img_num_per_cls``): the classes present are ranked at random (per order), and the class at rank r of
+  K keeps n_r = floor(n_head * imbalance^(-r / (K - 1))) of its samples, drawn at random, with n_head the
+  largest head count every class can supply (min over r of count_r * imbalance^(r / (K - 1)), floored; on a
+  balanced dataset its class size). Frequencies fall geometrically from head to tail; max / min = imbalance
+  up to the flooring to whole samples.
 - ``Contaminated(rate, pool)``: a base protocol's order of the dataset with out-of-distribution samples
   interleaved: m = round(rate * n / (1 - rate)) samples drawn without replacement from the OOD pool
   (held-out classes of the same dataset, or another dataset) at uniformly random positions, so that a
@@ -35,8 +43,8 @@ whether the sample is out of distribution.
 
 ``derive_order_seeds(seed, n)`` gives the seeds of ``orders: n`` (the first is the run's seed itself, so
 one order is today's order); ``protocol_from_spec`` reads the YAML forms
-(``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{contaminated: {with: X, rate: 0.2}}``,
-``{continual: [a, b, c]}``).
+(``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{longtail: {imbalance: 10}}``,
+``{contaminated: {with: X, rate: 0.2}}``, ``{continual: [a, b, c]}``).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-PROTOCOLS = ("iid", "dirichlet", "separate", "contaminated", "continual")
+PROTOCOLS = ("iid", "dirichlet", "separate", "longtail", "contaminated", "continual")
 # StatA's and OGA's gamma presets: smaller is burstier.
 DIRICHLET_GAMMAS = (0.1, 0.01, 0.001)
 # The contamination pool meaning "the dataset's own held-out classes" rather than another dataset's name.
@@ -215,6 +223,44 @@ class Separate:
         return "separate: one class after another (classes in a random order), each class's samples shuffled"
 
 
+@dataclass(frozen=True)
+class LongTail:
+    """A long-tailed subset, class frequencies falling geometrically over a random class ranking (max / min =
+    ``imbalance``), in a uniformly random order."""
+
+    imbalance: float
+    name = "longtail"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) or not (
+                math.isfinite(self.imbalance) and self.imbalance >= 1):
+            raise ValueError(f"longtail imbalance must be a finite number >= 1 (max / min class frequency, e.g. 10, "
+                             f"20, 50), got {self.imbalance!r}")
+
+    def counts(self, available: np.ndarray) -> np.ndarray:
+        """Samples kept per rank, given the samples ``available`` of the class at each rank (head first)."""
+        k = len(available)
+        factor = float(self.imbalance) ** -(np.arange(k) / max(k - 1, 1))
+        head = int(np.floor((available / factor).min()))
+        if head * factor[-1] < 1:
+            raise ValueError(f"longtail imbalance {self.imbalance:g} over {k} classes needs a head class of at least "
+                             f"{math.ceil(self.imbalance)} samples, but the classes' sizes allow only {head}")
+        return np.minimum(available, np.floor(head * factor).astype(np.int64))
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        labels = _check_labels(labels)
+        rng = np.random.default_rng(_check_seed(seed))
+        ranked = rng.permutation(np.unique(labels))  # head first
+        members = [np.flatnonzero(labels == c) for c in ranked]
+        counts = self.counts(np.array([len(m) for m in members], np.int64)) if members else []
+        kept = [rng.choice(m, size=int(c), replace=False) for m, c in zip(members, counts)]
+        return _single(rng.permutation(np.concatenate(kept)) if kept else np.zeros(0, np.int64))
+
+    def describe(self) -> str:
+        return (f"longtail(imbalance={self.imbalance:g}): a long-tailed subset, class frequencies falling "
+                "geometrically over a random class ranking (max / min = imbalance), in a random order")
+
+
 _IN_DISTRIBUTION = (Iid, Dirichlet, Separate)
 
 
@@ -310,7 +356,7 @@ class Continual:
                 "in its own i.i.d. order; rows keep their source dataset")
 
 
-Protocol = Iid | Dirichlet | Separate | Contaminated | Continual
+Protocol = Iid | Dirichlet | Separate | LongTail | Contaminated | Continual
 
 
 def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
@@ -364,6 +410,11 @@ def protocol_from_spec(value: Any) -> Protocol:
         if "gamma" not in body:
             raise ValueError("stream dirichlet needs gamma (e.g. 0.1, 0.01, 0.001)")
         return Dirichlet(**body)
+    if name == "longtail":
+        body = _fields(name, body, {"imbalance"})
+        if "imbalance" not in body:
+            raise ValueError("stream longtail needs imbalance (max / min class frequency, e.g. 10, 20, 50)")
+        return LongTail(**body)
     if name == "contaminated":
         body = _fields(name, body, {"with", "rate", "base"})
         if "rate" not in body:

@@ -22,7 +22,7 @@ together) a run may differ from the same run alone by that rounding, as a pack's
 (`tests/test_sweep_orders.py` compares them with each run in its own trial). Each order's arrangement is drawn
 by the stream protocol from the benchmarks' labels alone (features dropped); an order holding a sample the
 first order's stream does not hold (a stream contaminated from another dataset's pool draws its OOD samples
-per order) runs as a trial of its own order.
+per order; a long-tailed stream draws its subset per order) runs as a trial of its own order.
 
 A replayed run records its configuration's samples/s (the pass's seconds shared among the configurations it
 computed, as a pack's runs share theirs), the same for each of its orders, and its share of the stage times.
@@ -62,7 +62,8 @@ def in_order(source: DataSource, computed: Stream, skeleton: tuple[Benchmark, ..
     sample `computed` lacks."""
     arranged = arrange(skeleton[0], source.protocol(), source.order_seed, others=skeleton[1:],
                        split_seed=source.seed)
-    if list(arranged.class_names) != computed.class_names:
+    # an order of another length (a long-tailed subset per order) is not a permutation of `computed`
+    if list(arranged.class_names) != computed.class_names or len(arranged.order) != len(computed.order):
         return None
     width = int(max(computed.order.numpy().max(initial=0), arranged.order.numpy().max(initial=0))) + 1
     have = (computed.source_index * width + computed.order).numpy()
