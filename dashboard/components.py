@@ -17,7 +17,7 @@ import streamlit as st
 
 from dashboard import charts, export, importance, prior, queries
 from orchestrator import registry
-from orchestrator.results import schema
+from orchestrator.results import schema, tuning
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import load_state
 
@@ -50,6 +50,12 @@ def load_run_table(results_dir: str, fingerprint: tuple) -> pd.DataFrame:
     """The runs table (every run, also those with no samples yet), read only by the views that list runs (the
     first page does not), shared as load_results is."""
     return queries.run_table(open_db(results_dir))
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_tuning(results_dir: str, fingerprint: tuple, predicate: str, metric: str) -> tuning.Tuning:
+    """The tuning split of `predicate` (orchestrator.results.tuning; TuneOnError for a bad one)."""
+    return tuning.tune(open_db(results_dir), predicate, metric)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

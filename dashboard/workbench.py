@@ -11,10 +11,10 @@ import streamlit as st
 
 from dashboard import charts, context, importance, metrics, queries, significance
 from dashboard.components import (URL, chart, dataframe, id_selectbox, link, load_curves, load_importance,
-                                  load_per_class, load_run_table, prior_view, table_exports)
+                                  load_per_class, load_run_table, load_tuning, prior_view, table_exports)
 from dashboard.queries import Filters
 from orchestrator import registry
-from orchestrator.results import report, schema
+from orchestrator.results import report, schema, tuning
 from orchestrator.results.db import ResultsDB
 
 PANELS = ("Stream", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost", "Runs")
@@ -263,6 +263,25 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
     table_exports(listing.drop(columns="page"), listing.drop(columns="page"), None, "runs", "runs")
 
 
+def tune_on(results_dir: str, stamp: tuple, metric: str, runs: pd.DataFrame, all_runs: pd.DataFrame,
+            hparams: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Honest tuning (orchestrator.results.tuning): with a predicate in the sidebar, the runs and every run narrowed
+    to each method's configuration chosen on the matching runs, shown on the other runs; and the caption."""
+    predicate = st.sidebar.text_input(
+        "tune on (SQL over the runs view)", key="tune_on", bind=URL, placeholder="e.g. seed = 1",
+        help="Per method, backbone, dataset and stream, the configuration with the best mean of the metric on the "
+             "runs this predicate matches is chosen, and shown on the other runs only.").strip()
+    if not predicate:
+        return runs, all_runs, []
+    on = metric if metric in report.METRICS else "accuracy"  # a cost metric is not what a configuration is chosen by
+    try:
+        split = load_tuning(results_dir, stamp, predicate, on)
+    except tuning.TuneOnError as e:
+        st.sidebar.error(str(e))
+        return runs, all_runs, []
+    return split.evaluation(runs), split.evaluation(all_runs), split.notes(all_runs, hparams)
+
+
 def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFrame,
               record_for: Callable[[str], dict | None]) -> None:
     hparams = queries.hparam_columns(db)
@@ -279,6 +298,10 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     if st.query_params.get("metric") in by_label:
         st.query_params["metric"] = by_label[st.query_params["metric"]]
     metric = id_selectbox("metric", {m: metrics.label(m) for m in metric_options}, "metric", st.sidebar)
+    runs, all_runs, tuned_notes = tune_on(results_dir, stamp, metric, runs, all_runs, hparams)
+    if runs.empty:
+        st.info("No runs of the tuned configurations outside the tuning runs match the filters.")
+        return
     group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views", "stream",
                      "batch_size", "order_index",
                      *queries.varying_numeric(all_runs, hparams),
@@ -306,6 +329,8 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
                                                                registry.dataset_title(k.split("/", 1)[1])]))
     focus = pairs[keys.index(focus_key)]
     view = View(runs, labels, hparams, metric, pinned if pinned in set(labels) else None, focus)
+    for note in tuned_notes:
+        st.caption(note)
     comparison_section(db, all_runs, filters, view)
 
     first = view.focus_runs.iloc[0]

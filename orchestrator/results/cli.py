@@ -151,19 +151,36 @@ def report_cmd(
     paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
     metric: str = typer.Option("accuracy", "--metric", help=f"{', '.join(m.name for m in RUN_METRICS)} (the metric "
                                "registry, orchestrator.results.metrics)."),
+    tune_on: Optional[str] = typer.Option(
+        None, "--tune-on", help="Honest tuning: an SQL predicate over the runs view (e.g. \"order_index < 50\" or "
+        "\"seed = 1\"); per method, backbone, dataset and stream the configuration with the best mean --metric on "
+        "the matching runs is chosen and reported on the other runs only."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
     """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds and
     stream orders."""
     from orchestrator.results.db import ResultsDB
-    from orchestrator.results.report import METRICS, report_tables, wide_console
+    from orchestrator.results.report import METRICS, recorded_runs, report_tables, wide_console
+    from orchestrator.results.tuning import TuneOnError, tune
 
     if metric not in METRICS:
         _err(f"--metric: unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
         raise typer.Exit(2)
     results = _existing_results(results)
     with ResultsDB(results) as db:
-        tables = report_tables(db, sweep=sweep, paper=paper, metric=metric)
+        runs = None
+        if tune_on is not None:
+            try:
+                tuning = tune(db, tune_on, metric)
+            except TuneOnError as e:
+                _err(f"error: {e}")
+                raise typer.Exit(2)
+            every = recorded_runs(db, sweep)
+            runs = tuning.evaluation(every)
+        tables = report_tables(db, sweep=sweep, paper=paper, metric=metric, runs=runs)
+        if tune_on is not None:
+            for table in tables:
+                table.notes[:0] = tuning.notes(every, db.used_hparam_names)
         _warn_bad_files(db)
         if not any(not t.empty for t in tables) and not paper:
             sweeps = [r["sweep"] for r in db.sql("SELECT DISTINCT sweep FROM runs ORDER BY 1").to_pylist()]

@@ -1,5 +1,6 @@
 """DuckDB over the results' Parquet files: views samples, runs, accuracy, summary, paired, and the table macros
-paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats).
+paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats), tuned_choice(ids)
+and tuned(ids) (honest tuning: orchestrator.results.tuning).
 
 An in-memory connection takes no file lock, so any number of readers run while sweeps write. Every query
 through ResultsDB (sql, df, query, cursor) first re-scans the results dir (one stat per file; a footer is
@@ -28,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, metrics, safety, schema, stats, store
+from orchestrator.results import files, metrics, safety, schema, stats, store, tuning
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -262,6 +263,8 @@ class ResultsDB:
                 self._con.execute(_PAIRED_SQL)
                 self._con.execute(_paired_sql(baseline, self._unpaired(segments, baseline)))
                 self._con.execute(_GAINS_SQL)
+                for macro in tuning.MACROS:
+                    self._con.execute(macro)
                 self._con.execute(_summary_sql(hparams))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())

@@ -495,6 +495,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
                      "the dataset card's image count)")
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
+    notes += _best_of_notes(runs)
     table = ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
                         notes, expected_frame, gain_n, by_index, gain_by_index)
     if metric == "accuracy":  # the tests are of top-1 accuracy: helped against hurt on the same samples
@@ -585,6 +586,21 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
                            f"this table's {len(raw)} tested cells; [low, high]: its 95% interval "
                            "(docs/statistics.md)")
+
+
+def _best_of_notes(runs: pd.DataFrame) -> list[str]:
+    """A method shown in several configurations on the same data and stream (a grid's rows): its best row is
+    chosen on the very runs it is measured on, and the caption says so (`tuning` chooses on other runs)."""
+    fit = evidence.prepare(runs) if len(runs) else runs
+    if not len(fit) or "group_id" not in fit:
+        return []
+    fit = fit[fit["_fit"]]
+    counts = fit.groupby(["backbone", "method", "dataset", "_protocol"], sort=False)["group_id"].nunique()
+    most = counts.groupby(level=["backbone", "method"], sort=False).max()
+    lines = [f"{registry.method_label(method)} ({backbone}): best of {k} configurations, chosen on these runs"
+             for (backbone, method), k in most.items() if k > 1]
+    return ["; ".join(lines) + " (bca report --tune-on PREDICATE chooses on some runs and reports on the others)"
+            ] if lines else []
 
 
 def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list[evidence.Cell],
