@@ -251,6 +251,16 @@ def cost_panel(view: View) -> None:
         st.caption("Peak memory is the trial's own: the GPU allocator's peak, or on a CPU the growth of the "
                    "process's resident size over the trial (a pack's runs share their trial's).")
         chart(charts.peak_memory(memory), "peak_memory", "peak_memory")
+    points = queries.cost_points(runs, labels, view.metric)
+    if not points.empty:
+        st.caption(f"{view.metric_label} against each configuration's own cost, as the BCA paper's Table 3 sets "
+                   "them: latency per sample of the method alone (warm-up apart; in a pack, its share of its own "
+                   "method's pass) and its memory above what was allocated when it began (its share in a pack).")
+        left, right = st.columns(2)
+        for column, cost, title in ((left, "latency_ms", "latency (ms per sample)"),
+                                    (right, "method_mem_mb", "method memory (MB)")):
+            chart(charts.cost_tradeoff(points, view.series_methods, view.metric_label, cost, title),
+                  f"{view.metric}_{cost}", f"tradeoff_{cost}", column)
     dataframe(queries.cost_table(view.runs, view.labels), "cost", "cost")
 
 

@@ -160,8 +160,8 @@ def _samples(seed: int = 0) -> pa.Table:
     conf[:5] = [0.0, 1.0, 0.5, np.float32(1 / 15), np.float32(14 / 15)]
     pred = np.where(rng.uniform(0, 1, n) < 0.5, label, rng.integers(0, 8, n))
     return pa.table({
-        "run_id": run, "label": label.astype(np.int32), "pred": pred.astype(np.int32), "top5": pa.array(top.astype(np.int32).tolist(),
-                                                                      pa.list_(pa.int32())),
+        "run_id": run, "label": label.astype(np.int32), "pred": pred.astype(np.int32),
+        "top5": pa.array(top.astype(np.int32).tolist(), pa.list_(pa.int32())),
         "confidence": conf, "correct": rng.uniform(0, 1, n) < conf,
         "prob_true": np.where(rng.uniform(0, 1, n) < 0.02, 0.0, rng.uniform(0, 1, n)).astype(np.float32),
         "is_ood": rng.uniform(0, 1, n) < 0.1,

@@ -28,8 +28,9 @@ from orchestrator.sweep.trial import execute_trial, settings_of
 
 ORDERS = 3
 # what differs between two executions of one run (timings, hosts, clocks), left out of the comparisons
-VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb",
-            "warmup_s", "host", "versions", "started_at", "finished_at", "updated_at", "progress"}
+VOLATILE = {"samples_per_s", "latency_ms", "method_mem_mb", "time_encoder_s", "time_logits_s", "time_posterior_s",
+            "time_update_s", "peak_mem_mb", "warmup_s", "host", "versions", "started_at", "finished_at",
+            "updated_at", "progress"}
 
 
 def spec_dict(directory: Path, classes: int = 3, **extra) -> dict:

@@ -420,7 +420,8 @@ RUN_METRICS: tuple[Metric, ...] = (
                                       f"({ece_sql(_in_distribution(samples), bins=ECE20_BINS)})"),
            note=f"{ECE20_BINS} equal-width confidence bins, as TTA-VLM and TTABC report it"),
     Metric("macro_f1", "macro-F1", "%", True, 100.0, lambda m: m.macro_f1,
-           sql_query=lambda samples: f"SELECT run_id, macro_f1 AS value FROM ({macro_f1_sql(_in_distribution(samples))})",
+           sql_query=lambda samples: (f"SELECT run_id, macro_f1 AS value FROM "
+                                      f"({macro_f1_sql(_in_distribution(samples))})"),
            note="mean F1 over the classes that occur as a label or a prediction"),
     Metric("balanced_accuracy", "balanced accuracy", "%", True, 100.0, lambda m: m.balanced_accuracy,
            sql_query=lambda samples: (f"SELECT run_id, balanced_accuracy AS value FROM "
@@ -443,6 +444,10 @@ COST_METRICS: tuple[Metric, ...] = (
            note="the first call of the run's code in its process (compilation); not in the costs"),
     *(Metric(c, c.replace("_", " "), "", False) for c in STAGE_COLUMNS),
     Metric("peak_mem_mb", "peak memory", "MB", False),
+    Metric("latency_ms", "latency per sample", "ms", False,
+           note="the run's method alone (its share of its method's pass in a pack), warm-up apart"),
+    Metric("method_mem_mb", "method memory", "MB", False,
+           note="the method's own peak above what was allocated when it began (its share in a pack)"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in (*RUN_METRICS, *PAIRED_METRICS, *COST_METRICS)}

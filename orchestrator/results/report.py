@@ -116,8 +116,9 @@ def load_paper_results() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- data
-# Columns of the runs view a table's evidence needs besides the accuracy view's.
+# Columns of the runs view a table's evidence needs besides the accuracy view's, and the cost table's.
 _EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
+COST_COLUMNS = ("latency_ms", "method_mem_mb")
 
 
 def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
@@ -126,7 +127,7 @@ def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     ones and marks its cells by the others (`evidence`)."""
     where = " WHERE sweep = $sweep" if sweep is not None else ""
     params = {"sweep": sweep} if sweep is not None else None
-    extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
+    extra = ", ".join(f'r."{c}"' for c in (*_EVIDENCE_COLUMNS, *COST_COLUMNS))
     accuracy = db.columns("accuracy")
     used = set(db.used_hparam_names)
     # hparams no run has (other methods'): left out, as empty columns of 10^5 runs cost seconds in pandas
@@ -699,3 +700,68 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
         layout = generic_layout(others, "Other datasets, by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))
     return tables
+
+
+# ------------------------------------------------------------------------------------------------- cost
+@dataclass
+class CostTable:
+    """Accuracy against cost per method (the BCA paper's Table 3 shape): per backbone, dataset and row (`row_labels`),
+    over the finished, complete runs: the metric's mean ± std and n, its paired gain over CLIP, the mean latency
+    per sample and the mean method memory. `frame` holds the numbers, `render()` a rich table."""
+
+    title: str
+    frame: pd.DataFrame
+    notes: list[str]
+    metric: str
+
+    @property
+    def empty(self) -> bool:
+        return self.frame.empty
+
+    def render(self) -> Table:
+        label = METRICS[self.metric].label
+        table = Table(title=self.title, title_justify="left", header_style="bold")
+        for name in ("backbone", "dataset", "method", label, "Δ CLIP", "latency (ms/sample)", "method memory (MB)"):
+            table.add_column(Text(name), justify="left" if name in ("backbone", "dataset", "method") else "right",
+                             no_wrap=True)
+        previous = None
+        for (backbone, dataset, row), r in self.frame.iterrows():
+            if previous is not None and (backbone, dataset) != previous:
+                table.add_section()
+            previous = (backbone, dataset)
+            table.add_row(Text(str(backbone)), Text(registry.dataset_title(dataset)), Text(str(row)),
+                          Text(evidence.cell_text(r["mean"], r["std"], int(r["n"]))), Text(_signed(r["gain"])),
+                          Text(MISSING if _is_missing(r["latency_ms"]) else f"{r['latency_ms']:.4g}"),
+                          Text(MISSING if _is_missing(r["method_mem_mb"]) else f"{r['method_mem_mb']:.4g}"))
+        table.caption = Text("\n".join(self.notes))
+        table.caption_justify = "left"
+        return table
+
+
+def cost_table(db: ResultsDB, sweep: str | None = None, runs: pd.DataFrame | None = None,
+               metric: str = "accuracy") -> CostTable:
+    """The cost table of the recorded runs (of `sweep`, if given; or the accuracy-view rows in `runs`)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+    runs = recorded_runs(db, sweep) if runs is None else runs
+    runs, _ = _with_row_labels(runs, db.used_hparam_names)
+    runs = _with_clip_values(runs, metric)
+    runs = runs[runs["_fit"]]
+    values = pd.to_numeric(runs[metric], errors="coerce")
+    frame = runs.assign(_value=values, _gain=values - runs["_clip"],
+                        **{c: pd.to_numeric(runs[c], errors="coerce") for c in COST_COLUMNS})
+    grouped = frame.groupby(["backbone", "dataset", "row"], sort=False)
+    out = pd.DataFrame({"mean": grouped["_value"].mean(), "std": grouped["_value"].std(),
+                        "n": grouped["_value"].count(), "gain": grouped["_gain"].mean(),
+                        **{c: grouped[c].mean() for c in COST_COLUMNS}})
+    keys = out.index.to_frame(index=False).assign(
+        rank=grouped["method"].first().map(registry.method_rank).to_numpy())
+    out = out.iloc[keys.sort_values(["backbone", "dataset", "rank", "row"]).index]
+    notes = [f"{METRICS[metric].label}: mean ± std over the finished runs with all their rows (n); Δ CLIP: the mean "
+             "paired gain over zero-shot CLIP on the same samples and order",
+             "latency: milliseconds per sample of the method alone, warm-up apart (in a pack, its share of its own "
+             "method's pass); method memory: its peak above what was allocated when it began (the GPU allocator's; "
+             "on a CPU the growth of the resident size, best effort), in a pack its share; means over the runs; — "
+             "where not measured (runs written before these columns)"]
+    title = f"Accuracy and cost by method{f' — sweep {sweep}' if sweep else ''}"
+    return CostTable(title, out, notes, metric)

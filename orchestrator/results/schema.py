@@ -122,6 +122,12 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                "'adapting 3000/10000 samples' (null once it ends)"),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
                                                   "on the CPU the growth of the process's resident size"),
+    Column("latency_ms", pa.float64(), "DOUBLE", "milliseconds per sample of the run's method, warm-up apart: in a "
+                                                 "pack, its share of its own method's pass (null: run before it was "
+                                                 "measured)"),
+    Column("method_mem_mb", pa.float64(), "DOUBLE", "peak memory of the run's method above what was allocated when "
+                                                    "it began, MiB (in a pack, its share of its method's pass; null: "
+                                                    "not measured)"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
     Column("data_fingerprint", pa.string(), "VARCHAR",

@@ -129,7 +129,10 @@ def _config_text(runs: pd.DataFrame, group_id: str, method: str, hparams: Sequen
     first = own[own["group_id"] == group_id]
     if first.empty:
         return group_id
+    from orchestrator.results.report import _follows  # report reads the views db builds with this module's macros
+
     vary = [h for h in hparams if h in own and own[h].nunique(dropna=False) > 1]
+    vary = [h for h in vary if not _follows(own, method, h, vary)]  # tau_prior = tau adds nothing
     row = first.iloc[0]
     return ", ".join(f"{h}={_plain(row[h])}" for h in vary) or group_id
 
