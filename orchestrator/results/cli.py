@@ -266,7 +266,8 @@ def compact_cmd(
         raise typer.Exit(2)
     print(f"{root}: {done.runs} run(s), {done.rows} row(s) compacted into {len(done.segments)} new segment(s)"
           + (f"; {done.merged} small segments merged" if done.merged else "")
-          + (f"; {done.upgraded} older segment(s) given their runs' stream curves or pairing statistics"
+          + (f"; {done.upgraded} older segment(s) given their runs' newer metrics, stream curves or pairing "
+             "statistics"
              if done.upgraded else "")
           + (f"; {done.leftovers} leftover run(s) removed" if done.leftovers else "")
           + (f"; {orphans} orphan segment file(s) removed" if orphans else ""))

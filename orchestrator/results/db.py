@@ -624,8 +624,8 @@ CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
 PAIRED_STAT_COLUMNS = ("gain_ci_low", "gain_ci_high", "p_mcnemar")
 # What compaction materialises besides the curve and the pairing's statistics, and a segment's whole metrics file
 # (run_id, the per-run metrics, the run's pairing against its baseline, its curve, the pairing's statistics). A
-# segment written before the curves existed gets them on the next `compact` (store.compact); until then its runs'
-# curves are read from their rows. One written before the statistics were stored has them computed by the view.
+# segment written before the curves (or a metric of the registry) existed gets them on the next `compact`
+# (store.compact); until then its runs' curves (and metrics) are read from their rows. One written before the statistics were stored has them computed by the view.
 MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
 SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS, *PAIRED_STAT_COLUMNS)
 
