@@ -106,13 +106,15 @@ class Tuning:
         notes = [f"tuned on the {len(self.tune_ids)} run(s) where {self.predicate}: per method, backbone, dataset and "
                  f"stream, the configuration with the best mean {label} there; the cells stand on its other "
                  f"{evaluated} run(s) only"]
+        from orchestrator.results.report import _fmt_value  # report reads the views db builds with these macros
+
         lines = []
         for choice in self.choices.itertuples(index=False):
             if choice.candidates < 2:
                 continue
             where = " · ".join([registry.method_label(choice.method), str(choice.backbone),
                                 registry.dataset_title(choice.dataset)]
-                               + ([str(choice.stream)] if isinstance(choice.stream, str) else []))
+                               + ([_fmt_value(choice.stream, "stream")] if isinstance(choice.stream, str) else []))
             lines.append(f"  {where}: {_config_text(runs, choice.group_id, choice.method, hparams)} (best of "
                          f"{choice.candidates} configurations, mean {choice.tune_mean:.2f} on {choice.tune_runs} "
                          "tuning run(s))")
@@ -129,7 +131,7 @@ def _config_text(runs: pd.DataFrame, group_id: str, method: str, hparams: Sequen
     first = own[own["group_id"] == group_id]
     if first.empty:
         return group_id
-    from orchestrator.results.report import _follows  # report reads the views db builds with this module's macros
+    from orchestrator.results.report import _follows
 
     vary = [h for h in hparams if h in own and own[h].nunique(dropna=False) > 1]
     vary = [h for h in vary if not _follows(own, method, h, vary)]  # tau_prior = tau adds nothing
