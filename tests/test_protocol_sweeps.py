@@ -5,6 +5,7 @@ definition on the stored rows (hand-checked there: tests/test_metrics.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,22 @@ def test_bad_streams_are_refused_naming_the_field(tmp_path, overrides, field, me
     with pytest.raises(SpecError) as info:
         validate_spec({**copy.deepcopy(SPEC), **overrides}, base_dir=tmp_path)
     assert any(path == field and message in text for path, text in info.value.issues), str(info.value)
+
+
+
+def test_gradual_continual_stream_is_laid_over_its_datasets():
+    """{continual: {datasets, mixing}} as a trial lays it over two datasets of one label space (arrange): each
+    position holds the protocol's sample of its source dataset, its label and its source's name."""
+    from orchestrator.data.arrange import arrange
+
+    a = make_synthetic("iid", seed=1, n=60, num_classes=4, dim=8)
+    b = dataclasses.replace(make_synthetic("iid", seed=2, n=40, num_classes=4, dim=8), name="other")
+    protocol = streams.protocol_from_spec({"continual": {"datasets": [a.name, "other"], "mixing": 1.0}})
+    laid = arrange(a, protocol, 5, others=(b,))
+    expected = protocol.order([a.labels.numpy(), b.labels.numpy()], 5)
+    # a alone for its first 30, then its last 30 and b's first 20 mixed, then b alone
+    assert np.array_equal(laid.order.numpy(), expected.index) and set(expected.source[30:80]) == {0, 1}
+    parts = (a, b)
+    for i, (s, j) in enumerate(zip(expected.source, expected.index)):
+        assert laid.labels[i] == parts[s].labels[j] and laid.image_ids[i] == parts[s].image_ids[j]
+        assert laid.sources[i] == parts[s].name

@@ -235,6 +235,27 @@ def test_continual_concatenates_each_dataset_in_its_own_order():
     assert not order.is_ood.any()
 
 
+def test_gradual_continual_mixes_neighbours_over_a_window_with_a_linear_ramp():
+    sizes, mixing = (2000, 2000, 1200), 0.5
+    labels = [np.arange(n) % 20 for n in sizes]
+    order = Continual(("a", "b", "c"), mixing=mixing).order(labels, 9)
+    seeds = derive_order_seeds(9, 3)
+    for i, n in enumerate(sizes):  # every dataset whole, in its own i.i.d. order
+        assert np.array_equal(order.index[order.source == i], iid_permutation(n, seeds[i]))
+    # windows: the last and first mixing / 2 of neighbours; outside them one dataset at a time
+    src = order.source
+    first = 2000 - 500  # a alone, the a|b window of 500 + 500, b alone, the b|c window of 500 + 300, c alone
+    assert (src[:first] == 0).all() and (src[first + 1000:first + 2000] == 1).all()
+    assert (src[first + 2800:] == 2).all() and set(src[first + 2000:first + 2800]) == {1, 2}
+    window = src[first:first + 1000]
+    # the share of b rises linearly across the window: about 1/8, 3/8, 5/8, 7/8 in its quarters
+    shares = [(q == 1).mean() for q in np.split(window, 4)]
+    assert shares == pytest.approx([0.125, 0.375, 0.625, 0.875], abs=0.08)
+    assert np.array_equal(Continual(("a", "b"), 0.0).order(labels[:2], 9).index,
+                          Continual(("a", "b")).order(labels[:2], 9).index)
+    assert np.array_equal(order.index, Continual(("a", "b", "c"), mixing=mixing).order(labels, 9).index)
+
+
 def test_derive_order_seeds():
     seeds = derive_order_seeds(7, 100)
     assert seeds[0] == 7 and len(set(seeds)) == 100 and all(0 <= s < 2**32 for s in seeds[1:])
@@ -252,6 +273,8 @@ def test_derive_order_seeds():
      Contaminated(0.1, HELD_OUT_CLASSES, Dirichlet(0.1))),
     ({"continual": ["imagenet", "imagenet-v2"]}, Continual(("imagenet", "imagenet-v2"))),
     ({"longtail": {"imbalance": 10}}, LongTail(10)),
+    ({"continual": {"datasets": ["imagenet", "imagenet-v2"], "mixing": 0.2}},
+     Continual(("imagenet", "imagenet-v2"), 0.2)),
 ])
 def test_protocol_from_spec(value, expected):
     assert protocol_from_spec(value) == expected
@@ -275,6 +298,8 @@ def test_describe_names_the_parameters():
     (lambda: Contaminated(rate=1.0), r"contaminated rate must be a number in \[0, 1\), got 1.0"),
     (lambda: Contaminated(rate=0.2, pool=""), "contaminated with must be a dataset name"),
     (lambda: Contaminated(rate=0.2, base=Continual(("a", "b"))), "contaminated base must be iid"),
+    (lambda: Continual(("a", "b"), mixing=1.5), r"continual mixing must be a number in \[0, 1\]"),
+    (lambda: protocol_from_spec({"continual": {"mixing": 0.2}}), "stream continual needs datasets"),
     (lambda: LongTail(0.5), "longtail imbalance must be a finite number >= 1"),
     (lambda: LongTail(100).order(np.repeat(np.arange(3), 50), 0),
      "longtail imbalance 100 over 3 classes needs a head class of at least 100 samples, but the classes' sizes "
