@@ -298,3 +298,20 @@ def peak_memory(memory: pd.DataFrame) -> alt.Chart:
         )
         .properties(height=90 + ROW_PX * int(memory["series"].nunique()), title="peak memory")
     )
+
+
+def cost_tradeoff(points: pd.DataFrame, series_methods: dict[str, str], metric_label: str, cost: str,
+                  cost_title: str) -> alt.Chart:
+    """The metric against one cost per configuration (the BCA paper's Table 3 as a chart): a dot per series at its
+    mean cost (log axis: costs span decades) and mean metric. points columns: series, mean, n and `cost`."""
+    data = points.dropna(subset=[cost])
+    data = data[data[cost] > 0]
+    return (
+        alt.Chart(data).mark_point(filled=True, size=90).encode(
+            x=alt.X(f"{cost}:Q", title=cost_title, scale=alt.Scale(type="log")),
+            y=alt.Y("mean:Q", title=metric_label, scale=alt.Scale(zero=False)),
+            color=alt.Color("series:N", scale=family_colours(series_methods),
+                            legend=alt.Legend(orient="bottom", labelLimit=LEGEND_LABEL_PX)),
+            tooltip=["series:N", alt.Tooltip("mean:Q", format=".2f"), alt.Tooltip(f"{cost}:Q", format=".4g"), "n:Q"])
+        .properties(height=280, title=f"{metric_label} against {cost_title}")
+    )

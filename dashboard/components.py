@@ -17,7 +17,7 @@ import streamlit as st
 
 from dashboard import charts, export, importance, prior, queries
 from orchestrator import registry
-from orchestrator.results import report, schema
+from orchestrator.results import report, schema, tuning
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import load_state
 
@@ -65,6 +65,12 @@ def load_comparison_tables(results_dir: str, fingerprint: tuple, key: tuple, pap
     writes and shared, as load_results is, by the first screen's gains, the Evidence and the Paper tables panels."""
     runs = queries.Filters((), **dict(key)).apply(load_results(results_dir, fingerprint)[0])
     return queries.comparison_tables(open_db(results_dir), runs, paper)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def load_tuning(results_dir: str, fingerprint: tuple, predicate: str, metric: str) -> tuning.Tuning:
+    """The tuning split of `predicate` (orchestrator.results.tuning; TuneOnError for a bad one)."""
+    return tuning.tune(open_db(results_dir), predicate, metric)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)

@@ -328,10 +328,23 @@ def cost_table(runs: pd.DataFrame, labels: pd.Series) -> pd.DataFrame:
     """Per configuration: runs, samples/s, seconds per stage and peak memory, means over finished runs; and the
     warm-up its runs paid apart (the first call in a process: compilation), which none of the others include."""
     finished = runs[runs["status"] == "finished"].assign(series=labels)
-    cols = ["samples_per_s", *STAGE_COLUMNS, "peak_mem_mb", *(["warmup_s"] if "warmup_s" in runs else [])]
+    cols = ["samples_per_s", *(c for c in report.COST_COLUMNS if c in runs), *STAGE_COLUMNS, "peak_mem_mb",
+            *(["warmup_s"] if "warmup_s" in runs else [])]
     out = finished.groupby(["backbone", "dataset", "series"])[cols].mean().round(4)
     out.insert(0, "runs", finished.groupby(["backbone", "dataset", "series"]).size())
     return out.reset_index()
+
+
+def cost_points(runs: pd.DataFrame, labels: pd.Series, metric: str) -> pd.DataFrame:
+    """Per series: the metric's mean and n and the mean latency and method memory (report.COST_COLUMNS) over its
+    finished, complete runs; empty where the runs carry no such costs (results written before they were measured)."""
+    costs = [c for c in report.COST_COLUMNS if c in runs]
+    done = runs[(runs["status"] == "finished") & runs["complete"].fillna(False).astype(bool)].assign(series=labels)
+    if not costs or done.empty or done[costs].isna().all().all():
+        return pd.DataFrame(columns=["series", "mean", "n", *report.COST_COLUMNS])
+    grouped = done.groupby("series")
+    return pd.DataFrame({"mean": grouped[metric].mean(), "n": grouped[metric].count(),
+                         **{c: grouped[c].mean() for c in costs}}).reset_index()
 
 
 # ------------------------------------------------------------------------------------ choose, group, pin

@@ -12,11 +12,11 @@ import streamlit as st
 
 from dashboard import charts, context, importance, metrics, queries, significance
 from dashboard.components import (URL, chart, comparison_key, dataframe, id_selectbox, link, load_comparison_tables,
-                                  load_curves, load_importance, load_per_class, load_run_table, prior_view,
-                                  table_exports)
+                                  load_curves, load_importance, load_per_class, load_run_table, load_tuning,
+                                  prior_view, table_exports)
 from dashboard.queries import Filters
 from orchestrator import registry
-from orchestrator.results import report, schema
+from orchestrator.results import report, schema, tuning
 from orchestrator.results.db import ResultsDB
 
 PANELS = ("Stream", "Evidence", "Paper tables", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost",
@@ -292,6 +292,16 @@ def cost_panel(view: View) -> None:
         st.caption("Peak memory is the trial's own: the GPU allocator's peak, or on a CPU the growth of the "
                    "process's resident size over the trial (a pack's runs share their trial's).")
         chart(charts.peak_memory(memory), "peak_memory", "peak_memory")
+    points = queries.cost_points(runs, labels, view.metric)
+    if not points.empty:
+        st.caption(f"{view.metric_label} against each configuration's own cost, as the BCA paper's Table 3 sets "
+                   "them: latency per sample of the method alone (warm-up apart; in a pack, its share of its own "
+                   "method's pass) and its memory above what was allocated when it began (its share in a pack).")
+        left, right = st.columns(2)
+        for column, cost, title in ((left, "latency_ms", "latency (ms per sample)"),
+                                    (right, "method_mem_mb", "method memory (MB)")):
+            chart(charts.cost_tradeoff(points, view.series_methods, view.metric_label, cost, title),
+                  f"{view.metric}_{cost}", f"tradeoff_{cost}", column)
     dataframe(queries.cost_table(view.runs, view.labels), "cost", "cost")
 
 
@@ -302,6 +312,25 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
     st.dataframe(listing, hide_index=True, width="stretch",
                  column_config={"page": st.column_config.LinkColumn("page", display_text="open")})
     table_exports(listing.drop(columns="page"), listing.drop(columns="page"), None, "runs", "runs")
+
+
+def tune_on(results_dir: str, stamp: tuple, metric: str, runs: pd.DataFrame, all_runs: pd.DataFrame,
+            hparams: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """Honest tuning (orchestrator.results.tuning): with a predicate in the sidebar, the runs and every run narrowed
+    to each method's configuration chosen on the matching runs, shown on the other runs; and the caption."""
+    predicate = st.sidebar.text_input(
+        "tune on (SQL over the runs view)", key="tune_on", bind=URL, placeholder="e.g. seed = 1",
+        help="Per method, backbone, dataset and stream, the configuration with the best mean of the metric on the "
+             "runs this predicate matches is chosen, and shown on the other runs only.").strip()
+    if not predicate:
+        return runs, all_runs, []
+    on = metric if metric in report.METRICS else "accuracy"  # a cost metric is not what a configuration is chosen by
+    try:
+        split = load_tuning(results_dir, stamp, predicate, on)
+    except tuning.TuneOnError as e:
+        st.sidebar.error(str(e))
+        return runs, all_runs, []
+    return split.evaluation(runs), split.evaluation(all_runs), split.notes(all_runs, hparams)
 
 
 def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFrame,
@@ -320,6 +349,10 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     if st.query_params.get("metric") in by_label:
         st.query_params["metric"] = by_label[st.query_params["metric"]]
     metric = id_selectbox("metric", {m: metrics.label(m) for m in metric_options}, "metric", st.sidebar)
+    runs, all_runs, tuned_notes = tune_on(results_dir, stamp, metric, runs, all_runs, hparams)
+    if runs.empty:
+        st.info("No runs of the tuned configurations outside the tuning runs match the filters.")
+        return
     group_options = ["method", "dataset", "backbone", "sweep", "seed", "num_templates", "views", "stream",
                      "batch_size", "order_index",
                      *queries.varying_numeric(all_runs, hparams),
@@ -349,10 +382,14 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     focus = pairs[keys.index(focus_key)]
     view = View(runs, labels, hparams, metric, pinned if pinned in set(labels) else None, focus)
     summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
-    # the report's tables carry the gains' evidence: one Holm family per table, as the report stars its cells
-    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), False)
+    # the report's tables carry the gains' evidence: one Holm family per table, as the report stars its cells;
+    # tuned, they stand on the chosen configurations' other runs only (built for this predicate, not cached)
+    tables = (queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), False)
+              if tuned_notes else load_comparison_tables(results_dir, stamp, comparison_key(filters), False))
     gains = significance.gain_summary(tables)
     with first_screen:
+        for note in tuned_notes:
+            st.caption(note)
         comparison_section(view, summary, tables)
 
     first = view.focus_runs.iloc[0]

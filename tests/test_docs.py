@@ -48,6 +48,7 @@ OWN = [page for page in PAGES if page.name not in PARALLEL]
 RUN_HERE = {
     "bca report --sweep demo",
     "bca report --sweep demo --metric ece",
+    "bca report --sweep demo --tune-on \"order_index = 0\"",
     "bca verify results",
     "bca query --file q.sql --csv > out.csv",
     "bca sweep experiments/demo.yaml --dry-run",

@@ -6,8 +6,9 @@ import pyarrow as pa
 import pytest
 
 from orchestrator.results.metrics import (
-    METRICS, RUN_METRICS, HelpedHurt, across_orders, across_orders_sql, ece, last_half_accuracy, nll, ood_auroc,
-    run_metrics, run_metrics_sql, stored_run_metrics, top1, top5, windowed_accuracy, worst_count,
+    METRICS, RUN_METRICS, HelpedHurt, across_orders, across_orders_sql, balanced_accuracy, ece, last_half_accuracy,
+    macro_f1, nll, ood_auroc, run_metrics, run_metrics_sql, stored_run_metrics, top1, top5, windowed_accuracy,
+    worst_count,
 )
 
 
@@ -114,6 +115,41 @@ def test_helped_hurt_refuses_another_stream():
                     clip=(["a", "c"], [1, 1]))
 
 
+def test_ece20_is_the_plain_twenty_bin_gap():
+    rng = np.random.default_rng(3)
+    conf = rng.uniform(0, 1, 400)
+    conf[:4] = [0.0, 0.05, 0.95, 1.0]  # bin edges: (0.9, 0.95] is bin 18, 0.05 is bin 0 with 0
+    correct = rng.uniform(0, 1, 400) < conf
+    expected = 0.0
+    for b in range(20):
+        inside = (conf > b / 20) & (conf <= (b + 1) / 20) if b else conf <= 1 / 20
+        if inside.any():
+            expected += inside.sum() / len(conf) * abs(correct[inside].mean() - conf[inside].mean())
+    got = run_metrics(correct=correct, confidence=conf, labels=np.zeros(400, int)).ece20
+    assert got == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.filterwarnings("ignore:y_pred contains classes not in y_true")
+def test_macro_f1_and_balanced_accuracy_are_sklearns():
+    from sklearn.metrics import balanced_accuracy_score, f1_score
+
+    rng = np.random.default_rng(4)
+    for k, n in ((2, 7), (10, 300), (50, 400)):  # at K = 50, n = 400 some classes occur only as a prediction
+        labels = rng.integers(0, k, n)
+        preds = np.where(rng.uniform(0, 1, n) < 0.6, labels, rng.integers(0, k, n))
+        assert macro_f1(labels, preds) == pytest.approx(f1_score(labels, preds, average="macro"), rel=1e-12)
+        assert balanced_accuracy(labels, preds) == pytest.approx(balanced_accuracy_score(labels, preds), rel=1e-12)
+
+
+def test_ood_rows_are_no_class_of_macro_f1():
+    # OOD rows (label -1) predicted as class 0 would be false positives of class 0: they are left out
+    labels, preds = np.array([0, 0, 1, -1, -1]), np.array([0, 1, 1, 0, 0])
+    m = run_metrics(correct=labels == preds, confidence=np.full(5, 0.5), labels=labels, preds=preds,
+                    is_ood=labels < 0)
+    assert m.macro_f1 == pytest.approx(macro_f1([0, 0, 1], [0, 1, 1])) == pytest.approx((2 / 3 + 2 / 3) / 2)
+    assert m.balanced_accuracy == pytest.approx(0.75)
+
+
 def _samples(seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     n = 900
@@ -122,9 +158,10 @@ def _samples(seed: int = 0) -> pa.Table:
     top = np.stack([rng.permutation(8)[:5] for _ in range(n)])
     conf = rng.uniform(0, 1, n).astype(np.float32)
     conf[:5] = [0.0, 1.0, 0.5, np.float32(1 / 15), np.float32(14 / 15)]
+    pred = np.where(rng.uniform(0, 1, n) < 0.5, label, rng.integers(0, 8, n))
     return pa.table({
-        "run_id": run, "label": label.astype(np.int32), "top5": pa.array(top.astype(np.int32).tolist(),
-                                                                      pa.list_(pa.int32())),
+        "run_id": run, "label": label.astype(np.int32), "pred": pred.astype(np.int32),
+        "top5": pa.array(top.astype(np.int32).tolist(), pa.list_(pa.int32())),
         "confidence": conf, "correct": rng.uniform(0, 1, n) < conf,
         "prob_true": np.where(rng.uniform(0, 1, n) < 0.02, 0.0, rng.uniform(0, 1, n)).astype(np.float32),
         "is_ood": rng.uniform(0, 1, n) < 0.1,
@@ -149,10 +186,11 @@ def test_every_registered_metric_is_the_same_in_sql_and_numpy():
     d = table.to_pydict()
     for run in ("r0", "r1", "r2"):
         rows = [i for i, r in enumerate(d["run_id"]) if r == run]
-        col = {k: table[k].to_numpy(zero_copy_only=False)[rows] for k in ("correct", "confidence", "label", "is_ood")}
+        col = {k: table[k].to_numpy(zero_copy_only=False)[rows]
+               for k in ("correct", "confidence", "label", "pred", "is_ood")}
         measured = run_metrics(correct=col["correct"], confidence=col["confidence"], labels=col["label"],
                                top5_classes=np.array(d["top5"], dtype=np.int64)[rows],
-                               prob_true=table["prob_true"].to_numpy()[rows], is_ood=col["is_ood"])
+                               prob_true=table["prob_true"].to_numpy()[rows], is_ood=col["is_ood"], preds=col["pred"])
         for name, value in stored_run_metrics(measured).items():
             assert got.at[run, name] == pytest.approx(value, rel=1e-12, abs=1e-12), (run, name)
     assert list(got.columns) == [metric.name for metric in RUN_METRICS]

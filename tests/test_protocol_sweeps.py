@@ -5,12 +5,14 @@ definition on the stored rows (hand-checked there: tests/test_metrics.py)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from sklearn.metrics import balanced_accuracy_score, f1_score
 
 from orchestrator.data import streams
 from orchestrator.data.synthetic import make_synthetic
@@ -70,6 +72,24 @@ def test_dirichlet_stream_is_stored_in_its_order(tmp_path):
         assert np.array_equal(stored["label"], labels[expected])
 
 
+def test_longtail_stream_runs_its_own_subset_per_order(tmp_path):
+    data = {**DATA, "synthetic": "iid"}  # uniform class frequencies: label_shift's rarest class is too small a head
+    spec, db = run(tmp_path, datasets=[data], stream={"longtail": {"imbalance": 4}}, orders=2)
+    labels = make_synthetic("iid", seed=1, n=400, num_classes=8, dim=16).labels.numpy()
+    seeds = streams.derive_order_seeds(1, 2)
+    view = db.df("SELECT * FROM accuracy").set_index("run_id")
+    for run_obj in expand(spec):
+        expected = streams.LongTail(4).order(labels, seeds[run_obj.config["order_index"]]).index
+        assert np.array_equal(load_state(spec.results_dir, run_obj.run_id)["stream_order"], expected)
+        stored = rows(spec.results_dir, run_obj.run_id)
+        assert np.array_equal(stored["label"], labels[expected])
+        got = view.loc[run_obj.run_id]
+        assert got["complete"] and got["n_samples"] == len(expected) < 400
+        assert got["macro_f1"] == pytest.approx(100 * f1_score(stored["label"], stored["pred"], average="macro"))
+    summary = db.df("SELECT method, n, macro_f1_mean FROM summary")
+    assert set(summary["n"]) == {2} and summary["macro_f1_mean"].notna().all()
+
+
 def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
     spec, db = run(tmp_path, stream={"contaminated": {"rate": 0.2}})
     view = db.df("SELECT * FROM accuracy").set_index("run_id")
@@ -81,7 +101,7 @@ def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
         assert r["label"][~ood].max() < 4  # half of the 8 classes held out: the label space is the other 4
         expected = metrics.run_metrics(correct=r["correct"], confidence=r["confidence"], labels=r["label"],
                                        top5_classes=np.stack(r["top5"]), prob_true=r["prob_true"].astype(float),
-                                       is_ood=ood)
+                                       is_ood=ood, preds=r["pred"])
         got = view.loc[run_obj.run_id]
         assert got["accuracy"] == pytest.approx(100 * expected.top1)
         assert got["last50_accuracy"] == pytest.approx(100 * expected.last_half)
@@ -89,9 +109,16 @@ def test_contaminated_stream_flags_ood_and_metrics_match_numpy(tmp_path):
         assert got["ece"] == pytest.approx(100 * expected.ece)
         assert got["nll"] == pytest.approx(expected.nll, rel=1e-5)
         assert got["ood_auroc"] == pytest.approx(100 * expected.ood_auroc)
+        assert got["ece20"] == pytest.approx(100 * expected.ece20)
+        # the class-averaged metrics over the in-distribution rows, as sklearn computes them
+        assert got["macro_f1"] == pytest.approx(100 * f1_score(r["label"][~ood], r["pred"][~ood], average="macro"))
+        assert got["balanced_accuracy"] == pytest.approx(
+            100 * balanced_accuracy_score(r["label"][~ood], r["pred"][~ood]))
         assert got["n_ood"] == ood.sum()
         # the trial's runs-table metrics are the same numbers
-        assert db.df(f"SELECT ece FROM runs WHERE run_id = '{run_obj.run_id}'")["ece"][0] == pytest.approx(got["ece"])
+        stored = db.df(f"SELECT * FROM runs WHERE run_id = '{run_obj.run_id}'").iloc[0]
+        for m in metrics.RUN_METRICS:
+            assert stored[m.name] == pytest.approx(got[m.name], rel=1e-6), m.name
 
 
 def test_paired_view_counts_helped_and_hurt_on_the_same_samples(tmp_path):
@@ -116,3 +143,22 @@ def test_bad_streams_are_refused_naming_the_field(tmp_path, overrides, field, me
     with pytest.raises(SpecError) as info:
         validate_spec({**copy.deepcopy(SPEC), **overrides}, base_dir=tmp_path)
     assert any(path == field and message in text for path, text in info.value.issues), str(info.value)
+
+
+
+def test_gradual_continual_stream_is_laid_over_its_datasets():
+    """{continual: {datasets, mixing}} as a trial lays it over two datasets of one label space (arrange): each
+    position holds the protocol's sample of its source dataset, its label and its source's name."""
+    from orchestrator.data.arrange import arrange
+
+    a = make_synthetic("iid", seed=1, n=60, num_classes=4, dim=8)
+    b = dataclasses.replace(make_synthetic("iid", seed=2, n=40, num_classes=4, dim=8), name="other")
+    protocol = streams.protocol_from_spec({"continual": {"datasets": [a.name, "other"], "mixing": 1.0}})
+    laid = arrange(a, protocol, 5, others=(b,))
+    expected = protocol.order([a.labels.numpy(), b.labels.numpy()], 5)
+    # a alone for its first 30, then its last 30 and b's first 20 mixed, then b alone
+    assert np.array_equal(laid.order.numpy(), expected.index) and set(expected.source[30:80]) == {0, 1}
+    parts = (a, b)
+    for i, (s, j) in enumerate(zip(expected.source, expected.index)):
+        assert laid.labels[i] == parts[s].labels[j] and laid.image_ids[i] == parts[s].image_ids[j]
+        assert laid.sources[i] == parts[s].name

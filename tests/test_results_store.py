@@ -378,3 +378,29 @@ def test_paired_statistics_are_stored_by_compaction_read_and_verified(tmp_path):
                                   original.select(stored).to_pandas())
     pd.testing.assert_frame_equal(paired(), live)
     assert verify_results(tmp_path).ok
+
+
+def test_older_segments_get_the_metrics_added_since(tmp_path):
+    """A segment written before macro_f1, balanced_accuracy and ece20 existed: the views compute them from its
+    rows, `bca compact` materialises them (the same numbers), `bca verify` recomputes them."""
+    make_fake_results(tmp_path, seeds=(1, 2))
+    store.compact(tmp_path)
+    query = "SELECT run_id, macro_f1, balanced_accuracy, ece20 FROM accuracy ORDER BY run_id"
+    with ResultsDB(tmp_path) as db:
+        fresh = db.df(query)
+    added = ["ece20", "macro_f1", "balanced_accuracy"]
+    seg = store.load_catalog(tmp_path).segments[0]
+    path = seg.path(tmp_path, "metrics")
+    pq.write_table(pq.read_table(path).drop_columns(added), path)
+    manifest = schema.manifest_file(tmp_path)
+    data = json.loads(manifest.read_text())
+    for entry in data["segments"]:
+        entry["metrics_columns"] = [c for c in entry["metrics_columns"] if c not in added]
+    manifest.write_text(json.dumps(data))
+    with ResultsDB(tmp_path) as db:
+        pd.testing.assert_frame_equal(db.df(query), fresh)  # from the rows
+    assert store.compact(tmp_path).upgraded == 1
+    assert set(store.load_catalog(tmp_path).segments[0].metrics_columns) >= set(added)
+    materialised = pq.read_table(path, columns=["run_id", *added]).to_pandas().sort_values("run_id")
+    pd.testing.assert_frame_equal(materialised[fresh.columns].reset_index(drop=True), fresh)
+    assert verify_results(tmp_path).ok

@@ -187,7 +187,7 @@ def test_the_statistics_docs_queries_run_as_written(fake):
     root, _ = fake
     doc = (Path(__file__).resolve().parents[1] / "docs" / "statistics.md").read_text()
     queries = [line for block in re.findall(r"```sql\n(.*?)```", doc, re.S) for line in block.splitlines() if line]
-    assert len(queries) == 3
+    assert len(queries) == 4
     for sql in queries:
         assert _query(root, sql), sql  # each returns rows on these results
 

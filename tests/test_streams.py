@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from orchestrator.data.streams import (
-    HELD_OUT_CLASSES, Contaminated, Continual, Dirichlet, Iid, Separate, derive_order_seeds, held_out_split,
+    HELD_OUT_CLASSES, Contaminated, Continual, Dirichlet, Iid, LongTail, Separate, derive_order_seeds, held_out_split,
     iid_permutation, protocol_from_spec, stream_for_batch,
 )
 
@@ -154,6 +154,40 @@ def test_stream_for_batch_writes_the_rule_and_batch_into_dirichlet_streams():
     assert protocol_from_spec(stream_for_batch(d, 32)) == Dirichlet(0.1, slots="batches", batch=32)
 
 
+@pytest.mark.parametrize("imbalance", [1, 10, 20, 50])
+def test_longtail_keeps_an_exponential_profile_over_a_drawn_ranking(imbalance):
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(10), 100))  # balanced: 100 per class
+    rankings = set()
+    for seed in range(4):
+        order = LongTail(imbalance).order(labels, seed)
+        kept = labels[order.index]
+        assert len(np.unique(order.index)) == len(order) and not order.is_ood.any()
+        counts = np.bincount(kept, minlength=10)
+        ranking = tuple(np.argsort(-counts, kind="stable"))
+        rankings.add(ranking)
+        # LDAM-DRW's profile, written plainly: rank r of K keeps int(n_max * (1 / imbalance) ** (r / (K - 1)))
+        expected = [int(100 * (1 / imbalance) ** (r / 9)) for r in range(10)]
+        assert sorted(counts, reverse=True) == expected
+        assert counts.max() / counts.min() == pytest.approx(imbalance, rel=0.25)  # floored to whole samples
+        assert not np.array_equal(order.index, np.sort(order.index))  # shuffled, not grouped
+    if imbalance > 1:
+        assert len(rankings) == 4  # the class ranking is drawn per order
+    again = LongTail(imbalance).order(labels, 3)
+    assert np.array_equal(again.index, LongTail(imbalance).order(labels, 3).index)
+
+
+def test_longtail_head_is_what_every_class_can_supply():
+    # the uneven LABELS: class c has 10 + 2c samples; whichever class is ranked r must hold n_head * 10^(-r / 19)
+    order = LongTail(10).order(LABELS, 0)
+    counts = np.bincount(LABELS[order.index], minlength=20)
+    ranked = np.argsort(-counts, kind="stable")
+    available = np.bincount(LABELS)[ranked]
+    factor = 10.0 ** -(np.arange(20) / 19)
+    head = int(np.floor(min(available / factor)))
+    assert counts[ranked].tolist() == [min(a, int(np.floor(head * f))) for a, f in zip(available, factor)]
+    assert (counts <= np.bincount(LABELS)).all() and counts.max() == head
+
+
 def test_contaminated_rate_positions_and_flags():
     protocol = Contaminated(rate=0.2, pool="imagenet-o")
     order = protocol.order(LABELS, 5, pool_size=1000)
@@ -201,6 +235,27 @@ def test_continual_concatenates_each_dataset_in_its_own_order():
     assert not order.is_ood.any()
 
 
+def test_gradual_continual_mixes_neighbours_over_a_window_with_a_linear_ramp():
+    sizes, mixing = (2000, 2000, 1200), 0.5
+    labels = [np.arange(n) % 20 for n in sizes]
+    order = Continual(("a", "b", "c"), mixing=mixing).order(labels, 9)
+    seeds = derive_order_seeds(9, 3)
+    for i, n in enumerate(sizes):  # every dataset whole, in its own i.i.d. order
+        assert np.array_equal(order.index[order.source == i], iid_permutation(n, seeds[i]))
+    # windows: the last and first mixing / 2 of neighbours; outside them one dataset at a time
+    src = order.source
+    first = 2000 - 500  # a alone, the a|b window of 500 + 500, b alone, the b|c window of 500 + 300, c alone
+    assert (src[:first] == 0).all() and (src[first + 1000:first + 2000] == 1).all()
+    assert (src[first + 2800:] == 2).all() and set(src[first + 2000:first + 2800]) == {1, 2}
+    window = src[first:first + 1000]
+    # the share of b rises linearly across the window: about 1/8, 3/8, 5/8, 7/8 in its quarters
+    shares = [(q == 1).mean() for q in np.split(window, 4)]
+    assert shares == pytest.approx([0.125, 0.375, 0.625, 0.875], abs=0.08)
+    assert np.array_equal(Continual(("a", "b"), 0.0).order(labels[:2], 9).index,
+                          Continual(("a", "b")).order(labels[:2], 9).index)
+    assert np.array_equal(order.index, Continual(("a", "b", "c"), mixing=mixing).order(labels, 9).index)
+
+
 def test_derive_order_seeds():
     seeds = derive_order_seeds(7, 100)
     assert seeds[0] == 7 and len(set(seeds)) == 100 and all(0 <= s < 2**32 for s in seeds[1:])
@@ -217,6 +272,9 @@ def test_derive_order_seeds():
     ({"contaminated": {"rate": 0.1, "base": {"dirichlet": {"gamma": 0.1}}}},
      Contaminated(0.1, HELD_OUT_CLASSES, Dirichlet(0.1))),
     ({"continual": ["imagenet", "imagenet-v2"]}, Continual(("imagenet", "imagenet-v2"))),
+    ({"longtail": {"imbalance": 10}}, LongTail(10)),
+    ({"continual": {"datasets": ["imagenet", "imagenet-v2"], "mixing": 0.2}},
+     Continual(("imagenet", "imagenet-v2"), 0.2)),
 ])
 def test_protocol_from_spec(value, expected):
     assert protocol_from_spec(value) == expected
@@ -240,6 +298,14 @@ def test_describe_names_the_parameters():
     (lambda: Contaminated(rate=1.0), r"contaminated rate must be a number in \[0, 1\), got 1.0"),
     (lambda: Contaminated(rate=0.2, pool=""), "contaminated with must be a dataset name"),
     (lambda: Contaminated(rate=0.2, base=Continual(("a", "b"))), "contaminated base must be iid"),
+    (lambda: Continual(("a", "b"), mixing=1.5), r"continual mixing must be a number in \[0, 1\]"),
+    (lambda: protocol_from_spec({"continual": {"mixing": 0.2}}), "stream continual needs datasets"),
+    (lambda: LongTail(0.5), "longtail imbalance must be a finite number >= 1"),
+    (lambda: LongTail(100).order(np.repeat(np.arange(3), 50), 0),
+     "longtail imbalance 100 over 3 classes needs a head class of at least 100 samples, but the classes' sizes "
+     "allow only 50"),
+    (lambda: protocol_from_spec({"longtail": {}}), "stream longtail needs imbalance"),
+    (lambda: protocol_from_spec({"longtail": {"ratio": 10}}), "unknown stream longtail field 'ratio'"),
     (lambda: Continual(("imagenet",)), "continual needs a list of at least 2 dataset names"),
     (lambda: Continual(("a", "a")), "continual datasets must be distinct"),
     (lambda: Iid().order(LABELS, -1), "stream seed must be an integer >= 0, got -1"),

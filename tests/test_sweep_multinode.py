@@ -43,8 +43,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[1]
 N, PART = 400, 100
-VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb",
-            "warmup_s", "host", "versions", "started_at", "finished_at", "updated_at"}
+VOLATILE = {"samples_per_s", "latency_ms", "method_mem_mb", "time_encoder_s", "time_logits_s", "time_posterior_s",
+            "time_update_s", "peak_mem_mb", "warmup_s", "host", "versions", "started_at", "finished_at",
+            "updated_at"}
 
 
 def guide_steps() -> str:

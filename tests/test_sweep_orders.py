@@ -28,8 +28,9 @@ from orchestrator.sweep.trial import execute_trial, settings_of
 
 ORDERS = 3
 # what differs between two executions of one run (timings, hosts, clocks), left out of the comparisons
-VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb",
-            "warmup_s", "host", "versions", "started_at", "finished_at", "updated_at", "progress"}
+VOLATILE = {"samples_per_s", "latency_ms", "method_mem_mb", "time_encoder_s", "time_logits_s", "time_posterior_s",
+            "time_update_s", "peak_mem_mb", "warmup_s", "host", "versions", "started_at", "finished_at",
+            "updated_at", "progress"}
 
 
 def spec_dict(directory: Path, classes: int = 3, **extra) -> dict:
@@ -197,12 +198,13 @@ def test_a_trial_over_orders_killed_mid_way_resumes_and_writes_the_same_rows(ref
     assert verify_results(spec.results_dir).ok
 
 
-def test_orders_that_draw_other_samples_run_in_their_own_order(tmp_path, monkeypatch):
-    """A contaminated stream with held-out classes draws its OOD samples per order: an order holding a sample
-    the first order's stream lacks runs as its own, with the rows of a run in a trial of its own order."""
-    data = spec_dict(tmp_path, classes=6)  # half of them held out as the OOD pool
-    contaminated = {**data, "methods": [{"method": "zero"}, {"method": "bca"}],
-                    "stream": {"contaminated": {"rate": 0.3}}}
+@pytest.mark.parametrize("stream", [{"contaminated": {"rate": 0.3}}, {"longtail": {"imbalance": 2}}])
+def test_orders_that_draw_other_samples_run_in_their_own_order(tmp_path, monkeypatch, stream):
+    """A contaminated stream with held-out classes draws its OOD samples per order, a long-tailed one its subset:
+    an order holding a sample the first order's stream lacks runs as its own, with the rows of a run in a trial
+    of its own order."""
+    data = spec_dict(tmp_path, classes=6)  # contaminated: half of them held out as the OOD pool
+    contaminated = {**data, "methods": [{"method": "zero"}, {"method": "bca"}], "stream": stream}
     own = validate_spec({**contaminated, "results_dir": "own"}, base_dir=tmp_path)
     each_in_its_own_order(own)
     spec = validate_spec({**contaminated, "pack": 3}, base_dir=tmp_path)

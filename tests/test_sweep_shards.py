@@ -26,8 +26,9 @@ from view_streams import view_stream
 
 N, PART = 230, 40
 # what differs between two executions of one run (timings, hosts, clocks), left out of the comparisons
-VOLATILE = {"samples_per_s", "time_encoder_s", "time_logits_s", "time_posterior_s", "time_update_s", "peak_mem_mb",
-            "warmup_s", "host", "versions", "started_at", "finished_at", "updated_at", "progress"}
+VOLATILE = {"samples_per_s", "latency_ms", "method_mem_mb", "time_encoder_s", "time_logits_s", "time_posterior_s",
+            "time_update_s", "peak_mem_mb", "warmup_s", "host", "versions", "started_at", "finished_at",
+            "updated_at", "progress"}
 # the episodic methods that run on features alone (a prompt-tuning method's card names the text tower it needs,
 # which this stream has not)
 EPISODIC = sorted(name for name in registry.method_names()

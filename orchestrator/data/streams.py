@@ -25,21 +25,33 @@ whether the sample is out of distribution.
   another (in label order); we follow StatA.
 - ``Separate``: class after class (class-incremental): the classes present in a random order, each
   class's samples shuffled (StatA's gamma = -1).
+- ``LongTail(imbalance)``: a long-tailed subset of the dataset in a uniformly random order (L-TTA, ICLR 2026,
+  streams at imbalance 10, 20 and 50; its code was not available to us, so this follows the paper's
+  description with the exponential profile of the long-tailed benchmarks it builds on, LDAM-DRW's
+  ``get_img_num_per_cls``): the classes present are ranked at random (per order), and the class at rank r of
+  K keeps n_r = floor(n_head * imbalance^(-r / (K - 1))) of its samples, drawn at random, with n_head the
+  largest head count every class can supply (min over r of count_r * imbalance^(r / (K - 1)), floored; on a
+  balanced dataset its class size). Frequencies fall geometrically from head to tail; max / min = imbalance
+  up to the flooring to whole samples.
 - ``Contaminated(rate, pool)``: a base protocol's order of the dataset with out-of-distribution samples
   interleaved: m = round(rate * n / (1 - rate)) samples drawn without replacement from the OOD pool
   (held-out classes of the same dataset, or another dataset) at uniformly random positions, so that a
   fraction ``rate`` of the stream is OOD. Source 0 is the dataset, source 1 the pool; OOD positions are
   flagged ``is_ood``.
-- ``Continual(datasets)``: one stream across several datasets that share a label space, one after
+- ``Continual(datasets, mixing)``: one stream across several datasets that share a label space, one after
   another, each in its own i.i.d. order; ``source`` keeps each sample's dataset (its position in the list).
   An entry may be a corruption benchmark's ``{name: cifar10-c, corruption: all, severity: 5}``, which stands
   for its (corruption, severity) datasets in order: ``corruption: all`` is CoTTA's continual benchmark, the
   15 corruptions in CoTTA's order at one severity (``orchestrator.registry.corruptions``).
+  With ``mixing`` > 0, a gradual drift: neighbours share a window (the last mixing/2 of one dataset, the first
+  mixing/2 of the next) in which the next one's share rises linearly (our construction, as the gradual
+  settings of continual TTA change the domain step by step rather than at once).
 
 ``derive_order_seeds(seed, n)`` gives the seeds of ``orders: n`` (the first is the run's seed itself, so
 one order is today's order); ``protocol_from_spec`` reads the YAML forms
-(``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{contaminated: {with: X, rate: 0.2}}``,
-``{continual: [a, b, c]}``).
+(``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{longtail: {imbalance: 10}}``,
+``{contaminated: {with: X, rate: 0.2}}``, ``{continual: [a, b, c]}``,
+``{continual: {datasets: [a, b], mixing: 0.2}}``).
 """
 
 from __future__ import annotations
@@ -52,7 +64,7 @@ import numpy as np
 
 from orchestrator.registry.corruptions import BENCHMARKS, benchmark_key, expand_variants
 
-PROTOCOLS = ("iid", "dirichlet", "separate", "contaminated", "continual")
+PROTOCOLS = ("iid", "dirichlet", "separate", "longtail", "contaminated", "continual")
 # StatA's and OGA's gamma presets: smaller is burstier.
 DIRICHLET_GAMMAS = (0.1, 0.01, 0.001)
 # The contamination pool meaning "the dataset's own held-out classes" rather than another dataset's name.
@@ -220,6 +232,44 @@ class Separate:
         return "separate: one class after another (classes in a random order), each class's samples shuffled"
 
 
+@dataclass(frozen=True)
+class LongTail:
+    """A long-tailed subset, class frequencies falling geometrically over a random class ranking (max / min =
+    ``imbalance``), in a uniformly random order."""
+
+    imbalance: float
+    name = "longtail"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) or not (
+                math.isfinite(self.imbalance) and self.imbalance >= 1):
+            raise ValueError(f"longtail imbalance must be a finite number >= 1 (max / min class frequency, e.g. 10, "
+                             f"20, 50), got {self.imbalance!r}")
+
+    def counts(self, available: np.ndarray) -> np.ndarray:
+        """Samples kept per rank, given the samples ``available`` of the class at each rank (head first)."""
+        k = len(available)
+        factor = float(self.imbalance) ** -(np.arange(k) / max(k - 1, 1))
+        head = int(np.floor((available / factor).min()))
+        if head * factor[-1] < 1:
+            raise ValueError(f"longtail imbalance {self.imbalance:g} over {k} classes needs a head class of at least "
+                             f"{math.ceil(self.imbalance)} samples, but the classes' sizes allow only {head}")
+        return np.minimum(available, np.floor(head * factor).astype(np.int64))
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        labels = _check_labels(labels)
+        rng = np.random.default_rng(_check_seed(seed))
+        ranked = rng.permutation(np.unique(labels))  # head first
+        members = [np.flatnonzero(labels == c) for c in ranked]
+        counts = self.counts(np.array([len(m) for m in members], np.int64)) if members else []
+        kept = [rng.choice(m, size=int(c), replace=False) for m, c in zip(members, counts)]
+        return _single(rng.permutation(np.concatenate(kept)) if kept else np.zeros(0, np.int64))
+
+    def describe(self) -> str:
+        return (f"longtail(imbalance={self.imbalance:g}): a long-tailed subset, class frequencies falling "
+                "geometrically over a random class ranking (max / min = imbalance), in a random order")
+
+
 _IN_DISTRIBUTION = (Iid, Dirichlet, Separate)
 
 
@@ -288,9 +338,12 @@ def held_out_split(labels: Any, fraction: float, seed: int) -> tuple[np.ndarray,
 
 @dataclass(frozen=True)
 class Continual:
-    """Several datasets sharing a label space, one after another, each in its own i.i.d. order."""
+    """Several datasets sharing a label space, one after another, each in its own i.i.d. order; with ``mixing``
+    > 0 (gradual drift) each pair of neighbours interleaved over a window, the next one's share rising linearly
+    across it."""
 
     datasets: tuple[str, ...]
+    mixing: float = 0.0
     name = "continual"
 
     def __post_init__(self) -> None:
@@ -299,6 +352,9 @@ class Continual:
             raise ValueError(f"continual needs a list of at least 2 dataset names, got {self.datasets!r}")
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError(f"continual datasets must be distinct, got {list(self.datasets)}")
+        if isinstance(self.mixing, bool) or not isinstance(self.mixing, (int, float)) or not 0 <= self.mixing <= 1:
+            raise ValueError(f"continual mixing must be a number in [0, 1] (the share of each dataset in a mixing "
+                             f"window), got {self.mixing!r}")
 
     def order(self, labels: Sequence[Any], seed: int) -> StreamOrder:
         """``labels``: one label array per dataset, in ``datasets`` order."""
@@ -307,15 +363,45 @@ class Continual:
         seeds = derive_order_seeds(_check_seed(seed), len(self.datasets))
         parts = [iid_permutation(len(_check_labels(lab, f"labels of {name}")), s)
                  for lab, s, name in zip(labels, seeds, self.datasets)]
-        source = np.concatenate([np.full(len(p), i, np.int64) for i, p in enumerate(parts)])
-        return StreamOrder(index=np.concatenate(parts), source=source, is_ood=np.zeros(len(source), bool))
+        if not self.mixing:
+            source = np.concatenate([np.full(len(p), i, np.int64) for i, p in enumerate(parts)])
+            return StreamOrder(index=np.concatenate(parts), source=source, is_ood=np.zeros(len(source), bool))
+        return self._gradual(parts, _check_seed(seed))
+
+    def _gradual(self, parts: list[np.ndarray], seed: int) -> StreamOrder:
+        """Dataset i's last floor(mixing * n_i / 2) samples and dataset i+1's first floor(mixing * n_{i+1} / 2)
+        share a window: each side's samples get sorted positions drawn from a density falling (2 (1 - x)) or
+        rising (2 x) across it, and the window streams them by position, each side in its own order."""
+        rng = np.random.default_rng([seed, 4])  # apart from the datasets' own orders
+        edge = [int(self.mixing * len(p) / 2) for p in parts]
+        index, source = [], []
+
+        def emit(idx: np.ndarray, src: np.ndarray) -> None:
+            index.append(idx)
+            source.append(src)
+
+        for i, part in enumerate(parts):
+            head = edge[i] if i > 0 else 0
+            tail = edge[i] if i < len(parts) - 1 else 0
+            emit(part[head:len(part) - tail], np.full(len(part) - head - tail, i, np.int64))
+            if tail:
+                prev, nxt = part[len(part) - tail:], parts[i + 1][:edge[i + 1]]
+                at = np.concatenate([np.sort(rng.triangular(0, 0, 1, len(prev))),
+                                     np.sort(rng.triangular(0, 1, 1, len(nxt)))])
+                by = np.argsort(at, kind="stable")
+                emit(np.concatenate([prev, nxt])[by],
+                     np.concatenate([np.full(len(prev), i, np.int64), np.full(len(nxt), i + 1, np.int64)])[by])
+        src = np.concatenate(source)
+        return StreamOrder(index=np.concatenate(index), source=src, is_ood=np.zeros(len(src), bool))
 
     def describe(self) -> str:
+        drift = (f", neighbours interleaved over windows of {self.mixing:.0%} of each (gradual drift: the next "
+                 "dataset's share rising linearly across a window)" if self.mixing else "")
         return (f"continual({', '.join(self.datasets)}): one method state across the datasets in turn, each "
-                "in its own i.i.d. order; rows keep their source dataset")
+                f"in its own i.i.d. order{drift}; rows keep their source dataset")
 
 
-Protocol = Iid | Dirichlet | Separate | Contaminated | Continual
+Protocol = Iid | Dirichlet | Separate | LongTail | Contaminated | Continual
 
 
 def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
@@ -346,7 +432,10 @@ def stream_label(value: Any) -> str:
         return str(value)
     name, body = next(iter(value.items()))
     if isinstance(body, dict):
-        inner = ", ".join(f"{k}={stream_label(v) if isinstance(v, dict) else v}" for k, v in body.items())
+        def text(v: Any) -> str:
+            return stream_label(v) if isinstance(v, dict) else " > ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+        inner = ", ".join(f"{k}={text(v)}" for k, v in body.items())
         return f"{name}({inner})"
     if isinstance(body, list):
         entries = (" ".join(str(v) for v in e.values()) if isinstance(e, dict) else str(e) for e in body)
@@ -383,6 +472,11 @@ def protocol_from_spec(value: Any) -> Protocol:
         if "gamma" not in body:
             raise ValueError("stream dirichlet needs gamma (e.g. 0.1, 0.01, 0.001)")
         return Dirichlet(**body)
+    if name == "longtail":
+        body = _fields(name, body, {"imbalance"})
+        if "imbalance" not in body:
+            raise ValueError("stream longtail needs imbalance (max / min class frequency, e.g. 10, 20, 50)")
+        return LongTail(**body)
     if name == "contaminated":
         body = _fields(name, body, {"with", "rate", "base"})
         if "rate" not in body:
@@ -392,8 +486,15 @@ def protocol_from_spec(value: Any) -> Protocol:
             raise ValueError(f"contaminated base must be iid, dirichlet or separate, got {body['base']!r}")
         return Contaminated(rate=body["rate"], pool=body.get("with", HELD_OUT_CLASSES), base=base)
     if name == "continual":
+        if isinstance(body, dict):
+            body = _fields(name, body, {"datasets", "mixing"})
+            if not isinstance(body.get("datasets"), list):
+                raise ValueError(f"stream continual needs datasets, a list of dataset names, got "
+                                 f"{body.get('datasets')!r}")
+            return Continual(datasets=tuple(d for entry in body["datasets"] for d in _continual_entry(entry)),
+                             mixing=body.get("mixing", 0.0))
         if not isinstance(body, list):
-            raise ValueError(f"stream continual takes a list of dataset names, got {body!r}")
+            raise ValueError(f"stream continual takes a list of dataset names (or datasets and mixing), got {body!r}")
         return Continual(datasets=tuple(d for entry in body for d in _continual_entry(entry)))
     if body not in (None, {}):
         raise ValueError(f"stream {name} takes no parameters, got {body!r}")

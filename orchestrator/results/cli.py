@@ -181,19 +181,43 @@ def report_cmd(
     paper: bool = typer.Option(False, "--paper", help="Show the published numbers and measured minus published."),
     metric: str = typer.Option("accuracy", "--metric", help=f"{', '.join(m.name for m in RUN_METRICS)} (the metric "
                                "registry, orchestrator.results.metrics)."),
+    table_kind: str = typer.Option("comparison", "--table", help="comparison: the paper's tables and a method x "
+                                   "dataset table; cost: accuracy against latency and memory per method (the BCA "
+                                   "paper's Table 3 shape)."),
+    tune_on: Optional[str] = typer.Option(
+        None, "--tune-on", help="Honest tuning: an SQL predicate over the runs view (e.g. \"order_index < 50\" or "
+        "\"seed = 1\"); per method, backbone, dataset and stream the configuration with the best mean --metric on "
+        "the matching runs is chosen and reported on the other runs only."),
     results: Path = typer.Option(Path(schema.DEFAULT_RESULTS_DIR), "--results", help=RESULTS_HELP),
 ) -> None:
     """Print the paper's Table 1 (OOD) and Table 2 (cross-domain) from finished runs, mean ± std over seeds and
     stream orders."""
     from orchestrator.results.db import ResultsDB
-    from orchestrator.results.report import METRICS, report_tables, wide_console
+    from orchestrator.results.report import METRICS, cost_table, recorded_runs, report_tables, wide_console
+    from orchestrator.results.tuning import TuneOnError, tune
 
     if metric not in METRICS:
         _err(f"--metric: unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
         raise typer.Exit(2)
+    if table_kind not in ("comparison", "cost"):
+        _err(f"--table: unknown table {table_kind!r}; expected comparison or cost")
+        raise typer.Exit(2)
     results = _existing_results(results)
     with ResultsDB(results) as db:
-        tables = report_tables(db, sweep=sweep, paper=paper, metric=metric)
+        runs = None
+        if tune_on is not None:
+            try:
+                tuning = tune(db, tune_on, metric)
+            except TuneOnError as e:
+                _err(f"error: {e}")
+                raise typer.Exit(2)
+            every = recorded_runs(db, sweep)
+            runs = tuning.evaluation(every)
+        tables = (report_tables(db, sweep=sweep, paper=paper, metric=metric, runs=runs) if table_kind == "comparison"
+                  else [cost_table(db, sweep=sweep, runs=runs, metric=metric)])
+        if tune_on is not None:
+            for table in tables:
+                table.notes[:0] = tuning.notes(every, db.used_hparam_names)
         _warn_bad_files(db)
         if not any(not t.empty for t in tables) and not paper:
             sweeps = [r["sweep"] for r in db.sql("SELECT DISTINCT sweep FROM runs ORDER BY 1").to_pylist()]
@@ -275,7 +299,8 @@ def compact_cmd(
         raise typer.Exit(2)
     print(f"{root}: {done.runs} run(s), {done.rows} row(s) compacted into {len(done.segments)} new segment(s)"
           + (f"; {done.merged} small segments merged" if done.merged else "")
-          + (f"; {done.upgraded} older segment(s) given their runs' stream curves or pairing statistics"
+          + (f"; {done.upgraded} older segment(s) given their runs' newer metrics, stream curves or pairing "
+             "statistics"
              if done.upgraded else "")
           + (f"; {done.leftovers} leftover run(s) removed" if done.leftovers else "")
           + (f"; {orphans} orphan segment file(s) removed" if orphans else ""))

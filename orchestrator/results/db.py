@@ -1,5 +1,6 @@
 """DuckDB over the results' Parquet files: views samples, runs, accuracy, summary, paired, and the table macros
-paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats).
+paired_against(method) and gains_against(method) (the statistics: orchestrator.results.stats), tuned_choice(ids)
+and tuned(ids) (honest tuning: orchestrator.results.tuning).
 
 An in-memory connection takes no file lock, so any number of readers run while sweeps write. Every query
 through ResultsDB (sql, df, query, cursor) first re-scans the results dir (one stat per file; a footer is
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from orchestrator import registry
-from orchestrator.results import files, metrics, safety, schema, stats, store
+from orchestrator.results import files, metrics, safety, schema, stats, store, tuning
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -381,6 +382,8 @@ class ResultsDB:
                 self._con.execute(_PAIRED_SQL)
                 self._con.execute(_paired_sql(baseline, self._unpaired(segments, baseline)))
                 self._con.execute(_GAINS_SQL)
+                for macro in tuning.MACROS:
+                    self._con.execute(macro)
                 self._con.execute(_summary_sql(hparams))
                 self._key = key
             self._bad = s_bad + r_bad + list(self._bad_segments.values())
@@ -782,8 +785,8 @@ CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
 PAIRED_STAT_COLUMNS = ("gain_ci_low", "gain_ci_high", "p_mcnemar")
 # What compaction materialises besides the curve and the pairing's statistics, and a segment's whole metrics file
 # (run_id, the per-run metrics, the run's pairing against its baseline, its curve, the pairing's statistics). A
-# segment written before the curves existed gets them on the next `compact` (store.compact); until then its runs'
-# curves are read from their rows. One written before the statistics were stored has them computed by the view.
+# segment written before the curves (or a metric of the registry) existed gets them on the next `compact`
+# (store.compact); until then its runs' curves (and metrics) are read from their rows. One written before the statistics were stored has them computed by the view.
 MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
 SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS, *PAIRED_STAT_COLUMNS)
 
@@ -865,6 +868,14 @@ _GAINS_SQL = ("CREATE OR REPLACE MACRO gains_against(baseline_method) AS TABLE "
               + _gains_sql("paired_against(baseline_method)", "baseline_method"))
 
 
+def _summary_metrics() -> str:
+    """Every registered metric's mean and std over a configuration's complete runs (Metric.summary_columns)."""
+    return ",\n           ".join(
+        f"avg({_ident(m.name)}) FILTER (WHERE complete) AS {_ident(mean)}, "
+        f"stddev_samp({_ident(m.name)}) FILTER (WHERE complete) AS {_ident(std)}"
+        for m in metrics.RUN_METRICS for mean, std in [m.summary_columns])
+
+
 def _summary_sql(hparams: Sequence[str]) -> str:
     any_h = ", ".join(f"any_value({_ident(h)}) AS {_ident(h)}" for h in hparams)
     return f"""
@@ -879,11 +890,7 @@ grouped AS (
            any_value(stream) AS stream, any_value(batch_size) AS batch_size,
            count(*) FILTER (WHERE complete) AS n, list(DISTINCT seed ORDER BY seed) FILTER (WHERE complete) AS seeds,
            count(DISTINCT coalesce(order_index, 0)) FILTER (WHERE complete) AS orders,
-           avg(accuracy) FILTER (WHERE complete) AS mean, stddev_samp(accuracy) FILTER (WHERE complete) AS std,
-           avg(last50_accuracy) FILTER (WHERE complete) AS last50_mean,
-           stddev_samp(last50_accuracy) FILTER (WHERE complete) AS last50_std,
-           avg(top5_accuracy) FILTER (WHERE complete) AS top5_mean, avg(ece) FILTER (WHERE complete) AS ece_mean,
-           avg(nll) FILTER (WHERE complete) AS nll_mean, avg(ood_auroc) FILTER (WHERE complete) AS ood_auroc_mean,
+           {_summary_metrics()},
            count(*) FILTER (WHERE NOT complete) AS n_incomplete
     FROM finished GROUP BY group_id
 ),

@@ -4,8 +4,10 @@ Every metric is a function of arrays in stream order, so it can be recomputed fr
 time. The registry at the end of this module (RUN_METRICS) is the one place a metric is declared: name,
 title, unit, direction, numpy definition and SQL definition; the trial, the views, the schema docs, the report
 and the dashboard read it (tests check SQL == numpy for every entry). Accuracy-type metrics (top-1, top-5, ECE,
-NLL, last-half and windowed accuracy) are over in-distribution samples only: a caller passes those rows
-(``run_metrics`` filters them by ``is_ood``).
+NLL, last-half and windowed accuracy, macro-F1, balanced accuracy) are over in-distribution samples only: a caller
+passes those rows (``run_metrics`` filters them by ``is_ood``). An OOD sample (label -1) is thus neither a class
+of macro-F1 or balanced accuracy nor a false positive of the class it was predicted as: it enters the OOD AUROC
+only, as it enters no other metric but that.
 
 Definitions:
 - top-1: mean of ``correct``; top-5: mean of "the label is among the stored top-5 classes" (the top-min(5, K)
@@ -13,6 +15,11 @@ Definitions:
 - ECE: 15 equal-width confidence bins over [0, 1], bin b = (b/15, (b+1)/15] with a confidence of exactly 0
   in the first bin; ECE = sum_b |B_b|/n * |acc(B_b) - conf(B_b)| = sum_b |sum_{B_b}(correct - confidence)| / n.
   ``confidence`` is the max posterior.
+- ECE20: the same with 20 bins, as TTA-VLM and TTABC report it.
+- Macro-F1 (sklearn's ``f1_score(average='macro')``): over the classes that occur as a label or a prediction,
+  F1_c = 2 TP_c / (2 TP_c + FP_c + FN_c), then the plain mean over those classes (L-TTA's long-tail measure).
+- Balanced accuracy (sklearn's ``balanced_accuracy_score``): the mean over the classes that occur as a label of
+  that class's recall, TP_c / (TP_c + FN_c).
 - NLL: mean of -ln p(true class), the posterior probability of the true class stored per sample
   (``prob_true``), floored at the smallest positive normal float32 (1.1754944e-38) so that a probability
   that underflowed to 0 in float32 counts as 87.3 nats instead of infinity.
@@ -36,6 +43,7 @@ import numpy as np
 from orchestrator.stages import STAGE_COLUMNS
 
 ECE_BINS = 15
+ECE20_BINS = 20
 TOP_K = 5
 PROB_FLOOR = float(np.finfo(np.float32).tiny)  # smallest positive normal float32
 _CONF_SLACK = 1e-5  # float32 posteriors may exceed 1 by a rounding step
@@ -91,6 +99,33 @@ def ece(confidence: Any, correct: Any, bins: int = ECE_BINS) -> float:
     _nonempty(len(conf), "ECE")
     gap = np.bincount(ece_bin(conf, bins), weights=correct - conf, minlength=bins)
     return float(np.abs(gap).sum() / len(conf))
+
+
+def _labels_preds(labels: Any, preds: Any, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    labels, preds = _array(labels, "labels", np.int64), _array(preds, "preds", np.int64)
+    if len(labels) != len(preds):
+        raise ValueError(f"{metric} needs one prediction per label, got {len(preds)} and {len(labels)}")
+    _nonempty(len(labels), metric)
+    return labels, preds
+
+
+def macro_f1(labels: Any, preds: Any) -> float:
+    """Mean F1 over the classes that occur as a label or a prediction."""
+    labels, preds = _labels_preds(labels, preds, "macro-F1")
+    classes, at = np.unique(np.concatenate([labels, preds]), return_inverse=True)
+    truth, guess = at[:len(labels)], at[len(labels):]
+    tp = np.bincount(truth[labels == preds], minlength=len(classes))
+    # 2 TP + FP + FN = (TP + FN) + (TP + FP): how often the class is the label plus how often it is predicted
+    support = np.bincount(truth, minlength=len(classes)) + np.bincount(guess, minlength=len(classes))
+    return float((2 * tp / support).mean())
+
+
+def balanced_accuracy(labels: Any, preds: Any) -> float:
+    """Mean recall over the classes that occur as a label."""
+    labels, preds = _labels_preds(labels, preds, "balanced accuracy")
+    classes, truth = np.unique(labels, return_inverse=True)
+    hits = np.bincount(truth, weights=(labels == preds).astype(np.float64), minlength=len(classes))
+    return float((hits / np.bincount(truth, minlength=len(classes))).mean())
 
 
 def nll(prob_true: Any) -> float:
@@ -194,11 +229,14 @@ class RunMetrics:
     last_half: float
     helped_hurt: HelpedHurt | None
     ood_auroc: float | None
+    ece20: float
+    macro_f1: float | None
+    balanced_accuracy: float | None
 
 
 def run_metrics(*, correct: Any, confidence: Any, labels: Any, top5_classes: Any = None, prob_true: Any = None,
                 is_ood: Any = None, image_ids: Sequence[str] | None = None,
-                clip: tuple[Sequence[str], Any] | None = None) -> RunMetrics:
+                clip: tuple[Sequence[str], Any] | None = None, preds: Any = None) -> RunMetrics:
     """Every per-run metric from one run's rows in stream order; OOD rows only enter the AUROC.
 
     ``clip``: (image ids, correct) of zero-shot CLIP on the same stream, for helped / hurt (with the run's
@@ -224,6 +262,10 @@ def run_metrics(*, correct: Any, confidence: Any, labels: Any, top5_classes: Any
         last_half=top1(correct[len(correct) // 2:][inside[len(correct) // 2:]]),
         helped_hurt=counts,
         ood_auroc=ood_auroc(conf, ~inside) if not inside.all() else None,
+        ece20=ece(conf[inside], correct[inside], ECE20_BINS),
+        macro_f1=macro_f1(np.asarray(labels)[inside], np.asarray(preds)[inside]) if preds is not None else None,
+        balanced_accuracy=(balanced_accuracy(np.asarray(labels)[inside], np.asarray(preds)[inside])
+                           if preds is not None else None),
     )
 
 
@@ -243,6 +285,26 @@ SELECT {keys}, sum(abs(gap)) / sum(cnt) AS ece FROM (
     SELECT {keys}, least(greatest(ceil(confidence::DOUBLE * {bins}) - 1, 0), {bins - 1}) AS b,
            count(*) AS cnt, sum(correct::DOUBLE - confidence::DOUBLE) AS gap
     FROM {relation} GROUP BY {keys}, b
+) GROUP BY {keys}"""
+
+
+def macro_f1_sql(relation: str, keys: str = "run_id") -> str:
+    """Macro-F1 per ``keys`` over the classes that occur as a label or a prediction (2 TP + FP + FN = label count +
+    prediction count)."""
+    return f"""
+SELECT {keys}, avg(2.0 * tp / support) AS macro_f1 FROM (
+    SELECT {keys}, c, sum(tp) AS tp, count(*) AS support FROM (
+        SELECT {keys}, label AS c, (pred = label)::INTEGER AS tp FROM {relation}
+        UNION ALL SELECT {keys}, pred AS c, 0 AS tp FROM {relation}
+    ) GROUP BY {keys}, c
+) GROUP BY {keys}"""
+
+
+def balanced_accuracy_sql(relation: str, keys: str = "run_id") -> str:
+    """Balanced accuracy per ``keys``: the mean over the classes that occur as a label of their recall."""
+    return f"""
+SELECT {keys}, avg(recall) AS balanced_accuracy FROM (
+    SELECT {keys}, label, avg((pred = label)::DOUBLE) AS recall FROM {relation} GROUP BY {keys}, label
 ) GROUP BY {keys}"""
 
 
@@ -293,6 +355,7 @@ class Metric:
     # ... or, for metrics that need their own grouping, a function of a samples relation giving (run_id, value)
     sql_query: Any = None
     note: str = ""          # what the title leaves out, for the schema docs
+    summary: str = ""       # the summary view's <summary>_mean / <summary>_std column prefix (default: the name)
 
     @property
     def percent(self) -> bool:
@@ -306,6 +369,15 @@ class Metric:
     @property
     def doc(self) -> str:
         return f"{self.label}: {self.note}" if self.note else self.label
+
+    @property
+    def summary_columns(self) -> tuple[str, str]:
+        """The summary view's mean and std columns over a configuration's runs: accuracy's are plain `mean` and
+        `std`, the table's headline; every other metric's `<summary>_mean` and `<summary>_std`."""
+        if self.name == "accuracy":
+            return "mean", "std"
+        key = self.summary or self.name
+        return f"{key}_mean", f"{key}_std"
 
     def stored(self, measured: RunMetrics) -> float | None:
         value = self.numpy(measured)
@@ -327,10 +399,11 @@ RUN_METRICS: tuple[Metric, ...] = (
            sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE {_INSIDE})"),
     # the last half of the stream = positions i >= n // 2 (numpy's correct[n // 2:]), n the run's n_samples
     Metric("last50_accuracy", "accuracy over the last 50% of the stream", "%", True, 100.0, lambda m: m.last_half,
-           sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2 AND {_INSIDE})"),
+           sql_aggregate=f"avg(s.correct::DOUBLE) FILTER (WHERE s.sample_idx >= e.n_samples // 2 AND {_INSIDE})",
+           summary="last50"),
     Metric("top5_accuracy", "top-5 accuracy", "%", True, 100.0, lambda m: m.top5,
            sql_aggregate="avg(list_contains(s.top5, s.label)::DOUBLE) "
-                         f"FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})"),
+                         f"FILTER (WHERE s.top5 IS NOT NULL AND {_INSIDE})", summary="top5"),
     Metric("ece", "expected calibration error", "%", False, 100.0, lambda m: m.ece,
            sql_query=lambda samples: f"SELECT run_id, ece AS value FROM ({ece_sql(_in_distribution(samples))})",
            note=f"{ECE_BINS} equal-width confidence bins"),
@@ -341,6 +414,19 @@ RUN_METRICS: tuple[Metric, ...] = (
     Metric("ood_auroc", "OOD AUROC", "%", True, 100.0, lambda m: m.ood_auroc,
            sql_query=lambda samples: f"SELECT run_id, ood_auroc AS value FROM ({auroc_sql(_with_ood(samples))})",
            note="of the confidence, separating in- from out-of-distribution samples"),
+    # after ood_auroc: the runs table's columns keep the order older files have (schema.METRIC_COLUMNS)
+    Metric("ece20", "expected calibration error (20 bins)", "%", False, 100.0, lambda m: m.ece20,
+           sql_query=lambda samples: (f"SELECT run_id, ece AS value FROM "
+                                      f"({ece_sql(_in_distribution(samples), bins=ECE20_BINS)})"),
+           note=f"{ECE20_BINS} equal-width confidence bins, as TTA-VLM and TTABC report it"),
+    Metric("macro_f1", "macro-F1", "%", True, 100.0, lambda m: m.macro_f1,
+           sql_query=lambda samples: (f"SELECT run_id, macro_f1 AS value FROM "
+                                      f"({macro_f1_sql(_in_distribution(samples))})"),
+           note="mean F1 over the classes that occur as a label or a prediction"),
+    Metric("balanced_accuracy", "balanced accuracy", "%", True, 100.0, lambda m: m.balanced_accuracy,
+           sql_query=lambda samples: (f"SELECT run_id, balanced_accuracy AS value FROM "
+                                      f"({balanced_accuracy_sql(_in_distribution(samples))})"),
+           note="mean recall over the classes that occur as a label"),
 )
 
 # Against the baseline on the same samples in the same order (the paired view; orchestrator.results.stats).
@@ -358,6 +444,10 @@ COST_METRICS: tuple[Metric, ...] = (
            note="the first call of the run's code in its process (compilation); not in the costs"),
     *(Metric(c, c.replace("_", " "), "", False) for c in STAGE_COLUMNS),
     Metric("peak_mem_mb", "peak memory", "MB", False),
+    Metric("latency_ms", "latency per sample", "ms", False,
+           note="the run's method alone (its share of its method's pass in a pack), warm-up apart"),
+    Metric("method_mem_mb", "method memory", "MB", False,
+           note="the method's own peak above what was allocated when it began (its share in a pack)"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in (*RUN_METRICS, *PAIRED_METRICS, *COST_METRICS)}

@@ -117,10 +117,11 @@ def load_paper_results() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- data
-# Columns of the runs view a table's evidence needs besides the accuracy view's.
+# Columns of the runs view a table's evidence needs besides the accuracy view's, and the cost table's.
 _EVIDENCE_COLUMNS = ("n_skipped", "data_fingerprint", "error")
 # What a lost run's row from its runs file does not bring into a table: what its rows said (they are not read).
 _NOT_IDENTITY = {c.name for c in schema.METRIC_COLUMNS} | {"status", "n_rows", "n_distinct", "complete", "n_ood"}
+COST_COLUMNS = ("latency_ms", "method_mem_mb")
 
 
 def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
@@ -131,7 +132,7 @@ def recorded_runs(db: ResultsDB, sweep: str | None = None) -> pd.DataFrame:
     is gone have no seed or setting to be counted under: left out, and named by `ResultsDB.lost`."""
     where = " WHERE status IS NOT NULL" + (" AND sweep = $sweep" if sweep is not None else "")
     params = {"sweep": sweep} if sweep is not None else None
-    extra = ", ".join(f'r."{c}"' for c in _EVIDENCE_COLUMNS)
+    extra = ", ".join(f'r."{c}"' for c in (*_EVIDENCE_COLUMNS, *COST_COLUMNS))
     accuracy = db.columns("accuracy")
     used = set(db.used_hparam_names)
     # hparams no run has (other methods'): left out, as empty columns of 10^5 runs cost seconds in pandas
@@ -511,6 +512,7 @@ def build_table(db: ResultsDB, layout: Layout, sweep: str | None = None, paper: 
                      "the dataset card's image count)")
     if split:
         notes.append(f"rows split by settings that vary within a dataset: {', '.join(split)}")
+    notes += _best_of_notes(runs)
     table = ReportTable(f"{layout.title}, {METRICS[metric].label}", columns, gain_columns, mean, std, n, gain, best,
                         notes, expected_frame, gain_n, by_index, gain_by_index,
                         methods=pd.Series(methods, index=idx, dtype=object))
@@ -608,6 +610,21 @@ def _significance(db: ResultsDB, table: ReportTable, runs: pd.DataFrame, layout:
         table.notes.append(f"{SIGNIFICANT} gain over CLIP significant at {stats.ALPHA:g} after Holm's correction over "
                            f"this table's {len(raw)} tested cells; [low, high]: its 95% interval over runs and test "
                            "samples (docs/statistics.md)")
+
+
+def _best_of_notes(runs: pd.DataFrame) -> list[str]:
+    """A method shown in several configurations on the same data and stream (a grid's rows): its best row is
+    chosen on the very runs it is measured on, and the caption says so (`tuning` chooses on other runs)."""
+    fit = evidence.prepare(runs) if len(runs) else runs
+    if not len(fit) or "group_id" not in fit:
+        return []
+    fit = fit[fit["_fit"]]
+    counts = fit.groupby(["backbone", "method", "dataset", "_protocol"], sort=False)["group_id"].nunique()
+    most = counts.groupby(level=["backbone", "method"], sort=False).max()
+    lines = [f"{registry.method_label(method)} ({backbone}): best of {k} configurations, chosen on these runs"
+             for (backbone, method), k in most.items() if k > 1]
+    return ["; ".join(lines) + " (bca report --tune-on PREDICATE chooses on some runs and reports on the others)"
+            ] if lines else []
 
 
 def _evidence_notes(by_index: dict[tuple, dict[str, evidence.Cell]], cells: list[evidence.Cell],
@@ -773,3 +790,68 @@ def report_tables(db: ResultsDB, sweep: str | None = None, paper: bool = False, 
         layout = generic_layout(others, "Other datasets, by method and dataset")
         tables.append(build_table(db, layout, sweep=sweep, runs=runs, metric=metric))
     return tables
+
+
+# ------------------------------------------------------------------------------------------------- cost
+@dataclass
+class CostTable:
+    """Accuracy against cost per method (the BCA paper's Table 3 shape): per backbone, dataset and row (`row_labels`),
+    over the finished, complete runs: the metric's mean ± std and n, its paired gain over CLIP, the mean latency
+    per sample and the mean method memory. `frame` holds the numbers, `render()` a rich table."""
+
+    title: str
+    frame: pd.DataFrame
+    notes: list[str]
+    metric: str
+
+    @property
+    def empty(self) -> bool:
+        return self.frame.empty
+
+    def render(self) -> Table:
+        label = METRICS[self.metric].label
+        table = Table(title=self.title, title_justify="left", header_style="bold")
+        for name in ("backbone", "dataset", "method", label, "Δ CLIP", "latency (ms/sample)", "method memory (MB)"):
+            table.add_column(Text(name), justify="left" if name in ("backbone", "dataset", "method") else "right",
+                             no_wrap=True)
+        previous = None
+        for (backbone, dataset, row), r in self.frame.iterrows():
+            if previous is not None and (backbone, dataset) != previous:
+                table.add_section()
+            previous = (backbone, dataset)
+            table.add_row(Text(str(backbone)), Text(registry.dataset_title(dataset)), Text(str(row)),
+                          Text(evidence.cell_text(r["mean"], r["std"], int(r["n"]))), Text(_signed(r["gain"])),
+                          Text(MISSING if _is_missing(r["latency_ms"]) else f"{r['latency_ms']:.4g}"),
+                          Text(MISSING if _is_missing(r["method_mem_mb"]) else f"{r['method_mem_mb']:.4g}"))
+        table.caption = Text("\n".join(self.notes))
+        table.caption_justify = "left"
+        return table
+
+
+def cost_table(db: ResultsDB, sweep: str | None = None, runs: pd.DataFrame | None = None,
+               metric: str = "accuracy") -> CostTable:
+    """The cost table of the recorded runs (of `sweep`, if given; or the accuracy-view rows in `runs`)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of: {', '.join(METRICS)}")
+    runs = recorded_runs(db, sweep) if runs is None else runs
+    runs, _ = _with_row_labels(runs, db.used_hparam_names)
+    runs = _with_clip_values(runs, metric)
+    runs = runs[runs["_fit"]]
+    values = pd.to_numeric(runs[metric], errors="coerce")
+    frame = runs.assign(_value=values, _gain=values - runs["_clip"],
+                        **{c: pd.to_numeric(runs[c], errors="coerce") for c in COST_COLUMNS})
+    grouped = frame.groupby(["backbone", "dataset", "row"], sort=False)
+    out = pd.DataFrame({"mean": grouped["_value"].mean(), "std": grouped["_value"].std(),
+                        "n": grouped["_value"].count(), "gain": grouped["_gain"].mean(),
+                        **{c: grouped[c].mean() for c in COST_COLUMNS}})
+    keys = out.index.to_frame(index=False).assign(
+        rank=grouped["method"].first().map(registry.method_rank).to_numpy())
+    out = out.iloc[keys.sort_values(["backbone", "dataset", "rank", "row"]).index]
+    notes = [f"{METRICS[metric].label}: mean ± std over the finished runs with all their rows (n); Δ CLIP: the mean "
+             "paired gain over zero-shot CLIP on the same samples and order",
+             "latency: milliseconds per sample of the method alone, warm-up apart (in a pack, its share of its own "
+             "method's pass); method memory: its peak above what was allocated when it began (the GPU allocator's; "
+             "on a CPU the growth of the resident size, best effort), in a pack its share; means over the runs; — "
+             "where not measured (runs written before these columns)"]
+    title = f"Accuracy and cost by method{f' — sweep {sweep}' if sweep else ''}"
+    return CostTable(title, out, notes, metric)

@@ -16,8 +16,8 @@ import json
 import duckdb
 
 # What a query may read, for the refusals (orchestrator.results.db defines them).
-READABLE = ("the views samples, runs, accuracy, summary and paired and the macros paired_against(method) and "
-            "gains_against(method)")
+READABLE = ("the views samples, runs, accuracy, summary and paired and the macros paired_against(method), "
+            "gains_against(method), tuned_choice(tune_ids) and tuned(tune_ids)")
 
 # Table functions that read nothing but their arguments or the in-memory catalog.
 ALLOWED_TABLE_FUNCTIONS = frozenset({

@@ -103,15 +103,16 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
                                                "stored before batches existed), else a batch method's batch size",
            missing=1),
 )
+_OOD_AUROC = [m.name for m in RUN_METRICS].index("ood_auroc")
 # What RunWriter.mark accepts as keyword arguments.
 METRIC_COLUMNS: tuple[Column, ...] = (
     Column("n_samples", pa.int64(), "BIGINT", "length of the run's stream"),
     Column("error", pa.string(), "VARCHAR", "error of a failed run"),
     # the registry's metrics (orchestrator.results.metrics); n_ood keeps its place before ood_auroc, the order
-    # files have always had
-    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name != "ood_auroc"),
+    # files have always had (the metrics registered after ood_auroc follow it)
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS[:_OOD_AUROC]),
     Column("n_ood", pa.int64(), "BIGINT", "OOD samples in the stream (contaminated streams), left out of accuracy"),
-    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS if m.name == "ood_auroc"),
+    *(Column(m.name, pa.float64(), "DOUBLE", m.doc) for m in RUN_METRICS[_OOD_AUROC:]),
     Column("samples_per_s", pa.float64(), "DOUBLE", "throughput of the online loop"),
     Column("warmup_s", pa.float64(), "DOUBLE", "seconds of the first call of the run's code in its process (JIT "
                                                "compilation, lazy set-up), on throwaway state; not in samples_per_s "
@@ -121,6 +122,12 @@ METRIC_COLUMNS: tuple[Column, ...] = (
                                                "'adapting 3000/10000 samples' (null once it ends)"),
     Column("peak_mem_mb", pa.float64(), "DOUBLE", "the trial's own peak memory, MiB: the GPU allocator's peak, or "
                                                   "on the CPU the growth of the process's resident size"),
+    Column("latency_ms", pa.float64(), "DOUBLE", "milliseconds per sample of the run's method, warm-up apart: in a "
+                                                 "pack, its share of its own method's pass (null: run before it was "
+                                                 "measured)"),
+    Column("method_mem_mb", pa.float64(), "DOUBLE", "peak memory of the run's method above what was allocated when "
+                                                    "it began, MiB (in a pack, its share of its method's pass; null: "
+                                                    "not measured)"),
     Column("n_skipped", pa.int64(), "BIGINT", "images left out of the stream as unreadable"),
     Column("skipped", pa.string(), "VARCHAR", "JSON list of the unreadable images: {image_id, reason}"),
     Column("data_fingerprint", pa.string(), "VARCHAR",

@@ -341,30 +341,35 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[S
 
 
 def _missing(seg: Segment) -> list[str]:
-    """The metrics columns a segment written before they were materialised lacks: its curves, and its stored
-    pairings' statistics."""
+    """The metrics columns a segment written before they were materialised lacks: the registry's metrics added
+    since, its curves, and its stored pairings' statistics."""
     from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS
+    from orchestrator.results.metrics import RUN_METRICS
 
     have = set(seg.metrics_columns)
     stats = PAIRED_STAT_COLUMNS if "baseline_run" in have else ()
-    return [c for c in (*CURVE_COLUMNS, *stats) if c not in have]
+    return [c for c in (*(m.name for m in RUN_METRICS), *CURVE_COLUMNS, *stats) if c not in have]
 
 
 def _add_missing(root: Path, seg: Segment) -> Segment:
-    """A segment written before curves or the pairings' statistics were materialised, with what it lacks added to
-    its metrics file: its runs' curves (db.run_curves_sql over its rows), the statistics of its stored pairings
+    """A segment written before metrics, curves or the pairings' statistics were materialised, with what it lacks
+    added to its metrics file: the registry's metrics added since (db.run_metrics_sql over its rows), its runs'
+    curves (db.run_curves_sql over its rows), the statistics of its stored pairings
     (db.paired_statistics_sql over their counts: no row read). The file is replaced atomically with the same
     columns and the new ones; the manifest, written by the caller, then lists them (a crash in between leaves a
     file whose extra columns nobody reads)."""
     import duckdb
 
     from orchestrator.results import stats
-    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS, paired_statistics_sql, run_curves_sql
+    from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_STAT_COLUMNS, paired_statistics_sql, run_curves_sql,
+                                         run_metrics_sql)
+    from orchestrator.results.metrics import RUN_METRICS
 
     path = seg.path(root, "metrics")
     lacking = set(_missing(seg))
+    add_metrics = [m.name for m in RUN_METRICS if m.name in lacking]
     add_curves, add_stats = bool(lacking & set(CURVE_COLUMNS)), bool(lacking & set(PAIRED_STAT_COLUMNS))
-    added = [*(CURVE_COLUMNS if add_curves else ()), *(PAIRED_STAT_COLUMNS if add_stats else ())]
+    added = [*add_metrics, *(CURVE_COLUMNS if add_curves else ()), *(PAIRED_STAT_COLUMNS if add_stats else ())]
     metrics = pq.read_table(path).replace_schema_metadata(None)
     metrics = metrics.drop_columns([c for c in added if c in metrics.column_names])
     con = duckdb.connect(":memory:")
@@ -372,6 +377,16 @@ def _add_missing(root: Path, seg: Segment) -> Segment:
     try:
         con.register("seg_metrics", metrics)
         table = "seg_metrics"
+        if add_metrics:
+            rows = pq.read_table(seg.path(root, "samples"))
+            for c in schema.SAMPLE_COLUMNS:  # sample columns added after the segment was written: null there
+                if c.name not in rows.column_names:
+                    rows = rows.append_column(c.name, pa.nulls(len(rows), c.arrow))
+            con.register("seg_rows", rows)
+            con.register("seg_runs", pq.read_table(seg.path(root, "runs"), columns=["run_id", "n_samples"]))
+            cols = ", ".join(f'r."{c}"' for c in add_metrics)
+            table = (f"(SELECT m.*, {cols} FROM {table} m "
+                     f"LEFT JOIN ({run_metrics_sql('seg_rows', 'seg_runs')}) r USING (run_id))")
         if add_curves:
             con.register("seg_samples", pq.read_table(seg.path(root, "samples"),
                                                       columns=["run_id", "sample_idx", "correct"]))

@@ -1,7 +1,7 @@
 """What a run costs, and how `pack: auto` (the default) sizes trials by it.
 
 A run's cost is its method's seconds per sample times its stream's length. Seconds per sample are measured, as
-the ETA measures them (1 / samples_per_s of finished runs: in a pack, a run's share of the pass), from this
+the ETA measures them (1 / samples_per_s of finished runs: in a pack, a run's share of its method's pass), from this
 sweep's finished runs when there are any (a resumed sweep), else taken from the prior below. A trial then holds
 the runs of one data source in stream order until they add up to TRIAL_TARGET_S of work, and never more than
 TRIAL_MAX_S (a retried trial runs all of its runs again), so per-trial overhead (a Tune trial, a process

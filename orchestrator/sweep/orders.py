@@ -22,7 +22,7 @@ together) a run may differ from the same run alone by that rounding, as a pack's
 (`tests/test_sweep_orders.py` compares them with each run in its own trial). Each order's arrangement is drawn
 by the stream protocol from the benchmarks' labels alone (features dropped); an order holding a sample the
 first order's stream does not hold (a stream contaminated from another dataset's pool draws its OOD samples
-per order) runs as a trial of its own order.
+per order; a long-tailed stream draws its subset per order) runs as a trial of its own order.
 
 A replayed run records its configuration's samples/s (the pass's seconds shared among the configurations it
 computed, as a pack's runs share theirs), the same for each of its orders, and its share of the stage times.
@@ -62,7 +62,8 @@ def in_order(source: DataSource, computed: Stream, skeleton: tuple[Benchmark, ..
     sample `computed` lacks."""
     arranged = arrange(skeleton[0], source.protocol(), source.order_seed, others=skeleton[1:],
                        split_seed=source.seed)
-    if list(arranged.class_names) != computed.class_names:
+    # an order of another length (a long-tailed subset per order) is not a permutation of `computed`
+    if list(arranged.class_names) != computed.class_names or len(arranged.order) != len(computed.order):
         return None
     width = int(max(computed.order.numpy().max(initial=0), arranged.order.numpy().max(initial=0))) + 1
     have = (computed.source_index * width + computed.order).numpy()
@@ -149,19 +150,21 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
         for key, run in zip(classes, runs):
             first.setdefault(key, run)
         text = _prompt_text([run.config for run in first.values()], runs[0].source, computed)
-        traces, warmup_s, pass_s = pack_traces(list(first.values()), computed, text)
+        traces, warmup_s, costs = pack_traces(list(first.values()), computed, text)
         rows = {key: _rows(trace, computed.labels) for key, trace in zip(first, traces)}
         by_class = dict(zip(first, traces))
+        cost_of = dict(zip(first, costs))
         served = Counter(classes)
 
         def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
-            # a run's samples/s is its configuration's (the pass's seconds shared among the configurations
-            # computed), so the cost model learns what computing a configuration costs; its stage times are its
-            # share, so that they add up to the pass's over the runs
+            # a run's samples/s and latency are its configuration's (its method's pass shared among the
+            # configurations computed), so the cost model learns what computing a configuration costs; its stage
+            # times are its share, so that they add up to the pass's over the runs
             key, (arranged, perm) = classes[i], laid[runs[i].source]
             outcome = _Outcome()
             outcome.state = {k: _numpy(v) for k, v in by_class[key].state.items()}
-            mine = outcome.add_rows({name: column[perm] for name, column in rows[key].items()}, pass_s / len(first),
+            outcome.mem_mb = cost_of[key].mem_mb
+            mine = outcome.add_rows({name: column[perm] for name, column in rows[key].items()}, cost_of[key].seconds,
                                     {stage: t / served[key] for stage, t in by_class[key].timings.items()})
             return outcome, mine, _laid_stream(computed, arranged, perm)
 
@@ -179,12 +182,13 @@ def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, pea
     try:
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
         text = _prompt_text([run.config for run in runs], runs[0].source, computed)
-        traces, warmup_s, pass_s = pack_traces(runs, computed, text, orders)
+        traces, warmup_s, costs = pack_traces(runs, computed, text, orders)
 
         def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
             stream = _laid_stream(computed, *laid[runs[i].source])
             outcome = _Outcome()
-            return outcome, outcome.add(traces[i], stream.labels, pass_s / len(runs)), stream
+            outcome.mem_mb = costs[i].mem_mb
+            return outcome, outcome.add(traces[i], stream.labels, costs[i].seconds), stream
 
         return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
                           peak_mb=_peak_mb(peak), warmup_s=warmup_s)

@@ -43,7 +43,7 @@ from orchestrator.results import store
 from orchestrator.results.atomic import durable_batch
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
 from orchestrator.results.writer import RunWriter
-from orchestrator.sweep.memory import PeakMemory
+from orchestrator.sweep.memory import MethodCost, PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
 from orchestrator.sweep.plan import DataSource, Run, Trial
 from orchestrator.sweep.spec import SweepSpec
@@ -282,6 +282,14 @@ def _rows(trace: Any, labels: torch.Tensor) -> dict[str, np.ndarray]:
             "selected": _numpy(trace.selected)}
 
 
+@dataclass(frozen=True)
+class Cost:
+    """A run's share of its method's pass: seconds, and peak memory in MiB (None where not measured)."""
+
+    seconds: float
+    mem_mb: float | None
+
+
 class _Outcome:
     """A run's per-sample outputs over the whole stream and its timings, ready to finish."""
 
@@ -291,6 +299,7 @@ class _Outcome:
         self.run_s = 0.0
         self.computed = 0  # samples the method ran in run_s (a replayed prefix included)
         self.state: dict[str, np.ndarray] = {}
+        self.mem_mb: float | None = None  # the method's own peak memory (MethodCost), its share in a pack
 
     def add(self, trace: Any, labels: torch.Tensor, seconds: float) -> dict[str, np.ndarray]:
         self.state = {k: _numpy(v) for k, v in trace.state.items()}
@@ -338,11 +347,14 @@ def _finished_metrics(outcome: _Outcome, stream: Stream, encode_s: float, peak_m
     """A finished run's runs-table metrics, from its rows in `outcome`."""
     n = len(stream)
     labels, is_ood = stream.labels.numpy(), stream.is_ood.numpy()
-    measured = run_metrics(correct=outcome.column("pred") == labels, confidence=outcome.column("confidence"),
-                           labels=labels, top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"),
-                           is_ood=is_ood)
+    preds = outcome.column("pred")
+    measured = run_metrics(correct=preds == labels, confidence=outcome.column("confidence"), labels=labels,
+                           top5_classes=outcome.column("top5"), prob_true=outcome.column("prob_true"), is_ood=is_ood,
+                           preds=preds)
     metrics = {"n_samples": n, **stored_run_metrics(measured), "n_ood": int(is_ood.sum()),
                "samples_per_s": outcome.computed / outcome.run_s if outcome.run_s > 0 else float("inf"),
+               "latency_ms": 1000 * outcome.run_s / outcome.computed if outcome.computed else None,
+               "method_mem_mb": outcome.mem_mb,
                "warmup_s": warmup_s,
                stage_column(ENCODER_STAGE): encode_s,
                **{stage_column(stage): outcome.timings.get(stage, 0.0) for stage in METHOD_STAGES},
@@ -511,23 +523,25 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         features = _features_for(config, stream, vision)
         warmup_s = warm_up([_code_path(config, features)],
                            lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
-        method = method_for_stream()
         part = part_rows_for(settings.part_rows, _batch_size(config))
         sink = _RowSink(writer, stream, part, settings.failpoint)
         outcome = _Outcome()
         checkpointed = method_card(config["method"]).image_encoder is not None
-        first = _resume_state(writer, method, sink.done) if checkpointed else 0
-        for start in range(first, len(stream), part):
-            began = time.perf_counter()
-            trace = method.run(features[start:start + part])
-            labels = stream.labels[start:start + part]
-            rows = outcome.add(trace, labels, time.perf_counter() - began)
-            if checkpointed:  # the state first: a part on disk always has its state saved (a kill between the two
-                # leaves a state ahead of the rows, which a resume does not take: it replays from the start)
-                outcome.state[STATE_ROWS] = np.array(min(start + part, len(stream)))
-                _save_state(writer, outcome, stream)
-            sink.offer(start, rows)
-            progress("adapting", min(start + part, len(stream)), len(stream))
+        with MethodCost(features.device) as whole:  # the method's memory: its state and each part's temporaries
+            method = method_for_stream()
+            first = _resume_state(writer, method, sink.done) if checkpointed else 0
+            for start in range(first, len(stream), part):
+                began = time.perf_counter()
+                trace = method.run(features[start:start + part])
+                labels = stream.labels[start:start + part]
+                rows = outcome.add(trace, labels, time.perf_counter() - began)
+                if checkpointed:  # the state first: a part on disk always has its state saved (a kill between the
+                    # two leaves a state ahead of the rows, which a resume does not take: it replays from the start)
+                    outcome.state[STATE_ROWS] = np.array(min(start + part, len(stream)))
+                    _save_state(writer, outcome, stream)
+                sink.offer(start, rows)
+                progress("adapting", min(start + part, len(stream)), len(stream))
+        outcome.mem_mb = whole.mb
         if first:  # the rows before `first` are on disk from before: the metrics are the whole run's, read back
             outcome.rows = rows_on_disk(writer)
         return _finish(run, writer, sink.resumed_from, outcome, stream, encode_s, _peak_mb(peak), warmup_s)
@@ -537,16 +551,24 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
 
 
 def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch.Tensor | None = None
-                ) -> tuple[list[Any], float, float]:
-    """Each run's trace over the stream from one pass of the multi-config engine per kind of features the runs
-    take (views, a view axis over single features, or features; exact per run), the warm-up's seconds and the
-    passes' seconds. `orders` [runs, n]: run i's stream is the stream's samples in the order orders[i]
+                ) -> tuple[list[Any], float, list[Cost]]:
+    """Each run's trace over the stream from one pass of the multi-config engine per method and kind of features
+    the runs take (views, a view axis over single features, or features; exact per run), the warm-up's seconds
+    and each run's cost: its share of its method's pass (`MethodCost`'s seconds and memory over the configurations
+    of the pass), so a pack of several methods gives each its own. Methods that step in one lockstep runner
+    (the BCA family on views, TDA and TDA+PA, the episodic methods) share its pass and its cost, as they share
+    its work. `orders` [runs, n]: run i's stream is the stream's samples in the order orders[i]
     (orchestrator.sweep.orders)."""
     from orchestrator.methods.many import run_traces_many
 
+    def shared_pass(config: dict[str, Any]) -> tuple:
+        runner = method_card(config["method"]).lockstep_runner(_features_for(config, stream).dim() == 3)
+        return _feature_kind(config, stream), ("runner", id(runner)) if runner is not None else config["method"]
+
     traces: list[Any] = [None] * len(runs)
+    costs: list[Cost] = [Cost(0.0, None)] * len(runs)
     passes = []
-    kinds = [_feature_kind(run.config, stream) for run in runs]
+    kinds = [shared_pass(run.config) for run in runs]
     for kind in dict.fromkeys(kinds):
         picked = [i for i, k in enumerate(kinds) if k == kind]
         configs = [{"method": runs[i].config["method"], "batch_size": _batch_size(runs[i].config),
@@ -559,11 +581,12 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
 
     warmup_s = warm_up([("pack", *_code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
                        lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
-    began = time.perf_counter()
     for picked, configs, features in passes:
-        for i, trace in zip(picked, run_pass(configs, features, None if orders is None else orders[picked])):
-            traces[i] = trace
-    return traces, warmup_s, time.perf_counter() - began
+        with MethodCost(features.device) as cost:
+            done = run_pass(configs, features, None if orders is None else orders[picked])
+        for i, trace in zip(picked, done):
+            traces[i], costs[i] = trace, Cost(cost.seconds / len(picked), cost.mb / len(picked))
+    return traces, warmup_s, costs
 
 
 # The state file's entry saying after how many rows of the stream its state was taken (an encoder method's run).
@@ -664,16 +687,16 @@ def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_
                  peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
     written by `write_pack` (one segment for fresh runs, else parts from each run's rows_done). A run's
-    samples/s is the stream length over its share of the pass."""
+    samples/s is the stream length over its share of its method's pass (`pack_traces`)."""
     started_at = dt.datetime.now(dt.timezone.utc)
     writers, direct = start_pack(runs, len(stream), settings)
     try:
-        traces, warmup_s, pass_s = pack_traces(runs, stream, text)
-        share = pass_s / len(runs)
+        traces, warmup_s, costs = pack_traces(runs, stream, text)
 
         def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
             outcome = _Outcome()
-            return outcome, outcome.add(traces[i], stream.labels, share), stream
+            outcome.mem_mb = costs[i].mem_mb
+            return outcome, outcome.add(traces[i], stream.labels, costs[i].seconds), stream
 
         return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
                           peak_mb=_peak_mb(peak), warmup_s=warmup_s)
