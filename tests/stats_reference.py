@@ -32,7 +32,7 @@ def two_level(diffs, replicate=None, test_set=None, confidence=0.95):
             weight[runs] = 1.0 / (k * len(sets) * len(runs))
         replicate_gains.append(np.mean(per_set))
     mean = float(np.mean(replicate_gains))
-    between = float(np.var(replicate_gains, ddof=1)) / k
+    between = float(np.var(replicate_gains, ddof=1)) / k if k > 1 else 0.0  # one replicate: no spread
     # each run's McNemar standard error sqrt(mean(d^2) / n); fully correlated within a test set, independent across
     sample_var, delta = 0.0, math.inf
     for s in dict.fromkeys(test_set):

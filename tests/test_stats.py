@@ -130,9 +130,20 @@ def test_one_run_falls_back_to_its_exact_mcnemar():
     assert got.test == stats.POOLED_MCNEMAR and got.runs == 1
     assert got.p == pytest.approx(sps.binomtest(30, 40).pvalue, rel=1e-9)
     assert (got.ci_low, got.ci_high) == stats.bootstrap_gain_ci(30, 10, 1000)
-    # one (seed, order) over two datasets: the counts pooled over them
-    got = stats.across_runs([30, 50], [10, 10], [1000, 1000], [(1, 0), (1, 0)], ["a", "b"])
-    assert got.test == stats.POOLED_MCNEMAR and got.p == pytest.approx(sps.binomtest(80, 100).pvalue, rel=1e-9)
+
+
+def test_one_run_over_datasets_of_unequal_size_stands_around_its_mean():
+    # an Average cell of one (seed, order): the mean over the datasets, which counts pooled over them (weighted by
+    # each dataset's size) would not stand around; the samples' noise alone, as the reference computes it
+    rng = np.random.default_rng(3)
+    diffs = [rng.choice([1.0, -1.0, 0.0], size=n, p=p) for n, p in ((200, [0.2, 0.0, 0.8]), (5000, [0.0, 0.0, 1.0]))]
+    helped, hurt = [int((d > 0).sum()) for d in diffs], [int((d < 0).sum()) for d in diffs]
+    got = stats.across_runs(helped, hurt, [len(d) for d in diffs], [(1, 0), (1, 0)], ["a", "b"])
+    mean, low, high, p, df = two_level(diffs, [(1, 0), (1, 0)], ["a", "b"])
+    assert got.runs == 1 and got.ci_low < got.mean < got.ci_high
+    assert (got.mean, got.ci_low, got.ci_high, got.p) == pytest.approx((mean, low, high, p), rel=1e-9)
+    pooled_low, pooled_high = stats.bootstrap_gain_ci(sum(helped), sum(hurt), sum(len(d) for d in diffs))
+    assert not pooled_low <= got.mean <= pooled_high  # what the pooled interval showed: one excluding its mean
 
 
 def test_holm_by_hand_and_against_the_definition():

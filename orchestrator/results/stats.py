@@ -165,8 +165,8 @@ def t_quantile(q: float, df: float) -> float:
 
 def two_level(mean: float, spread: float, k: int, sample_se: float, delta: float,
               confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """(half-width of the interval, two-sided p) of a mean gain over k >= 2 runs: `spread` the sample std of the
-    runs' gains, `sample_se` the test samples' standard error of the mean and `delta` its continuity correction
+    """(half-width of the interval, two-sided p) of a mean gain over k runs: `spread` the sample std of the
+    runs' gains (0 for one run), `sample_se` the test samples' standard error of the mean and `delta` its continuity correction
     (`across_runs`). Variance spread^2 / k + sample_se^2 with Satterthwaite's degrees of freedom
     (k - 1) (variance / (spread^2 / k))^2: k - 1 where the runs' spread dominates, the normal where the samples'
     noise does. No discordant sample in any run and no spread (variance 0) means a gain of 0: p = 1."""
@@ -215,8 +215,9 @@ def across_runs(helped: Sequence[int], hurt: Sequence[int], n: Sequence[int], re
     gains have standard errors se = sqrt(helped + hurt) / n (McNemar's), whatever their correlation within a set
     (reached when they are identical) and independent across sets; continuity correction: half the change in the
     mean when one sample of a set changes sides in all its runs (min over sets of sum w / n), Edwards' for
-    McNemar's test. One replicate has no spread: exact McNemar and the bootstrap interval of the counts pooled
-    over its runs."""
+    McNemar's test. One replicate has no spread: on one test set, exact McNemar and the bootstrap interval of the
+    counts pooled over its runs; over several test sets (an average over datasets), the samples' noise alone (the
+    normal), since pooled counts weigh the sets by their size and would not stand around the mean shown."""
     b, c, total = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (helped, hurt, n))
     size = len(b)
     if size == 0:
@@ -234,14 +235,15 @@ def across_runs(helped: Sequence[int], hurt: Sequence[int], n: Sequence[int], re
     weight = 1.0 / (k * sets_per_rep[rep] * runs_in_cell[cell_of])
     gains = (b - c) / total
     mean = float(np.sum(weight * gains))
-    if k < MIN_RUNS_FOR_SPREAD:
+    if k < MIN_RUNS_FOR_SPREAD and n_sets == 1:
         bb, cc, nn = int(b.sum()), int(c.sum()), int(total.sum())
         lo, hi = bootstrap_gain_ci(bb, cc, nn)
         return GainSummary(k, mean, lo, hi, mcnemar_p(bb, cc), POOLED_MCNEMAR)
     replicate_gains = k * np.bincount(rep, weights=weight * gains, minlength=k)
     sample_se = math.sqrt(float(np.sum(np.bincount(sets, weights=weight * np.sqrt(b + c) / total) ** 2)))
     delta = float(np.bincount(sets, weights=weight / total).min())
-    half, p = two_level(mean, float(replicate_gains.std(ddof=1)), k, sample_se, delta)
+    spread = float(replicate_gains.std(ddof=1)) if k > 1 else 0.0
+    half, p = two_level(mean, spread, k, sample_se, delta)
     return GainSummary(k, mean, mean - half, mean + half, p, TWO_LEVEL)
 
 
