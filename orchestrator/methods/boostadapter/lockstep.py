@@ -2,7 +2,7 @@
 mask), a function of (logit_scale, query, and with query='confident' the number of views keep keeps) alone:
 so each distinct query is computed once (`boostadapter.queries`, a chunk at a time as the method does), the
 positive caches are one per distinct (query, pos_shot) and the negative ones one per (query, neg_shot), in
-`tda._Caches` (the negative ones in its FIFO mode), and the G streams read theirs with their own alpha / beta.
+`caches.LockstepCaches` (the negative ones in its FIFO mode), and the G streams read theirs with their own alpha / beta.
 Over stream orders (orders [G, n]: stream g is features[orders[g]]) a query is also one order's: each chunk
 scores every distinct order's samples of the chunk, and the steps advance the caches of all orders together.
 
@@ -26,11 +26,11 @@ import torch
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.boostadapter.method import QUERY_CHUNK, queries, score_views
 from orchestrator.methods.lockstep import column, group_by, split_timings, takes_orders
-from orchestrator.methods.tda.lockstep import _Caches
+from orchestrator.methods.caches import LockstepCaches
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS
 
 
-def _boosted(pos: _Caches, cache: torch.Tensor, w_pos: torch.Tensor, boost_class: torch.Tensor,
+def _boosted(pos: LockstepCaches, cache: torch.Tensor, w_pos: torch.Tensor, boost_class: torch.Tensor,
              boost_entropy: torch.Tensor, w_boost: torch.Tensor, capacity: torch.Tensor,
              K: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per stream g and boosting view j [G, B] (class K: no view; entropies increasing along j): the boosting
@@ -91,8 +91,8 @@ def run_boostadapter_lockstep(methods: list[Method], features: torch.Tensor,
                                                      for index in (view_of, query_of, pos_of, neg_of))
     pos_query = torch.tensor([q for q, _ in pos_keys], device=device)
     neg_query = torch.tensor([q for q, _ in neg_keys], device=device)
-    pos = _Caches([shot for _, shot in pos_keys], K, d, device, with_values=False)
-    neg = _Caches([shot for _, shot in neg_keys], K, d, device, with_values=True, fifo=True)
+    pos = LockstepCaches([shot for _, shot in pos_keys], K, d, device, with_values=False)
+    neg = LockstepCaches([shot for _, shot in neg_keys], K, d, device, with_values=True, fifo=True)
     members = [torch.nonzero(neg_group == h).flatten() for h in range(len(neg_keys))]
     B = max(k[3] for k in view_keys)
     pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)

@@ -46,7 +46,8 @@ import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prototypes import class_prototypes
-from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, ClassCache
+from orchestrator.methods.caches import ClassCache
+from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS
 
 QUERY_CHUNK = 256  # samples whose queries are computed at once: bounds the [chunk, V, K] view logits in memory
 

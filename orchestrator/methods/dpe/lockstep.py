@@ -1,7 +1,7 @@
 """DPE in lockstep. A DPE stream shares no state with a stream of another config: every hparam moves its text
 prototypes W (through the residual step, the predictions and the gate of the global update), W decides the
 cache classes, and the cache feeds back into the step. So G streams keep G states: W [G, K, d], a TDA cache
-each (`_Caches`, float64 losses as the loop's Python floats) and each cached class's mean entry [G, K, d].
+each (`LockstepCaches`, float64 losses as the loop's Python floats) and each cached class's mean entry [G, K, d].
 
 Over stream orders (orders [G, n]: stream g is features[orders[g]]) nothing changes but the inputs: a step's
 views are each stream's own [G, V, d] instead of one sample's [V, d] shared by all.
@@ -49,7 +49,7 @@ from orchestrator.methods.adamw import first_step
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
 from orchestrator.methods.dpe.method import ADAM_EPS, ALIGN_TEMPERATURE
 from orchestrator.methods.lockstep import column, split_timings, takes_orders
-from orchestrator.methods.tda.lockstep import _Caches
+from orchestrator.methods.caches import LockstepCaches
 from orchestrator.methods.prototypes import mean_prob_entropy_grad
 from orchestrator.methods.views import gather_views, kept_count
 
@@ -156,7 +156,7 @@ def run_dpe_lockstep(methods: list[Method], features: torch.Tensor, *, block_row
     confident = torch.tensor([m.hp["predict_views"] == "confident" for m in methods], device=device)
     # The posterior needs every view's product with Y only where some stream predicts on confident views.
     predict_views = V if any(m.hp["predict_views"] == "confident" for m in methods) else 1
-    cache = _Caches([m.hp["shot"] for m in methods], K, d, device, with_values=False, loss_dtype=f64)
+    cache = LockstepCaches([m.hp["shot"] for m in methods], K, d, device, with_values=False, loss_dtype=f64)
     text = _Text(first.text, G, V, block_rows)
     cache_mean = torch.zeros(G, K, d, dtype=f32, device=device)
     cached = torch.zeros(G, K, dtype=torch.bool, device=device)

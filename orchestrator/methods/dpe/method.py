@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.prototypes import class_prototypes, confident_views, mean_prob_entropy
-from orchestrator.methods.tda.method import ClassCache
+from orchestrator.methods.caches import ClassCache
 
 ADAM_EPS = 1e-3
 WEIGHT_DECAY = 0.1

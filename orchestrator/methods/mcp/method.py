@@ -52,7 +52,8 @@ import torch.nn.functional as F
 from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.dpe.method import ADAM_EPS, ALIGN_TEMPERATURE, WEIGHT_DECAY
 from orchestrator.methods.prototypes import class_prototypes, mean_prob_entropy
-from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, avg_entropy
+from orchestrator.methods.numerics import avg_entropy
+from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS
 from orchestrator.methods.views import kept_count, logit_confidence_order
 
 

@@ -24,104 +24,11 @@ import numpy as np
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, validate_features
+from orchestrator.methods.caches import LockstepCaches
 from orchestrator.methods.lockstep import column, gather_members, group_by, per_card, split_timings, takes_orders
 from orchestrator.methods.tda.method import NEG_ENTROPY_BOUNDS, NEG_MASK_BOUNDS, class_logits, view_chunk
 
 TDA_PRIOR_BLOCK = 64  # samples per block of TDA+PA's prior (`_Prior`)
-
-
-class _Caches:
-    """H TDA caches of `shot[h]` (>= 1) entries per class, stepped together. A `fifo` cache
-    (BoostAdapter's negative one) replaces a full class's oldest entry instead of its worst. Losses are kept in
-    `loss_dtype`: float64 where the single-stream cache ranks Python floats that are not float32 values (DPE's
-    entropy / log2 K); the state reports them in float32, as `ClassCache.entropy` stores them."""
-
-    def __init__(self, shots: list[int], num_classes: int, dim: int, device: torch.device, with_values: bool,
-                 fifo: bool = False, loss_dtype: torch.dtype = torch.float32):
-        H, K = len(shots), num_classes
-        S = max(shots)
-        P = K * S  # pool rows; row P is a dump that non-entering writes go to
-        self.K, self.S, self.P = K, S, P
-        self.rows = torch.arange(H, device=device)
-        self.shot = torch.tensor(shots, dtype=torch.int64, device=device)
-        self.slot_loss = torch.full((H, K, S), math.inf, dtype=loss_dtype, device=device)
-        self.slot_time = torch.zeros(H, K, S, dtype=torch.int64, device=device)
-        self.slot_pool = torch.zeros(H, K, S, dtype=torch.int64, device=device)
-        self.count = torch.zeros(H, K, dtype=torch.int64, device=device)
-        self.used = torch.zeros(H, dtype=torch.int64, device=device)
-        self.keys = torch.zeros(H, P + 1, dim, dtype=torch.float32, device=device)
-        self.cls = torch.full((H, P + 1), K, dtype=torch.int64, device=device)  # K: empty (a dropped column)
-        self.values = (torch.zeros(H, P + 1, K, dtype=torch.float32, device=device) if with_values else None)
-        self.slots = torch.arange(S, device=device)
-        self.fifo = fifo
-
-    def offer(self, step: int, gate: torch.Tensor, pred: torch.Tensor, loss: torch.Tensor, f: torch.Tensor,
-              value: torch.Tensor | None = None) -> torch.Tensor:
-        """TDA's update_cache in every cache at once: append while class `pred` has room, else replace its worst
-        entry (highest loss; among equal losses the newest) when `loss` is strictly lower, or in a fifo cache
-        its oldest entry, always. f (and value) are one row for all caches or one per cache. [H] bool: entered."""
-        rows = self.rows
-        count = self.count[rows, pred]
-        row_loss = self.slot_loss[rows, pred]
-        row_time = self.slot_time[rows, pred]
-        filled = self.slots[None, :] < count[:, None]
-        room = count < self.shot
-        if self.fifo:
-            enter = gate
-            victim = torch.where(filled, row_time, torch.iinfo(torch.int64).max).argmin(dim=1)
-        else:
-            ranked = torch.where(filled, row_loss, -math.inf)
-            worst = ranked.max(dim=1).values
-            victim = torch.where(ranked == worst[:, None], row_time, -1).argmax(dim=1)
-            enter = gate & (room | (loss < worst))
-        slot = torch.where(room, count, victim)
-        old_pool = self.slot_pool[rows, pred, slot]
-        pool = torch.where(enter, torch.where(room, self.used, old_pool), self.P)
-        self.keys[rows, pool] = f
-        self.cls[rows, pool] = torch.where(enter, pred, self.K)
-        if value is not None:
-            self.values[rows, pool] = value
-        self.slot_loss[rows, pred, slot] = torch.where(enter, loss, row_loss[rows, slot])
-        self.slot_time[rows, pred, slot] = torch.where(enter, step, row_time[rows, slot])
-        self.slot_pool[rows, pred, slot] = torch.where(enter, pool, old_pool)
-        grew = (enter & room).long()
-        self.count[rows, pred] += grew
-        self.used += grew
-        return enter
-
-    def weights(self, f: torch.Tensor, beta: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-        """exp(-beta (1 - f . key)) per stream over the longest filled pool prefix [G, used], for one query
-        f [d] or one per cache [H, d]. A cache with fewer rows leaves the rest as they started, class K (a
-        dropped column) and zero values, so their weights add nothing."""
-        used = int(self.used.max())
-        keys = self.keys[:, :used]
-        affinity = keys @ f if f.ndim == 1 else torch.bmm(keys, f[:, :, None])[..., 0]
-        return torch.exp(-1.0 * (beta - beta * affinity[group]))
-
-    def class_sums(self, weights: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-        """[G, K + 1] each stream's weights [G, used] summed per class (column K: the unfilled rows'), as a
-        positive cache's product with its one-hot values."""
-        sums = torch.zeros(weights.shape[0], self.K + 1, dtype=torch.float32, device=weights.device)
-        return sums.scatter_add_(1, self.cls[group, :weights.shape[1]], weights)
-
-    def value_sums(self, weights: torch.Tensor, members: list[torch.Tensor]) -> torch.Tensor:
-        """[G, K] each stream's weights [G, used] times its cache's values (members[h]: the streams of cache h),
-        as a negative cache's product with its masks."""
-        used = weights.shape[1]
-        out = torch.empty(weights.shape[0], self.K, dtype=torch.float32, device=weights.device)
-        for h, rows in enumerate(members):
-            out[rows] = weights[rows] @ self.values[h, :used]
-        return out
-
-    def state(self, h: int, shot: int, prefix: str) -> dict[str, torch.Tensor]:
-        """Cache h in TDA's layout ([K, shot, ...], zeros and inf where empty), as `ClassCache.state` gives it."""
-        filled = (self.slots[None, :shot] < self.count[h, :, None])
-        pool = torch.where(filled, self.slot_pool[h, :, :shot], self.P)
-        out = {f"{prefix}_keys": torch.where(filled[..., None], self.keys[h, pool], 0.0),
-               f"{prefix}_entropy": self.slot_loss[h, :, :shot].to(torch.float32, copy=True)}
-        if self.values is not None:
-            out[f"{prefix}_values"] = torch.where(filled[..., None], self.values[h, pool], 0.0)
-        return out
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
@@ -293,8 +200,8 @@ def run_tda_lockstep(methods: list[Method], features: torch.Tensor, *, fused: bo
     distinct, index = group_by(triples)
     group = torch.tensor(index, dtype=torch.int64, device=device)
     members = [torch.nonzero(group == h).flatten() for h in range(len(distinct))]
-    pos = _Caches([t[2] for t in distinct], K, d, device, with_values=False)
-    neg = _Caches([t[3] for t in distinct], K, d, device, with_values=True)
+    pos = LockstepCaches([t[2] for t in distinct], K, d, device, with_values=False)
+    neg = LockstepCaches([t[3] for t in distinct], K, d, device, with_values=True)
     pos_alpha, pos_beta, neg_alpha, neg_beta = (column(methods, k, torch.float32, device)
                                                 for k in ("pos_alpha", "pos_beta", "neg_alpha", "neg_beta"))
     streams = torch.arange(G, device=device)

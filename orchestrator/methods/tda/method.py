@@ -53,13 +53,14 @@ fired (tda_pa); `selected` = s for tda_pa, -1 for tda. State: the caches ('pos_k
 
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Any, Iterator
 
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.caches import ClassCache
+from orchestrator.methods.numerics import avg_entropy, product
 from orchestrator.methods.bca.reference import blend, update_weights
 from orchestrator.methods.views import PROTOCOL_KEEP, gather_views, lowest_entropy_logit_views
 
@@ -81,102 +82,6 @@ def class_logits(logits: torch.Tensor, class_ids: torch.Tensor | None, num_class
     return top + torch.log(sums)
 
 
-def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b as a GPU's half-precision GEMM computes it for float16 operands (float32 accumulation, one rounding
-    of the result), whatever the device: a CPU's float16 product accumulates otherwise. Plain a @ b in float32."""
-    return (a.float() @ b.float()).to(a.dtype)
-
-
-def avg_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """[..., k, K] logits of k views -> [...]: entropy of the views' averaged softmax, computed as the public
-    code's avg_entropy (log-mean-exp of the log-softmaxes, clamped to the dtype's finite range), operation for
-    operation: its log-softmax is z - logsumexp(z), two roundings in float16."""
-    log_p = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
-    avg = torch.logsumexp(log_p, dim=-2) - math.log(logits.shape[-2])
-    avg = torch.clamp(avg, min=torch.finfo(avg.dtype).min)
-    return -(avg * torch.exp(avg)).sum(dim=-1)
-
-
-class ClassCache:
-    """TDA's per-class cache: `shot` entries per class, each slot ranked by entropy (lowest first).
-
-    keys [K, shot, d], entropy [K, shot] (inf where empty) and values [K, shot, K] hold the entries by class and
-    slot. The per-sample products read compact copies instead (row r: the r-th slot ever filled; a slot keeps its
-    row when its entry is replaced), so they run over the filled entries only, as the public code's per-class
-    lists do, not over the whole K * shot capacity.
-    """
-
-    def __init__(self, num_classes: int, shot: int, dim: int, device: torch.device, with_values: bool,
-                 dtype: torch.dtype = torch.float32) -> None:
-        self.shot = shot
-        self.keys = torch.zeros(num_classes, shot, dim, dtype=dtype, device=device)
-        self.entropy = torch.full((num_classes, shot), math.inf, dtype=torch.float32, device=device)
-        self.values = (torch.zeros(num_classes, shot, num_classes, dtype=dtype, device=device)
-                       if with_values else None)
-        self.filled = 0
-        self.rows = torch.zeros(num_classes * shot, dim, dtype=dtype, device=device)
-        self.row_classes = torch.zeros(num_classes * shot, dtype=torch.int64, device=device)
-        self.row_values = (torch.zeros(num_classes * shot, num_classes, dtype=dtype, device=device)
-                           if with_values else None)
-        # Per class, the entries' (loss, slot, row) in rank order; entries never move.
-        self.ranking: list[list[tuple[float, int, int]]] = [[] for _ in range(num_classes)]
-
-    def offer(self, k: int, key: torch.Tensor, loss: float, value: torch.Tensor | None = None) -> bool:
-        """TDA's update_cache: append while there is room, else replace the worst if strictly better."""
-        ranking = self.ranking[k]
-        if len(ranking) < self.shot:
-            slot, row = len(ranking), self.new_row(k)
-        elif loss < ranking[-1][0]:
-            _, slot, row = ranking.pop()
-        else:
-            return False
-        # Stable re-sort: the new entry goes after every entry with an equal loss.
-        ranking.insert(bisect.bisect_right([entry[0] for entry in ranking], loss), (loss, slot, row))
-        self.store(k, slot, row, key, loss, value)
-        return True
-
-    def new_row(self, k: int) -> int:
-        """The compact row of a slot of class k filled for the first time."""
-        row = self.filled
-        self.row_classes[row] = k
-        self.filled += 1
-        return row
-
-    def store(self, k: int, slot: int, row: int, key: torch.Tensor, loss: float, value: torch.Tensor | None) -> None:
-        """Write an entry into slot `slot` of class k and its compact row (the ranking is the caller's)."""
-        self.keys[k, slot] = key
-        self.rows[row] = key
-        self.entropy[k, slot] = loss
-        if self.values is not None:
-            self.values[k, slot] = value
-            self.row_values[row] = value
-
-    def weights(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """exp(-beta * (1 - f . key)) of each filled entry, by compact row [filled]."""
-        return torch.exp(-1.0 * (beta - beta * product(self.rows[:self.filled], f)))
-
-    def class_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """[K] the weights summed per class: the positive cache's product with one-hot class values (summed in
-        float32 and rounded once, as a float16 product accumulates)."""
-        sums = torch.zeros(self.entropy.shape[0], dtype=torch.float32, device=f.device)
-        weights = self.weights(f, beta)
-        return sums.index_add_(0, self.row_classes[:self.filled], weights.float()).to(weights.dtype)
-
-    def value_sums(self, f: torch.Tensor, beta: float) -> torch.Tensor:
-        """[K] the weights times the entries' values: the negative cache's product with its masks."""
-        return product(self.weights(f, beta), self.row_values[:self.filled])
-
-    def state(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The state tensors in float32 (a float16 cache's values exactly)."""
-        out = {f"{prefix}_keys": self.keys.to(torch.float32, copy=True), f"{prefix}_entropy": self.entropy.clone()}
-        if self.values is not None:
-            out[f"{prefix}_values"] = self.values.to(torch.float32, copy=True)
-        return out
-
-
-# The view path's [chunk, V, M] logits are streamed through half a dozen elementwise passes: on a CPU a
-# chunk that stays in cache (1M floats: 16 samples of 64 views at M = 1000) beats one large product
-# (benchmarks.methods, TDA's official column); a GPU wants large chunks.
 VIEW_CHUNK_FLOATS = {"cpu": 1 << 20}
 VIEW_CHUNK_FLOATS_OTHER = 1 << 26
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from orchestrator.methods.tda.method import product  # a float16 product as a GPU computes it
+from orchestrator.methods.numerics import product  # a float16 product as a GPU computes it
 
 
 def official_tda(views: torch.Tensor, weights: torch.Tensor, hp: dict,

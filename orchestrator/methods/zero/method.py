@@ -49,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from orchestrator.methods.episodic import Episodic
-from orchestrator.methods.tda.method import product
+from orchestrator.methods.numerics import product
 from orchestrator.methods.views import confidence_order, kept_count, view_posteriors
 
 HALF_EPS = torch.finfo(torch.float16).eps  # the official zero temperature in float16 (finfo(l_filt.dtype).eps)

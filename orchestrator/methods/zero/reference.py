@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.tda.method import product  # a float16 product as a GPU computes it
+from orchestrator.methods.numerics import product  # a float16 product as a GPU computes it
 
 
 def official_zero(views: torch.Tensor, weights: torch.Tensor, hp: dict,
