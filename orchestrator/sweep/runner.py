@@ -425,13 +425,16 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
 def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None],
                         rows: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Runs still 'running' once Tune returned were stopped by Ctrl-C (a failed trial is marked by the
-    callback): record them as failed, with how far they got, so the runs table tells the truth. `rows`: the
-    runs' runs-table rows (`recorded_rows`) when the caller has them."""
+    callback), and so were runs whose trial recorded the stop itself as its failure (SystemExit, after the
+    callback's record, when Ctrl-C reached the workers too): record them as failed, with how far they got, so
+    the runs table tells the truth. `rows`: the runs' runs-table rows (`recorded_rows`) when the caller has
+    them."""
     rows = recorded_rows(spec, todo) if rows is None else rows
     stopped = []
     for run in todo:
         row = rows.get(run.run_id, {})
-        if row.get("status") == "running":
+        if row.get("status") == "running" or (row.get("status") == "failed"
+                                              and _STOPPED_ERROR.match(str(row.get("error") or ""))):
             _mark_stopped(RunWriter(spec.results_dir, run.config), command, out)
             stopped.append(run.run_id)
         elif str(row.get("error") or "").startswith(_INTERRUPTED):
@@ -488,7 +491,9 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
         for log, level in zip(quiet, levels):
             log.setLevel(level)
     compactor.finish()
-    return {run.run_id: callback.errors[t.key] for t in trials if t.key in callback.errors for run in t.runs}
+    # a trial ended by the stop did not fail: its runs are recorded as interrupted (`_record_interrupted`)
+    return {run.run_id: error for t in trials if (error := callback.errors.get(t.key)) is not None
+            and not _STOPPED_ERROR.match(error) for run in t.runs}
 
 
 def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str], not_started: list[str],
