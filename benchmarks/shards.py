@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.1f}; each actor {'1 GPU' if args.gpu else f'{args.threads} CPU thread(s)'}")
     print(f"stream: {args.method}, K = {args.classes}, d = {args.dim}, V = {args.views} views, n = {args.n}, "
           f"parts of {args.part_rows}")
-    ray.init(num_cpus=max(os.cpu_count() or 1, max(ACTORS)), include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, max(ACTORS)), include_dashboard=False,
+             logging_level="WARNING")  # a Ray of its own, also where a `ray start` cluster runs here
     actor = ray.remote(num_gpus=1, num_cpus=1)(_ShardActor) if args.gpu else ray.remote(num_cpus=1)(_ShardActor)
     actors = [actor.remote(options) for _ in range(max(ACTORS))]
     rows, failures, base = None, 0, None

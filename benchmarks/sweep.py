@@ -94,7 +94,8 @@ def main() -> None:
     print(f"loop   (one process, no Ray):        {loop_s:7.2f} s")
 
     began = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
+    # a Ray of its own, also where a `ray start` cluster runs here
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING")
     ray_start_s = time.perf_counter() - began
 
     def timed_sweep(pack: int) -> tuple[float, Path]:

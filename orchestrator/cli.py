@@ -80,9 +80,10 @@ def sweep_cmd(
     spec: Path = typer.Argument(..., help="Sweep spec YAML (e.g. experiments/demo.yaml)."),
     resume: bool = typer.Option(False, "--resume", help="Continue a sweep started before: finished runs are "
                                 "skipped, unfinished ones go on from their last complete part."),
-    address: str = typer.Option(None, "--address", help="Ray cluster to join (default: RAY_ADDRESS, else a "
-                                "local Ray using this machine's cores). Its nodes must share results_dir and "
-                                "cache_dir at the same absolute path."),
+    address: str = typer.Option(None, "--address", help="Ray cluster to join, host:port as `ray start --head` "
+                                "printed (default: RAY_ADDRESS, else a local Ray of the sweep's own using this "
+                                "machine's cores, also where a `ray start` cluster runs here). Its nodes must "
+                                "share results_dir and cache_dir at the same absolute path."),
     ray_dashboard: bool = typer.Option(False, "--ray-dashboard", help="Start Ray's own dashboard with the local "
                                        "Ray (on 127.0.0.1, while the sweep runs) and print its address; with "
                                        "--address, print the cluster's."),

@@ -31,3 +31,12 @@ def _registries_as_they_were():
         registry.update(copy)
     methods._KINDS_CACHE[:] = [None, {}]
 
+
+@pytest.fixture
+def local_ray() -> str:
+    """The local Ray that tests running sweeps in this process share (ray_cluster.shared_local_ray); its GCS
+    address."""
+    pytest.importorskip("ray")
+    from ray_cluster import shared_local_ray
+
+    return shared_local_ray()

@@ -1,4 +1,6 @@
-"""A multi-node Ray cluster on this machine, started and stopped with Ray's own commands, for the cluster tests.
+"""Ray for the tests: the local Ray that tests running sweeps in this process share (`shared_local_ray`, the
+`local_ray` fixture), one of a test's own (`own_ray`), and a multi-node Ray cluster on this machine, started and
+stopped with Ray's own commands, for the cluster tests.
 
 `ray start --head` (no CPUs, no GPUs: like cluster.yaml's head, it never runs a trial) and `ray start --address`
 per worker node, each its own raylet with fake GPUs and a custom resource, all given 127.0.0.1 (on Linux Ray
@@ -28,6 +30,45 @@ RAY = str(Path(sys.executable).with_name("ray"))
 SYSTEM_CONFIG = {"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000,
                  "health_check_failure_threshold": 3}
 WORKER_PORTS = 12  # worker processes a node may run at once (Tune actors, the job supervisor, tasks)
+
+
+LOCAL_RAY = {"num_cpus": 2, "num_gpus": 1}  # one GPU in name only: trials that ask for a share of one get placed
+
+
+def _init_local(**kwargs) -> str:
+    import ray
+
+    # "local": a Ray of the test's own even where a `ray start` cluster runs on the machine (a bare ray.init
+    # would join that one)
+    ray.init(address="local", include_dashboard=False, logging_level="WARNING", **kwargs)
+    return ray.get_runtime_context().gcs_address
+
+
+def shared_local_ray() -> str:
+    """The local Ray (LOCAL_RAY) that the tests running sweeps in this process share, started at first use and
+    kept (each start costs seconds); its GCS address. A Ray started since by a sweep without it (with this
+    machine's resources) is replaced, and one stopped by `own_ray` started again."""
+    import ray
+
+    if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) < LOCAL_RAY["num_gpus"]:
+        ray.shutdown()
+    if not ray.is_initialized():
+        return _init_local(**LOCAL_RAY)
+    return ray.get_runtime_context().gcs_address
+
+
+@contextlib.contextmanager
+def own_ray(**kwargs):
+    """`with own_ray(num_cpus=2) as address:` a local Ray of the test's own, whose workers get the environment
+    as it is then (fault hooks on their path), shut down after the block."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        yield _init_local(**kwargs)
+    finally:
+        ray.shutdown()
 
 
 def free_ports(n: int) -> list[int]:
@@ -121,8 +162,10 @@ class LocalCluster:
             time.sleep(0.5)
         raise RuntimeError(f"node {node.name} never showed up in `ray list nodes`")
 
-    def start_head(self) -> Node:
-        self.head = self._start("head", [
+    def start_head(self, name: str = "head") -> Node:
+        """`name` names the node and its temp dir under root (`ray start` writes the address a bare ray.init
+        joins into that dir: "ray" makes it root/ray, where a process with TMPDIR=root looks)."""
+        self.head = self._start(name, [
             "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port), "--num-cpus", "0", "--num-gpus", "0",
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(self.dashboard_port), "--ray-client-server-port", str(self.client_port),

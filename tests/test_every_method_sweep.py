@@ -18,14 +18,7 @@ from orchestrator.sweep.plan import expand
 from orchestrator.sweep.runner import run_sweep
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("local_ray")]
 
 
 def _sweep(path: Path, spec: dict) -> tuple[object, list]:
@@ -40,7 +33,7 @@ def _sweep(path: Path, spec: dict) -> tuple[object, list]:
     return loaded, runs
 
 
-def test_every_single_view_method_on_a_synthetic_scenario(ray_session, tmp_path):
+def test_every_single_view_method_on_a_synthetic_scenario(tmp_path):
     methods = [c.name for c in registry.method_cards() if not c.views_everywhere and c.image_encoder is None]
     assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter", "dlae", "adapt"} <= set(methods)
     _, runs = _sweep(tmp_path / "synthetic.yaml", {
@@ -50,7 +43,7 @@ def test_every_single_view_method_on_a_synthetic_scenario(ray_session, tmp_path)
     assert sorted(r.config["method"] for r in runs) == sorted(methods)
 
 
-def test_every_method_on_a_tiny_real_dataset_with_its_official_views(ray_session, tmp_path):
+def test_every_method_on_a_tiny_real_dataset_with_its_official_views(tmp_path):
     from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
 
     build_dataset("imagenet-a", tmp_path / "data", num_classes=3, per_class=3)

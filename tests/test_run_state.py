@@ -23,7 +23,7 @@ from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import load_spec, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.record import write_sweep_record
-from orchestrator.sweep.runner import _mark_failed
+from orchestrator.sweep.runner import _mark_failed, _record_interrupted
 from orchestrator.sweep.trial import FAILPOINT_ENV, settings_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +70,19 @@ def test_a_run_stopped_while_its_trial_still_wrote_is_recorded_at_its_rows_on_di
     row = read_run(spec.results_dir, spec.name, run.run_id)
     assert row["error"].startswith("interrupted after 100 complete rows (of 200)")
     assert row["progress"] == "stopped at 100/200 rows" and writer.rows_done() == 100
+
+
+def test_a_stop_the_trial_recorded_as_its_own_failure_is_recorded_as_interrupted(tmp_path):
+    """Ctrl-C in a terminal reaches the workers too: a trial may record "SystemExit: 0" after the callback's
+    record of the stop. Once Tune returned, such a run counts as interrupted (exit 130), not failed (exit 1)."""
+    spec = load_spec(write_spec(tmp_path))
+    (run,) = make_trials(expand(spec), 1)[0].runs
+    write_fake_run(spec.results_dir, run.config, n=100, status="running")
+    RunWriter(spec.results_dir, run.config).mark("failed", error="SystemExit: 0")  # the trial's own record
+    assert _record_interrupted(spec, [run], "bca sweep st.yaml", print) == [run.run_id]
+    row = read_run(spec.results_dir, spec.name, run.run_id)
+    assert row["status"] == "failed" and row["error"] == ("interrupted after all 100 rows (not yet recorded "
+                                                          "finished); resume with bca sweep st.yaml --resume")
 
 
 def test_verify_names_every_run_that_is_not_finished(tmp_path):

@@ -29,8 +29,15 @@ def test_the_study_spec_is_the_papers_grid_over_100_orders():
     assert {m.method for m in spec.methods} == builtin  # every built-in method adapting on features
 
 
+def written_under(*roots: Path) -> dict[Path, int]:
+    """Every path under the roots (the roots included) with its modification time: what a command wrote there."""
+    return {p: p.stat().st_mtime_ns for root in roots if root.exists() for p in [root, *root.rglob("*")]}
+
+
 def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     assert not (REPO / "data").exists()  # the spec's data_root: absent on a test machine
+    # the spec's results and cache dirs: the demo (the README's first command) may have written there before
+    before = written_under(REPO / "results", REPO / "cache")
     done = subprocess.run([bca_executable(), "sweep", "experiments/paper_study.yaml", "--dry-run"], cwd=REPO,
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -76,7 +83,7 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
             for m in samples}
     expected = sum(count / rate[m] for m, count in samples.items()) / 3600
     assert gpu == pytest.approx(expected, abs=0.05) and cpu > 0
-    assert not (REPO / "results").exists()
+    assert written_under(REPO / "results", REPO / "cache") == before  # a dry run writes nothing
 
 
 def _test_images(dataset: str) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 import yaml
 
 from orchestrator.results import store
@@ -63,14 +62,9 @@ def test_measured_cost_is_the_median_of_finished_runs():
     assert cost.measured_sample_seconds(rows) == {"bca": 0.01}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    yield
-    ray.shutdown()
 
 
-def test_a_default_sweep_packs_compacts_and_matches_one_run_per_trial(ray_session, tmp_path, monkeypatch):
+def test_a_default_sweep_packs_compacts_and_matches_one_run_per_trial(local_ray, tmp_path, monkeypatch):
     methods = [{"method": "clip"}, {"method": "bca", "tau": [0.2, 0.3, 0.4], "n2": [5, 10], "n1": 50}]
     lines: list[str] = []
     monkeypatch.setenv(COMPACT_MIN_RUNS_ENV, "1")

@@ -168,11 +168,10 @@ def test_reproduce_this_run_keeps_a_batch_runs_batch_and_order(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_every_batch_method_sweeps_at_its_official_size_and_at_1(tmp_path):
+def test_every_batch_method_sweeps_at_its_official_size_and_at_1(local_ray, tmp_path):
     """Card-driven: every method with an official batch size, beside CLIP, through a Ray sweep on a CLIP-like
     synthetic preset and a tiny real-layout dataset, under iid, Dirichlet and separate streams, at its official
     batch size and at 1; each run's rows are the method's own at its batch size over the run's stream."""
-    ray = pytest.importorskip("ray")
     from orchestrator import registry
     from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
     from orchestrator.results.verify import verify_results
@@ -194,11 +193,7 @@ def test_every_batch_method_sweeps_at_its_official_size_and_at_1(tmp_path):
     path = tmp_path / "batches.yaml"
     path.write_text(yaml.safe_dump(spec))
     loaded = load_spec(path)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
-        outcome = run_sweep(loaded, out=lambda line: None)
-    finally:
-        ray.shutdown()
+    outcome = run_sweep(loaded, out=lambda line: None)
     assert outcome.ok, outcome.failed
     assert verify_results(loaded.results_dir).ok
     runs = expand(loaded)

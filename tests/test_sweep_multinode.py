@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -74,8 +75,11 @@ def cluster():
     assert "`export RAY_AUTH_MODE=token`" in guide_steps()
     env = {**cluster_env(home, REPO), "RAY_AUTH_MODE": "token"}
     ray_cluster = LocalCluster(root / "ray", env)
-    made = ray_cluster.ray(*guide_command("ray get-auth-token").split()[1:], timeout=60)  # step 1, in a clean HOME
+    # step 1, in a clean HOME: the token is the user's alone
+    made = subprocess.run(["bash", "-c", guide_command("ray get-auth-token")], env=env, capture_output=True,
+                          text=True, timeout=60)
     assert made.returncode == 0 and (home / ".ray" / "auth_token").is_file(), made.stdout + made.stderr
+    assert stat.S_IMODE((home / ".ray" / "auth_token").stat().st_mode) == 0o600
     try:
         ray_cluster.start_head()
         ray_cluster.add_worker()

@@ -30,9 +30,10 @@ from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep
 from orchestrator.sweep.trial import settings_of
 from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
+from ray_cluster import shared_local_ray
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("local_ray")]
 
 N = 600
 PART = 100
@@ -41,11 +42,6 @@ ROW_COLUMNS = ["run_id", "sample_idx", "image_id", "label", "pred", "correct", "
                "selected"]
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="WARNING")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 def write_spec(directory: Path, *, name: str = "t", results: str = "results", **overrides) -> Path:
@@ -93,8 +89,9 @@ def assert_complete(results_dir: str | Path, spec_path: Path) -> dict[str, list[
 
 
 @pytest.fixture(scope="module")
-def reference(ray_session, tmp_path_factory):
+def reference(tmp_path_factory):
     """An uninterrupted run of the standard spec: the rows every faulted run must reproduce."""
+    shared_local_ray()
     directory = tmp_path_factory.mktemp("reference")
     spec_path = write_spec(directory)
     lines: list[str] = []
@@ -137,7 +134,7 @@ def test_rerun_skips_finished_runs(reference):
     assert not [ln for ln in lines if ln.startswith("[")]
 
 
-def test_a_running_trials_progress_reaches_the_driver(ray_session, tmp_path):
+def test_a_running_trials_progress_reaches_the_driver(local_ray, tmp_path):
     """With --progress-every 0 every part of a running trial shows up as a driver line, through Tune."""
     spec_path = write_spec(tmp_path, methods=[{"method": "bca", "n1": 50}], seeds=[1])
     lines: list[str] = []
@@ -187,9 +184,9 @@ def _bca(*args: str, env: dict | None = None, **kwargs) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
-def test_driver_sigkilled_then_resume(reference, tmp_path):
+def test_driver_sigkilled_then_resume(reference, local_ray, tmp_path):
     ref_dir, ref_spec, _, _ = reference
-    address = ray.get_runtime_context().gcs_address
+    address = local_ray
     flag = tmp_path / "stalled"
     spec_path = write_spec(tmp_path)
     driver = _bca("sweep", str(spec_path), "--address", address,
@@ -232,7 +229,7 @@ def test_same_spec_and_seed_give_identical_rows_and_the_stored_order_replays(ref
     assert posteriors.argmax(dim=1).tolist() == stored
 
 
-def test_real_dataset_sweep_encodes_each_cache_key_once(ray_session, tmp_path):
+def test_real_dataset_sweep_encodes_each_cache_key_once(local_ray, tmp_path):
     """The real-data path through Ray: a tiny open_clip model (its config registered in every trial process),
     datasets in their real layouts, single views shared by all seeds, AugMix views per seed, zero on them."""
     from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config

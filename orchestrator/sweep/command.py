@@ -4,8 +4,9 @@ code.
 
 Exit codes: 0 every run finished (or the dry run's plan printed); 1 some runs failed or were left unfinished (the
 summary says which and how to resume), or the results dir cannot be written; 2 the spec is invalid (every
-problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, joins a cluster whose head does
-not answer (after a bounded wait) or with a results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
+problem listed), asks for a GPU a local Ray lacks or more CPUs than a node has, names an --address that is no
+Ray address, or a cluster whose head does not answer (after a bounded wait) or Ray cannot join, or joins with a
+results/cache dir that is not absolute and writable, another `bca sweep` runs this sweep, or a sweep of more
 than LARGE_SWEEP runs lacks --yes; 130 Ctrl-C.
 """
 

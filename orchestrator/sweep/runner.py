@@ -13,7 +13,8 @@ again from the start with `rerun_changed`.
 One driver per sweep: a lock under <results>/sweeps/ (`sweep_lock`); a second `bca sweep` of the same sweep is
 refused naming the holder, before it writes anything. Sweeps of more than LARGE_SWEEP runs to run need `yes`.
 
-Ray: local by default (num_cpus = this machine's cores, no dashboard unless asked for); `address` or
+Ray: local by default (num_cpus = this machine's cores, no dashboard unless asked for), a Ray of its own even
+where a `ray start` cluster runs on this machine (a line names that cluster's address); `address` or
 RAY_ADDRESS joins a running cluster, whose nodes must all see the results and cache dirs at the same absolute
 path (checked at start). An already initialised Ray session is used as is (the tests share one). Tune's own
 console reporter is off; `ProgressCallback` prints one line per finished trial, and now and then one per long
@@ -164,15 +165,30 @@ class ClusterUnreachable(ValueError):
 
 
 JOIN_WAIT_S = 20.0  # how long a head that does not accept connections is retried before the sweep gives up
+_ADDRESS = re.compile(r"^(ray://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+_EXPECTED_ADDRESS = ("expected the address `ray start --head` printed, host:port (port 6379 by default), or no "
+                     "--address (and no RAY_ADDRESS) to run on a local Ray")
+
+
+def check_address(address: str) -> None:
+    """The form of --address / RAY_ADDRESS, checked before anything else (a finished sweep too): host:port,
+    ray://host:port or 'auto' (Ray finds a head on this machine), else ClusterUnreachable naming it."""
+    if address == "auto":
+        return
+    if address.startswith(("http://", "https://")):
+        raise ClusterUnreachable(f"--address {address}: that is a dashboard's address (`ray job submit` takes it); "
+                                 f"a sweep joins the cluster itself: {_EXPECTED_ADDRESS}")
+    match = _ADDRESS.match(address)
+    if not match or not 0 < int(match[3]) < 65536:
+        raise ClusterUnreachable(f"--address {address}: not a Ray address; {_EXPECTED_ADDRESS}")
 
 
 def check_reachable(address: str, wait_s: float = JOIN_WAIT_S) -> None:
-    """The head's port accepts a TCP connection within `wait_s`, else ClusterUnreachable naming the address.
-    'auto' (Ray finds a local head itself) is left to Ray."""
-    target = address.removeprefix("ray://")
-    host, _, port = target.rpartition(":")
-    if address == "auto" or not host or not port.isdigit():
+    """The head's port accepts a TCP connection within `wait_s`, else ClusterUnreachable naming the address
+    (whose form `check_address` checked). 'auto' (Ray finds a local head itself) is left to Ray."""
+    if address == "auto":
         return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     deadline, error = time.monotonic() + wait_s, None
     while True:
         try:
@@ -215,7 +231,11 @@ def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[s
         return
     token = "it asks for the token that `ray get-auth-token` prints"
     if address:
-        context = ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            context = ray.init(address=address, logging_level=logging.WARNING)
+        except (ConnectionError, ValueError, RuntimeError) as exc:  # ConnectionError is an OSError: not a disk's
+            raise ClusterUnreachable(f"--address {address}: Ray could not join the cluster there ({exc}); "
+                                     f"{_EXPECTED_ADDRESS}") from None
         if dashboard:
             out(f"Ray dashboard: http://{context.dashboard_url} on the head (from your machine: "
                 f"`ray dashboard cluster.yaml`, then http://127.0.0.1:8265; {token})")
@@ -223,14 +243,34 @@ def _init_ray(address: str | None, gpu: float, dashboard: bool, out: Callable[[s
     # A new local Ray runs with token authentication unless RAY_AUTH_MODE says otherwise (Ray's own default, which
     # makes ~/.ray/auth_token if there is none; setting the variable here, after Ray read its config, would not
     # reach this process), so no other user of this machine can run code in it through its ports.
-    context = ray.init(num_cpus=os.cpu_count(), logging_level=logging.WARNING, include_dashboard=dashboard,
-                       dashboard_host="127.0.0.1")
+    running = _cluster_on_this_machine()
+    if running:
+        out(f"note: a Ray cluster started with `ray start` runs on this machine at {running}; this sweep runs on a "
+            f"local Ray of its own, as every sweep without --address does (to run it on that cluster: --address "
+            f"{running})")
+    # "local": a new Ray of this sweep's own (without it, ray.init joins the cluster `ray start` left its address for)
+    context = ray.init(address="local", num_cpus=os.cpu_count(), logging_level=logging.WARNING,
+                       include_dashboard=dashboard, dashboard_host="127.0.0.1")
     if dashboard:
         out(f"Ray dashboard: http://{context.dashboard_url} (this machine only; it closes with the sweep; {token})")
     if gpu > 0 and ray.cluster_resources().get("GPU", 0) < gpu:
         ray.shutdown()
         raise NoGPU(f"resources.gpu: each trial asks for {gpu} GPU but this machine has none; expected "
                     f"resources.gpu: 0 to run on the CPU, or --address of a cluster with GPUs")
+
+
+def _cluster_on_this_machine() -> str | None:
+    """The address of the cluster `ray start` last started on this machine (Ray's own record, which a bare
+    ray.init would join), if its port still accepts a connection."""
+    from ray._private.services import find_bootstrap_address
+
+    address = find_bootstrap_address(None)
+    host, _, port = (address or "").rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return address
+    except (OSError, ValueError):
+        return None
 
 
 def cpus_issue(cpus: float, nodes: list[dict[str, Any]]) -> str | None:
@@ -324,6 +364,7 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
     another version of their dataset; `runs`: the spec's expansion when the caller already has it."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
+        check_address(address)
         check_reachable(address)
         check_shared_storage(spec, address)
     runs = expand(spec) if runs is None else runs
@@ -393,15 +434,18 @@ def run_sweep(spec: SweepSpec, *, resume: bool = False, address: str | None = No
 def _record_interrupted(spec: SweepSpec, todo: list[Run], command: str, out: Callable[[str], None],
                         rows: dict[str, dict[str, Any]] | None = None) -> list[str]:
     """Runs still 'running' once Tune returned were stopped by Ctrl-C (a failed trial is marked by the
-    callback): record them as failed, with how far they got, so the runs table tells the truth. `rows`: the
-    runs' runs-table rows (`recorded_rows`) when the caller has them."""
+    callback), and so were runs whose trial recorded the stop itself as its failure (SystemExit, after the
+    callback's record, when Ctrl-C reached the workers too): record them as failed, with how far they got, so
+    the runs table tells the truth. `rows`: the runs' runs-table rows (`recorded_rows`) when the caller has
+    them."""
     rows = recorded_rows(spec, todo) if rows is None else rows
     stopped = []
     for run in todo:
         row = rows.get(run.run_id, {})
         # one recorded interrupted already (on SIGTERM) was counted while its trial was still stopping, which can
         # write a part after: counted again, so the record says what is on disk
-        if row.get("status") == "running" or _was_stopped(row):
+        if row.get("status") == "running" or _was_stopped(row) or (
+                row.get("status") == "failed" and _STOPPED_ERROR.match(str(row.get("error") or ""))):
             _mark_stopped(RunWriter(spec.results_dir, run.config), command, out)
             stopped.append(run.run_id)
     return stopped
@@ -456,7 +500,9 @@ def _tune(spec: SweepSpec, runs: list[Run], trials: list[Trial], skipped: int, a
         for log, level in zip(quiet, levels):
             log.setLevel(level)
     compactor.finish()
-    return {run.run_id: callback.errors[t.key] for t in trials if t.key in callback.errors for run in t.runs}
+    # a trial ended by the stop did not fail: its runs are recorded as interrupted (`_record_interrupted`)
+    return {run.run_id: error for t in trials if (error := callback.errors.get(t.key)) is not None
+            and not _STOPPED_ERROR.match(error) for run in t.runs}
 
 
 def _outcome(spec: SweepSpec, runs: list[Run], skipped: int, interrupted: list[str], not_started: list[str],
@@ -499,4 +545,4 @@ def _count(errors: Any) -> list[tuple[str, int]]:
 
 
 __all__ = ["run_sweep", "SweepOutcome", "NoGPU", "SharedStorageError", "SweepLocked", "NeedsConfirmation",
-           "ClusterUnreachable", "LARGE_SWEEP"]
+           "ClusterUnreachable", "LARGE_SWEEP", "check_address"]

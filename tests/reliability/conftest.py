@@ -32,6 +32,7 @@ from orchestrator.results.writer import read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.trial import Settings, execute_trial
+from ray_cluster import own_ray
 
 REPO = Path(__file__).resolve().parents[2]
 HOOKS_DIR = Path(__file__).resolve().parent / "hooks"
@@ -222,16 +223,15 @@ class Faults:
 @pytest.fixture(scope="package")
 def ray_session(tmp_path_factory):
     """One local Ray (2 CPUs) for the package, every worker carrying the fault hooks."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     control = tmp_path_factory.mktemp("fault-control")
     saved = {k: os.environ.get(k) for k in ("PYTHONPATH", HOOKS_ENV)}
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS_DIR), saved["PYTHONPATH"]) if p)
     os.environ[HOOKS_ENV] = str(control)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
-        yield ray.get_runtime_context().gcs_address, Faults(control)
+        with own_ray(num_cpus=2) as address:  # its workers start with the hooks on their path
+            yield address, Faults(control)
     finally:
-        ray.shutdown()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
