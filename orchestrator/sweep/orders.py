@@ -94,7 +94,7 @@ Laid = dict[DataSource, tuple[Arranged, np.ndarray]]
 
 # Skeletons kept per process (labels and ids, no features), keyed by the source's first order: a reused actor's next
 # trial over the same data arranges its orders without loading the features again (its stream is in
-# sweep.trial's memo).
+# sweep.pieces' memo).
 _SKELETONS: OrderedDict[tuple[DataSource, bool], tuple[Benchmark, ...]] = OrderedDict()
 
 
