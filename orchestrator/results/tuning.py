@@ -22,25 +22,22 @@ import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, metrics, safety
+from orchestrator.results.sql import sql_str
 
 # Cells of a tuning: one choice per method on one backbone, dataset and stream protocol.
 CELL = ("method", "backbone", "dataset", "stream")
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _value_sql(metric: str) -> str:
     """The column the SQL expression `metric` names (an unknown name: an error naming the known ones)."""
-    cases = " ".join(f"WHEN {_sql_str(m.name)} THEN {m.name}" for m in metrics.RUN_METRICS)
+    cases = " ".join(f"WHEN {sql_str(m.name)} THEN {m.name}" for m in metrics.RUN_METRICS)
     known = ", ".join(m.name for m in metrics.RUN_METRICS)
     return f"CASE {metric} {cases} ELSE error('tuned: unknown metric ' || {metric} || '; expected one of: {known}') END"
 
 
 def _sign_sql(metric: str) -> str:
     """+1 where higher is better for the metric `metric` names, -1 where lower is."""
-    lower = ", ".join(_sql_str(m.name) for m in metrics.RUN_METRICS if not m.higher_is_better)
+    lower = ", ".join(sql_str(m.name) for m in metrics.RUN_METRICS if not m.higher_is_better)
     return f"CASE WHEN {metric} IN ({lower}) THEN -1 ELSE 1 END"
 
 
@@ -161,7 +158,7 @@ def tune(db: Any, predicate: str, metric: str = "accuracy") -> Tuning:
     if len(ids) == total:
         raise TuneOnError(f"--tune-on {predicate!r} matches every one of the {total} runs: nothing left to report "
                           "on")
-    choices = db.df(f"SELECT * FROM tuned_choice((SELECT list(run_id) FROM tune_ids), {_sql_str(metric)}) "
+    choices = db.df(f"SELECT * FROM tuned_choice((SELECT list(run_id) FROM tune_ids), {sql_str(metric)}) "
                     "ORDER BY method, backbone, dataset, stream",
                     tables={"tune_ids": pa.table({"run_id": pa.array(sorted(ids), pa.string())})})
     return Tuning(predicate, metric, ids, choices)
