@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, metrics, safety
+from orchestrator.results.labels import fmt_value, follows
 from orchestrator.results.sql import sql_str
 
 # Cells of a tuning: one choice per method on one backbone, dataset and stream protocol.
@@ -103,15 +104,13 @@ class Tuning:
         notes = [f"tuned on the {len(self.tune_ids)} run(s) where {self.predicate}: per method, backbone, dataset and "
                  f"stream, the configuration with the best mean {label} there; the cells stand on its other "
                  f"{evaluated} run(s) only"]
-        from orchestrator.results.report import _fmt_value  # report reads the views db builds with these macros
-
         lines = []
         for choice in self.choices.itertuples(index=False):
             if choice.candidates < 2:
                 continue
             where = " · ".join([registry.method_label(choice.method), str(choice.backbone),
                                 registry.dataset_title(choice.dataset)]
-                               + ([_fmt_value(choice.stream, "stream")] if isinstance(choice.stream, str) else []))
+                               + ([fmt_value(choice.stream, "stream")] if isinstance(choice.stream, str) else []))
             lines.append(f"  {where}: {_config_text(runs, choice.group_id, choice.method, hparams)} (best of "
                          f"{choice.candidates} configurations, mean {choice.tune_mean:.2f} on {choice.tune_runs} "
                          "tuning run(s))")
@@ -128,10 +127,8 @@ def _config_text(runs: pd.DataFrame, group_id: str, method: str, hparams: Sequen
     first = own[own["group_id"] == group_id]
     if first.empty:
         return group_id
-    from orchestrator.results.report import _follows
-
     vary = [h for h in hparams if h in own and own[h].nunique(dropna=False) > 1]
-    vary = [h for h in vary if not _follows(own, method, h, vary)]  # tau_prior = tau adds nothing
+    vary = [h for h in vary if not follows(own, method, h, vary)]  # tau_prior = tau adds nothing
     row = first.iloc[0]
     return ", ".join(f"{h}={_plain(row[h])}" for h in vary) or group_id
 
