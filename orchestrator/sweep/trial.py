@@ -49,7 +49,6 @@ def deterministic_failure(trial: Trial, settings: Settings, exc: BaseException) 
     return error_text(exc)
 
 
-
 def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
                 peak: PeakMemory | None = None, progress: Progress = silent, text: Any = None,
                 vision: ImageSide | None = None) -> dict[str, Any]:
