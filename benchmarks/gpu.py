@@ -109,6 +109,8 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int, batch_n: int) 
     for card in method_cards():
         if card.text_encoder is not None:
             continue  # prompt tuning runs a text tower: section 6 checks it
+        if card.image_encoder is not None:
+            continue  # it adapts the image tower on images, not features (tests/test_encoder_methods.py)
         x = view_feats[:view_n] if card.takes_views else feats
         configs = methods_benchmark.differing_configs(card, 4, x.shape[0])
         if card.lockstep_runner(x.ndim == 3) is None:

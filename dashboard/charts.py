@@ -310,8 +310,8 @@ def cost_tradeoff(points: pd.DataFrame, series_methods: dict[str, str], metric_l
         alt.Chart(data).mark_point(filled=True, size=90).encode(
             x=alt.X(f"{cost}:Q", title=cost_title, scale=alt.Scale(type="log")),
             y=alt.Y("mean:Q", title=metric_label, scale=alt.Scale(zero=False)),
-            color=alt.Color("series:N", scale=family_colours(series_methods),
-                            legend=alt.Legend(orient="bottom", labelLimit=0, columns=1)),
+            color=alt.Color("series:N", title="configuration", scale=family_colours(series_methods),
+                            legend=alt.Legend(orient="right", labelLimit=0, symbolLimit=0)),
             tooltip=["series:N", alt.Tooltip("mean:Q", format=".2f"), alt.Tooltip(f"{cost}:Q", format=".4g"), "n:Q"])
-        .properties(height=280, title=f"{metric_label} against {cost_title}")
+        .properties(height=_legend_height(data["series"].nunique()), title=f"{metric_label} against {cost_title}")
     )

@@ -297,11 +297,13 @@ def cost_panel(view: View) -> None:
         st.caption(f"{view.metric_label} against each configuration's own cost, as the BCA paper's Table 3 sets "
                    "them: latency per sample of the method alone (warm-up apart; in a pack, its share of its own "
                    "method's pass) and its memory above what was allocated when it began (its share in a pack).")
-        left, right = st.columns(2)
-        for column, cost, title in ((left, "latency_ms", "latency (ms per sample)"),
-                                    (right, "method_mem_mb", "method memory (MB)")):
+        # one above the other, full width: a legend of whole configuration labels leaves a half-width column no plot
+        for cost, title in (("latency_ms", "latency (ms per sample)"), ("method_mem_mb", "method memory (MB)")):
+            if cost not in points or not (points[cost] > 0).any():  # stored before costs were measured; no growth
+                st.caption(f"No run shown has a measured {title}.")
+                continue
             chart(charts.cost_tradeoff(points, view.series_methods, view.metric_label, cost, title),
-                  f"{view.metric}_{cost}", f"tradeoff_{cost}", column)
+                  f"{view.metric}_{cost}", f"tradeoff_{cost}")
     dataframe(queries.cost_table(view.runs, view.labels), "cost", "cost")
 
 

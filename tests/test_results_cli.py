@@ -264,6 +264,18 @@ def test_ctrl_c_interrupts_a_running_query(results):
     """Ctrl-C (SIGINT to this process while the query runs) stops it at once and leaves the connection usable;
     `bca query` says so and exits 130."""
     import signal
+
+    # Python's own Ctrl-C handler, as `bca query` has it: an earlier test in this process (a sweep, Ray) may have
+    # left another one installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_a_running_query(results)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_a_running_query(results):
+    import signal
     import threading
 
     from orchestrator.results.db import ResultsDB

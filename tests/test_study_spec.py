@@ -42,8 +42,8 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # 22 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
-    assert "sweep paper_study (dry run: nothing is run or written): 66,800 runs, 0 finished" in out
+    # 26 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
+    assert "sweep paper_study (dry run: nothing is run or written): 78,800 runs, 0 finished" in out
     assert "is not on this machine: planned for the machine that holds it" in out
     # packs sized by the spec's GPU memory (resources.gpu_memory_gb), not by CPU time (35,668 trials, most of one
     # run, whose orders a GPU would then step one at a time)
