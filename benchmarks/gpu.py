@@ -190,7 +190,8 @@ def trial_end_to_end(K: int, d: int, n: int) -> None:
         from orchestrator.device import auto_device
         from orchestrator.sweep.load import validate_spec
         from orchestrator.sweep.plan import expand, make_trials
-        from orchestrator.sweep.trial import execute_trial, settings_of
+        from orchestrator.sweep.pieces import settings_of
+        from orchestrator.sweep.trial import execute_trial
     except ImportError as exc:
         print(f"  skipped: the sweep needs {exc.name!r}, not importable here; carry the wheels "
               f"{', '.join(TRIAL_WHEELS)} (`python -m benchmarks.gpu --wheels`)")

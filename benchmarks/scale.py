@@ -5,7 +5,7 @@ trials cost with and without automatic packing.
                                [--unpacked-runs 300] [--dir DIR] [--keep] [--ab CHECKOUT [--rounds 2]]
 
 1. Build: `--live-runs` runs go through the sweep's own write path (RunWriter: rows in parts, runs-table rows,
-   then `store.compact`, as a sweep compacts); the rest are generated a segment at a time and committed with
+   then `compaction.compact`, as a sweep compacts); the rest are generated a segment at a time and committed with
    `store.add_segment` (the segment writer compaction uses), since writing 10^5 runs' small files first would
    take hours here. Rows are generated (a BCA-like study: per dataset and seed one CLIP run and a tau x n2 grid
    of BCA runs, K = 1000), not copied. Each run also gets `bca verify`-checkable metrics.
@@ -84,7 +84,7 @@ def _accuracy(config: dict) -> float:
 def build(root: Path, runs: int, n: int, live_runs: int) -> dict[str, float]:
     import pyarrow as pa
 
-    from orchestrator.results import schema, store
+    from orchestrator.results import compaction, schema, store
     from orchestrator.results.writer import RunWriter, package_versions
 
     configs = _configs(runs)
@@ -104,11 +104,11 @@ def build(root: Path, runs: int, n: int, live_runs: int) -> dict[str, float]:
                     samples_per_s=20000.0)
     t_live = time.perf_counter() - t0
     t0 = time.perf_counter()
-    store.compact(root)
+    compaction.compact(root)
     t_compact = time.perf_counter() - t0
     t0 = time.perf_counter()
     image_ids = pa.array([f"img_{i:07d}" for i in range(n)], pa.string())
-    per_segment = max(1, store.SEGMENT_ROWS // n)
+    per_segment = max(1, compaction.SEGMENT_ROWS // n)
     rest = configs[live_runs:]
     now = pa.scalar(time.time() * 1e6, pa.timestamp("us", tz="UTC")).as_py()
     for first in range(0, len(rest), per_segment):
@@ -119,7 +119,7 @@ def build(root: Path, runs: int, n: int, live_runs: int) -> dict[str, float]:
             cols = _rows(writer.run_id, n, rng, _accuracy(config))
             for k in columns:
                 columns[k].append(cols[k])
-            row = writer._base_row()
+            row = writer.base_row()
             row.update(status="finished", n_samples=n, samples_per_s=20000.0, started_at=now, finished_at=now,
                        updated_at=now, host="bench", versions=package_versions(),
                        accuracy=100.0 * float(np.mean(cols["label"] == cols["pred"])))

@@ -46,7 +46,7 @@ def _stream(n: int, classes: int, dim: int, views: int):
     """The synthetic benchmark's features as view 0 and noisy copies as the other views, on this actor's device."""
     from orchestrator.data.synthetic import make_synthetic
     from orchestrator.device import auto_device
-    from orchestrator.sweep.trial import Stream
+    from orchestrator.sweep.pieces import Stream
 
     bench = make_synthetic("iid", num_classes=classes, dim=dim, n=n, seed=1)
     noise = torch.randn(n, views - 1, dim, generator=torch.Generator().manual_seed(2)) * (0.3 / dim ** 0.5)
@@ -72,7 +72,7 @@ class _ShardActor:
     def run(self, index: int, count: int, results_dir: str) -> dict:
         from orchestrator.sweep.plan import Shard
         from orchestrator.sweep.shard import execute_shard
-        from orchestrator.sweep.trial import Settings
+        from orchestrator.sweep.pieces import Settings
 
         settings = Settings(results_dir=results_dir, cache_dir=None, data_root=None, part_rows=self.args["part_rows"])
         began = time.perf_counter()

@@ -167,14 +167,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("Apache Iceberg (pyiceberg)", append_s, files, float("nan"), files, open_s,
                      _duckdb_reads(paths, probe, args.runs * n)))
         # this project's store
-        from orchestrator.results import store
+        from orchestrator.results import compaction, store
         from orchestrator.results.db import ResultsDB
 
         root = work / "store"
         append_s = _appends(_store_writer, str(root), configs, n, args.writers)
         files = _files(root)
         t0 = time.perf_counter()
-        store.compact(root)
+        compaction.compact(root)
         compact_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         paths = [str(p) for p in store.load_catalog(root).paths("samples")]

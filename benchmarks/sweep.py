@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep
-from orchestrator.sweep.trial import settings_of
+from orchestrator.sweep.pieces import settings_of
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import execute_trial
 

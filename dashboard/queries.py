@@ -19,7 +19,8 @@ import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, report
-from orchestrator.results.db import CURVE_POINTS, ResultsDB, curve_points_sql, curve_window, window_counts_sql
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.sql import CURVE_POINTS, curve_points_sql, curve_window, window_counts_sql
 from orchestrator.results.metrics import worst_count
 from orchestrator.stages import STAGE_COLUMNS, STAGES, stage_column
 

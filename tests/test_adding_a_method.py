@@ -141,7 +141,8 @@ def test_the_image_encoder_plugin_runs_through_a_sweep_and_the_report(tmp_path, 
     from orchestrator.registry.methods import PLUGINS_ENV
     from orchestrator.sweep.load import load_spec
     from orchestrator.sweep.plan import expand, make_trials
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     for path, text in doc_files().items():
         if path.startswith("toy_entropy/"):

@@ -119,7 +119,8 @@ def test_sweep_grid_and_continual_stream_then_the_corruption_tables(tmp_path, mo
     from orchestrator.results.db import ResultsDB
     from orchestrator.results.report import report_tables
     from orchestrator.sweep.plan import expand, make_trials
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     # 17 tiny cache entries: decoded in the encoding process, not in DataLoader worker processes started for each
     monkeypatch.setattr("orchestrator.features.cache.default_workers", lambda: 0)
@@ -174,7 +175,8 @@ def test_imagenet_c_sweep_and_its_table(tmp_path, monkeypatch):
     from orchestrator.results.db import ResultsDB
     from orchestrator.results.report import report_tables
     from orchestrator.sweep.plan import expand, make_trials
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     monkeypatch.setattr("orchestrator.features.cache.default_workers", lambda: 0)
     build_corrupted("imagenet-c", tmp_path / "data", ("fog",), num_classes=2, per_class=2)

@@ -18,7 +18,8 @@ from orchestrator.methods.encoder import EncoderMethod
 from orchestrator.results.writer import RunWriter, load_state
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import STATE_ROWS, execute_trial, settings_of
+from orchestrator.sweep.pieces import STATE_ROWS, settings_of
+from orchestrator.sweep.trial import execute_trial
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
 

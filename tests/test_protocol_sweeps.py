@@ -21,7 +21,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.writer import load_state
 from orchestrator.sweep.load import SpecError, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import settings_of
+from orchestrator.sweep.pieces import settings_of
 from orchestrator.sweep.trial import execute_trial
 
 DATA = {"synthetic": "label_shift", "n": 400, "num_classes": 8, "dim": 16}

@@ -16,7 +16,8 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import execute_trial, settings_of
+from orchestrator.sweep.pieces import settings_of
+from orchestrator.sweep.trial import execute_trial
 
 N = 400
 # Seconds a fake clock advances in each method's pass: CLIP shares the BCA family's lockstep pass (and its cost)

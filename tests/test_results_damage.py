@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.results import files, schema, store
+from orchestrator.results import compaction, files, schema, store
 from orchestrator.results.testing import write_fake_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand
@@ -44,7 +44,7 @@ def intact(tmp_path_factory) -> Path:
     assert len(runs) == 12
     for run in runs[:9]:
         write_fake_run(spec.results_dir, run.config, n=60, part_size=30, save_state=False)
-    store.compact(spec.results_dir)
+    compaction.compact(spec.results_dir)
     for run in runs[9:]:
         write_fake_run(spec.results_dir, run.config, n=60, part_size=30, save_state=False)
     write_sweep_record(spec, runs, [r.run_id for r in runs])

@@ -133,7 +133,8 @@ def test_a_sweep_over_a_dataset_with_deleted_images_says_so(tmp_path):
     from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
     from orchestrator.sweep.load import validate_spec
     from orchestrator.sweep.plan import expand, make_trials
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     folder = build_dataset("eurosat", tmp_path / "data", num_classes=4, per_class=3)
     doomed = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".jpg", ".png", ".jpeg"))[:3]

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.results import schema, store
+from orchestrator.results import compaction, schema, store
 from orchestrator.results.db import VIEWS, ResultsDB
 from orchestrator.results.testing import make_fake_results, write_fake_run
 from orchestrator.results.verify import verify_results
@@ -54,7 +54,7 @@ def _files(root):
 def test_compaction_keeps_every_view_and_leaves_large_files(tmp_path):
     running, failed = _mixed_results(tmp_path)
     before = _snapshot(tmp_path)
-    done = store.compact(tmp_path)
+    done = compaction.compact(tmp_path)
     assert done.runs == 14 and done.rows == 8 * 100 + 6 * 90 and len(done.segments) == 1
     after = _snapshot(tmp_path)
     for view in VIEWS:
@@ -74,7 +74,7 @@ def test_samples_carry_stream_and_order_live_and_compacted(tmp_path):
            "GROUP BY ALL ORDER BY 1")
     with ResultsDB(tmp_path) as db:
         live = db.sql(sql).to_pylist()
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     with ResultsDB(tmp_path) as db:
         compacted = db.sql(sql).to_pylist()
     assert live == compacted == [{"order_index": i, "stream": '{"scenario":"label_shift"}', "n": 180}
@@ -83,7 +83,7 @@ def test_samples_carry_stream_and_order_live_and_compacted(tmp_path):
 
 def test_a_runs_rows_are_found_by_pruning(tmp_path):
     runs = make_fake_results(tmp_path, seeds=range(40), n=300)
-    store.compact(tmp_path, segment_rows=10**7)
+    compaction.compact(tmp_path, segment_rows=10**7)
     seg = store.load_catalog(tmp_path).segments[0]
     pf = pq.ParquetFile(seg.path(tmp_path, "samples"))
     assert pf.metadata.num_rows == 80 * 300
@@ -104,14 +104,14 @@ def test_a_runs_rows_are_found_by_pruning(tmp_path):
 def test_small_row_groups_close_at_run_boundaries(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 250)
     make_fake_results(tmp_path, seeds=range(5), n=100)
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     pf = pq.ParquetFile(store.load_catalog(tmp_path).segments[0].path(tmp_path, "samples"))
     assert [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)] == [300, 300, 300, 100]
 
 
 def test_writers_on_compacted_runs(tmp_path):
     runs = make_fake_results(tmp_path, seeds=(1, 2))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     first, second = (RunWriter(tmp_path, r.config) for r in runs[:2])
     assert first.complete() and first.rows_done() == 100 and first.status() == "finished"
     assert read_run(tmp_path, "fake", first.run_id)["accuracy"] == pytest.approx(runs[0].accuracy)
@@ -134,24 +134,24 @@ def test_writers_on_compacted_runs(tmp_path):
 def test_crash_after_commit_leaves_leftovers_that_no_view_counts(tmp_path, monkeypatch):
     make_fake_results(tmp_path, seeds=(1, 2))
     before = _snapshot(tmp_path)
-    monkeypatch.setattr(store, "_unlink_live", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(store, "unlink_live", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        store.compact(tmp_path)
+        compaction.compact(tmp_path)
     monkeypatch.undo()
     after = _snapshot(tmp_path)
     for view in VIEWS:
         pd.testing.assert_frame_equal(before[view], after[view], check_dtype=False, obj=view)
     assert {p.kind for p in verify_results(tmp_path).problems} == {"leftover"}
-    assert store.compact(tmp_path).leftovers == 4
+    assert compaction.compact(tmp_path).leftovers == 4
     assert verify_results(tmp_path).ok
 
 
 def test_crash_before_commit_leaves_an_orphan_that_no_view_reads(tmp_path, monkeypatch):
     make_fake_results(tmp_path, seeds=(1, 2))
     before = _snapshot(tmp_path)
-    monkeypatch.setattr(store, "_write_manifest", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(store, "write_manifest", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        store.compact(tmp_path)
+        compaction.compact(tmp_path)
     monkeypatch.undo()
     assert len(store.orphan_files(tmp_path)) == 3
     after = _snapshot(tmp_path)
@@ -164,7 +164,7 @@ def test_crash_before_commit_leaves_an_orphan_that_no_view_reads(tmp_path, monke
 
 def test_a_run_marked_while_compacting_is_given_back(tmp_path, monkeypatch):
     runs = make_fake_results(tmp_path, seeds=(1, 2))
-    real, calls = store._write_manifest, []
+    real, calls = store.write_manifest, []
 
     def commit_after_a_rerun_started(root, segments):
         if not calls:  # a re-run starts between the compaction's read and its commit
@@ -172,8 +172,8 @@ def test_a_run_marked_while_compacting_is_given_back(tmp_path, monkeypatch):
         calls.append(1)
         real(root, segments)
 
-    monkeypatch.setattr(store, "_write_manifest", commit_after_a_rerun_started)
-    done = store.compact(tmp_path)
+    monkeypatch.setattr(store, "write_manifest", commit_after_a_rerun_started)
+    done = compaction.compact(tmp_path)
     assert done.given_back == [runs[0].run_id] and done.runs == 3
     monkeypatch.undo()
     assert RunWriter(tmp_path, runs[0].config).status() == "running"
@@ -185,7 +185,7 @@ def test_a_run_marked_while_compacting_is_given_back(tmp_path, monkeypatch):
 
 def test_verify_finds_tampered_metrics_and_damaged_segments(tmp_path):
     make_fake_results(tmp_path, seeds=(1, 2))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     seg = store.load_catalog(tmp_path).segments[0]
     path = seg.path(tmp_path, "metrics")
     table = pq.read_table(path)
@@ -204,12 +204,12 @@ def test_verify_finds_tampered_metrics_and_damaged_segments(tmp_path):
 
 
 def test_later_segments_are_merged(tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "MERGE_FANIN", 3)
+    monkeypatch.setattr(compaction, "MERGE_FANIN", 3)
     make_fake_results(tmp_path, seeds=(1,))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     for seed in (2, 3):
         make_fake_results(tmp_path, seeds=(seed,))
-        done = store.compact(tmp_path)
+        done = compaction.compact(tmp_path)
     assert done.merged == 3 and len(store.load_catalog(tmp_path).segments) == 1
     assert len(list((tmp_path / "catalog" / "segments").iterdir())) == 3
     with ResultsDB(tmp_path) as db:
@@ -233,7 +233,7 @@ def test_bca_compact_converts_an_old_results_dir(tmp_path):
 
 def test_a_damaged_manifest_is_named(tmp_path):
     make_fake_results(tmp_path, seeds=(1,))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     schema.manifest_file(tmp_path).write_text(json.dumps({"format": 99}))
     result = CliRunner().invoke(app, ["compact", str(tmp_path)])
     assert result.exit_code == 2 and "manifest.json" in result.output and "format" in result.output
@@ -246,7 +246,7 @@ def test_paired_view_mixes_materialised_and_row_pairings_exactly(tmp_path):
         write_fake_run(tmp_path, _config(seed, method="clip"), n=80)
         write_fake_run(tmp_path, _config(seed), n=80)
     write_fake_run(tmp_path, _config(3), n=80)  # compacted before its CLIP run is written
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     write_fake_run(tmp_path, _config(3, method="clip"), n=80)
     write_fake_run(tmp_path, _config(1, hparams={"tau": 0.5, "n1": 30000, "n2": 10}), n=80)  # live, CLIP compacted
     with ResultsDB(tmp_path) as db:
@@ -275,7 +275,7 @@ def test_stream_curves_read_from_compaction_equal_those_from_the_rows(tmp_path):
         write_fake_run(tmp_path, _config(seed), n=137, accuracy=0.8)
     rows, _ = _curves(tmp_path)
     rows7, _ = _curves(tmp_path, window=7)
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     compacted, materialised = _curves(tmp_path)
     assert len(materialised) == 6 and set(materialised["curve_window"]) == {6}  # ceil(137 / 25)
     assert len(compacted) == 6 * 23 and not compacted.empty
@@ -290,7 +290,7 @@ def test_stream_curves_read_from_compaction_equal_those_from_the_rows(tmp_path):
 def test_older_segments_get_curves_and_verify_recomputes_them(tmp_path):
     make_fake_results(tmp_path, seeds=(1, 2))
     rows, _ = _curves(tmp_path)
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     # a segment as written before curves were materialised: its metrics file and manifest entry without them
     manifest = schema.manifest_file(tmp_path)
     data = json.loads(manifest.read_text())
@@ -303,7 +303,7 @@ def test_older_segments_get_curves_and_verify_recomputes_them(tmp_path):
     before, materialised = _curves(tmp_path)
     assert materialised.empty
     pd.testing.assert_frame_equal(rows, before)
-    assert store.compact(tmp_path).upgraded == 1
+    assert compaction.compact(tmp_path).upgraded == 1
     after, materialised = _curves(tmp_path)
     assert len(materialised) == 4  # make_fake_results' four runs of seeds 1 and 2
     pd.testing.assert_frame_equal(rows, after)
@@ -325,7 +325,7 @@ def test_bca_report_prints_the_same_numbers_from_aggregates_as_from_rows(tmp_pat
     _mixed_results(tmp_path)
     runner = CliRunner()
     before = runner.invoke(app, ["report", "--results", str(tmp_path)])
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     after = runner.invoke(app, ["report", "--results", str(tmp_path)])
     assert before.exit_code == after.exit_code == 0
     assert "Δ CLIP" in before.stdout and before.stdout == after.stdout
@@ -344,7 +344,7 @@ def test_paired_statistics_are_stored_by_compaction_read_and_verified(tmp_path):
 
     live = paired()
     assert live["gain_ci_low"].notna().all() and len(live) == 2
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     pd.testing.assert_frame_equal(paired(), live)
     assert verify_results(tmp_path).ok
     seg = store.load_catalog(tmp_path).segments[0]
@@ -370,7 +370,7 @@ def test_paired_statistics_are_stored_by_compaction_read_and_verified(tmp_path):
     pd.testing.assert_frame_equal(paired(), live)
     assert verify_results(tmp_path).ok
     # `bca compact` gives it them, from its stored counts
-    assert store.compact(tmp_path).upgraded == 1
+    assert compaction.compact(tmp_path).upgraded == 1
     assert set(store.load_catalog(tmp_path).segments[0].metrics_columns) >= {"gain_ci_low", "gain_ci_high",
                                                                              "p_mcnemar"}
     stored = ["run_id", "gain_ci_low", "gain_ci_high", "p_mcnemar"]
@@ -384,7 +384,7 @@ def test_older_segments_get_the_metrics_added_since(tmp_path):
     """A segment written before macro_f1, balanced_accuracy and ece20 existed: the views compute them from its
     rows, `bca compact` materialises them (the same numbers), `bca verify` recomputes them."""
     make_fake_results(tmp_path, seeds=(1, 2))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     query = "SELECT run_id, macro_f1, balanced_accuracy, ece20 FROM accuracy ORDER BY run_id"
     with ResultsDB(tmp_path) as db:
         fresh = db.df(query)
@@ -399,7 +399,7 @@ def test_older_segments_get_the_metrics_added_since(tmp_path):
     manifest.write_text(json.dumps(data))
     with ResultsDB(tmp_path) as db:
         pd.testing.assert_frame_equal(db.df(query), fresh)  # from the rows
-    assert store.compact(tmp_path).upgraded == 1
+    assert compaction.compact(tmp_path).upgraded == 1
     assert set(store.load_catalog(tmp_path).segments[0].metrics_columns) >= set(added)
     materialised = pq.read_table(path, columns=["run_id", *added]).to_pandas().sort_values("run_id")
     pd.testing.assert_frame_equal(materialised[fresh.columns].reset_index(drop=True), fresh)

@@ -103,10 +103,10 @@ def test_a_run_written_into_two_segments_has_duplicate_rows(tmp_path):
     import json
     import shutil
 
-    from orchestrator.results import schema, store
+    from orchestrator.results import compaction, schema, store
 
     make_fake_results(tmp_path, datasets=("dtd",), seeds=(1,))
-    store.compact(tmp_path)
+    compaction.compact(tmp_path)
     assert verify_results(tmp_path).ok
     manifest = schema.manifest_file(tmp_path)
     data = json.loads(manifest.read_text())

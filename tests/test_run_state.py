@@ -24,7 +24,7 @@ from orchestrator.sweep.load import load_spec, validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.record import write_sweep_record
 from orchestrator.sweep.runner import _mark_failed, _record_interrupted
-from orchestrator.sweep.trial import FAILPOINT_ENV, settings_of
+from orchestrator.sweep.pieces import FAILPOINT_ENV, settings_of
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -150,7 +150,8 @@ def test_a_pack_commits_fresh_runs_as_one_segment_and_resumes_a_started_run_from
 
     from orchestrator.results.writer import RunWriter
     from orchestrator.sweep.plan import Trial
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     methods = [{"method": "bca", "tau": [0.2, 0.3, 0.4], "n2": [5], "n1": 50}]
     sql = "SELECT run_id, sample_idx, pred, selected, confidence FROM samples ORDER BY run_id, sample_idx"

@@ -19,7 +19,7 @@ from orchestrator.results.schema import setting_id
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import _MEMO, _method_hparams, load_stream, part_rows_for, settings_of
+from orchestrator.sweep.pieces import MEMO, load_stream, method_hparams, part_rows_for, settings_of
 from tests.test_sweep_trial import rows, run_all
 
 N, PART = 300, 50  # parts of 50 rows hold whole batches of 32 only as parts of 32
@@ -97,7 +97,7 @@ def test_a_batch_run_stopped_mid_stream_resumes_exactly(tmp_path):
     assert results[0]["resumed_from"] == 96 and results[0]["rows_written"] == N - 96
     assert rows(spec.results_dir) == rows(reference.results_dir)
     # and the rows are OGA's at batch 32 over the run's stream
-    _MEMO.clear()
+    MEMO.clear()
     stream, _ = load_stream(run.source, settings_of(spec))
     expected = make_method("oga", stream.class_embeddings, stream.class_ids, stream.num_classes,
                            batch_size=32).run(stream.features).predictions
@@ -204,9 +204,9 @@ def test_every_batch_method_sweeps_at_its_official_size_and_at_1(local_ray, tmp_
     written = rows(loaded.results_dir)
     settings = settings_of(loaded)
     for run in runs:
-        _MEMO.clear()
+        MEMO.clear()
         stream, _ = load_stream(run.source, settings)
         expected = make_method(run.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
-                               batch_size=run.batch_size, **_method_hparams(run.config, len(stream)))
+                               batch_size=run.batch_size, **method_hparams(run.config, len(stream)))
         assert [r["pred"] for r in written[run.run_id]] == expected.run(stream.features).predictions.tolist(), \
             run.label

@@ -34,10 +34,10 @@ from orchestrator.results.schema import SAMPLE_COLUMNS
 from orchestrator.results.verify import verify_results
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import settings_of
+from orchestrator.sweep.pieces import FAILPOINT_ENV, settings_of
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.compaction import COMPACT_MIN_RUNS_ENV
-from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
+from orchestrator.sweep.trial import execute_trial
 from ray_cluster import LocalCluster, cluster_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

@@ -24,7 +24,8 @@ from orchestrator.sweep import orders as by_orders
 from orchestrator.sweep.dryrun import stepping_alone
 from orchestrator.sweep.load import load_spec, validate_spec
 from orchestrator.sweep.plan import Trial, computed_runs, expand, make_trials
-from orchestrator.sweep.trial import execute_trial, settings_of
+from orchestrator.sweep.pieces import settings_of
+from orchestrator.sweep.trial import execute_trial
 
 ORDERS = 3
 # what differs between two executions of one run (timings, hosts, clocks), left out of the comparisons

@@ -14,7 +14,7 @@ import yaml
 
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, TrialProgress, dashboard_hint
-from orchestrator.sweep.trial import settings_of
+from orchestrator.sweep.pieces import settings_of
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.trial import execute_trial
 

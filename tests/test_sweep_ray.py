@@ -2,7 +2,7 @@
 end to end, a trial's worker SIGKILLed mid-run, the driver SIGKILLed then --resume, determinism and replay.
 
 One Ray session serves the whole module (starting Ray costs seconds on 2 cores). Faults are injected with
-the trial failpoint (BCA_SWEEP_FAILPOINT, see orchestrator/sweep/trial.py), so a kill always lands mid-run.
+the trial failpoint (BCA_SWEEP_FAILPOINT, see orchestrator/sweep/pieces.py), so a kill always lands mid-run.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from orchestrator.results.writer import load_state, read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.runner import run_sweep
-from orchestrator.sweep.trial import settings_of
-from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial
+from orchestrator.sweep.pieces import FAILPOINT_ENV, settings_of
+from orchestrator.sweep.trial import execute_trial
 from ray_cluster import shared_local_ray
 
 ray = pytest.importorskip("ray")

@@ -21,7 +21,8 @@ from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import SpecError, load_spec, validate_spec
 from orchestrator.sweep.plan import DataSource, Run, Shard, _Group, expand, make_trials
 from orchestrator.sweep.shard import execute_shard
-from orchestrator.sweep.trial import Settings, Stream, execute_run
+from orchestrator.sweep.pieces import Settings, Stream
+from orchestrator.sweep.trial import execute_run
 from view_streams import view_stream
 
 N, PART = 230, 40
@@ -182,7 +183,8 @@ def test_a_ray_sweep_of_sharded_runs_writes_the_unsharded_rows_through_a_killed_
     """Zero in 2 shards and MTA in 3 on a local Ray, one shard's worker SIGKILLed after its first part (Tune retries
     it, and it resumes there): the runs, rows and runs-table rows of the same spec run unsharded, trial by trial."""
     from orchestrator.sweep.runner import run_sweep
-    from orchestrator.sweep.trial import FAILPOINT_ENV, execute_trial, settings_of
+    from orchestrator.sweep.pieces import FAILPOINT_ENV, settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     spec = real_spec(tmp_path, "shardsweep")
     whole = validate_spec({**spec, "results_dir": "whole"}, base_dir=tmp_path)

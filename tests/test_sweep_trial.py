@@ -21,8 +21,9 @@ from orchestrator.results.writer import RunWriter, read_run
 from orchestrator.sweep.load import validate_spec
 from orchestrator.sweep.plan import expand, make_trials
 from orchestrator.sweep.progress import ProgressCallback, format_seconds, summarise_error
-from orchestrator.sweep.trial import settings_of
-from orchestrator.sweep.trial import _MEMO, execute_pack, execute_run, execute_trial, load_stream, parse_failpoint
+from orchestrator.sweep.pack import execute_pack
+from orchestrator.sweep.pieces import MEMO, load_stream, parse_failpoint, settings_of
+from orchestrator.sweep.trial import execute_run, execute_trial
 
 N, PART = 450, 100
 SPEC = {
@@ -226,7 +227,7 @@ def test_runs_record_their_image_list_and_a_changed_dataset_is_named_then_rerun(
     folder = next(p for p in (data / "imagenet-adversarial" / "imagenet-a").iterdir() if p.is_dir())
     write_image(folder / "added.jpg", label=0, index=99)  # an image added after the run
     dataset_listing.cache_clear()  # a new `bca sweep` process reads the folder afresh, and new trials too
-    _MEMO.clear()
+    MEMO.clear()
     assert listing_fingerprint("imagenet-a", spec.data_root) != before
     assert changed_data(spec, [run], run_status(spec, [run])) == {"imagenet-a": [run]}
     RunWriter(spec.results_dir, run.config).discard_rows()  # what --rerun-changed does before running it
@@ -295,7 +296,7 @@ def test_stored_prediction_is_the_traces_argmax_on_tied_posteriors():
     trace's argmax and the official codes take it, with top-5 in the same order (topk's pick among ties is
     unspecified: it stored class 8 of a uniform row)."""
     from orchestrator.methods.base import Trace, empty_trace
-    from orchestrator.sweep.trial import _rows
+    from orchestrator.sweep.pieces import trace_rows
 
     K = 10
     post = torch.full((3, K), 1.0 / K)
@@ -303,7 +304,7 @@ def test_stored_prediction_is_the_traces_argmax_on_tied_posteriors():
     post[2] = torch.softmax(torch.arange(K, dtype=torch.float32), dim=0)
     _, selected, gated, gated_prior = empty_trace(3, K, torch.device("cpu"))
     trace = Trace(post, selected, gated, gated_prior)
-    rows = _rows(trace, torch.tensor([0, 3, 9]))
+    rows = trace_rows(trace, torch.tensor([0, 3, 9]))
     assert rows["pred"].tolist() == trace.predictions.tolist() == [0, 1, 9]
     assert rows["top5"].tolist() == [[0, 1, 2, 3, 4], [1, 3, 4, 5, 6], [9, 8, 7, 6, 5]]
     assert rows["confidence"].tolist() == pytest.approx([0.1, 0.3, float(post[2, 9])])

@@ -13,7 +13,8 @@ SCRIPT = textwrap.dedent("""
     import copy, json, sys
     from orchestrator.sweep.load import validate_spec
     from orchestrator.sweep.plan import expand, make_trials
-    from orchestrator.sweep.trial import execute_trial, settings_of
+    from orchestrator.sweep.pieces import settings_of
+    from orchestrator.sweep.trial import execute_trial
 
     spec = validate_spec({"name": "warm", "results_dir": "results",
                           "datasets": [{"synthetic": "temporal", "n": 600, "num_classes": 5, "dim": 16}],

@@ -33,7 +33,7 @@ class StreamImages:
         return len(self.image_ids)
 
     def dim(self) -> int:
-        """Dimensions of a slice (a run's code path: `orchestrator.sweep.trial._code_path`)."""
+        """Dimensions of a slice (a run's code path: `orchestrator.sweep.pieces.code_path`)."""
         return 4 if self.single else 5
 
     def _decode(self, image_id: str) -> torch.Tensor:

@@ -27,7 +27,7 @@ _EXPORTS = {
     "read_run": "orchestrator.results.writer",
     "method_dataset_table": "orchestrator.results.report",
     "verify_results": "orchestrator.results.verify",
-    "compact": "orchestrator.results.store",
+    "compact": "orchestrator.results.compaction",
 }
 __all__ = sorted(_EXPORTS)
 

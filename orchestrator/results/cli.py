@@ -288,7 +288,8 @@ def compact_cmd(
     """Move finished runs into large segments (a sweep does this by itself; this also converts a results dir
     written before segments existed). Safe while sweeps write and dashboards read."""
     from orchestrator.results.atomic import ResultsWriteError
-    from orchestrator.results.store import ManifestError, compact, remove_orphans
+    from orchestrator.results.compaction import compact
+    from orchestrator.results.store import ManifestError, remove_orphans
 
     root = _existing_results(results)
     try:

@@ -33,6 +33,9 @@ import pyarrow.parquet as pq
 
 from orchestrator import registry
 from orchestrator.results import files, metrics, safety, schema, stats, store, tuning
+from orchestrator.results.sql import (CURVE_COLUMNS, MATERIALISED_METRICS, PAIRED_COLUMNS, PAIRED_STAT_COLUMNS,
+                                      RUN_METRICS_COLUMNS, baseline_pairs_sql, concat_runs, paired_rows_sql,
+                                      paired_statistics_sql, run_metrics_sql, sql_str)
 
 VIEWS = ("samples", "runs", "accuracy", "summary", "paired")
 T = TypeVar("T")
@@ -71,10 +74,6 @@ class Lost:
                 + (f" (runs {ids})" if ids else ""))
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -82,8 +81,8 @@ def _ident(name: str) -> str:
 def _samples_source(results_dir: Path, good: Sequence[Path], use_glob: bool) -> str:
     """read_parquet over the layout's glob or the listed parts; partition values stay text (a run_id of digits
     or a dataset called 2024 must not turn into numbers)."""
-    target = (_sql_str(str(results_dir / schema.SAMPLES_GLOB)) if use_glob
-              else "[" + ", ".join(_sql_str(str(p)) for p in good) + "]")
+    target = (sql_str(str(results_dir / schema.SAMPLES_GLOB)) if use_glob
+              else "[" + ", ".join(sql_str(str(p)) for p in good) + "]")
     return f"read_parquet({target}, hive_partitioning=true, hive_types_autocast=false, union_by_name=true)"
 
 
@@ -116,24 +115,6 @@ _LITERAL_IDS = 5000
 _STREAM_COLUMNS = tuple(c for c in schema.SEGMENT_RUN_COLUMNS if c.name in ("stream", "order_index"))
 
 
-def concat_runs(tables: list[pa.Table]) -> pa.Table | None:
-    """One table from the runs rows; columns whose types differ between files (hand-made or extra hparams
-    with mixed value types) become text rather than failing the whole view."""
-    if not tables:
-        return None
-    try:
-        return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        types: dict[str, set] = {}
-        for t in tables:
-            for f in t.schema:
-                types.setdefault(f.name, set()).add(f.type)
-        mixed = {name for name, ts in types.items() if len(ts) > 1}
-        fixed = [t.cast(pa.schema([pa.field(f.name, pa.string()) if f.name in mixed else f for f in t.schema]))
-                 for t in tables]
-        return pa.concat_tables(fixed, promote_options="permissive")
-
-
 class ResultsDB:
     """Read-only SQL over a results dir. Thread-safe: each query runs on its own cursor."""
 
@@ -158,11 +139,11 @@ class ResultsDB:
         # allowed_directories: a private empty one keeps whatever lies in ./.tmp out of reach.
         self._spill = tempfile.TemporaryDirectory(prefix="bca-duckdb-")
         for stmt in (
-            f"SET temp_directory = {_sql_str(self._spill.name)}",
+            f"SET temp_directory = {sql_str(self._spill.name)}",
             "SET autoinstall_known_extensions = false",
             "SET autoload_known_extensions = false",
             "SET python_enable_replacements = false",
-            f"SET allowed_directories = [{_sql_str(str(self.results_dir) + '/')}]",
+            f"SET allowed_directories = [{sql_str(str(self.results_dir) + '/')}]",
             "SET parquet_metadata_cache = true",  # segments do not change once written: footers read once
             "SET enable_external_access = false",
             "SET lock_configuration = true",
@@ -258,7 +239,7 @@ class ResultsDB:
             orphans = store.orphan_files(root)
             records = store.recorded_finished(root)
             key = (self._key, tuple(self._bad_segments), tuple(orphans),
-                   tuple((name, store._stamp(path)) for name, (path, _) in records.items()))
+                   tuple((name, store.file_stamp(path)) for name, (path, _) in records.items()))
             if self._lost is None or self._lost[0] != key:
                 self._lost = (key, self._find_lost(orphans, records))
             found = self._lost[1]
@@ -334,7 +315,7 @@ class ResultsDB:
             config = check.metadata.get(schema.META_RUN_CONFIG.decode()) if check is not None else None
             if config:
                 with contextlib.suppress(ValueError):
-                    rows[run_id] = RunWriter(self.results_dir, json.loads(config))._base_row()
+                    rows[run_id] = RunWriter(self.results_dir, json.loads(config)).base_row()
         return list(rows.values())
 
     def refresh(self) -> list[BadFile]:
@@ -378,7 +359,7 @@ class ResultsDB:
                 self._build_metrics(segments)
                 hparams = self.hparam_names
                 self._con.execute(_accuracy_sql([*_CONFIG_COLUMNS, *hparams]))
-                baseline = _sql_str(registry.baseline_method())
+                baseline = sql_str(registry.baseline_method())
                 self._con.execute(_PAIRED_SQL)
                 self._con.execute(_paired_sql(baseline, self._unpaired(segments, baseline)))
                 self._con.execute(_GAINS_SQL)
@@ -401,13 +382,13 @@ class ResultsDB:
         self._con.register("segment_names", where)
         try:
             self._con.execute(f"CREATE OR REPLACE TABLE {_COMPACTED} AS SELECT r.run_id, n.segment FROM "
-                              f"read_parquet([{', '.join(_sql_str(f) for f in where.column('filename').to_pylist())}],"
+                              f"read_parquet([{', '.join(sql_str(f) for f in where.column('filename').to_pylist())}],"
                               f" filename = true) r JOIN segment_names n USING (filename)")
         finally:
             self._con.unregister("segment_names")
 
     def _segment_source(self, segments: list[store.Segment], kind: str) -> str:
-        paths = ", ".join(_sql_str(str(seg.path(self.results_dir, kind))) for seg in segments)
+        paths = ", ".join(sql_str(str(seg.path(self.results_dir, kind))) for seg in segments)
         return f"read_parquet([{paths}], union_by_name=true)"
 
     def _run_row(self, path: Path) -> tuple[Path, tuple[int, int], pa.Table] | None:
@@ -659,33 +640,6 @@ def _interruptible(cur: duckdb.DuckDBPyConnection, fn: Callable[[], T], timeout_
     return done["value"]
 
 
-def run_metrics_sql(samples: str, runs: str) -> str:
-    """Per run, from its rows in `samples` (a relation with the samples view's columns) and its n_samples in
-    `runs`: row counts and every metric of the registry (metrics.RUN_METRICS: definitions in numpy and SQL),
-    stored as the trial stores them (x scale). The one definition: the accuracy view computes it over live rows,
-    compaction materialises it per segment, `bca verify` recomputes it to compare."""
-    m = metrics.run_metrics_sql(samples)
-    return f"""
-WITH expected AS (SELECT run_id, any_value(n_samples) AS n_samples FROM {runs} GROUP BY run_id),
-p AS (
-    -- one pass over the samples; e.n_samples is NULL when the run has no runs-table row
-    SELECT s.run_id, any_value(s.sweep) AS s_sweep, any_value(s.backbone) AS s_backbone,
-           any_value(s.dataset) AS s_dataset, any_value(s.method) AS s_method,
-           count(*) AS n_rows, count(DISTINCT s.sample_idx) AS n_distinct,
-           count(*) FILTER (WHERE s.is_ood) AS n_ood{m.aggregates}
-    FROM {samples} s LEFT JOIN expected e USING (run_id)
-    GROUP BY s.run_id
-){m.ctes}
-SELECT p.run_id, p.s_sweep, p.s_backbone, p.s_dataset, p.s_method, p.n_rows, p.n_distinct, p.n_ood, {m.values}
-FROM p{m.joins}
-"""
-
-
-# What run_metrics_sql gives per run, besides run_id: materialised per segment under these names.
-RUN_METRICS_COLUMNS = ("s_sweep", "s_backbone", "s_dataset", "s_method", "n_rows", "n_distinct", "n_ood",
-                       *(m.name for m in metrics.RUN_METRICS))
-
-
 def _accuracy_sql(carried: Sequence[str]) -> str:
     """Per run: its metrics (materialised for compacted runs, computed from the rows for live ones, see
     run_metrics_sql) with the runs table's status, completeness and configuration."""
@@ -700,113 +654,6 @@ SELECT p.run_id,
        {", ".join(f"p.{m.name}" for m in metrics.RUN_METRICS)}, p.n_ood, {r_cols}
 FROM {_RUN_METRICS} p LEFT JOIN runs r USING (run_id)
 """
-
-
-# Each run against zero-shot CLIP on the very same samples in the very same order: the baseline run of the same
-# setting (backbone, data, templates, views, stream), seed and order; several such runs (other sweeps): the first.
-def baseline_pairs_sql(runs: str, baseline: str, among: str | None = None) -> str:
-    """(run_id, baseline_run) of each run of `among` (default `runs`) that is not the baseline method, its baseline
-    chosen among `runs`."""
-    return f"""
-WITH baseline AS (
-    SELECT setting_id, seed, coalesce(order_index, 0) AS order_index, min(run_id) AS baseline_run
-    FROM {runs} WHERE method = {baseline} GROUP BY ALL
-)
-SELECT r.run_id, b.baseline_run FROM {among or runs} r
-JOIN baseline b ON r.setting_id = b.setting_id AND r.seed = b.seed AND coalesce(r.order_index, 0) = b.order_index
-WHERE r.method <> {baseline}"""
-
-
-def paired_rows_sql(pairs: str, samples: str, baseline_samples: str) -> str:
-    """Helped / hurt / ... of each (run_id, baseline_run) in `pairs`, from the run's rows in `samples` and the
-    baseline's in `baseline_samples` (the one definition: the paired view's and compaction's)."""
-    return f"""
-SELECT p.run_id, p.baseline_run,
-       count(*) FILTER (WHERE s.correct AND NOT c.correct) AS helped,
-       count(*) FILTER (WHERE c.correct AND NOT s.correct) AS hurt,
-       count(*) FILTER (WHERE s.correct AND c.correct) AS both_right,
-       count(*) FILTER (WHERE NOT s.correct AND NOT c.correct) AS both_wrong,
-       count(*) FILTER (WHERE s.image_id <> c.image_id) AS misaligned
-FROM {pairs} p
-JOIN {samples} s ON s.run_id = p.run_id
-JOIN {baseline_samples} c ON c.run_id = p.baseline_run AND c.sample_idx = s.sample_idx
-WHERE NOT coalesce(s.is_ood, false)
-GROUP BY ALL"""
-
-
-PAIRED_COLUMNS = ("baseline_run", "helped", "hurt", "both_right", "both_wrong", "misaligned")
-
-# A run's stream curve: accuracy per window of stream positions, about CURVE_POINTS windows over the run.
-CURVE_POINTS = 25
-
-
-def curve_window(rows: int) -> int:
-    """The window giving about CURVE_POINTS points over `rows` stream positions (the dashboard's default, and the
-    window compaction materialises each run's curve at)."""
-    return max(1, -(-int(rows) // CURVE_POINTS))
-
-
-def window_counts_sql(samples: str, window: str) -> str:
-    """(run_id, win, n, k) of each run in `samples`: rows and correct predictions per window of `window` stream
-    positions (a SQL expression, per run or constant). The one definition of a curve's counts."""
-    return f"""
-SELECT s.run_id, s.sample_idx // {window} AS win, count(*) AS n, sum(s.correct::INTEGER)::BIGINT AS k
-FROM {samples} s GROUP BY ALL"""
-
-
-def curve_points_sql(counts: str) -> str:
-    """Cumulative and windowed accuracy (in %) at each window's end of `counts` (window_counts_sql's columns)."""
-    return f"""
-SELECT run_id, win,
-       sum(n) OVER w AS position,
-       100.0 * sum(k) OVER w / sum(n) OVER w AS cumulative,
-       100.0 * k / n AS windowed
-FROM ({counts})
-WINDOW w AS (PARTITION BY run_id ORDER BY win ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-ORDER BY run_id, win"""
-
-
-def run_curves_sql(samples: str) -> str:
-    """Per run of `samples`: its curve's counts at curve_window(its rows), as lists by window (materialised by
-    compaction; recomputed by `bca verify`)."""
-    return f"""
-WITH w AS (SELECT run_id, greatest(1, ceil(count(*) / {CURVE_POINTS}))::BIGINT AS curve_window
-           FROM {samples} GROUP BY run_id),
-c AS ({window_counts_sql(f"(SELECT s.*, w.curve_window FROM {samples} s JOIN w USING (run_id))", "s.curve_window")})
-SELECT run_id, any_value(w.curve_window) AS curve_window, list(win ORDER BY win) AS curve_win,
-       list(n ORDER BY win) AS curve_n, list(k ORDER BY win) AS curve_k
-FROM c JOIN w USING (run_id) GROUP BY run_id"""
-
-
-CURVE_COLUMNS = ("curve_window", "curve_win", "curve_n", "curve_k")
-# A pairing's statistics as the paired view shows them, stored by compaction with the pairing's counts: a
-# bootstrap per run (10^4 multinomial draws) at every query is minutes over a study's 10^5 runs
-# (benchmarks/logs/scale-2026-11-27.txt).
-PAIRED_STAT_COLUMNS = ("gain_ci_low", "gain_ci_high", "p_mcnemar")
-# What compaction materialises besides the curve and the pairing's statistics, and a segment's whole metrics file
-# (run_id, the per-run metrics, the run's pairing against its baseline, its curve, the pairing's statistics). A
-# segment written before the curves (or a metric of the registry) existed gets them on the next `compact`
-# (store.compact); until then its runs' curves (and metrics) are read from their rows. One written before the statistics were stored has them computed by the view.
-MATERIALISED_METRICS = (*RUN_METRICS_COLUMNS, *PAIRED_COLUMNS)
-SEGMENT_METRICS_COLUMNS = (*MATERIALISED_METRICS, *CURVE_COLUMNS, *PAIRED_STAT_COLUMNS)
-
-
-def paired_statistics_sql(counts: str, baseline: str, stored: bool = False) -> str:
-    """The paired counts of `counts` (paired_rows_sql's columns) with n and the statistics of
-    orchestrator.results.stats (DuckDB functions bca_*), in points like accuracy; NULL when the two runs' rows
-    are not the same images (misaligned > 0): no number at all rather than a wrong one. stored: `counts` also has
-    PAIRED_STAT_COLUMNS, as compaction stored them (NULL where it did not: those are computed here)."""
-    def stat(column: str, computed: str) -> str:
-        value = f"coalesce({column}, {computed})" if stored else computed
-        return f"CASE WHEN misaligned = 0 THEN {value} END AS {column}"
-
-    return f"""
-SELECT run_id, baseline_run, {baseline} AS baseline, helped, hurt, both_right, both_wrong, misaligned, n,
-       CASE WHEN misaligned = 0 THEN 100 * (helped - hurt) / n END AS gain,
-       {stat("gain_ci_low", "100 * bca_gain_ci_low(helped, hurt, n)")},
-       {stat("gain_ci_high", "100 * bca_gain_ci_high(helped, hurt, n)")},
-       {stat("p_mcnemar", "bca_mcnemar_p(helped, hurt)")}
-FROM (SELECT *, helped + hurt + both_right + both_wrong AS n FROM ({counts}))"""
 
 
 # Each run against any baseline method, computed from the rows (`paired` is this against zero-shot CLIP, read
@@ -827,7 +674,7 @@ def _paired_sql(baseline: str, unpaired: list[str] | None) -> str:
         counts = f"SELECT {cols} FROM {_MATERIALISED_PAIRS}"
         if unpaired:
             # a literal list prunes row groups; past a few thousand runs binding it costs more than it saves
-            ids = (", ".join(map(_sql_str, unpaired)) if len(unpaired) <= _LITERAL_IDS
+            ids = (", ".join(map(sql_str, unpaired)) if len(unpaired) <= _LITERAL_IDS
                    else f"SELECT run_id FROM {_UNPAIRED} UNION ALL SELECT baseline_run FROM {_UNPAIRED}")
             rows = f"(SELECT * FROM samples WHERE run_id IN ({ids}))"
             counts += f" UNION ALL BY NAME {paired_rows_sql(_UNPAIRED, rows, rows)}"
@@ -901,12 +748,12 @@ worst AS (
 ),
 clip AS (
     -- zero-shot CLIP on the same backbone, data, templates and views, from any sweep
-    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = {_sql_str(registry.baseline_method())}
+    SELECT setting_id, avg(accuracy) AS clip_mean FROM finished WHERE method = {sql_str(registry.baseline_method())}
            AND complete
     GROUP BY setting_id
 )
 SELECT g.*, worst.worst10, worst.worst_count, clip.clip_mean, g.mean - clip.clip_mean AS gain,
        gains.gain_runs, gains.paired_gain, gains.gain_ci_low, gains.gain_ci_high, gains.gain_p, gains.gain_test
 FROM grouped g LEFT JOIN clip USING (setting_id) LEFT JOIN worst USING (group_id)
-     LEFT JOIN ({_gains_sql('paired', _sql_str(registry.baseline_method()))}) gains USING (group_id)
+     LEFT JOIN ({_gains_sql('paired', sql_str(registry.baseline_method()))}) gains USING (group_id)
 """

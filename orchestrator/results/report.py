@@ -37,10 +37,10 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import registry
-from orchestrator.data.streams import stream_label
 from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, continual_variants, parse_variant, variant_name
 from orchestrator.results import evidence, metrics, schema, stats
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.labels import fmt_value, follows
 from orchestrator.results.schema import RANDOM_WEIGHTS
 
 MISSING = "—"
@@ -156,12 +156,6 @@ SELECT * FROM (
 
 
 
-def _fmt_value(value: Any, column: str = "") -> str:
-    if column == "stream" and isinstance(value, str) and value.startswith("{"):
-        return stream_label(json.loads(value))  # the runs table holds the spec's value as JSON
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def per_value(values: pd.Series, fn: Any) -> pd.Series:
     """fn of each row's value, called once per distinct value (a study's 10^5 runs have a few backbones and
     methods); None and NaN are one missing value, which fn gets as None."""
@@ -208,26 +202,17 @@ def _configuration_labels(runs: pd.DataFrame, candidates: list[str]) -> tuple[pd
         if not vary and "group_id" in counts and counts["group_id"] > 1:
             vary = ["group_id"]  # configs differ only in keys without a column (e.g. synthetic parameters)
         part = runs[(runs["backbone"] == backbone) & (runs["method"] == method)]
-        vary = [c for c in vary if not _follows(part, method, c, vary)]
+        vary = [c for c in vary if not follows(part, method, c, vary)]
         if vary:
             split.update(vary)
             name, texts = registry.method_label(method), {}
             rows = list(zip(*(part[c].to_numpy(dtype=object) for c in vary)))
             for values in rows:
                 if values not in texts:  # formatted once per configuration, not once per dataset
-                    texts[values] = f"{name} (" + ", ".join(f"{c}={_fmt_value(_plain(v), c)}"
+                    texts[values] = f"{name} (" + ", ".join(f"{c}={fmt_value(_plain(v), c)}"
                                                             for c, v in zip(vary, values)) + ")"
             labels.loc[part.index] = [texts[values] for values in rows]
     return labels, sorted(split)
-
-
-def _follows(part: pd.DataFrame, method: str, column: str, vary: list[str]) -> bool:
-    """Whether `column` is a gate whose null means another varying hparam (tau_likelihood = tau) and equals it
-    in every run: it adds nothing to a label."""
-    card = registry.find_method(method)
-    names = {h.name: h.null_means for h in card.hparams} if card else {}
-    other = names.get(column)
-    return other in vary and bool((part[column] == part[other]).all())
 
 
 def _plain(value: Any) -> Any:

@@ -3,9 +3,9 @@ one manifest (docs/results-store.md has the layout, the evaluation against Delta
 for a cluster).
 
 A run is written in the live layout (schema.py: its parts, its runs-table row, one writer under the run's
-locks). `compact()` moves finished, complete runs into a segment: their rows in one Parquet file sorted by
+locks). `compaction.compact()` moves finished, complete runs into a segment: their rows in one Parquet file sorted by
 (run_id, sample_idx) with row groups cut at run boundaries (one run's rows are read by pruning on run_id), their
-runs-table rows in a second file and their per-run metrics (db.run_metrics_sql over the rows) in a third. The
+runs-table rows in a second file and their per-run metrics (sql.run_metrics_sql over the rows) in a third. The
 manifest, replaced atomically, is the commit: a run listed there is compacted, and its live files (present only
 between the commit and their removal, e.g. after a crash) are leftovers that every reader ignores and the next
 compaction removes. Readers trust the manifest's files (written, fsynced and renamed before the commit) and
@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,18 +37,15 @@ from filelock import FileLock
 
 from orchestrator.results import files, schema
 from orchestrator.results.atomic import ResultsWriteError, atomic_write, ensure_dir
+from orchestrator.results.sql import (CURVE_COLUMNS, PAIRED_STAT_COLUMNS, SEGMENT_METRICS_COLUMNS, baseline_pairs_sql,
+                                      concat_runs, paired_rows_sql, paired_statistics_sql, run_curves_sql,
+                                      run_metrics_sql, sql_str)
 
 log = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = 1
-# A segment's size: large enough that a study of 10^5 runs is tens of files, small enough to write in memory.
-SEGMENT_ROWS = 4_000_000
 # Row groups close at the first run boundary past this many rows (a longer run gets row groups of its own).
 ROW_GROUP_ROWS = 131_072
-# Segments smaller than this are merged once MERGE_FANIN of them exist, so a long sweep's periodic compactions
-# do not leave hundreds of small segments (each row is rewritten about log_FANIN(total / first size) times).
-SMALL_SEGMENT_ROWS = SEGMENT_ROWS // 4
-MERGE_FANIN = 8
 
 
 class ManifestError(ValueError):
@@ -60,7 +57,7 @@ class Segment:
     id: str
     rows: int
     runs: int
-    metrics_columns: tuple[str, ...]  # the per-run metrics it materialised (db.RUN_METRICS_COLUMNS when written)
+    metrics_columns: tuple[str, ...]  # the per-run metrics it materialised (sql.RUN_METRICS_COLUMNS when written)
 
     def path(self, results_dir: Path, kind: str) -> Path:
         return schema.segment_file(results_dir, self.id, kind)
@@ -116,7 +113,7 @@ _CACHE: dict[Path, Catalog] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def _stamp(path: Path) -> tuple | None:
+def file_stamp(path: Path) -> tuple | None:
     try:
         st = path.stat()
     except (FileNotFoundError, NotADirectoryError):
@@ -128,7 +125,7 @@ def load_catalog(results_dir: str | Path | None) -> Catalog:
     """The current manifest (one stat when it has not changed since this process last read it)."""
     root = schema.resolve_results_dir(results_dir)
     path = schema.manifest_file(root)
-    stamp = _stamp(path)
+    stamp = file_stamp(path)
     with _CACHE_LOCK:
         hit = _CACHE.get(root)
     if hit is not None and hit.stamp == stamp:
@@ -157,7 +154,7 @@ def _read_manifest(path: Path) -> tuple[Segment, ...]:
                             f"metrics_columns)") from e
 
 
-def _write_manifest(root: Path, segments: list[Segment]) -> None:
+def write_manifest(root: Path, segments: list[Segment]) -> None:
     body = json.dumps({"format": MANIFEST_FORMAT, "segments": [
         {"id": s.id, "rows": s.rows, "runs": s.runs, "metrics_columns": list(s.metrics_columns)} for s in segments]},
         indent=1)
@@ -185,76 +182,7 @@ def catalog_lock(root: Path) -> Iterator[None]:
         lock.release()
 
 
-# --------------------------------------------------------------------------------------------- compaction
-@dataclass
-class CompactReport:
-    runs: int = 0            # runs moved into new segments
-    rows: int = 0
-    segments: list[str] = field(default_factory=list)
-    merged: int = 0          # small segments merged into larger ones
-    leftovers: int = 0       # live files of already compacted runs removed
-    given_back: list[str] = field(default_factory=list)  # runs whose live files changed while compacting
-    upgraded: int = 0        # segments written before curves or pairing statistics were materialised, given them
-
-
-@dataclass
-class _Live:
-    """A finished, complete live run as read for compaction, with what must not change before it is removed."""
-    writer: Any  # RunWriter
-    row: dict[str, Any]
-    table: pa.Table
-    stamp: tuple
-
-
-def _live_stamp(writer: Any) -> tuple:
-    """What changes when a writer touches the run: its parts and its runs-table row."""
-    names = sorted(p.name for p in writer.samples_dir.iterdir()) if writer.samples_dir.is_dir() else []
-    return tuple((n, _stamp(writer.samples_dir / n)) for n in names if not n.startswith(".")) + (
-        ("row", _stamp(writer.run_path)),)
-
-
-def _live_runs(root: Path, compacted: dict[str, tuple[str, int]]) -> tuple[list[Any], list[Any]]:
-    """(writers of finished live runs, writers of compacted runs whose live files are leftovers)."""
-    from orchestrator.results.writer import RunWriter, read_run_file
-
-    finished, leftovers = [], []
-    for path in files.run_files(root):
-        row = read_run_file(path)
-        if row is None or not row.get("config_json"):
-            continue
-        try:
-            writer = RunWriter(root, json.loads(row["config_json"]))
-        except ValueError as e:  # a hand-made row: left alone, as the views leave it
-            log.warning("not compacting %s: its config_json is not a run config (%s)", path, e)
-            continue
-        if writer.run_id != row["run_id"]:
-            continue
-        if writer.run_id in compacted:
-            leftovers.append(writer)
-        elif row.get("status") == "finished":
-            finished.append(writer)
-    return finished, leftovers
-
-
-def _read_live(writer: Any) -> _Live | None:
-    """A finished run's rows when every one is on disk in complete parts, read under the run's locks."""
-    with writer._lock(), writer._row_lock():
-        row = writer._read_live_row()
-        if row is None or row.get("status") != "finished" or row.get("n_samples") is None:
-            return None
-        end, stray = writer._scan()
-        if end != row["n_samples"] or stray:
-            return None
-        parts = sorted((p for p in writer.samples_dir.iterdir() if schema.part_start(p.name) is not None),
-                       key=lambda p: schema.part_start(p.name))
-        tables = [pq.read_table(p, schema=schema.SAMPLE_ARROW_SCHEMA) for p in parts]
-        table = pa.concat_tables(tables).replace_schema_metadata(None) if tables else None
-        if table is None or table.num_rows != end:
-            return None
-        return _Live(writer, row, table, _live_stamp(writer))
-
-
-def _with_run_columns(table: pa.Table, row: dict[str, Any]) -> pa.Table:
+def with_run_columns(table: pa.Table, row: dict[str, Any]) -> pa.Table:
     n = table.num_rows
     for col in schema.SEGMENT_RUN_COLUMNS:
         table = table.append_column(pa.field(col.name, col.arrow), pa.array([row.get(col.name)] * n, col.arrow))
@@ -266,16 +194,14 @@ _PAIR_ROWS = ["run_id", "sample_idx", "image_id", "correct", "is_ood"]
 
 
 def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> pa.Table:
-    """Per run of a new segment: db.run_metrics_sql over its rows, and its pairing against the baseline method
-    (db.paired_rows_sql, with its statistics: db.paired_statistics_sql) where the baseline run is in this segment
+    """Per run of a new segment: sql.run_metrics_sql over its rows, and its pairing against the baseline method
+    (sql.paired_rows_sql, with its statistics: sql.paired_statistics_sql) where the baseline run is in this segment
     or in one of `others` (read by pruning); null pairing where it is not (the paired view computes those from the
     rows)."""
     import duckdb
 
     from orchestrator import registry
     from orchestrator.results import stats
-    from orchestrator.results.db import (SEGMENT_METRICS_COLUMNS, _sql_str, baseline_pairs_sql, paired_rows_sql,
-                                         paired_statistics_sql, run_curves_sql, run_metrics_sql)
 
     con = duckdb.connect(":memory:")
     stats.register(con)
@@ -286,7 +212,7 @@ def _metrics(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment
         con.register("seg_runs", runs.select(["run_id", "n_samples"]))
         con.register("seg_ident", ident)
         con.register("all_ident", pa.concat_tables(known, promote_options="permissive"))
-        baseline = _sql_str(registry.baseline_method())
+        baseline = sql_str(registry.baseline_method())
         pairs = con.sql(baseline_pairs_sql("all_ident", baseline, "seg_ident")).to_arrow_table()
         con.register("pairs", pairs)
         here = set(samples.column("run_id").unique().to_pylist())
@@ -305,11 +231,9 @@ ORDER BY run_id""").to_arrow_table()
         con.close()
 
 
-def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> Segment:
+def write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[Segment]) -> Segment:
     """Write one segment's three files (atomically each; not yet in the manifest, so invisible); `others`: the
     segments its runs' baselines may be in."""
-    from orchestrator.results.db import SEGMENT_METRICS_COLUMNS, concat_runs
-
     order = pc.sort_indices(samples, [("run_id", "ascending"), ("sample_idx", "ascending")])
     samples = samples.take(order).cast(schema.SEGMENT_SAMPLE_ARROW_SCHEMA)
     runs = concat_runs([runs]).sort_by("run_id")
@@ -340,10 +264,9 @@ def _write_segment(root: Path, samples: pa.Table, runs: pa.Table, others: list[S
     return seg
 
 
-def _missing(seg: Segment) -> list[str]:
+def missing_columns(seg: Segment) -> list[str]:
     """The metrics columns a segment written before they were materialised lacks: the registry's metrics added
     since, its curves, and its stored pairings' statistics."""
-    from orchestrator.results.db import CURVE_COLUMNS, PAIRED_STAT_COLUMNS
     from orchestrator.results.metrics import RUN_METRICS
 
     have = set(seg.metrics_columns)
@@ -351,22 +274,20 @@ def _missing(seg: Segment) -> list[str]:
     return [c for c in (*(m.name for m in RUN_METRICS), *CURVE_COLUMNS, *stats) if c not in have]
 
 
-def _add_missing(root: Path, seg: Segment) -> Segment:
+def add_missing(root: Path, seg: Segment) -> Segment:
     """A segment written before metrics, curves or the pairings' statistics were materialised, with what it lacks
-    added to its metrics file: the registry's metrics added since (db.run_metrics_sql over its rows), its runs'
-    curves (db.run_curves_sql over its rows), the statistics of its stored pairings
-    (db.paired_statistics_sql over their counts: no row read). The file is replaced atomically with the same
+    added to its metrics file: the registry's metrics added since (sql.run_metrics_sql over its rows), its runs'
+    curves (sql.run_curves_sql over its rows), the statistics of its stored pairings
+    (sql.paired_statistics_sql over their counts: no row read). The file is replaced atomically with the same
     columns and the new ones; the manifest, written by the caller, then lists them (a crash in between leaves a
     file whose extra columns nobody reads)."""
     import duckdb
 
     from orchestrator.results import stats
-    from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_STAT_COLUMNS, paired_statistics_sql, run_curves_sql,
-                                         run_metrics_sql)
     from orchestrator.results.metrics import RUN_METRICS
 
     path = seg.path(root, "metrics")
-    lacking = set(_missing(seg))
+    lacking = set(missing_columns(seg))
     add_metrics = [m.name for m in RUN_METRICS if m.name in lacking]
     add_curves, add_stats = bool(lacking & set(CURVE_COLUMNS)), bool(lacking & set(PAIRED_STAT_COLUMNS))
     added = [*add_metrics, *(CURVE_COLUMNS if add_curves else ()), *(PAIRED_STAT_COLUMNS if add_stats else ())]
@@ -407,13 +328,7 @@ def _add_missing(root: Path, seg: Segment) -> Segment:
                                                                        if c not in seg.metrics_columns)))
 
 
-def _remove_live(writer: Any) -> None:
-    """Remove a compacted run's live files (its parts, its runs-table row, its folder), under its locks."""
-    with writer._lock(), writer._row_lock():
-        _unlink_live(writer)
-
-
-def _unlink_live(writer: Any, *, folder: bool = True) -> None:
+def unlink_live(writer: Any, *, folder: bool = True) -> None:
     """Remove a run's live parts and runs-table row; with `folder`, its (then empty) folder and lock files too,
     so that compacted runs leave no file behind. Callers hold the run's locks."""
     for path in writer.samples_dir.iterdir():
@@ -427,13 +342,13 @@ def _unlink_live(writer: Any, *, folder: bool = True) -> None:
             writer.samples_dir.rmdir()
 
 
-def _remove_segment_files(root: Path, segments: list[Segment]) -> None:
+def remove_segment_files(root: Path, segments: list[Segment]) -> None:
     for seg in segments:
         for kind in schema.SEGMENT_KINDS:
             seg.path(root, kind).unlink(missing_ok=True)
 
 
-def _segment_tables(root: Path, seg: Segment, drop: set[str] = frozenset()) -> tuple[pa.Table, pa.Table]:
+def segment_tables(root: Path, seg: Segment, drop: set[str] = frozenset()) -> tuple[pa.Table, pa.Table]:
     samples = pq.read_table(seg.path(root, "samples"))
     runs = pq.read_table(seg.path(root, "runs"))
     if drop:
@@ -441,92 +356,6 @@ def _segment_tables(root: Path, seg: Segment, drop: set[str] = frozenset()) -> t
         samples = samples.filter(pc.invert(pc.is_in(samples.column("run_id"), keep)))
         runs = runs.filter(pc.invert(pc.is_in(runs.column("run_id"), keep)))
     return samples.replace_schema_metadata(None), runs.replace_schema_metadata(None)
-
-
-def _batches(lives: list[_Live], limit: int) -> Iterator[list[_Live]]:
-    batch, rows = [], 0
-    for live in lives:
-        if batch and rows + live.table.num_rows > limit:
-            yield batch
-            batch, rows = [], 0
-        batch.append(live)
-        rows += live.table.num_rows
-    if batch:
-        yield batch
-
-
-def compact(results_dir: str | Path | None, *, segment_rows: int = SEGMENT_ROWS, min_runs: int = 1) -> CompactReport:
-    """Move every finished, complete live run into segments of at most `segment_rows` rows (a run is never
-    split), merge small segments, give segments written before curves or the pairings' statistics were
-    materialised what they lack (`_add_missing`), and remove leftovers; a no-op below `min_runs` finished live
-    runs. Safe beside running writers and readers, on any node of shared storage (see the module docstring)."""
-    from orchestrator.results.db import concat_runs
-
-    root = schema.resolve_results_dir(results_dir)
-    report = CompactReport()
-    if not root.is_dir():
-        return report
-    with catalog_lock(root):
-        catalog = load_catalog(root)
-        segments = list(catalog.segments)
-        older = [seg for seg in segments if _missing(seg)]
-        if older:
-            upgraded = {seg.id: _add_missing(root, seg) for seg in older}
-            segments = [upgraded.get(seg.id, seg) for seg in segments]
-            _write_manifest(root, segments)
-            report.upgraded = len(older)
-        finished, leftovers = _live_runs(root, catalog.compacted())
-        for writer in leftovers:
-            _remove_live(writer)
-        report.leftovers = len(leftovers)
-        if len(finished) < min_runs:
-            finished = []
-        lives = [live for w in sorted(finished, key=lambda w: w.run_id) if (live := _read_live(w)) is not None]
-        written: list[tuple[Segment, list[_Live]]] = []
-        for batch in _batches(lives, segment_rows):
-            samples = pa.concat_tables([_with_run_columns(live.table, live.row) for live in batch])
-            runs = concat_runs([pa.Table.from_pylist([live.row]) for live in batch])
-            written.append((_write_segment(root, samples, runs, segments + [seg for seg, _ in written]), batch))
-        merged_away: list[Segment] = []
-        small = sorted((s for s in segments if s.rows < SMALL_SEGMENT_ROWS), key=lambda s: s.rows)
-        small += [seg for seg, _ in written if seg.rows < SMALL_SEGMENT_ROWS]
-        if len(small) >= MERGE_FANIN:
-            picked, rows = [], 0
-            for seg in sorted(small, key=lambda s: s.rows):
-                if picked and rows + seg.rows > segment_rows:
-                    break
-                picked.append(seg)
-                rows += seg.rows
-            if len(picked) > 1:
-                tables = [_segment_tables(root, seg) for seg in picked]
-                merged = _write_segment(root, pa.concat_tables([t[0] for t in tables]),
-                                        concat_runs([t[1] for t in tables]),
-                                        [s for s in segments + [seg for seg, _ in written] if s not in picked])
-                merged_away = picked
-                report.merged = len(picked)
-        picked_ids = {s.id for s in merged_away}
-        new = [s for s in segments if s.id not in picked_ids] + [seg for seg, _ in written if seg.id not in picked_ids]
-        if merged_away:
-            new.append(merged)
-        if written or merged_away:
-            _write_manifest(root, new)  # the commit
-            _remove_segment_files(root, merged_away)
-        give_back = []
-        for seg, batch in written:
-            report.segments.append(seg.id)
-            for live in batch:
-                with live.writer._lock(), live.writer._row_lock():
-                    if _live_stamp(live.writer) != live.stamp:
-                        give_back.append(live.writer.run_id)  # a writer touched it meanwhile: its live files win
-                        continue
-                    _unlink_live(live.writer)
-                report.runs += 1
-                report.rows += live.table.num_rows
-        if give_back:
-            _drop_runs(root, set(give_back))
-            report.given_back = give_back
-        report.segments = [s for s in report.segments if s not in picked_ids] + ([merged.id] if merged_away else [])
-    return report
 
 
 def add_segment(results_dir: str | Path | None, samples: pa.Table, runs: pa.Table) -> Segment:
@@ -540,8 +369,8 @@ def add_segment(results_dir: str | Path | None, samples: pa.Table, runs: pa.Tabl
         again = sorted(set(runs.column("run_id").to_pylist()) & held)
         if again:
             raise ValueError(f"add_segment: run(s) {again[:5]} are already compacted in {root}")
-        seg = _write_segment(root, samples, runs, list(catalog.segments))
-        _write_manifest(root, [*catalog.segments, seg])
+        seg = write_segment(root, samples, runs, list(catalog.segments))
+        write_manifest(root, [*catalog.segments, seg])
     return seg
 
 
@@ -551,8 +380,6 @@ def commit_runs(results_dir: str | Path | None, runs: list[tuple[pa.Table, pa.Ta
     in the live parts' schema, from sample 0, all of them; its 'finished' runs-table row, RunWriter.finished_tables).
     A run the manifest already holds (a zombie trial's commit got there first) is left out; returns the run_ids
     committed."""
-    from orchestrator.results.db import concat_runs
-
     root = schema.resolve_results_dir(results_dir)
     with catalog_lock(root):
         # every writer of the catalog's files holds this lock: a temp file there is a killed holder's
@@ -566,15 +393,15 @@ def commit_runs(results_dir: str | Path | None, runs: list[tuple[pa.Table, pa.Ta
                  if row.column("run_id")[0].as_py() not in held]
         if not fresh:
             return []
-        samples = pa.concat_tables([_with_run_columns(table.replace_schema_metadata(None), row)
+        samples = pa.concat_tables([with_run_columns(table.replace_schema_metadata(None), row)
                                     for table, row, _ in fresh])
         table = concat_runs([row.replace_schema_metadata(None) for _, _, row in fresh])
-        seg = _write_segment(root, samples, table, list(catalog.segments))
-        _write_manifest(root, [*catalog.segments, seg])
+        seg = write_segment(root, samples, table, list(catalog.segments))
+        write_manifest(root, [*catalog.segments, seg])
     return [row["run_id"] for _, row, _ in fresh]
 
 
-def _drop_runs(root: Path, run_ids: set[str]) -> None:
+def drop_runs(root: Path, run_ids: set[str]) -> None:
     """Rewrite the segments holding these runs without them (caller holds the catalog lock)."""
     catalog = load_catalog(root)
     where = catalog.compacted()
@@ -587,11 +414,11 @@ def _drop_runs(root: Path, run_ids: set[str]) -> None:
             kept.append(seg)
             continue
         gone.append(seg)
-        samples, runs = _segment_tables(root, seg, run_ids)
+        samples, runs = segment_tables(root, seg, run_ids)
         if runs.num_rows:
-            kept.append(_write_segment(root, samples, runs, [s for s in catalog.segments if s.id != seg.id]))
-    _write_manifest(root, kept)
-    _remove_segment_files(root, gone)
+            kept.append(write_segment(root, samples, runs, [s for s in catalog.segments if s.id != seg.id]))
+    write_manifest(root, kept)
+    remove_segment_files(root, gone)
 
 
 def restore(writer: Any, *, keep_rows: bool) -> None:
@@ -608,15 +435,15 @@ def restore(writer: Any, *, keep_rows: bool) -> None:
         rows = pq.read_table(path, filters=[("run_id", "=", writer.run_id)],
                              columns=[c.name for c in schema.SAMPLE_COLUMNS]).sort_by("sample_idx")
         row = catalog.run_row(writer.run_id)
-        with writer._lock(), writer._row_lock():
-            _unlink_live(writer, folder=False)
+        with writer.lock(), writer.row_lock():
+            unlink_live(writer, folder=False)
             if keep_rows and rows.num_rows:
                 table = rows.cast(schema.SAMPLE_ARROW_SCHEMA).replace_schema_metadata(
-                    {**writer._metadata, schema.META_KIND: b"samples"})
+                    {**writer.metadata, schema.META_KIND: b"samples"})
                 atomic_write(writer.samples_dir / schema.part_name(0),
                              lambda tmp: pq.write_table(table, tmp, compression="zstd"), "results part")
-            writer._write_row(row)
-        _drop_runs(root, {writer.run_id})
+            writer.write_row(row)
+        drop_runs(root, {writer.run_id})
 
 
 def orphan_files(results_dir: Path) -> list[Path]:
@@ -651,7 +478,7 @@ def recorded_finished(results_dir: Path) -> dict[str, tuple[Path, set[str]]]:
     out: dict[str, tuple[Path, set[str]]] = {}
     folder = schema.sweeps_root(results_dir)
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
-        stamp = _stamp(path)
+        stamp = file_stamp(path)
         hit = _RECORDS.get(path)
         if hit is None or hit[0] != stamp:  # a study's record lists 10^5 runs: parsed once per version
             hit = _RECORDS[path] = (stamp, None)
@@ -689,6 +516,7 @@ def remove_orphans(results_dir: Path, older_than_s: float = 600.0) -> int:
     return n
 
 
-__all__ = ["Catalog", "CompactReport", "ManifestError", "Segment", "add_segment", "catalog_lock", "commit_runs", "compact",
-           "load_catalog",
-           "orphan_files", "recorded_finished", "remove_orphans", "restore", "segment_runs"]
+__all__ = ["Catalog", "ManifestError", "Segment", "add_missing", "add_segment", "catalog_lock", "commit_runs",
+           "drop_runs", "file_stamp", "load_catalog", "missing_columns", "orphan_files", "recorded_finished",
+           "remove_orphans", "remove_segment_files", "restore", "segment_runs", "segment_tables", "unlink_live",
+           "with_run_columns", "write_manifest", "write_segment"]

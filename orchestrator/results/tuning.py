@@ -22,25 +22,23 @@ import pyarrow as pa
 
 from orchestrator import registry
 from orchestrator.results import evidence, metrics, safety
+from orchestrator.results.labels import fmt_value, follows
+from orchestrator.results.sql import sql_str
 
 # Cells of a tuning: one choice per method on one backbone, dataset and stream protocol.
 CELL = ("method", "backbone", "dataset", "stream")
 
 
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _value_sql(metric: str) -> str:
     """The column the SQL expression `metric` names (an unknown name: an error naming the known ones)."""
-    cases = " ".join(f"WHEN {_sql_str(m.name)} THEN {m.name}" for m in metrics.RUN_METRICS)
+    cases = " ".join(f"WHEN {sql_str(m.name)} THEN {m.name}" for m in metrics.RUN_METRICS)
     known = ", ".join(m.name for m in metrics.RUN_METRICS)
     return f"CASE {metric} {cases} ELSE error('tuned: unknown metric ' || {metric} || '; expected one of: {known}') END"
 
 
 def _sign_sql(metric: str) -> str:
     """+1 where higher is better for the metric `metric` names, -1 where lower is."""
-    lower = ", ".join(_sql_str(m.name) for m in metrics.RUN_METRICS if not m.higher_is_better)
+    lower = ", ".join(sql_str(m.name) for m in metrics.RUN_METRICS if not m.higher_is_better)
     return f"CASE WHEN {metric} IN ({lower}) THEN -1 ELSE 1 END"
 
 
@@ -106,15 +104,13 @@ class Tuning:
         notes = [f"tuned on the {len(self.tune_ids)} run(s) where {self.predicate}: per method, backbone, dataset and "
                  f"stream, the configuration with the best mean {label} there; the cells stand on its other "
                  f"{evaluated} run(s) only"]
-        from orchestrator.results.report import _fmt_value  # report reads the views db builds with these macros
-
         lines = []
         for choice in self.choices.itertuples(index=False):
             if choice.candidates < 2:
                 continue
             where = " · ".join([registry.method_label(choice.method), str(choice.backbone),
                                 registry.dataset_title(choice.dataset)]
-                               + ([_fmt_value(choice.stream, "stream")] if isinstance(choice.stream, str) else []))
+                               + ([fmt_value(choice.stream, "stream")] if isinstance(choice.stream, str) else []))
             lines.append(f"  {where}: {_config_text(runs, choice.group_id, choice.method, hparams)} (best of "
                          f"{choice.candidates} configurations, mean {choice.tune_mean:.2f} on {choice.tune_runs} "
                          "tuning run(s))")
@@ -131,10 +127,8 @@ def _config_text(runs: pd.DataFrame, group_id: str, method: str, hparams: Sequen
     first = own[own["group_id"] == group_id]
     if first.empty:
         return group_id
-    from orchestrator.results.report import _follows
-
     vary = [h for h in hparams if h in own and own[h].nunique(dropna=False) > 1]
-    vary = [h for h in vary if not _follows(own, method, h, vary)]  # tau_prior = tau adds nothing
+    vary = [h for h in vary if not follows(own, method, h, vary)]  # tau_prior = tau adds nothing
     row = first.iloc[0]
     return ", ".join(f"{h}={_plain(row[h])}" for h in vary) or group_id
 
@@ -161,7 +155,7 @@ def tune(db: Any, predicate: str, metric: str = "accuracy") -> Tuning:
     if len(ids) == total:
         raise TuneOnError(f"--tune-on {predicate!r} matches every one of the {total} runs: nothing left to report "
                           "on")
-    choices = db.df(f"SELECT * FROM tuned_choice((SELECT list(run_id) FROM tune_ids), {_sql_str(metric)}) "
+    choices = db.df(f"SELECT * FROM tuned_choice((SELECT list(run_id) FROM tune_ids), {sql_str(metric)}) "
                     "ORDER BY method, backbone, dataset, stream",
                     tables={"tune_ids": pa.table({"run_id": pa.array(sorted(ids), pa.string())})})
     return Tuning(predicate, metric, ids, choices)

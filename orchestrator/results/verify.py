@@ -32,9 +32,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from orchestrator.results import files, schema, store
-from orchestrator.results.db import (CURVE_COLUMNS, PAIRED_COLUMNS, PAIRED_STAT_COLUMNS, RUN_METRICS_COLUMNS,
-                                     ResultsDB, _sql_str, paired_rows_sql, paired_statistics_sql, run_curves_sql,
-                                     run_metrics_sql)
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.sql import (CURVE_COLUMNS, PAIRED_COLUMNS, PAIRED_STAT_COLUMNS, RUN_METRICS_COLUMNS,
+                                      paired_rows_sql, paired_statistics_sql, run_curves_sql, run_metrics_sql, sql_str)
 
 TEMP_GRACE_S = 60.0
 
@@ -190,7 +190,7 @@ def _per_run(db: ResultsDB, good: list[Path], segments: list[Path]) -> list[dict
                 again.add(r["run_id"])
             found[r["run_id"]] = r
     if again:
-        ids = ", ".join(map(_sql_str, sorted(again)))
+        ids = ", ".join(map(sql_str, sorted(again)))
         source = f"(SELECT * FROM {_rows_source(good, segments)} WHERE run_id IN ({ids}))"
         found.update((r["run_id"], r) for r in db.sql(_PER_RUN_SQL.format(source=source)).to_pylist())
     return list(found.values())
@@ -234,20 +234,20 @@ def _segment_problem(root: Path, seg: store.Segment) -> tuple[str, str] | None:
 
 def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Problem]:
     """The segment's materialised per-run metrics against the same metrics recomputed from its rows."""
-    rows = f"read_parquet({_sql_str(str(seg.path(root, 'samples')))})"
+    rows = f"read_parquet({sql_str(str(seg.path(root, 'samples')))})"
     stored_cols = [c for c in RUN_METRICS_COLUMNS if c in seg.metrics_columns]
     stored = {r["run_id"]: r for r in db.sql(
-        f"SELECT run_id, {', '.join(stored_cols)} FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))})").to_pylist()}
+        f"SELECT run_id, {', '.join(stored_cols)} FROM read_parquet({sql_str(str(seg.path(root, 'metrics')))})").to_pylist()}
     fresh = db.sql(f"SELECT * FROM ({run_metrics_sql(rows, 'runs')})").to_pylist()
     if "baseline_run" in seg.metrics_columns:
-        pairs = (f"(SELECT run_id, baseline_run FROM read_parquet({_sql_str(str(seg.path(root, 'metrics')))}) "
+        pairs = (f"(SELECT run_id, baseline_run FROM read_parquet({sql_str(str(seg.path(root, 'metrics')))}) "
                  f"WHERE baseline_run IS NOT NULL)")
         paired = {r["run_id"]: r for r in db.sql(
             paired_statistics_sql(paired_rows_sql(pairs, "samples", "samples"), "NULL")).to_pylist()}
         compared = [*PAIRED_COLUMNS, *(c for c in PAIRED_STAT_COLUMNS if c in seg.metrics_columns)]
         stored_pairs = {r["run_id"]: r for r in db.sql(
             f"SELECT run_id, {', '.join(compared)} FROM read_parquet("
-            f"{_sql_str(str(seg.path(root, 'metrics')))}) WHERE baseline_run IS NOT NULL").to_pylist()}
+            f"{sql_str(str(seg.path(root, 'metrics')))}) WHERE baseline_run IS NOT NULL").to_pylist()}
         for run_id, have in stored_pairs.items():
             again = paired.get(run_id, {"run_id": run_id, **{c: None for c in compared}})
             differ = [c for c in compared if not _same(have[c], again.get(c))]
@@ -257,7 +257,7 @@ def _metrics_problems(db: ResultsDB, root: Path, seg: store.Segment) -> list[Pro
     if set(CURVE_COLUMNS) <= set(seg.metrics_columns):
         curves = {r["run_id"]: r for r in db.sql(run_curves_sql(rows)).to_pylist()}
         for have in db.sql(f"SELECT run_id, {', '.join(CURVE_COLUMNS)} FROM read_parquet("
-                           f"{_sql_str(str(seg.path(root, 'metrics')))})").to_pylist():
+                           f"{sql_str(str(seg.path(root, 'metrics')))})").to_pylist():
             again = curves.get(have["run_id"], {})
             if any(have[c] != again.get(c) for c in CURVE_COLUMNS):
                 fresh.append({"run_id": have["run_id"], "_curve": f"window {have['curve_window']}, "

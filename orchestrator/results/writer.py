@@ -102,7 +102,7 @@ class RunWriter:
         self.state_path = schema.state_file(self.results_dir, self.run_id)
         self._checker = FileChecker()
         self._written: tuple[tuple, dict[str, Any]] | None = None  # (file stamp, row) of this writer's last row
-        self._metadata = {
+        self.metadata = {
             schema.META_RUN_CONFIG: self.config_json.encode("utf-8"),
             schema.META_RUN_ID: self.run_id.encode("ascii"),
             schema.META_SCHEMA_VERSION: schema.SCHEMA_VERSION.encode("ascii"),
@@ -124,11 +124,11 @@ class RunWriter:
         finally:
             lock.release()
 
-    def _lock(self) -> contextlib.AbstractContextManager[None]:
+    def lock(self) -> contextlib.AbstractContextManager[None]:
         """The run's parts: held while they are written, scanned or removed."""
         return self._file_lock(self.samples_dir, ".lock", f"run {self.run_id}")
 
-    def _row_lock(self) -> contextlib.AbstractContextManager[None]:
+    def row_lock(self) -> contextlib.AbstractContextManager[None]:
         """The run's runs-table row: held while it is written or removed."""
         return self._file_lock(self.samples_dir, ".row.lock", "runs-table row")
 
@@ -150,7 +150,7 @@ class RunWriter:
                 parts.append((start, check.num_rows if check is not None and check.ok else None, path))
         return sorted(parts, key=lambda part: part[0])
 
-    def _scan(self) -> tuple[int, list[Path]]:
+    def scan(self) -> tuple[int, list[Path]]:
         """(end of the complete contiguous parts from 0, part files outside that prefix)."""
         end, stray = 0, []
         for start, rows, path in self._parts():
@@ -166,8 +166,8 @@ class RunWriter:
             return compacted[1]
         if not self.samples_dir.is_dir():
             return 0
-        with self._lock():
-            return self._scan()[0]
+        with self.lock():
+            return self.scan()[0]
 
     def _samples_table(self, start: int, columns: Mapping[str, Any]) -> pa.Table:
         known = {c.name for c in schema.SAMPLE_COLUMNS}
@@ -223,7 +223,7 @@ class RunWriter:
                                pa.string()),
         }
         table = pa.Table.from_pydict(cols, schema=schema.SAMPLE_ARROW_SCHEMA)
-        return table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"samples"})
+        return table.replace_schema_metadata({**self.metadata, schema.META_KIND: b"samples"})
 
     def write_part(self, start: int, columns: Mapping[str, Any]) -> int:
         """Write stream rows start..start+n-1 as one part; returns rows_done() after it.
@@ -236,11 +236,11 @@ class RunWriter:
             raise ValueError(f"write_part: start must be a non-negative integer, got {start!r}")
         start = int(start)
         table = self._samples_table(start, columns)
-        with self._lock():
+        with self.lock():
             if (compacted := self._compacted()) is not None:
                 raise ValueError(f"write_part: run {self.run_id} is complete and compacted ({compacted[1]} rows in "
                                  f"segment {compacted[0]}); discard_rows() first to write it again")
-            end, stray = self._scan()
+            end, stray = self.scan()
             n = table.num_rows
             if start < end:
                 raise ValueError(f"write_part: rows {start}..{start + n - 1} overlap rows 0..{end - 1} already "
@@ -267,7 +267,7 @@ class RunWriter:
             return []
         held = []
         if self.samples_dir.is_dir():
-            with self._lock():
+            with self.lock():
                 held = [(start, start + rows) for start, rows, _ in self._parts() if rows is not None]
         gaps, at = [], lo
         for start, end in held:
@@ -288,7 +288,7 @@ class RunWriter:
         start = int(start)
         table = self._samples_table(start, columns)
         end = start + table.num_rows
-        with self._lock():
+        with self.lock():
             if (compacted := self._compacted()) is not None:
                 raise ValueError(f"fill_part: run {self.run_id} is complete and compacted ({compacted[1]} rows in "
                                  f"segment {compacted[0]}); discard_rows() first to write it again")
@@ -313,8 +313,8 @@ class RunWriter:
                              f"through orchestrator.results.db")
         if not self.samples_dir.is_dir():
             return schema.SAMPLE_ARROW_SCHEMA.empty_table().select(names)
-        with self._lock():
-            end, _ = self._scan()
+        with self.lock():
+            end, _ = self.scan()
             paths = [path for start, rows, path in self._parts() if rows is not None and start < end]
             tables = [pq.read_table(path, columns=names) for path in paths]
         return pa.concat_tables(tables) if tables else schema.SAMPLE_ARROW_SCHEMA.empty_table().select(names)
@@ -324,7 +324,7 @@ class RunWriter:
         """This run's current runs-table row, or None when none was written (or it is unreadable)."""
         return read_run(self.results_dir, self.config["sweep"], self.run_id)
 
-    def _read_live_row(self) -> dict[str, Any] | None:
+    def read_live_row(self) -> dict[str, Any] | None:
         # The row this writer wrote last, while its file is still that one (same inode, time and size: no other
         # writer replaced it since); else read from disk. Spares a pack's finishing runs a read each.
         if self._written is not None and self._written[0] == _file_stamp(self.run_path):
@@ -351,12 +351,12 @@ class RunWriter:
             store.restore(self, keep_rows=False)
         if not self.samples_dir.is_dir():
             return
-        with self._lock():
+        with self.lock():
             for path in self.samples_dir.iterdir():
                 if schema.part_start(path.name) is not None:
                     path.unlink(missing_ok=True)
 
-    def _base_row(self) -> dict[str, Any]:
+    def base_row(self) -> dict[str, Any]:
         row: dict[str, Any] = {c.name: None for c in schema.run_columns()}
         row.update(run_id=self.run_id, config_hash=self.run_id, group_id=self.group_id, setting_id=self.setting_id,
                    config_json=self.config_json)
@@ -385,19 +385,19 @@ class RunWriter:
             if self._compacted() is not None:
                 store.restore(self, keep_rows=True)  # marking a compacted run runs it again: back to live files
             row = self._new_row(status, fields)
-            with self._row_lock():
+            with self.row_lock():
                 if self._compacted() is not None:
                     continue  # compacted between the check and the lock: restore it first
                 # a 'running' row is transient: lost to a power cut, the run reads as not started, which a resume
                 # runs the same way; the fsyncs of every other status are kept (a sweep of small runs pays two
                 # fsyncs fewer per run). A killed attempt's temp row goes when the next attempt starts ('running')
                 # or the run is marked failed, not on the hot path's 'finished' (a scan of the runs folder).
-                self._write_row(row, durable=status != "running", clean=status != "finished")
+                self.write_row(row, durable=status != "running", clean=status != "finished")
                 return
 
     def _new_row(self, status: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-        previous = self._read_live_row()
-        row = self._base_row()
+        previous = self.read_live_row()
+        row = self.base_row()
         now = dt.datetime.now(dt.timezone.utc)
         if previous is not None:
             row.update({k: previous.get(k) for k in ("started_at", "n_samples", *schema.METRIC_NAMES)})
@@ -418,13 +418,13 @@ class RunWriter:
         row.update(status=status, updated_at=now, host=socket.gethostname(), versions=package_versions())
         return row
 
-    def _write_row(self, row: Mapping[str, Any], durable: bool = True, clean: bool = True) -> None:
+    def write_row(self, row: Mapping[str, Any], durable: bool = True, clean: bool = True) -> None:
         """Replace the run's runs-table file with `row` (caller holds the row lock). With `clean`, a temp file of
         the row found here was left by a killed writer (e.g. a trial's progress update when its sweep was
         killed): removed. (A scan of the sweep's runs folder, which holds a file per live run: not on every
         write.)"""
         table = pa.Table.from_pylist([dict(row)], schema=schema.run_table_schema(self.config["hparams"]))
-        table = table.replace_schema_metadata({**self._metadata, schema.META_KIND: b"runs"})
+        table = table.replace_schema_metadata({**self.metadata, schema.META_KIND: b"runs"})
         prefix = f".{self.run_path.name}."
         if clean and self.run_path.parent.is_dir():
             with os.scandir(self.run_path.parent) as entries:
@@ -453,7 +453,7 @@ class RunWriter:
                              f"its rows written through them")
         if fields.get("n_samples") not in (None, table.num_rows):
             raise ValueError(f"finished_tables: n_samples = {fields['n_samples']} but {table.num_rows} rows given")
-        row = self._base_row()
+        row = self.base_row()
         now = dt.datetime.now(dt.timezone.utc)
         row.update({k: self._coerce_metric(k, v) for k, v in fields.items()})
         row.update(status="finished", error=None, started_at=started_at, finished_at=now, updated_at=now,

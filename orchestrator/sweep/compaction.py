@@ -1,5 +1,5 @@
-"""A sweep compacts its results as it goes (orchestrator.results.store): once enough runs finished since the last
-compaction, a background thread of the driver moves them into a segment, and the sweep's end compacts what is
+"""A sweep compacts its results as it goes (orchestrator.results.compaction): once enough runs finished since the
+last compaction, a background thread of the driver moves them into a segment, and the sweep's end compacts what is
 left. Below COMPACT_MIN_RUNS finished live runs nothing is compacted: a few hundred runs' files open quickly, and
 `bca compact` compacts them whenever asked.
 
@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from orchestrator.results import store
+from orchestrator.results.compaction import CompactReport, compact
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Compactor:
         self.pending = 0
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.done = store.CompactReport()  # what this sweep's compactions did, added up
+        self.done = CompactReport()  # what this sweep's compactions did, added up
         self._lock = threading.Lock()
 
     def runs_ended(self, n: int) -> None:
@@ -61,23 +61,23 @@ class Compactor:
 
     def _compact(self) -> None:
         try:
-            self._add(store.compact(self.results_dir, min_runs=self.threshold))
+            self._add(compact(self.results_dir, min_runs=self.threshold))
         except BaseException as exc:  # reported by finish(); the live files stay as they were
             self.error = exc
 
-    def _add(self, report: store.CompactReport) -> None:
+    def _add(self, report: CompactReport) -> None:
         self.done.runs += report.runs
         self.done.rows += report.rows
         self.done.segments += report.segments
 
-    def finish(self) -> store.CompactReport | None:
+    def finish(self) -> CompactReport | None:
         _ACTIVE.pop(id(self), None)
         if self.thread is not None:
             self.thread.join()
         try:
             if self.error is not None:
                 raise self.error
-            self._add(store.compact(self.results_dir, min_runs=self.threshold))
+            self._add(compact(self.results_dir, min_runs=self.threshold))
         except (OSError, ValueError) as exc:
             # The runs are finished and readable in their live files; only the compaction is missing.
             self.out(f"warning: could not compact {self.results_dir} ({exc}); its runs stay in their own files, "

@@ -16,12 +16,16 @@ and state in the lockstep pass) fills PACK_MEMORY_FRACTION of the trial's share 
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from orchestrator.registry import find_method
 
-if TYPE_CHECKING:
-    from orchestrator.sweep.plan import Run
+
+class RunLike(Protocol):
+    """What a cost is taken of: a planned run (`orchestrator.sweep.plan.Run`, which imports this module)."""
+
+    method: str
+    source: Any
 
 TRIAL_TARGET_S = 5.0
 TRIAL_MAX_S = 60.0
@@ -50,12 +54,12 @@ def measured_sample_seconds(rows: dict[str, dict[str, Any]]) -> dict[str, float]
     return {method: statistics.median(values) for method, values in seen.items()}
 
 
-def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None = None) -> Callable[[Run], float]:
+def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None = None) -> Callable[[RunLike], float]:
     """Seconds a run is expected to take: measured (or prior) seconds per sample times `lengths(run.source)`."""
     measured = measured or {}
     memo: dict[Any, int] = {}
 
-    def cost(run: Run) -> float:
+    def cost(run: RunLike) -> float:
         per_sample = measured.get(run.method)
         if per_sample is None:
             card = find_method(run.method)
@@ -87,7 +91,7 @@ def registry_length(dataset: str) -> int:
     return (dataset_card(dataset).test_images if dataset_key(dataset) else None) or UNKNOWN_LENGTH
 
 
-def projected_hours(runs: list[Run], length: Callable[[Any], int], encode: dict[str, int] | None = None
+def projected_hours(runs: list[RunLike], length: Callable[[Any], int], encode: dict[str, int] | None = None
                     ) -> list[str]:
     """The dry run's projection: device-hours of `runs` (samples through each method) at the cards' CPU rates and
     at their gpu_samples_per_s (runs of a method without a GPU rate counted at its CPU rate, and named), plus on
@@ -128,7 +132,7 @@ def projected_hours(runs: list[Run], length: Callable[[Any], int], encode: dict[
                                          else "") if views else "") + ")"]
 
 
-def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[Run], int]] | None:
+def sweep_memory(spec: Any, device_bytes: int | None) -> tuple[float, Callable[[RunLike], int]] | None:
     """`make_trials`' memory sizing for a sweep whose trials take a GPU of `device_bytes` (None: pack by time)."""
     budget = pack_budget(spec.resources.gpu, device_bytes)
     return None if budget is None else (budget, memory_of(spec))
@@ -151,7 +155,7 @@ def unknown_device_note(spec: Any, device_bytes: int | None) -> list[str]:
             "to the trials' GPU memory to pack them by it"]
 
 
-def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Callable[[Run], float]:
+def sweep_cost(spec: Any, rows: dict[str, dict[str, Any]] | None = None) -> Callable[[RunLike], float]:
     """The cost model of a sweep: measured from its finished runs' `rows` where there are any."""
     return cost_model(lambda source: stream_length(spec, source), measured_sample_seconds(rows or {}))
 
@@ -184,18 +188,19 @@ def source_shape(source: Any) -> tuple[int, int]:
     return classes, int(_model_config(source.model)["embed_dim"])
 
 
-def memory_chunks(group: list[Run], budget_bytes: float, bytes_of: Callable[[Run], int]) -> list[tuple[Run, ...]]:
+def memory_chunks(group: list[RunLike], budget_bytes: float, bytes_of: Callable[[RunLike], int]
+                  ) -> list[tuple[RunLike, ...]]:
     """Consecutive runs of one group into packs whose configs' memory stays within `budget_bytes` (a run needing
     more is a pack of its own)."""
     return _greedy_chunks(group, bytes_of, lambda total, b: total + b > budget_bytes)
 
 
-def _greedy_chunks(group: list[Run], weight: Callable[[Run], float],
-                   closes: Callable[[float, float], bool]) -> list[tuple[Run, ...]]:
+def _greedy_chunks(group: list[RunLike], weight: Callable[[RunLike], float],
+                   closes: Callable[[float, float], bool]) -> list[tuple[RunLike, ...]]:
     """Consecutive runs into chunks: a non-empty chunk is closed before a run when closes(its total, the run's
     weight)."""
-    chunks: list[tuple[Run, ...]] = []
-    members: list[Run] = []
+    chunks: list[tuple[RunLike, ...]] = []
+    members: list[RunLike] = []
     total = 0.0
     for run in group:
         w = weight(run)
@@ -224,11 +229,11 @@ def local_device_bytes() -> int | None:
     return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
-def memory_of(spec: Any) -> Callable[[Run], int]:
+def memory_of(spec: Any) -> Callable[[RunLike], int]:
     """A run's `config_bytes` from its source's shape and stream length."""
     memo: dict[Any, tuple[int, int, int]] = {}
 
-    def bytes_of(run: Run) -> int:
+    def bytes_of(run: RunLike) -> int:
         if run.source not in memo:
             memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
         return config_bytes(run.method, *memo[run.source])
@@ -236,7 +241,7 @@ def memory_of(spec: Any) -> Callable[[Run], int]:
     return bytes_of
 
 
-def chunk_by_cost(group: list[Run], cost: Callable[[Run], float]) -> list[tuple[Run, ...]]:
+def chunk_by_cost(group: list[RunLike], cost: Callable[[RunLike], float]) -> list[tuple[RunLike, ...]]:
     """Consecutive runs of one group into trials of about TRIAL_TARGET_S and at most TRIAL_MAX_S of work (a run
     costing more is a trial of its own)."""
     return _greedy_chunks(group, cost, lambda total, c: total >= TRIAL_TARGET_S or total + c > TRIAL_MAX_S)

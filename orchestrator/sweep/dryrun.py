@@ -196,7 +196,7 @@ def stepping_alone(trials: list[Trial]) -> Counter:
         passes: dict[tuple, list[Run]] = {}
         for run in trial.runs:
             card = method_card(run.method)
-            # as the trial feeds it (trial._feature_kind): views, one view [n, 1, d] for a view method on a
+            # as the trial feeds it (pieces.feature_kind): views, one view [n, 1, d] for a view method on a
             # single-view stream, else one feature per sample
             views = run.source.views != "single" and card.wants_views(run.hparams)
             runner = card.lockstep_runner(views or card.takes_views)

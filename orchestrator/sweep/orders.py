@@ -1,6 +1,6 @@
 """A trial over several stream orders of one data source (a spec's `orders: N`): the source's features loaded
 once, each order laid over them as a permutation, and every run written in its own order (as a pack's runs are:
-`trial.write_pack`, one segment for fresh runs).
+`pack.write_pack`, one segment for fresh runs).
 
 `plan.make_trials` packs the runs of one data source's orders together (by cost, or on a GPU by memory, as
 `pack:` does), a configuration's orders next to each other:
@@ -43,10 +43,10 @@ from orchestrator.data.types import Benchmark
 from orchestrator.methods.episodic import order_free
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import DataSource, Run, order_class
-from orchestrator.sweep.trial import (Progress, Settings, Stream, _numpy, _Outcome, _peak_mb, _prompt_text, _rows,
-                                      _wants_views, execute_pack, load_benchmarks, load_stream,
-                                      mark_unfinished_failed, pack_traces, reduces_views, remember_stream,
-                                      start_pack, stream_from, write_pack)
+from orchestrator.sweep.pack import execute_pack, pack_traces, start_pack, write_pack
+from orchestrator.sweep.pieces import (Outcome, Progress, Settings, Stream, load_benchmarks, load_stream,
+                                       mark_unfinished_failed, peak_mb_of, prompt_text_for, reduces_views,
+                                       remember_stream, stream_from, to_numpy, trace_rows, wants_views)
 
 
 def _skeleton(bench: Benchmark) -> Benchmark:
@@ -94,7 +94,7 @@ Laid = dict[DataSource, tuple[Arranged, np.ndarray]]
 
 # Skeletons kept per process (labels and ids, no features), keyed by the source's first order: a reused actor's next
 # trial over the same data arranges its orders without loading the features again (its stream is in
-# sweep.trial's memo).
+# sweep.pieces' memo).
 _SKELETONS: OrderedDict[tuple[DataSource, bool], tuple[Benchmark, ...]] = OrderedDict()
 
 
@@ -120,7 +120,7 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     """The runs (over several orders of one data source): order-free configurations computed once and replayed,
     the others stepped over their orders on the shared features. One metrics dict per run, as `execute_pack`."""
     first = runs[0].source
-    keep_views = any(_wants_views(run.config) for run in runs)
+    keep_views = any(wants_views(run.config) for run in runs)
     computed, skeleton, encode_s = _source_data(first, settings, keep_views, progress)
     laid: dict[DataSource, tuple[Arranged, np.ndarray] | None] = {}
     for run in runs:
@@ -136,7 +136,7 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
         own = [run for run in elsewhere if run.source == source]
         stream, _ = load_stream(source, settings, keep_views, progress)
         out += execute_pack(own, stream, settings, peak=peak,
-                            text=_prompt_text([run.config for run in own], source, stream))
+                            text=prompt_text_for([run.config for run in own], source, stream))
     return out
 
 
@@ -149,27 +149,27 @@ def _replay(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, p
         first: dict[tuple, Run] = {}
         for key, run in zip(classes, runs):
             first.setdefault(key, run)
-        text = _prompt_text([run.config for run in first.values()], runs[0].source, computed)
+        text = prompt_text_for([run.config for run in first.values()], runs[0].source, computed)
         traces, warmup_s, costs = pack_traces(list(first.values()), computed, text)
-        rows = {key: _rows(trace, computed.labels) for key, trace in zip(first, traces)}
+        rows = {key: trace_rows(trace, computed.labels) for key, trace in zip(first, traces)}
         by_class = dict(zip(first, traces))
         cost_of = dict(zip(first, costs))
         served = Counter(classes)
 
-        def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
+        def made(i: int) -> tuple[Outcome, dict[str, np.ndarray], Stream]:
             # a run's samples/s and latency are its configuration's (its method's pass shared among the
             # configurations computed), so the cost model learns what computing a configuration costs; its stage
             # times are its share, so that they add up to the pass's over the runs
             key, (arranged, perm) = classes[i], laid[runs[i].source]
-            outcome = _Outcome()
-            outcome.state = {k: _numpy(v) for k, v in by_class[key].state.items()}
+            outcome = Outcome()
+            outcome.state = {k: to_numpy(v) for k, v in by_class[key].state.items()}
             outcome.mem_mb = cost_of[key].mem_mb
             mine = outcome.add_rows({name: column[perm] for name, column in rows[key].items()}, cost_of[key].seconds,
                                     {stage: t / served[key] for stage, t in by_class[key].timings.items()})
             return outcome, mine, _laid_stream(computed, arranged, perm)
 
         return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
-                          peak_mb=_peak_mb(peak), warmup_s=warmup_s)
+                          peak_mb=peak_mb_of(peak), warmup_s=warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise
@@ -181,17 +181,17 @@ def _step(runs: list[Run], computed: Stream, laid: Laid, settings: Settings, pea
     writers, direct = start_pack(runs, len(computed), settings)
     try:
         orders = torch.from_numpy(np.stack([laid[run.source][1] for run in runs])).to(computed.features.device)
-        text = _prompt_text([run.config for run in runs], runs[0].source, computed)
+        text = prompt_text_for([run.config for run in runs], runs[0].source, computed)
         traces, warmup_s, costs = pack_traces(runs, computed, text, orders)
 
-        def made(i: int) -> tuple[_Outcome, dict[str, np.ndarray], Stream]:
+        def made(i: int) -> tuple[Outcome, dict[str, np.ndarray], Stream]:
             stream = _laid_stream(computed, *laid[runs[i].source])
-            outcome = _Outcome()
+            outcome = Outcome()
             outcome.mem_mb = costs[i].mem_mb
             return outcome, outcome.add(traces[i], stream.labels, costs[i].seconds), stream
 
         return write_pack(runs, writers, made, settings, direct=direct, started_at=started_at, encode_s=encode_s,
-                          peak_mb=_peak_mb(peak), warmup_s=warmup_s)
+                          peak_mb=peak_mb_of(peak), warmup_s=warmup_s)
     except BaseException as exc:
         mark_unfinished_failed(writers, exc)
         raise

@@ -42,6 +42,7 @@ from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.results.schema import canonical_json, normalize_config
+from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
 
@@ -492,8 +493,6 @@ def make_trials(runs: list[Run], pack: int | str, cost: Callable[[Run], float] |
     (seconds a run takes; default the prior cost model, see orchestrator.sweep.cost), or on a GPU by `memory`
     (a pack's budget in bytes and each run's bytes: `cost.memory_chunks`), of runs sharing a data source
     and the kind of features they take (runs taking views are packed only with runs taking views)."""
-    from orchestrator.sweep import cost as costs
-
     if pack == "auto" and memory is not None:
         chunk = functools.partial(costs.memory_chunks, budget_bytes=memory[0], bytes_of=memory[1])
     elif pack == "auto":
@@ -507,9 +506,7 @@ def make_trials(runs: list[Run], pack: int | str, cost: Callable[[Run], float] |
 
 
 def _synthetic_or_unknown_length(source: DataSource) -> int:
-    from orchestrator.sweep.cost import UNKNOWN_LENGTH
-
-    return int(source.params()["n"]) if source.is_synthetic else UNKNOWN_LENGTH
+    return int(source.params()["n"]) if source.is_synthetic else costs.UNKNOWN_LENGTH
 
 
 def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:

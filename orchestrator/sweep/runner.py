@@ -54,7 +54,8 @@ from orchestrator.sweep.progress import ProgressCallback, TrialProgress, dashboa
 from orchestrator.sweep.record import check_sweep_record, sweep_record_path, write_sweep_record
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.status import INCOMPLETE, changed_data, recorded_rows, run_status
-from orchestrator.sweep.trial import Settings, deterministic_failure, execute_trial, settings_of
+from orchestrator.sweep.pieces import Settings, settings_of
+from orchestrator.sweep.trial import deterministic_failure, execute_trial
 
 TUNE_DIR = "tune"  # Tune's storage_path under the results dir (experiment state, per-trial error files)
 LARGE_SWEEP = 5000  # runs to run above which a sweep starts only with `yes` (after a look at --dry-run)

@@ -29,9 +29,9 @@ from orchestrator.results.schema import artifacts_root, check_run_id
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import Run, Shard
-from orchestrator.sweep.trial import (ImageSide, Progress, Settings, Stream, _batch_size, _code_path, _failpoint,
-                                      _features_for, _finish, _mark_failed, _method_for, _Outcome, _peak_mb, _silent,
-                                      WARMUP_SAMPLES, part_rows_for, rows_on_disk, warm_up)
+from orchestrator.sweep.pieces import (WARMUP_SAMPLES, ImageSide, Outcome, Progress, Settings, Stream, batch_size_of,
+                                       code_path, features_for, finish, fire_failpoint, mark_failed, method_for,
+                                       part_rows_for, peak_mb_of, rows_on_disk, silent, warm_up)
 
 
 def shards_dir(results_dir: str | Path, run_id: str) -> Path:
@@ -44,7 +44,7 @@ def _record_path(results_dir: str | Path, run_id: str, shard: Shard) -> Path:
 
 
 def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                  peak: PeakMemory | None = None, progress: Progress = _silent, text: Any = None,
+                  peak: PeakMemory | None = None, progress: Progress = silent, text: Any = None,
                   vision: ImageSide | None = None) -> dict[str, Any]:
     """Compute and write the rows of the shard's range that are not on disk yet, record its timings, and finish
     the run if it is now whole (text: the text tower of a method that runs one, as the unsharded trial gives it). Returns what the shard did (rows written, samples/s) and, when it finished the
@@ -53,19 +53,19 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
     n = len(stream)
     writer.mark("running", n_samples=n)
     try:
-        part = part_rows_for(settings.part_rows, _batch_size(run.config))  # whole batches, as the unsharded run
+        part = part_rows_for(settings.part_rows, batch_size_of(run.config))  # whole batches, as the unsharded run
         lo, hi = shard.rows(n, part)
         holes = writer.missing(lo, hi)
-        outcome = _Outcome()
+        outcome = Outcome()
         warmup_s, written, parts = 0.0, 0, 0
         if holes:
             config = run.config
-            features = _features_for(config, stream, vision)
+            features = features_for(config, stream, vision)
 
             def method_for_stream() -> Any:
-                return _method_for(config, stream, text, vision)
+                return method_for(config, stream, text, vision)
 
-            warmup_s = warm_up([_code_path(config, features)],
+            warmup_s = warm_up([code_path(config, features)],
                                lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
             method = method_for_stream()
             # the unsharded run's part-sized calls that hold a missing row (holes never cross a shard's range)
@@ -85,10 +85,10 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
                         **{k: v[a - start:b - start] for k, v in rows.items()}})
                     written += b - a
                     parts += 1
-                    _failpoint(settings.failpoint, parts)
+                    fire_failpoint(settings.failpoint, parts)
                 progress("adapting", end - lo, hi - lo)
         record = {"computed": outcome.computed, "run_s": outcome.run_s, "timings": outcome.timings,
-                  "warmup_s": warmup_s, "encode_s": encode_s, "peak_mem_mb": _peak_mb(peak)}
+                  "warmup_s": warmup_s, "encode_s": encode_s, "peak_mem_mb": peak_mb_of(peak)}
         path = _record_path(settings.results_dir, run.run_id, shard)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(record)), "shard record")
@@ -99,7 +99,7 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
         return {**done, "finished": finished is not None,
                 **({k: v for k, v in finished.items() if k not in done} if finished else {})}
     except BaseException as exc:
-        _mark_failed(writer, exc)
+        mark_failed(writer, exc)
         raise
 
 
@@ -116,7 +116,7 @@ def _finish_if_whole(run: Run, writer: RunWriter, count: int, stream: Stream) ->
         if writer.rows_done() != len(stream) or not all(path.is_file() for path in records):
             return None
         shards = [json.loads(path.read_text()) for path in records]
-        outcome = _Outcome()
+        outcome = Outcome()
         outcome.rows = rows_on_disk(writer)
         outcome.run_s = sum(s["run_s"] for s in shards)
         outcome.computed = sum(s["computed"] for s in shards)
@@ -124,5 +124,5 @@ def _finish_if_whole(run: Run, writer: RunWriter, count: int, stream: Stream) ->
             for stage, seconds in s["timings"].items():
                 outcome.timings[stage] = outcome.timings.get(stage, 0.0) + seconds
         peaks = [s["peak_mem_mb"] for s in shards if s["peak_mem_mb"] is not None]
-        return _finish(run, writer, 0, outcome, stream, sum(s["encode_s"] for s in shards),
+        return finish(run, writer, 0, outcome, stream, sum(s["encode_s"] for s in shards),
                        max(peaks) if peaks else None, sum(s["warmup_s"] for s in shards))

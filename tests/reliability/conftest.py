@@ -31,7 +31,8 @@ from orchestrator.results import schema, store
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import expand, make_trials
-from orchestrator.sweep.trial import Settings, execute_trial
+from orchestrator.sweep.pieces import Settings
+from orchestrator.sweep.trial import execute_trial
 from ray_cluster import own_ray
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ The trace's 'sigma' [K, d, d] = (D_k + sigma I) / c_k differs per sigma: G copie
 (34 GB for G = 32 at K = 1000, d = 512). So each stream's state is a `_State` that forms 'sigma' from its
 group's D on every access (a fresh tensor, nothing cached), while its other entries are its own tensors: the
 traces hold one D per group, and a pack's trial reads and saves one run's state at a time
-(`sweep.trial.execute_pack`).
+(`sweep.pack.execute_pack`).
 """
 
 from __future__ import annotations
