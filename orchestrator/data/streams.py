@@ -46,12 +46,18 @@ whether the sample is out of distribution.
   With ``mixing`` > 0, a gradual drift: neighbours share a window (the last mixing/2 of one dataset, the first
   mixing/2 of the next) in which the next one's share rises linearly (our construction, as the gradual
   settings of continual TTA change the domain step by step rather than at once).
+- ``Realtime(base, k)``: the base protocol's order, streamed at the speed of zero-shot CLIP (Alfarra et al.,
+  "Evaluation of Test-Time Adaptation Under Computational Time Constraints", ICML 2024): a method whose cost
+  per sample is k times CLIP's is busy for k samples after each adaptation step, so it adapts on the samples at
+  positions 0, k, 2k, ... and predicts the others from its current state without adapting. The order does not
+  depend on k; k is the method's (``orchestrator.sweep.cost.realtime_k`` from its card's measured cost, or the
+  spec's ``k``), recorded in each run's config as ``realtime_k``.
 
 ``derive_order_seeds(seed, n)`` gives the seeds of ``orders: n`` (the first is the run's seed itself, so
 one order is today's order); ``protocol_from_spec`` reads the YAML forms
 (``iid``, ``separate``, ``{dirichlet: {gamma: 0.1}}``, ``{longtail: {imbalance: 10}}``,
 ``{contaminated: {with: X, rate: 0.2}}``, ``{continual: [a, b, c]}``,
-``{continual: {datasets: [a, b], mixing: 0.2}}``).
+``{continual: {datasets: [a, b], mixing: 0.2}}``, ``{realtime: {base: iid}}``, ``{realtime: {base: iid, k: 4}}``).
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ import numpy as np
 
 from orchestrator.registry.corruptions import BENCHMARKS, benchmark_key, expand_variants
 
-PROTOCOLS = ("iid", "dirichlet", "separate", "longtail", "contaminated", "continual")
+PROTOCOLS = ("iid", "dirichlet", "separate", "longtail", "contaminated", "continual", "realtime")
 # StatA's and OGA's gamma presets: smaller is burstier.
 DIRICHLET_GAMMAS = (0.1, 0.01, 0.001)
 # The contamination pool meaning "the dataset's own held-out classes" rather than another dataset's name.
@@ -401,7 +407,34 @@ class Continual:
                 f"in its own i.i.d. order{drift}; rows keep their source dataset")
 
 
-Protocol = Iid | Dirichlet | Separate | LongTail | Contaminated | Continual
+@dataclass(frozen=True)
+class Realtime:
+    """The base protocol's order; the method adapts on every k-th sample (positions 0, k, 2k, ...) and predicts the
+    others from its current state. ``k`` None: each method's own, from its measured cost (the planner fills it)."""
+
+    base: Iid | Dirichlet | Separate | LongTail = Iid()
+    k: int | None = None
+    name = "realtime"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, _REALTIME_BASES):
+            raise ValueError(f"realtime base must be iid, dirichlet, separate or longtail, got {self.base!r}")
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"realtime k must be an integer >= 1 (the method adapts on every k-th sample) or "
+                             f"null (from the method's measured cost), got {self.k!r}")
+
+    def order(self, labels: Any, seed: int) -> StreamOrder:
+        return self.base.order(labels, seed)
+
+    def describe(self) -> str:
+        every = f"every {self.k}-th sample" if self.k else "every k-th sample, k its cost per sample over CLIP's"
+        return (f"realtime({self.base.name}): the {self.base.name} order at CLIP's speed; a method adapts on {every} "
+                "and predicts the samples that pass while it is busy from its current state (Alfarra et al., ICML "
+                "2024)")
+
+
+_REALTIME_BASES = (Iid, Dirichlet, Separate, LongTail)
+Protocol = Iid | Dirichlet | Separate | LongTail | Contaminated | Continual | Realtime
 
 
 def _fields(name: str, value: Any, allowed: set[str]) -> dict[str, Any]:
@@ -485,6 +518,12 @@ def protocol_from_spec(value: Any) -> Protocol:
         if not isinstance(base, _IN_DISTRIBUTION):
             raise ValueError(f"contaminated base must be iid, dirichlet or separate, got {body['base']!r}")
         return Contaminated(rate=body["rate"], pool=body.get("with", HELD_OUT_CLASSES), base=base)
+    if name == "realtime":
+        body = _fields(name, body, {"base", "k"})
+        base = protocol_from_spec(body.get("base", "iid"))
+        if not isinstance(base, _REALTIME_BASES):
+            raise ValueError(f"realtime base must be iid, dirichlet, separate or longtail, got {body['base']!r}")
+        return Realtime(base=base, k=body.get("k"))
     if name == "continual":
         if isinstance(body, dict):
             body = _fields(name, body, {"datasets", "mixing"})

@@ -14,6 +14,7 @@ A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
     pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
     batch_size: int >= 1, present only when it is not 1 (so every per-sample run keeps its run_id)
+    realtime_k: int >= 1, present only on a realtime stream: the method adapts on every k-th sample
     hparams: {name: value}   every method hparam (defaults filled), one runs-table column each (typed by the
                              method registry's cards; names no card declares are typed from their value)
     any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
@@ -298,9 +299,9 @@ def setting_id(config: Mapping[str, Any]) -> str:
     """Same for every method, hparam setting, seed and sweep on one backbone/dataset/templates/views/data
     setting: zero-shot CLIP with this id is the baseline a method's gain is measured against."""
     cfg = normalize_config(config)
-    # batch_size is the method's step, not the data: a batch run's baseline is CLIP on the same order (a Dirichlet
-    # order that depends on the batch size says so in its stream)
-    for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size"):
+    # batch_size and realtime_k are the method's step, not the data: a batch run's baseline is CLIP on the same
+    # order (a Dirichlet order that depends on the batch size says so in its stream)
+    for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size", "realtime_k"):
         cfg.pop(key, None)
     return _hash(cfg)
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from orchestrator.registry.corruptions import benchmark_key, parse_variant
-from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
+from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Protocol, Realtime,
+                                       protocol_from_spec)
 from orchestrator.data.synthetic import synthesize
-from orchestrator.registry import dataset_key, method_card
+from orchestrator.registry import dataset_key, method_card, method_cards
 from orchestrator.registry.templates import METHOD_TEMPLATES, TEMPLATE_SET_NAMES
+from orchestrator.sweep.cost import GPU_ENCODER_IMAGES_PER_S
 from orchestrator.sweep.spec import (
     OFFICIAL_BATCH,
     RANDOM_WEIGHTS,
@@ -295,6 +298,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues += _selection_issues(spec, i, entry.method, datasets, grid)
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
+        issues += _realtime_issues(spec, i, entry)
         if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
@@ -398,3 +402,40 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
                 lines.append(f"methods[{i}].{h.name}: matters only with {needs}; the runs with {where} take its "
                              f"default ({defaults[h.name]}) and are not repeated per {h.name} value")
     return lines
+
+
+def _realtime_issues(spec: SweepSpec, i: int, entry: Any) -> list[tuple[str, str]]:
+    """A method entry on a realtime stream: the method must predict without adapting (`Method.frozen`), adapt one
+    sample a step, and, where the stream gives no k, have the measured GPU rate its k comes from
+    (`cost.realtime_k`)."""
+    realtime = []
+    for value in spec.streams:
+        try:
+            protocol = protocol_from_spec(value) if value is not None else None
+        except ValueError:
+            continue  # reported with the streams
+        if isinstance(protocol, Realtime):
+            realtime.append(protocol)
+    if not realtime:
+        return []
+    card, where = method_card(entry.method), f"methods[{i}].method"
+    if not card.implementation().offers_frozen():
+        able = [c.name for c in method_cards() if c.implementation().offers_frozen()]
+        return [(where, f"{entry.method!r} cannot predict a sample without adapting on it, which a realtime stream "
+                        f"asks of every method for the samples that pass while it adapts; methods that can: "
+                        f"{', '.join(able)}")]
+    if max(spec.entry_batch_sizes(entry)) > 1:
+        return [(where, f"a realtime stream adapts on every k-th sample, one sample a step; {entry.method!r} runs at "
+                        f"batch size {max(spec.entry_batch_sizes(entry))} here; expected batch size 1")]
+    if all(p.k is not None for p in realtime):
+        return []
+    give = "expected the stream to give k, e.g. {realtime: {base: iid, k: 2}}"
+    if card.gpu_samples_per_s is None:
+        return [(where, f"{entry.method!r} has no measured GPU cost (its card's gpu_samples_per_s) to derive the "
+                        f"realtime stream's k from; {give}")]
+    real = any(isinstance(d, RealDataset) for d in entry_datasets(spec, entry))
+    unpriced = [b.model for b in spec.backbones if b.model.replace("/", "-") not in GPU_ENCODER_IMAGES_PER_S]
+    if real and unpriced:
+        return [(where, f"backbone {unpriced[0]!r} has no measured image-encoder rate to derive the realtime "
+                        f"stream's k from; {give}")]
+    return []

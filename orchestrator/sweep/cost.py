@@ -15,10 +15,11 @@ and state in the lockstep pass) fills PACK_MEMORY_FRACTION of the trial's share 
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Callable, Protocol
 
-from orchestrator.registry import find_method
+from orchestrator.registry import find_method, method_card
 
 
 class RunLike(Protocol):
@@ -245,3 +246,28 @@ def chunk_by_cost(group: list[RunLike], cost: Callable[[RunLike], float]) -> lis
     """Consecutive runs of one group into trials of about TRIAL_TARGET_S and at most TRIAL_MAX_S of work (a run
     costing more is a trial of its own)."""
     return _greedy_chunks(group, cost, lambda total, c: total >= TRIAL_TARGET_S or total + c > TRIAL_MAX_S)
+
+
+def realtime_k(method: str, views: int, model: str | None) -> int:
+    """A realtime stream's k for `method` (`orchestrator.data.streams.Realtime`): its seconds per sample over
+    zero-shot CLIP's, rounded up, both on one H100 as measured (GPU_RATES_LOGS): the image encoder on each view it
+    reads (`views`; CLIP reads one) at the backbone's rate (none on a synthetic benchmark, which has no images,
+    `model` None) plus the method's own step at its card's `gpu_samples_per_s`. A method slower than CLIP by any
+    margin cannot keep up, hence up. ValueError where a rate is not measured (the spec's `k` then says it)."""
+    encoder = 0.0
+    if model is not None:
+        rate = GPU_ENCODER_IMAGES_PER_S.get(model.replace("/", "-"))
+        if rate is None:
+            raise ValueError(f"backbone {model!r} has no measured image-encoder rate to derive a realtime k from; "
+                             f"give the stream's k (e.g. {{realtime: {{base: iid, k: 2}}}})")
+        encoder = 1.0 / rate
+
+    def step(name: str) -> float:
+        rate = method_card(name).gpu_samples_per_s
+        if rate is None:
+            raise ValueError(f"method {name!r} has no measured GPU cost (its card's gpu_samples_per_s) to derive a "
+                             f"realtime k from; give the stream's k (e.g. {{realtime: {{base: iid, k: 2}}}})")
+        return 1.0 / rate
+
+    ratio = (views * encoder + step(method)) / (encoder + step("clip"))
+    return max(1, math.ceil(ratio * (1 - 1e-9)))  # a ratio of 2 computed as 2.0000000001 is 2

@@ -32,6 +32,7 @@ from orchestrator.data.streams import Contaminated
 from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
+from orchestrator.methods.realtime import RealtimeMethod
 from orchestrator.registry import ensure_dataset, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
 from orchestrator.results.writer import RunWriter
@@ -440,10 +441,12 @@ def image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream
 
 def method_for(config: dict[str, Any], stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
     """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one; the
-    vision tower where it adapts the image encoder)."""
+    vision tower where it adapts the image encoder); on a realtime stream, adapting on every k-th sample only."""
     tower = vision.tower if vision is not None and method_card(config["method"]).image_encoder else None
-    return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                       batch_size=batch_size_of(config), text=text, vision=tower, **method_hparams(config, len(stream)))
+    method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
+                         batch_size=batch_size_of(config), text=text, vision=tower,
+                         **method_hparams(config, len(stream)))
+    return RealtimeMethod(method, config["realtime_k"]) if "realtime_k" in config else method
 
 
 def method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:

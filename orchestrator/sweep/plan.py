@@ -37,10 +37,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
-from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
-                                       protocol_from_spec, stream_for_batch)
+from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
+                                       derive_order_seeds, protocol_from_spec, stream_for_batch)
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
+from orchestrator.registry.views import parse_views
 from orchestrator.results.schema import canonical_json, normalize_config
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
@@ -340,6 +341,18 @@ def _at_batch(source: DataSource, fields: dict, batch_size: int, stream_batch: i
     return source, fields
 
 
+def _realtime(fields: dict, source: DataSource, method: str) -> dict:
+    """The config fields of a run on a realtime stream: its method's k (`realtime_k`; the stream's own k, else from
+    the method's measured cost over CLIP's, `cost.realtime_k`), in the config, so it is recorded and in the run_id."""
+    protocol = source.protocol()
+    if not isinstance(protocol, Realtime):
+        return fields
+    card = method_card(method)
+    views = parse_views(source.views).num_views if card.takes_views else 1
+    k = protocol.k or costs.realtime_k(method, views, None if source.is_synthetic else source.model)
+    return {**fields, "realtime_k": k}
+
+
 def _steps(spec: SweepSpec, entry: Any, sizes: list[int]) -> list[tuple[int, int]]:
     """(batch size, batch size its stream is drawn for) of an entry's runs on a source whose entries run at
     `sizes`: its own sizes; the zero-shot baseline (batch size 1) also reads the stream of every batch size
@@ -450,6 +463,7 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                                      method_grid(entry))
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
                             source, fields = _at_batch(plain_source, plain_fields, batch_size, stream_batch)
+                            fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields})
                             del base["hparams"]
@@ -523,8 +537,10 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
             continue
-        if alone.setdefault(id(run._group), method_card(run.method).image_encoder is not None):
-            trials.append(Trial(run.run_id, run.source, (run,)))  # never packed: its encoder is its own
+        if alone.setdefault(id(run._group), method_card(run.method).image_encoder is not None
+                            or "realtime_k" in run._group.base):
+            # never packed: its encoder is its own; a realtime run interleaves adapting and frozen steps
+            trials.append(Trial(run.run_id, run.source, (run,)))
             continue
         key = keys.get(id(run._group), False)
         if key is False:

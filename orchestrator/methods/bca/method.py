@@ -23,6 +23,7 @@ The two agree while U has not moved. A single view ([n, 1, d]) is the single-vie
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -64,15 +65,22 @@ class BCAFamily(Method):
                              f"Use select_on='likelihood'.")
         return hp
 
-    def _run(self, features: torch.Tensor) -> Trace:
+    def _pass(self, features: torch.Tensor, config: BCAConfig) -> Trace:
+        """The stream from the current state under `config`; the trace holds the new state (not kept here)."""
         if features.ndim == 3 and features.shape[1] == 1:
             features = features[:, 0]
         elif features.ndim == 3 and self.hp.get("view_selection") != "adaptive":
             features = confident_view_means(features, self.class_embeddings, self.class_ids, self.num_classes)
         if features.ndim == 3:
-            trace = bca_family_reference(features, self.state, self.class_ids, self.num_classes, self.config)
-        else:
-            trace = run_bca_blocked(features, self.state, self.class_ids, self.num_classes, self.config)
+            return bca_family_reference(features, self.state, self.class_ids, self.num_classes, config)
+        return run_bca_blocked(features, self.state, self.class_ids, self.num_classes, config)
+
+    def frozen(self, features: torch.Tensor) -> torch.Tensor:
+        # the posterior comes before either update (Eqs. 7-9), so the same pass with both updates off
+        return self._pass(features, replace(self.config, adapt_likelihood=False, adapt_prior=False)).posteriors
+
+    def _run(self, features: torch.Tensor) -> Trace:
+        trace = self._pass(features, self.config)
         self.state = trace.state
         # The caller gets its own copy; clip has no counters to report.
         keys = ("U", "V", "C1", "C2") if self.config.selects else ("U", "V")

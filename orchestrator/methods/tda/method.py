@@ -150,6 +150,15 @@ class TDA(Method):
             yield from zip(*queries)
 
     def _run(self, features: torch.Tensor) -> Trace:
+        return self._pass(features, adapt=True)
+
+    def frozen(self, features: torch.Tensor) -> torch.Tensor:
+        return self._pass(features, adapt=False).posteriors
+
+    def _pass(self, features: torch.Tensor, adapt: bool) -> Trace:
+        """The stream's rows from the caches (and prior) as they go; `adapt` False: from them as they are, no
+        sample entering a cache or moving the prior (the official order offers a sample to the caches before its
+        own logits, so this is not the first part of an adapting step)."""
         hp, K = self.hp, self.num_classes
         n = features.shape[0]
         posteriors, selected, gated, gated_prior = empty_trace(n, K, features.device)
@@ -167,8 +176,8 @@ class TDA(Method):
                 entropy = float(loss_t / log2_k)
                 pred = int(torch.argmax(clip_logits))
             with timer("update"):
-                entered = self.pos.offer(pred, f, loss)
-                if lo_entropy < entropy < hi_entropy:
+                entered = adapt and self.pos.offer(pred, f, loss)
+                if adapt and lo_entropy < entropy < hi_entropy:
                     mask = ((prob_map > lo_mask) & (prob_map < hi_mask)).to(self.dtype)
                     entered = self.neg.offer(pred, f, loss, mask) or entered
                 gated[i] = entered
@@ -189,6 +198,8 @@ class TDA(Method):
                 post = p @ self.V
                 post = post / post.sum()
                 posteriors[i] = post
+            if not adapt:
+                continue
             with timer("update"):
                 s = int(torch.argmax(p))
                 selected[i] = s
