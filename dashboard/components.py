@@ -60,10 +60,15 @@ def comparison_key(filters: queries.Filters) -> tuple:
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def load_comparison_tables(results_dir: str, fingerprint: tuple, key: tuple, paper: bool) -> list[report.ReportTable]:
+def load_comparison_tables(results_dir: str, fingerprint: tuple, key: tuple, paper: bool,
+                           tuned: tuple[str, str] | None = None) -> list[report.ReportTable]:
     """The report's tables over the runs of `key` (comparison_key), built once per filter setting until a sweep
-    writes and shared, as load_results is, by the first screen's gains, the Evidence and the Paper tables panels."""
+    writes and shared, as load_results is, by the first screen's gains, the Evidence and the Paper tables panels.
+    tuned: (predicate, metric) of honest tuning (load_tuning): the tables then stand on the chosen
+    configurations' other runs only."""
     runs = queries.Filters((), **dict(key)).apply(load_results(results_dir, fingerprint)[0])
+    if tuned is not None:
+        runs = load_tuning(results_dir, fingerprint, *tuned).evaluation(runs)
     return queries.comparison_tables(open_db(results_dir), runs, paper)
 
 

@@ -5,7 +5,7 @@ sensitivity, prior, per class, which settings matter, cost, runs), only the open
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import pandas as pd
 import streamlit as st
@@ -21,6 +21,14 @@ from orchestrator.results.db import ResultsDB
 
 PANELS = ("Stream", "Evidence", "Paper tables", "Sensitivity", "Prior", "Per class", "Which settings matter", "Cost",
           "Runs")
+
+
+class Tuned(NamedTuple):
+    """Honest tuning as the sidebar sets it: (predicate, metric) for load_comparison_tables (None: untuned) and
+    the captions saying what was tuned on what."""
+
+    key: tuple[str, str] | None = None
+    notes: tuple[str, ...] = ()
 
 
 def sidebar_filters(columns: dict[str, str], options: dict[str, list]) -> Filters:
@@ -129,9 +137,11 @@ def evidence_panel(view: View, summary: pd.DataFrame, gains: pd.DataFrame) -> No
               f"{view.metric}_{view.focus[1]}", "metric_bars")
 
 
-def paper_panel(results_dir: str, stamp: tuple, filters: Filters) -> None:
+def paper_panel(results_dir: str, stamp: tuple, filters: Filters, tuned: Tuned) -> None:
     paper = st.toggle("Show the paper's numbers beside the measured ones", key="paper_rows", bind=URL)
-    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), paper)
+    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), paper, tuned.key)
+    for note in tuned.notes:
+        st.caption(note)
     if not tables:
         st.info("No finished runs match the filters yet: the comparison needs finished runs.")
     for i, table in enumerate(tables):
@@ -317,22 +327,23 @@ def runs_panel(table: pd.DataFrame, filters: Filters, runs: pd.DataFrame) -> Non
 
 
 def tune_on(results_dir: str, stamp: tuple, metric: str, runs: pd.DataFrame, all_runs: pd.DataFrame,
-            hparams: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+            hparams: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, Tuned]:
     """Honest tuning (orchestrator.results.tuning): with a predicate in the sidebar, the runs and every run narrowed
-    to each method's configuration chosen on the matching runs, shown on the other runs; and the caption."""
+    to each method's configuration chosen on the matching runs, shown on the other runs; and what was tuned."""
     predicate = st.sidebar.text_input(
         "tune on (SQL over the runs view)", key="tune_on", bind=URL, placeholder="e.g. seed = 1",
         help="Per method, backbone, dataset and stream, the configuration with the best mean of the metric on the "
              "runs this predicate matches is chosen, and shown on the other runs only.").strip()
     if not predicate:
-        return runs, all_runs, []
+        return runs, all_runs, Tuned()
     on = metric if metric in report.METRICS else "accuracy"  # a cost metric is not what a configuration is chosen by
     try:
         split = load_tuning(results_dir, stamp, predicate, on)
     except tuning.TuneOnError as e:
         st.sidebar.error(str(e))
-        return runs, all_runs, []
-    return split.evaluation(runs), split.evaluation(all_runs), split.notes(all_runs, hparams)
+        return runs, all_runs, Tuned()
+    return split.evaluation(runs), split.evaluation(all_runs), Tuned((predicate, on),
+                                                                      tuple(split.notes(all_runs, hparams)))
 
 
 def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFrame,
@@ -351,7 +362,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     if st.query_params.get("metric") in by_label:
         st.query_params["metric"] = by_label[st.query_params["metric"]]
     metric = id_selectbox("metric", {m: metrics.label(m) for m in metric_options}, "metric", st.sidebar)
-    runs, all_runs, tuned_notes = tune_on(results_dir, stamp, metric, runs, all_runs, hparams)
+    runs, all_runs, tuned = tune_on(results_dir, stamp, metric, runs, all_runs, hparams)
     if runs.empty:
         st.info("No runs of the tuned configurations outside the tuning runs match the filters.")
         return
@@ -385,12 +396,11 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     view = View(runs, labels, hparams, metric, pinned if pinned in set(labels) else None, focus)
     summary = queries.metric_summary(view.runs, view.labels, view.metric, all_runs)
     # the report's tables carry the gains' evidence: one Holm family per table, as the report stars its cells;
-    # tuned, they stand on the chosen configurations' other runs only (built for this predicate, not cached)
-    tables = (queries.comparison_tables(db, Filters((), **filters.with_clip().chosen).apply(all_runs), False)
-              if tuned_notes else load_comparison_tables(results_dir, stamp, comparison_key(filters), False))
+    # tuned, they stand on the chosen configurations' other runs only
+    tables = load_comparison_tables(results_dir, stamp, comparison_key(filters), False, tuned.key)
     gains = significance.gain_summary(tables)
     with first_screen:
-        for note in tuned_notes:
+        for note in tuned.notes:
             st.caption(note)
         comparison_section(view, summary, tables)
 
@@ -403,7 +413,7 @@ def workbench(results_dir: str, stamp: tuple, db: ResultsDB, all_runs: pd.DataFr
     panels = (
         lambda: stream_panel(results_dir, stamp, view),
         lambda: evidence_panel(view, summary, gains),
-        lambda: paper_panel(results_dir, stamp, filters),
+        lambda: paper_panel(results_dir, stamp, filters, tuned),
         lambda: sensitivity_panel(view),
         lambda: prior_panel(results_dir, view, namer),
         lambda: per_class_panel(results_dir, stamp, view, namer, bool(names)),

@@ -112,5 +112,12 @@ def test_the_dashboard_shows_the_tuned_configurations_on_the_other_runs(results,
     assert "tuned on the 16 run(s) where seed < 3" in captions and "(best of 3 configurations" in captions
     table = at.table[0].value
     assert all("(n=1)" in str(v) for v in table.filter(like="DTD").to_numpy().ravel() if str(v) != "—")
+    # the Paper tables panel stands on the same tuned runs, and says so
+    at.query_params["panel"] = "Paper tables"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert sum("tuned on the 16 run(s) where seed < 3" in c.value for c in at.caption) == 2
+    paper = [t.value for t in at.table if "method" in t.value.columns]
+    assert paper and all("(n=1)" in str(v) for t in paper for v in t.filter(like="DTD").to_numpy().ravel())
     at.text_input(key="tune_on").set_value("sed < 3").run()
     assert 'Referenced column "sed" not found' in at.sidebar.error[0].value
