@@ -17,7 +17,7 @@ OTHER = "other"
 GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}  # the paper's two tables
 GROUPS = (OOD, CROSS_DOMAIN, OTHER)
 VIEWS = ("single", "augmix")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # "module:function", or the bare name of a built-in reader of orchestrator.data.datasets (the built-in cards'
 # readers are named so: the registry never names a module above it)
 _READER_RE = re.compile(r"^([A-Za-z_][\w.]*:)?[A-Za-z_]\w*$")
@@ -66,7 +66,7 @@ class DatasetCard:
 
     def __post_init__(self) -> None:
         where = f"dataset card {self.name!r}"
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not DATASET_NAME_RE.match(self.name):
             raise ValueError(f"dataset card name {self.name!r}: expected letters, digits, '_', '.' or '-', starting "
                              f"with a letter or digit")
         if self.group not in GROUPS:
