@@ -16,7 +16,7 @@ CROSS_DOMAIN = "cross_domain"
 OTHER = "other"
 GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}  # the paper's two tables
 GROUPS = (OOD, CROSS_DOMAIN, OTHER)
-VIEWS = ("single", "augmix")
+DATASET_VIEW_KINDS = ("single", "augmix")  # a dataset's own protocol (`views`); a method's may be crops too
 DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # "module:function", or the bare name of a built-in reader of orchestrator.data.datasets (the built-in cards'
 # readers are named so: the registry never names a module above it)
@@ -77,8 +77,8 @@ class DatasetCard:
             raise ValueError(f"{where}: num_classes {self.num_classes!r}; expected an int >= 1")
         if self.test_images is not None and (not isinstance(self.test_images, int) or self.test_images < 1):
             raise ValueError(f"{where}: test_images {self.test_images!r}; expected an int >= 1, or None if unknown")
-        if self.views not in VIEWS:
-            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(VIEWS)}")
+        if self.views not in DATASET_VIEW_KINDS:
+            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(DATASET_VIEW_KINDS)}")
         if isinstance(self.templates, str):
             if self.templates not in (ENSEMBLE7, CLIP80):
                 raise ValueError(f"{where}: templates {self.templates!r}; expected {ENSEMBLE7!r}, {CLIP80!r} or a "

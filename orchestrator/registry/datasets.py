@@ -21,7 +21,7 @@ from pathlib import Path
 
 from orchestrator.registry.corruptions import BENCHMARKS, parse_variant, variant_card
 from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, DATASET_NAME_RE, ENSEMBLE7,
-                                                  GROUP_TITLES, GROUPS, OOD, OTHER, TEMPLATES_FILE, VIEWS, DatasetCard)
+                                                  GROUP_TITLES, GROUPS, OOD, OTHER, TEMPLATES_FILE, DatasetCard)
 
 FOLDER_READER = "read_class_folders"  # built-in readers are named, not imported: see dataset_card
 
