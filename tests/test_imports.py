@@ -1,4 +1,5 @@
-"""How the project's modules import each other, read from the source (nothing here imports the project):
+"""How the shipped packages' modules (orchestrator, dashboard) import each other, read from the source (nothing
+here imports the project; benchmarks and tests measure internals and may reach into them):
 
 - no circle between modules or between packages, counting imports inside functions (a lazy import hides a circle from Python, not
   from the design) and imports by name (`importlib.import_module("...")`, a card's "module:Class");
