@@ -1,6 +1,6 @@
 """What each method's official data loader feeds it on each of the 15 benchmark datasets, written from the loaders
-themselves (plain data; `tests/test_official_protocols.py` holds every registered card to it, so a new method
-needs its row here and a card cannot drift from its code).
+themselves (plain data; `tests/test_official_protocols.py` holds every registered card to it, so a new built-in
+method needs its row here, which `missing_rows` names, and a card cannot drift from its code).
 
 A value is a views name (`orchestrator.registry.views`): 'single' (the CLIP eval transform alone), 'augmix' /
 'crops' (63 augmented views + the original) or 'augmix31' / 'crops31' (31 + the original). Methods that take
@@ -93,3 +93,11 @@ OFFICIAL = {
     **{m: ("MaxZanella/StatA@eea8637 datasets/__init__.py:40-58", _by_group("single", "single", "single"))
        for m in ("stata", "transclip", "zlap")},
 }
+
+
+def missing_rows(builtin: list[str]) -> list[str]:
+    """What the table lacks for the built-in methods `builtin`, or holds for none of them: one line each."""
+    return [*(f"{m}: no row in tests/official_protocols.py OFFICIAL; add (its official loader's file and lines, the "
+              f"views it feeds on each of the {len(DATASETS)} datasets)" for m in sorted(set(builtin) - set(OFFICIAL))),
+            *(f"{m}: a row in tests/official_protocols.py OFFICIAL but no built-in card; remove it"
+              for m in sorted(set(OFFICIAL) - set(builtin)))]

@@ -164,3 +164,67 @@ def test_the_image_encoder_plugin_runs_through_a_sweep_and_the_report(tmp_path, 
     r = CliRunner().invoke(app, ["report", "--results", "results"], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert r.exit_code == 0, r.output
     assert "Entropy SGD (batch_size=16)" in r.stdout and "CLIP (batch_size=1)" in r.stdout
+
+
+BUILT_IN = '''
+import json
+import orchestrator
+from typer.testing import CliRunner
+from orchestrator import docs, registry
+from orchestrator.cli import app
+from orchestrator.sweep.load import load_spec
+from orchestrator.sweep.pieces import settings_of
+from orchestrator.sweep.plan import expand, make_trials
+from orchestrator.sweep.trial import execute_trial
+
+wide = {"COLUMNS": "200", "NO_COLOR": "1"}
+plan = CliRunner().invoke(app, ["sweep", "toy.yaml", "--dry-run"], env=wide)
+spec = load_spec("toy.yaml")
+for trial in make_trials(expand(spec), spec.pack):
+    execute_trial(trial, settings_of(spec))
+report = CliRunner().invoke(app, ["report", "--results", "results"], env=wide)
+print(json.dumps({
+    "package": orchestrator.__file__, "impl": registry.method_card("temp").impl,
+    "builtin": [c.name for c in registry.method_cards() if c.impl.startswith("orchestrator.methods.")],
+    "plan": [plan.exit_code, plan.stdout], "report": [report.exit_code, report.stdout],
+    "tables": docs.methods_table() + docs.protocols_table(),
+}))
+'''
+
+
+def test_a_built_in_method_is_one_folder(tmp_path):
+    """Section 5 in a copy of the package: the page's plugin moved to orchestrator/methods/temp/, its module paths
+    written as the page says, no other file edited. The registry finds it among the built-in methods, a sweep plans
+    and runs it (trial by trial, without Ray), the report labels it, the generated methods and protocols tables list
+    it, and the one hand-written row it still needs (its official loader's views, a test's table) is named."""
+    import json
+    import shutil
+
+    import yaml
+
+    from tests.official_protocols import missing_rows
+
+    package = tmp_path / "copy" / "orchestrator"
+    shutil.copytree(REPO / "orchestrator", package, ignore=shutil.ignore_patterns("__pycache__"))
+    files = doc_files()
+    for path, text in files.items():
+        if path.startswith("toy_temp/"):
+            (package / "methods" / "temp" / Path(path).name).parent.mkdir(parents=True, exist_ok=True)
+            (package / "methods" / "temp" / Path(path).name).write_text(text.replace("toy_temp.",
+                                                                                     "orchestrator.methods.temp."))
+    spec = yaml.safe_load(files["toy.yaml"])
+    del spec["plugins"]  # a built-in method needs none
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    env.pop("BCA_PLUGINS", None)
+    done = subprocess.run([sys.executable, "-c", BUILT_IN], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["package"] == str(package / "__init__.py")  # the copy, not the checkout
+    assert out["impl"] == "orchestrator.methods.temp.method:Tempered" and "temp" in out["builtin"]
+    assert out["plan"][0] == 0 and re.search(r"\btemp\b", out["plan"][1]), out["plan"][1]
+    assert out["report"][0] == 0, out["report"][1]
+    assert "Tempered CLIP (temp_scale=10)" in out["report"][1] and "Tempered CLIP (temp_scale=100)" in out["report"][1]
+    assert "| `temp` | Tempered CLIP |" in out["tables"] and "| `temp` | `single` |" in out["tables"]
+    assert [line.partition(":")[0] for line in missing_rows(out["builtin"])] == ["temp"]

@@ -159,3 +159,16 @@ def test_precision_benchmark_prints_each_methods_float16_agreement(capsys):
     assert [(r[0], r[1].split()[1]) for r in rows] == [
         (m, s) for _ in range(2) for m, s in (("tda", "single"), ("tda", "views"), ("zero", "views"), ("dpe", "views"))]
     assert all(0.0 <= float(r[3]) <= 100.0 for r in rows)
+
+
+def test_runs_shape_benchmark_compares_both_layouts(capsys):
+    """`python -m benchmarks.runs_shape` (docs/results-store.md): both layouts written and read over the same runs."""
+    from benchmarks import runs_shape
+    from orchestrator.results import schema
+
+    assert runs_shape.main(["--runs", "200"]) == 0
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")]
+    wide = len(schema.run_columns())
+    assert [r[:2] for r in rows[1:]] == [["wide (today)", str(wide)],
+                                         ["narrow (JSON hparams)", str(wide - len(schema.hparam_columns()) + 1)]]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -250,3 +253,38 @@ def test_paired_gains_are_read_once_and_again_when_runs_arrive(tmp_path):
     again = db.paired_gains()
     assert sorted(again["run_id"]) == ["a" * 16, "b" * 16]
     assert again.sort_values("run_id").reset_index(drop=True).equals(db.df(query))
+
+
+NEW_METRIC = '''
+import json, sys
+from orchestrator.results import metrics
+
+error = metrics.Metric("error_rate", "top-1 error", "%", False, 100.0, lambda m: 1.0 - m.top1,
+                       sql_aggregate="avg((NOT s.correct)::DOUBLE) FILTER (WHERE NOT coalesce(s.is_ood, false))",
+                       summary="error")
+metrics.RUN_METRICS = (*metrics.RUN_METRICS, error)
+metrics.METRICS[error.name] = error
+
+from orchestrator.results.compaction import compact
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.testing import make_fake_results
+
+make_fake_results(sys.argv[1], seeds=(1, 2))
+query = "SELECT method, mean, error_mean, std, error_std FROM summary ORDER BY method"
+live = ResultsDB(sys.argv[1]).df(query).values.tolist()
+compact(sys.argv[1])
+print(json.dumps([live, ResultsDB(sys.argv[1]).df(query).values.tolist()]))
+'''
+
+
+def test_a_new_metric_is_in_the_summary_view(tmp_path):
+    """A metric added to the registry (metrics.RUN_METRICS) and nowhere else gets its mean and std columns in the
+    summary view, over live files and over the compacted store. Here the top-1 error: 100 - accuracy (equal up to
+    float64 rounding of 100 (1 - p) against 100 p)."""
+    done = subprocess.run([sys.executable, "-c", NEW_METRIC, str(tmp_path / "results")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    live, compacted = json.loads(done.stdout)
+    assert [row[0] for row in live] == ["bca", "clip"] and compacted == live
+    for _, mean, error_mean, std, error_std in live:
+        assert error_mean == pytest.approx(100 - mean, rel=1e-12) and error_std == pytest.approx(std, rel=1e-9)

@@ -1,7 +1,7 @@
 """What `bca sweep --dry-run` (and the spec checks every command runs) refuses before Ray starts, each with exit 2
 and a whole message naming the field: weights not on this machine, continual over datasets with different label
 spaces, resources this machine lacks, an empty split file (issue 24 item 10); and settings that act on images
-in a spec whose datasets are all synthetic (item 13)."""
+in a spec whose datasets are all synthetic (item 13), and methods that run a CLIP tower on synthetic datasets."""
 
 from __future__ import annotations
 
@@ -126,6 +126,21 @@ def test_a_dry_run_that_joins_a_cluster_leaves_the_machine_checks_to_it(tmp_path
 def test_image_settings_on_a_synthetic_only_spec_are_refused(tmp_path, setting, field, words):
     err = refused(synthetic_spec(tmp_path, **setting))
     assert f"{field}: {words}: every dataset of this spec is synthetic" in err
+
+
+def test_every_method_running_a_clip_tower_is_refused_on_a_synthetic_dataset(tmp_path):
+    """One rule for both towers: each method whose card names an image or a text encoder, in one spec, is named
+    with what it does and what the generated embeddings lack."""
+    from orchestrator.registry import method_cards
+
+    towers = [c for c in method_cards() if c.image_encoder is not None or c.text_encoder is not None]
+    assert {"tent", "tpt"} <= {c.name for c in towers}
+    err = refused(synthetic_spec(tmp_path, views="augmix7", methods=[{"method": c.name} for c in towers]))
+    for i, card in enumerate(towers):
+        does = ("adapts CLIP's image encoder on the images" if card.image_encoder else
+                "tunes the prompt through CLIP's text encoder")
+        assert (f"methods[{i}].method: {card.name!r} {does} at test time, and the synthetic dataset "
+                f"'synthetic-label_shift' has generated embeddings only") in err, card.name
 
 
 def test_an_address_where_no_head_answers_ends_after_a_bounded_wait(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ class ResolvedWeights:
 # --------------------------------------------------------------------------------------------- resolution
 
 
-def _model_config(model: str) -> dict[str, Any]:
+def model_config(model: str) -> dict[str, Any]:
     import open_clip
 
     if model.startswith(("hf-hub:", "local-dir:")):
@@ -170,7 +170,7 @@ def resolve_weights(
     from open_clip.transform import PreprocessCfg
 
     model = spec.model.replace("/", "-")  # OpenAI writes 'ViT-B/16'; open_clip's configs are 'ViT-B-16'
-    cfg = _model_config(model)
+    cfg = model_config(model)
     preprocess = {k: v for k, v in PreprocessCfg().__dict__.items()}
     tag_cfg: dict[str, Any] = {}
     path: str | None = None
@@ -384,7 +384,7 @@ def load_backbone(
         preprocess=image_transform_v2(cfg, is_train=False),
         device=dev,
         precision=precision_for(dev),
-        embed_dim=int(_model_config(resolved.model)["embed_dim"]),
+        embed_dim=int(model_config(resolved.model)["embed_dim"]),
     )
 
 

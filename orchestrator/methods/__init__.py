@@ -22,11 +22,25 @@ first use.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_EXPORTS = {"Method": "base", "BatchMethod": "base", "Trace": "base", "make_method": "base", "run_stream": "base",
-            "run_stream_many": "many", "run_traces_many": "many"}
+
+# Lazy imports as functions holding an import statement, which static tools follow (a name in a string they
+# would not).
+def _import_base() -> Any:
+    from orchestrator.methods import base
+
+    return base
+
+
+def _import_many() -> Any:
+    from orchestrator.methods import many
+
+    return many
+
+
+_EXPORTS = {"Method": _import_base, "BatchMethod": _import_base, "Trace": _import_base, "make_method": _import_base,
+            "run_stream": _import_base, "run_stream_many": _import_many, "run_traces_many": _import_many}
 
 __all__ = sorted(_EXPORTS)
 
@@ -34,4 +48,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    return getattr(_EXPORTS[name](), name)

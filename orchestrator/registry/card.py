@@ -15,8 +15,7 @@ from typing import Any, Mapping
 
 from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
-from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
-from orchestrator.registry.views import ViewConfig, parse_views
+from orchestrator.registry.views import AUGMENTED_KINDS, VIEW_KINDS, ViewConfig, parse_views
 
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
@@ -306,8 +305,9 @@ class MethodCard:
             raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
         if self.inputs not in INPUTS:
             raise ValueError(f"method {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
-        if self.views is not None and self.views not in VIEW_KINDS:
-            raise ValueError(f"method {self.name!r}: views must be one of {VIEW_KINDS} or None, got {self.views!r}")
+        if self.views is not None and self.views not in AUGMENTED_KINDS:
+            raise ValueError(f"method {self.name!r}: views must be one of {AUGMENTED_KINDS} or None, "
+                             f"got {self.views!r}")
         if self.lockstep_inputs is not None and self.lockstep_inputs not in INPUTS:
             raise ValueError(f"method {self.name!r}: lockstep_inputs must be one of {INPUTS} or None, "
                              f"got {self.lockstep_inputs!r}")
@@ -318,15 +318,15 @@ class MethodCard:
                              f"got {self.templates!r}")
         if self.view_scope not in ("all", "protocol"):
             raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
-        bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in ("single", *VIEW_KINDS)}
+        bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in VIEW_KINDS}
         if bad:
-            raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to 'single' or one "
-                             f"of {VIEW_KINDS}, got {bad}")
+            raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to one of "
+                             f"{VIEW_KINDS}, got {bad}")
         object.__setattr__(self, "group_views", MappingProxyType(dict(self.group_views)))
         bad = {d: v for d, v in self.dataset_views.items()
-               if dataset_key(d) is None or v not in ("single", *VIEW_KINDS)}
+               if dataset_key(d) is None or v not in VIEW_KINDS}
         if bad:
-            raise ValueError(f"method {self.name!r}: dataset_views maps a registered dataset to 'single' or one of "
+            raise ValueError(f"method {self.name!r}: dataset_views maps a registered dataset to one of "
                              f"{VIEW_KINDS}, got {bad}")
         object.__setattr__(self, "dataset_views", MappingProxyType(
             {canonical_dataset(d): v for d, v in self.dataset_views.items()}))

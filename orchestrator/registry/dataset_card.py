@@ -16,8 +16,8 @@ CROSS_DOMAIN = "cross_domain"
 OTHER = "other"
 GROUP_TITLES = {OOD: "OOD benchmark", CROSS_DOMAIN: "cross-domain benchmark"}  # the paper's two tables
 GROUPS = (OOD, CROSS_DOMAIN, OTHER)
-VIEWS = ("single", "augmix")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DATASET_VIEW_KINDS = ("single", "augmix")  # a dataset's own protocol (`views`); a method's may be crops too
+DATASET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # "module:function", or the bare name of a built-in reader of orchestrator.data.datasets (the built-in cards'
 # readers are named so: the registry never names a module above it)
 _READER_RE = re.compile(r"^([A-Za-z_][\w.]*:)?[A-Za-z_]\w*$")
@@ -66,7 +66,7 @@ class DatasetCard:
 
     def __post_init__(self) -> None:
         where = f"dataset card {self.name!r}"
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not DATASET_NAME_RE.match(self.name):
             raise ValueError(f"dataset card name {self.name!r}: expected letters, digits, '_', '.' or '-', starting "
                              f"with a letter or digit")
         if self.group not in GROUPS:
@@ -77,8 +77,8 @@ class DatasetCard:
             raise ValueError(f"{where}: num_classes {self.num_classes!r}; expected an int >= 1")
         if self.test_images is not None and (not isinstance(self.test_images, int) or self.test_images < 1):
             raise ValueError(f"{where}: test_images {self.test_images!r}; expected an int >= 1, or None if unknown")
-        if self.views not in VIEWS:
-            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(VIEWS)}")
+        if self.views not in DATASET_VIEW_KINDS:
+            raise ValueError(f"{where}: views {self.views!r}; expected one of {', '.join(DATASET_VIEW_KINDS)}")
         if isinstance(self.templates, str):
             if self.templates not in (ENSEMBLE7, CLIP80):
                 raise ValueError(f"{where}: templates {self.templates!r}; expected {ENSEMBLE7!r}, {CLIP80!r} or a "

@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.registry.corruptions import BENCHMARKS, parse_variant, variant_card
-from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, ENSEMBLE7, GROUP_TITLES, GROUPS,
-                                                  OOD, OTHER, TEMPLATES_FILE, VIEWS, DatasetCard, _NAME_RE)
+from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, DATASET_NAME_RE, ENSEMBLE7,
+                                                  GROUP_TITLES, GROUPS, OOD, OTHER, TEMPLATES_FILE, DatasetCard)
 
 FOLDER_READER = "read_class_folders"  # built-in readers are named, not imported: see dataset_card
 
@@ -173,7 +173,7 @@ def folder_dataset(name: str, data_root: str | Path) -> DatasetCard | None:
     raises a ValueError naming it."""
     folder = Path(data_root) / name
     classnames, templates = folder / CLASSNAMES_FILE, folder / TEMPLATES_FILE
-    if not _NAME_RE.match(name) or not classnames.is_file():
+    if not DATASET_NAME_RE.match(name) or not classnames.is_file():
         return None
     if not templates.is_file():
         raise ValueError(f"dataset folder {folder}: {TEMPLATES_FILE} is missing; expected one prompt a line with "

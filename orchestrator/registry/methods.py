@@ -27,9 +27,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from orchestrator.registry.card import INPUTS, KINDS, ROLES, VIEW_KINDS, HParam, MethodCard
+from orchestrator.registry.card import INPUTS, KINDS, ROLES, HParam, MethodCard
 
-__all__ = ["INPUTS", "KINDS", "ROLES", "VIEW_KINDS", "HParam", "MethodCard", "register_method", "load_plugins",
+__all__ = ["INPUTS", "KINDS", "ROLES", "HParam", "MethodCard", "register_method", "load_plugins",
            "method_cards", "method_names", "method_card", "find_method", "method_label", "method_rank", "baseline_method", "hparam_kinds", "hparam_is_log",
            "hparam_docs"]
 

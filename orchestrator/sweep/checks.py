@@ -20,7 +20,7 @@ from orchestrator.registry.corruptions import benchmark_key, parse_variant
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Protocol, Realtime,
                                        protocol_from_spec)
 from orchestrator.data.synthetic import synthesize
-from orchestrator.registry import dataset_key, method_card, method_cards
+from orchestrator.registry import MethodCard, dataset_key, method_card, method_cards
 from orchestrator.registry.templates import METHOD_TEMPLATES, TEMPLATE_SET_NAMES
 from orchestrator.sweep.cost import GPU_ENCODER_IMAGES_PER_S
 from orchestrator.sweep.spec import (
@@ -278,22 +278,17 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                       f"embedding per class (M == K), but the templates give "
                                                       f"M = {max_per_class}K; expected 'likelihood'"))
         synthetic = [dataset_name(d) for d in datasets if isinstance(d, SyntheticDataset)]
-        if card.image_encoder is not None and synthetic:
-            issues.append((f"methods[{i}].method", f"{entry.method!r} adapts CLIP's image encoder on the images at "
-                                                   f"test time, and the synthetic dataset {synthetic[0]!r} has "
-                                                   f"generated embeddings only (no images, no encoder); expected real "
-                                                   f"datasets for it (with `datasets:` on the method entry; the tiny "
-                                                   f"test backbones run it on image fixtures)"))
+        tower = _tower_use(card)
+        if tower is not None and synthetic:
+            does, lacks = tower
+            issues.append((f"methods[{i}].method", f"{entry.method!r} {does}, and the synthetic dataset "
+                                                   f"{synthetic[0]!r} has generated embeddings only ({lacks}); "
+                                                   f"expected real datasets for it (with `datasets:` on the method "
+                                                   f"entry; the tiny test backbones run it on image fixtures)"))
         if card.image_encoder is not None and "amp_fp16" in grid.get("precision", []) and spec.resources.gpu == 0:
             issues.append((f"methods[{i}].precision", f"'amp_fp16' runs {entry.method!r}'s encoder under CUDA fp16 "
                                                       f"autocast, and resources.gpu is 0 (its trials run on the CPU); "
                                                       f"expected precision 'fp32', or resources.gpu > 0"))
-        if card.text_encoder is not None and synthetic:
-            issues.append((f"methods[{i}].method", f"{entry.method!r} tunes the prompt through CLIP's text encoder at "
-                                                   f"test time, and the synthetic dataset {synthetic[0]!r} has "
-                                                   f"generated embeddings only (no text encoder, no class prompts); "
-                                                   f"expected real datasets for it (with `datasets:` on the method "
-                                                   f"entry; the tiny test backbones run it on image fixtures)"))
         if card.text_encoder is not None:
             issues += _selection_issues(spec, i, entry.method, datasets, grid)
         if entry.shards is not None and entry.shards > 1:
@@ -304,6 +299,16 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))
     return issues
+
+
+def _tower_use(card: MethodCard) -> tuple[str, str] | None:
+    """What a method does with one of CLIP's towers at test time, and what a synthetic dataset (generated
+    embeddings) lacks for it; None for a method on the features alone."""
+    if card.image_encoder is not None:
+        return "adapts CLIP's image encoder on the images at test time", "no images, no encoder"
+    if card.text_encoder is not None:
+        return "tunes the prompt through CLIP's text encoder at test time", "no text encoder, no class prompts"
+    return None
 
 
 def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:

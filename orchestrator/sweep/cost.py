@@ -182,11 +182,11 @@ def source_shape(source: Any) -> tuple[int, int]:
     if source.is_synthetic:
         params = source.params()
         return int(params["num_classes"]), int(params["dim"])
-    from orchestrator.clip.backbone import _model_config
+    from orchestrator.clip.backbone import model_config
     from orchestrator.registry import dataset_card, dataset_key
 
     classes = dataset_card(source.dataset).num_classes if dataset_key(source.dataset) else 1000
-    return classes, int(_model_config(source.model)["embed_dim"])
+    return classes, int(model_config(source.model)["embed_dim"])
 
 
 def memory_chunks(group: list[RunLike], budget_bytes: float, bytes_of: Callable[[RunLike], int]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.methods.tda.card import FAMILY
 from orchestrator.registry.card import HParam, MethodCard
 
 # CenturyChen/MCP configs/<dataset>.yaml: the positive caches' (alpha, beta); every config has align_shot 10,
@@ -62,10 +61,10 @@ _VIEWS_AND_STATE = dict(
            "n_views=31: random resized crops + flips on ImageNet and its variants (augmix=False), AugMix on the "
            "cross-domain sets")
 CARDS = (
-    MethodCard("mcp", "MCP", 170, FAMILY,
+    MethodCard("mcp", "MCP", 170, "tda",
                "entropy, align and negative caches; their per-class prototypes and a read-out of the cached features",
                "orchestrator.methods.mcp.method:MCP", _MCP_HPARAMS, **_VIEWS_AND_STATE),
-    MethodCard("mcp_pp", "MCP++", 171, FAMILY,
+    MethodCard("mcp_pp", "MCP++", 171, "tda",
                "MCP plus one AdamW step per sample on residuals of the text embeddings and the prototypes",
                "orchestrator.methods.mcp.method:MCPPlusPlus",
                (*_MCP_HPARAMS,
