@@ -258,4 +258,4 @@ def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None
     if not bool((tokens[:, 1:1 + n_ctx] == init[1:1 + n_ctx]).all()) or int(init[1 + n_ctx]) != int(init.max()):
         raise ValueError(f"context init {ctx_init!r}: each word must be one token of the backbone's tokenizer (TPT "
                          f"learns one context vector per word)")
-    return PromptText(TextTower(backbone.model), tokens, n_ctx)
+    return PromptText(TextTower(backbone.model), tokens, n_ctx, tuple(names), backbone.tokenizer)

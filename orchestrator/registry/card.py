@@ -185,13 +185,16 @@ class ImageEncoderUse:
     encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
     name of the bool hparam that chooses per run; device: 'gpu' (impractical on a CPU at benchmark scale) or
     'any'; mb_per_image: activation memory one image's adaptation step keeps, float32, at the ViT-B/16 vision
-    tower (a sweep's memory plan: a batch of B images needs about B times it). Its batch size is the card's
-    `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
+    tower (a sweep's memory plan: a batch of B images needs about B times it); text_tower: the method also runs
+    CLIP's text tower at test time (BATCLIP adapts its norm layers too, CLIPArTT encodes pseudo-captions), so a run
+    is handed it and the class prompts as prompt tuning is (`orchestrator.methods.prompt.PromptText`). Its batch
+    size is the card's `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
 
     params: str
     episodic: bool | str
     mb_per_image: float
     device: str = "any"
+    text_tower: bool = False
 
     def __post_init__(self) -> None:
         if self.params not in ENCODER_PARAMS:
@@ -427,6 +430,12 @@ class MethodCard:
     @property
     def hparam_names(self) -> list[str]:
         return sorted(h.name for h in self.hparams)
+
+    @property
+    def takes_text(self) -> bool:
+        """Whether a run is handed CLIP's text tower and class prompts: prompt tuning (`text_encoder`) and the
+        image-encoder methods that run the text tower too (`ImageEncoderUse.text_tower`)."""
+        return self.text_encoder is not None or (self.image_encoder is not None and self.image_encoder.text_tower)
 
     def defaults(self, dataset: str | None = None) -> dict[str, Any]:
         """Every hparam with its default; for a benchmark dataset, its per-dataset defaults."""
