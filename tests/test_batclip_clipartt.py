@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.prompts import prompt_text
-from orchestrator.clip.testing import TINY_VIT, register_tiny_models
+from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
 from orchestrator.methods import make_method
 from orchestrator.methods.batclip.reference import run_reference as batclip_reference
+from orchestrator.methods.clipartt.reference import run_reference as clipartt_reference
 from tests.test_encoder_methods import check
 
 NAMES = ["cat", "dog", "bird", "fish"]
@@ -55,9 +56,26 @@ def test_batclip_equals_its_reference_adapting_both_towers():
     assert text_state and any(not torch.equal(trace.state[k], method.initial[k]) for k in text_state)
 
 
+def test_clipartt_equals_its_reference_through_its_pseudo_captions():
+    backbone, images, text, emb = model(TINY_RN)
+    images, hp = images[:B], {"lr": 0.01, "steps": 2}
+    trace = make_method("clipartt", emb, torch.arange(K), K, batch_size=B, vision=backbone.model.visual, text=text,
+                        **hp).run(images)
+    check(trace.posteriors, lambda dtype: clipartt_reference(images, backbone.model, backbone.tokenizer, NAMES,
+                                                             batch_size=B, dtype=dtype, **hp))
+    assert (trace.predictions != zero_shot(backbone, images, emb)).sum() >= 2
+
+
 def test_what_they_refuse():
     backbone, images, text, emb = model(TINY_VIT)
     vision = backbone.model.visual
     with pytest.raises(ValueError, match=r"batclip: runs CLIP's text encoder at test time, so it needs "
                                          r"text=PromptText"):
         make_method("batclip", emb, torch.arange(K), K, vision=vision)
+    with pytest.raises(ValueError, match=r"clipartt: writes pseudo-captions from the class names, so text must carry "
+                                         r"the backbone's tokenizer and the 4 class names"):
+        make_method("clipartt", emb, torch.arange(K), K, vision=vision, text=text.__class__(text.tower, text.tokens,
+                                                                                            text.n_ctx))
+    with pytest.raises(ValueError, match=r"clipartt: hparam 'top_k' \(5\) names more classes in a pseudo-caption "
+                                         r"than there are \(4\)"):
+        make_method("clipartt", emb, torch.arange(K), K, vision=vision, text=text, top_k=5)
