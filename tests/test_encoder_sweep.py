@@ -112,7 +112,8 @@ def test_an_episodic_run_in_shards_writes_the_unsharded_runs_rows(tmp_path, data
 
 def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
     """Also: a spec's augmented views are not encoded for an encoder method, which takes the single view."""
-    path = write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"}], data)
+    path = write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"},
+                                 {"method": "batclip", "batch_size": "official"}], data)
     path.write_text(path.read_text() + "views: augmix7\n")
     r = bca("sweep", str(path), "--dry-run")
     assert r.exit_code == 0, r.output
@@ -120,6 +121,8 @@ def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
     assert "methods adapting CLIP's image encoder on the images (one trial per run, never packed" in r.stdout
     assert "  sar at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine parameters), " \
            "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
+    assert "  batclip at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine " \
+           "parameters), running its text tower too, wants any device" in r.stdout
 
 
 def test_the_spec_refuses_shards_of_a_continual_run_fp16_on_a_cpu_and_synthetic_data(tmp_path, data):

@@ -247,7 +247,8 @@ def class_embeddings(
 def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None):
     """What a prompt-tuning method takes (`orchestrator.methods.prompt.PromptText`): the backbone's text tower and
     each class's prompt "<ctx_init> <name>." tokenized as TPT's PromptLearner does (underscores in the names and
-    the init read as spaces), its context tokens the init's words, on the backbone's device."""
+    the init read as spaces), its context tokens the init's words, on the backbone's device; with the class names as
+    prompted and the backbone's tokenizer, for a method that writes prompts of its own (CLIPArTT)."""
     from orchestrator.methods.prompt import CTX_INIT, PromptText, TextTower
 
     ctx_init = (ctx_init or CTX_INIT).replace("_", " ")

@@ -218,7 +218,8 @@ class ImageEncoderUse:
             need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
         what = {"norm": "its norm layers' affine parameters", "lora": "LoRA on its attention",
                 "all": "all its parameters"}[self.params]
-        return (f"CLIP's image encoder adapted at test time ({what}), wants "
+        text = ", running its text tower too" if self.text_tower else ""
+        return (f"CLIP's image encoder adapted at test time ({what}){text}, wants "
                 f"{'a GPU' if self.device == 'gpu' else 'any device'}, {need}")
 
 
