@@ -66,6 +66,15 @@ def test_clipartt_equals_its_reference_through_its_pseudo_captions():
     assert (trace.predictions != zero_shot(backbone, images, emb)).sum() >= 2
 
 
+def test_batclips_defaults_follow_its_config_per_corruption_benchmark():
+    from orchestrator.registry import method_card
+
+    card = method_card("batclip")
+    assert [(card.defaults(d)["optimizer"], card.defaults(d)["lr"]) for d in
+            ("imagenet-c.fog.5", "cifar10-c.gaussian_noise.5", "CIFAR-100-C.fog.3", "dtd")] == \
+        [("adamw", 5e-4), ("adamw", 1e-3), ("adam", 5e-4), ("adamw", 5e-4)]
+
+
 def test_what_they_refuse():
     backbone, images, text, emb = model(TINY_VIT)
     vision = backbone.model.visual

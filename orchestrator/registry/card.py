@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from orchestrator.registry.corruptions import benchmark_key, parse_variant
 from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.registry.views import AUGMENTED_KINDS as VIEW_KINDS
@@ -33,7 +34,7 @@ class HParam:
     null_means: the hparam whose value a None takes (tau_likelihood null = tau), resolved at the edge
     (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans
     decades (charts use a log axis); per_dataset: defaults that differ by benchmark dataset (any spelling, stored
-    canonical); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
+    canonical; a corruption benchmark's name, `cifar10-c`, holds for each of its corruptions and severities); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
     else it is dropped from a run's config.
     """
 
@@ -62,7 +63,7 @@ class HParam:
             raise ValueError(f"hparam {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.role not in ROLES:
             raise ValueError(f"hparam {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
-        per_dataset = {canonical_dataset(k): v for k, v in self.per_dataset.items()}
+        per_dataset = {benchmark_key(k) or canonical_dataset(k): v for k, v in self.per_dataset.items()}
         object.__setattr__(self, "per_dataset", MappingProxyType(per_dataset))
         object.__setattr__(self, "when", MappingProxyType(dict(self.when)))
         for value in (self.default, *per_dataset.values()):
@@ -439,9 +440,12 @@ class MethodCard:
         return self.text_encoder is not None or (self.image_encoder is not None and self.image_encoder.text_tower)
 
     def defaults(self, dataset: str | None = None) -> dict[str, Any]:
-        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults."""
+        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults (a corruption variant's:
+        its own, else its benchmark's)."""
         key = dataset_key(dataset) if dataset is not None else None
-        return {h.name: h.per_dataset.get(key, h.default) for h in self.hparams}
+        variant = parse_variant(key) if key is not None else None
+        bench = variant[0] if variant else None
+        return {h.name: h.per_dataset.get(key, h.per_dataset.get(bench, h.default)) for h in self.hparams}
 
     def resolve(self, hparams: Mapping[str, Any], dataset: str | None = None) -> dict[str, Any]:
         """Defaults overlaid by `hparams`, each value checked and in its kind, a null that means another hparam

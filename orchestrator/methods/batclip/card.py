@@ -14,10 +14,10 @@ CARDS = (
         "mean image feature onto its text feature and minus the spread between the classes' means, carried along "
         "the stream; predicts with the forward it adapts on",
         "orchestrator.methods.batclip.method:BATCLIP",
-        (HParam("lr", "float", 5e-4, "learning rate (cfgs/imagenet_c/ours.yaml OPTIM.LR; CIFAR-10-C 1e-3, CIFAR-100-C "
-                "5e-4)", "rate", low=0.0, low_open=True, log=True),
-         HParam("optimizer", "str", "adamw", "AdamW (cfgs/imagenet_c and cifar10_c) or Adam (cifar100_c), betas "
-                "(0.9, 0.999)", "choice", choices=("adamw", "adam")),
+        (HParam("lr", "float", 5e-4, "learning rate (cfgs/<benchmark>/ours.yaml OPTIM.LR)", "rate", low=0.0,
+                low_open=True, log=True, per_dataset={"cifar10-c": 1e-3}),
+         HParam("optimizer", "str", "adamw", "AdamW or Adam, betas (0.9, 0.999) (cfgs/<benchmark>/ours.yaml "
+                "OPTIM.METHOD)", "choice", choices=("adamw", "adam"), per_dataset={"cifar100-c": "adam"}),
          HParam("weight_decay", "float", 0.01, "the optimiser's weight decay (OPTIM.WD; decoupled in AdamW, an L2 "
                 "term in Adam)", "rate", low=0.0),
          STEPS, EPISODIC, PRECISION, LOGIT_SCALE),
