@@ -19,8 +19,9 @@ statistics. The text side is the prompt-tuning path's (`orchestrator.methods.pro
 tower and the class prompts "a photo of a {name}.", exactly the configs' PROMPT_TEMPLATE), adapted on a copy.
 
 Which code this follows, and where it differs:
-- The paper writes the projection with unit image features; its code (I2TLoss) projects the mean of the raw image
-  features. This follows the code, which produced the paper's numbers.
+- The paper adapts the LayerNorm parameters of both encoders; the code collects every norm layer's (the same on a
+  ViT, and a ResNet's BatchNorm too), as this does. I2TLoss projects the mean of the raw (not normalised) image
+  features onto the unit text feature while InterMeanLoss normalises its means; this follows the code.
 - The official step runs the forward under CUDA fp16 autocast with a GradScaler (init scale 1000) even where its
   config says PRECISION fp32. Float32 is the default here; precision 'amp_fp16' autocasts the two towers' forwards
   (the loss and the optimiser in float32, no scaler: an unscaled step equals a scaled one where nothing overflows).
