@@ -56,6 +56,22 @@ def test_batclip_equals_its_reference_adapting_both_towers():
     assert text_state and any(not torch.equal(trace.state[k], method.initial[k]) for k in text_state)
 
 
+def test_batclip_resumed_from_its_state_goes_on_to_the_same_rows():
+    """The state a continual run saves (both towers' adapted norm layers and the optimiser's moments) is what a
+    resumed run needs: a fresh method given the state after the first batch goes on to the rows of the whole run."""
+    backbone, images, text, emb = model(TINY_VIT)
+
+    def batclip():
+        return make_method("batclip", emb, torch.arange(K), K, batch_size=B, vision=backbone.model.visual, text=text,
+                           lr=0.1, optimizer="adam")
+
+    whole = batclip().run(images)
+    head = batclip().run(images[:B])
+    resumed = batclip()
+    resumed.load_state_tensors({k: v.numpy() for k, v in head.state.items()})  # as the state file stores it
+    assert torch.equal(torch.cat([head.posteriors, resumed.run(images[B:]).posteriors]), whole.posteriors)
+
+
 def test_clipartt_equals_its_reference_through_its_pseudo_captions():
     backbone, images, text, emb = model(TINY_RN)
     images, hp = images[:B], {"lr": 0.01, "steps": 2}
