@@ -30,7 +30,7 @@ def _where(datasets: list[str]) -> str:
     for group, title in GROUP_TITLES.items():
         if set(datasets) == set(group_datasets(group)):
             return f"the {title}"
-    return ", ".join(dataset_title(d) for d in datasets)
+    return ", ".join(BENCHMARKS[d].title if d in BENCHMARKS else dataset_title(d) for d in datasets)
 
 
 def _value(v: object) -> str:

@@ -1,7 +1,7 @@
-"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR and DeYO with
-cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca report`; a continual
-run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted run; an episodic
-run split into shards writes the unsharded run's rows; the spec's checks."""
+"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR, DeYO, BATCLIP
+and CLIPArTT with cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca report`;
+a continual run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted run; an
+episodic run split into shards writes the unsharded run's rows; the spec's checks."""
 
 from __future__ import annotations
 
@@ -62,14 +62,16 @@ def rows(path: Path, method: str) -> list[dict]:
 
 def test_a_spec_mixing_encoder_and_cached_feature_methods_reports_every_method(tmp_path, data, monkeypatch):
     path = write_spec(tmp_path, [{"method": "clip"}, {"method": "tda"}, {"method": "tent", "batch_size": 2},
-                                 {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2}], data)
+                                 {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2},
+                                 {"method": "batclip", "batch_size": 2}, {"method": "clipartt", "batch_size": 2,
+                                                                          "steps": 1}], data)
     done = run_all(path)
-    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 2]  # each encoder run alone, the others packed
+    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 1, 1, 2]  # encoder runs alone, others packed
     monkeypatch.chdir(tmp_path)
     r = bca("report", "--sweep", "enc", "--results", "results")
     assert r.exit_code == 0, r.output
     for label in ("CLIP (batch_size=1)", "TDA (batch_size=1)", "Tent (batch_size=2)", "SAR (batch_size=2)",
-                  "DeYO (batch_size=2)"):
+                  "DeYO (batch_size=2)", "BATCLIP (batch_size=2)", "CLIPArTT (batch_size=2)"):
         line = next(line for line in r.stdout.splitlines() if f"│ {label} " in line)
         assert "(n=1)" in line  # its DTD cell: a finished run with all its rows
     assert len(rows(path, "sar")) == 9
@@ -110,7 +112,8 @@ def test_an_episodic_run_in_shards_writes_the_unsharded_runs_rows(tmp_path, data
 
 def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
     """Also: a spec's augmented views are not encoded for an encoder method, which takes the single view."""
-    path = write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"}], data)
+    path = write_spec(tmp_path, [{"method": "clip"}, {"method": "sar", "batch_size": "official"},
+                                 {"method": "batclip", "batch_size": "official"}], data)
     path.write_text(path.read_text() + "views: augmix7\n")
     r = bca("sweep", str(path), "--dry-run")
     assert r.exit_code == 0, r.output
@@ -118,6 +121,8 @@ def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
     assert "methods adapting CLIP's image encoder on the images (one trial per run, never packed" in r.stdout
     assert "  sar at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine parameters), " \
            "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
+    assert "  batclip at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine " \
+           "parameters), running its text tower too, wants any device" in r.stdout
 
 
 def test_the_spec_refuses_shards_of_a_continual_run_fp16_on_a_cpu_and_synthetic_data(tmp_path, data):

@@ -247,7 +247,8 @@ def class_embeddings(
 def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None):
     """What a prompt-tuning method takes (`orchestrator.methods.prompt.PromptText`): the backbone's text tower and
     each class's prompt "<ctx_init> <name>." tokenized as TPT's PromptLearner does (underscores in the names and
-    the init read as spaces), its context tokens the init's words, on the backbone's device."""
+    the init read as spaces), its context tokens the init's words, on the backbone's device; with the class names as
+    prompted and the backbone's tokenizer, for a method that writes prompts of its own (CLIPArTT)."""
     from orchestrator.methods.prompt import CTX_INIT, PromptText, TextTower
 
     ctx_init = (ctx_init or CTX_INIT).replace("_", " ")
@@ -258,4 +259,4 @@ def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None
     if not bool((tokens[:, 1:1 + n_ctx] == init[1:1 + n_ctx]).all()) or int(init[1 + n_ctx]) != int(init.max()):
         raise ValueError(f"context init {ctx_init!r}: each word must be one token of the backbone's tokenizer (TPT "
                          f"learns one context vector per word)")
-    return PromptText(TextTower(backbone.model), tokens, n_ctx)
+    return PromptText(TextTower(backbone.model), tokens, n_ctx, tuple(names), backbone.tokenizer)

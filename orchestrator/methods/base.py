@@ -301,14 +301,15 @@ def build_method(method: str, class_embeddings: torch.Tensor, class_ids: torch.T
     card = method_card(method)
     resolved = card.resolve(hparams)
     batch_size = check_batch_size(method, batch_size)
-    if card.text_encoder is None and text is not None:
-        raise ValueError(f"{method}: takes no text encoder (text=...); only methods whose card has a text_encoder do")
+    if not card.takes_text and text is not None:
+        raise ValueError(f"{method}: takes no text encoder (text=...); only methods whose card has a text_encoder "
+                         f"(or an image_encoder with text_tower) do")
     if card.image_encoder is None and vision is not None:
         raise ValueError(f"{method}: takes no vision tower (vision=...); only methods whose card has an image_encoder "
                          f"do")
     cls = card.implementation()
     checked = cls.check_hparams(resolved, class_embeddings.shape[0], int(num_classes))
-    extra = {} if card.text_encoder is None else {"text": text}
+    extra = {"text": text} if card.takes_text else {}
     if card.image_encoder is not None:
         extra["vision"] = vision
     built = cls(class_embeddings, class_ids, int(num_classes), **extra, **checked)

@@ -97,11 +97,15 @@ class TextTower(torch.nn.Module):
 
 @dataclass(frozen=True)
 class PromptText:
-    """What a prompt-tuning method gets besides the features (module docstring)."""
+    """What a prompt-tuning method gets besides the features (module docstring); `names` (the K class names as
+    prompted) and `tokenizer` (the backbone's) for a method that writes prompts of its own at test time (CLIPArTT's
+    pseudo-captions)."""
 
     tower: TextTower
     tokens: torch.Tensor
     n_ctx: int
+    names: tuple[str, ...] = ()
+    tokenizer: Any = None
 
 
 def check_prompt_text(method: str, text: Any, num_classes: int, device: torch.device) -> PromptText:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from orchestrator.registry.corruptions import benchmark_key, parse_variant
 from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
 from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 from orchestrator.registry.views import AUGMENTED_KINDS, VIEW_KINDS, ViewConfig, parse_views
@@ -32,7 +33,7 @@ class HParam:
     null_means: the hparam whose value a None takes (tau_likelihood null = tau), resolved at the edge
     (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans
     decades (charts use a log axis); per_dataset: defaults that differ by benchmark dataset (any spelling, stored
-    canonical); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
+    canonical; a corruption benchmark's name, `cifar10-c`, holds for each of its corruptions and severities); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
     else it is dropped from a run's config.
     """
 
@@ -61,7 +62,7 @@ class HParam:
             raise ValueError(f"hparam {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
         if self.role not in ROLES:
             raise ValueError(f"hparam {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
-        per_dataset = {canonical_dataset(k): v for k, v in self.per_dataset.items()}
+        per_dataset = {benchmark_key(k) or canonical_dataset(k): v for k, v in self.per_dataset.items()}
         object.__setattr__(self, "per_dataset", MappingProxyType(per_dataset))
         object.__setattr__(self, "when", MappingProxyType(dict(self.when)))
         for value in (self.default, *per_dataset.values()):
@@ -184,13 +185,16 @@ class ImageEncoderUse:
     encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
     name of the bool hparam that chooses per run; device: 'gpu' (impractical on a CPU at benchmark scale) or
     'any'; mb_per_image: activation memory one image's adaptation step keeps, float32, at the ViT-B/16 vision
-    tower (a sweep's memory plan: a batch of B images needs about B times it). Its batch size is the card's
-    `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
+    tower (a sweep's memory plan: a batch of B images needs about B times it); text_tower: the method also runs
+    CLIP's text tower at test time (BATCLIP adapts its norm layers too, CLIPArTT encodes pseudo-captions), so a run
+    is handed it and the class prompts as prompt tuning is (`orchestrator.methods.prompt.PromptText`). Its batch
+    size is the card's `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
 
     params: str
     episodic: bool | str
     mb_per_image: float
     device: str = "any"
+    text_tower: bool = False
 
     def __post_init__(self) -> None:
         if self.params not in ENCODER_PARAMS:
@@ -214,7 +218,8 @@ class ImageEncoderUse:
             need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
         what = {"norm": "its norm layers' affine parameters", "lora": "LoRA on its attention",
                 "all": "all its parameters"}[self.params]
-        return (f"CLIP's image encoder adapted at test time ({what}), wants "
+        text = ", running its text tower too" if self.text_tower else ""
+        return (f"CLIP's image encoder adapted at test time ({what}){text}, wants "
                 f"{'a GPU' if self.device == 'gpu' else 'any device'}, {need}")
 
 
@@ -428,10 +433,19 @@ class MethodCard:
     def hparam_names(self) -> list[str]:
         return sorted(h.name for h in self.hparams)
 
+    @property
+    def takes_text(self) -> bool:
+        """Whether a run is handed CLIP's text tower and class prompts: prompt tuning (`text_encoder`) and the
+        image-encoder methods that run the text tower too (`ImageEncoderUse.text_tower`)."""
+        return self.text_encoder is not None or (self.image_encoder is not None and self.image_encoder.text_tower)
+
     def defaults(self, dataset: str | None = None) -> dict[str, Any]:
-        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults."""
+        """Every hparam with its default; for a benchmark dataset, its per-dataset defaults (a corruption variant's:
+        its own, else its benchmark's)."""
         key = dataset_key(dataset) if dataset is not None else None
-        return {h.name: h.per_dataset.get(key, h.default) for h in self.hparams}
+        variant = parse_variant(key) if key is not None else None
+        bench = variant[0] if variant else None
+        return {h.name: h.per_dataset.get(key, h.per_dataset.get(bench, h.default)) for h in self.hparams}
 
     def resolve(self, hparams: Mapping[str, Any], dataset: str | None = None) -> dict[str, Any]:
         """Defaults overlaid by `hparams`, each value checked and in its kind, a null that means another hparam

@@ -401,7 +401,7 @@ def prompt_text_for(configs: list[dict[str, Any]], source: DataSource, stream: S
     """The text tower and class prompts for the runs whose method runs CLIP's text encoder at test time (the
     source's backbone, loaded once per process), else None. Synthetic sources have no text tower: the sweep's
     checks refuse such runs before they start."""
-    if all(method_card(c["method"]).text_encoder is None for c in configs):
+    if not any(method_card(c["method"]).takes_text for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.prompts import prompt_text
