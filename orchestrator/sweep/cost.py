@@ -19,7 +19,7 @@ import math
 import statistics
 from typing import Any, Callable, Protocol
 
-from orchestrator.registry import find_method, method_card
+from orchestrator.registry import baseline_method, find_method, method_card
 
 
 class RunLike(Protocol):
@@ -269,5 +269,5 @@ def realtime_k(method: str, views: int, model: str | None) -> int:
                              f"realtime k from; give the stream's k (e.g. {{realtime: {{base: iid, k: 2}}}})")
         return 1.0 / rate
 
-    ratio = (views * encoder + step(method)) / (encoder + step("clip"))
+    ratio = (views * encoder + step(method)) / (encoder + step(baseline_method()))
     return max(1, math.ceil(ratio * (1 - 1e-9)))  # a ratio of 2 computed as 2.0000000001 is 2
