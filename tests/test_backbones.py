@@ -119,7 +119,7 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
             assert run.hparams["logit_scale"] == run.config["sigmoid"]["logit_scale"], name
             assert clip[name].hparams["logit_scale"] == card.defaults()["logit_scale"], name
         else:
-            assert card.sigmoid_rule[0] == "cosine" and "logit_scale" not in run.hparams, name
+            assert card.sigmoid_rule[0] == "unchanged" and "logit_scale" not in run.hparams, name
             assert run.hparams == clip[name].hparams, name
     # a spec's own logit_scale wins
     assert any(r.method == "tda" and r.hparams["logit_scale"] == 30.0

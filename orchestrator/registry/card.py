@@ -154,18 +154,16 @@ SIGMOID_RULES = {
     "backbone_scale": "softmax over the classes at the backbone's learned logit scale: the run's logit_scale "
                       "defaults to it (a spec's value wins); the bias is dropped, since a bias shared by every class "
                       "cancels in a softmax (the argmax is the sigmoid's)",
-    "cosine": "unchanged: it scores cosine similarities with its own temperatures and takes neither the logit "
-              "scale nor the bias",
+    "unchanged": "runs as on CLIP: it has no logit_scale (it scores cosine similarities with its own temperatures) "
+                 "and takes no bias",
     "refuse": "refused (exit 2 when the spec is checked)",
 }
-# The rule of a card that gives none, by family, else DEFAULT_SIGMOID_RULE: the official codes multiply the cosines
-# by CLIP's learned scale (written 100, or read as logit_scale.exp()), whose counterpart is the backbone's own.
-DEFAULT_SIGMOID_RULE = "backbone_scale"
+# The rule of a card that gives none, by family; else 'backbone_scale' where it has a logit_scale hparam (the
+# official codes multiply the cosines by CLIP's learned scale, written 100 or read as logit_scale.exp(), whose
+# counterpart is the backbone's own), else 'unchanged'.
 FAMILY_SIGMOID_RULES = {
     "prompt": ("refuse", "prompt tuning runs CLIP's text tower from token embeddings, pooled at the end-of-text "
                          "token under a causal mask; SigLIP's text tower pools the last token without one"),
-    "graph": ("cosine", ""),
-    "onzeta": ("cosine", ""),
 }
 
 
@@ -276,7 +274,8 @@ class MethodCard:
     dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
     on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None;
     sigmoid: what it does on a backbone scoring with a sigmoid and a bias (a key of SIGMOID_RULES; None: its
-    family's rule, FAMILY_SIGMOID_RULES, else DEFAULT_SIGMOID_RULE) and sigmoid_why: why, where it is refused.
+    family's rule, FAMILY_SIGMOID_RULES, else 'backbone_scale' with a logit_scale hparam, 'unchanged' without) and
+    sigmoid_why: why, where it is refused.
     """
 
     name: str
@@ -392,8 +391,8 @@ class MethodCard:
         if rule not in SIGMOID_RULES:
             raise ValueError(f"method {self.name!r}: sigmoid must be one of {tuple(SIGMOID_RULES)} or None, got {rule!r}")
         if rule == "backbone_scale" and "logit_scale" not in names:
-            raise ValueError(f"method {self.name!r}: sigmoid rule 'backbone_scale' (its family's or the default) needs "
-                             f"a logit_scale hparam; declare sigmoid='cosine' or 'refuse' on its card")
+            raise ValueError(f"method {self.name!r}: sigmoid rule 'backbone_scale' (its card's or its family's) needs "
+                             f"a logit_scale hparam; expected sigmoid 'unchanged' or 'refuse' on its card")
         if rule == "refuse" and not why:
             raise ValueError(f"method {self.name!r}: sigmoid 'refuse' needs sigmoid_why (the refusal's message)")
         if self.state_words is not None:
@@ -414,7 +413,9 @@ class MethodCard:
         """(rule, why) on a sigmoid-scored backbone: the card's own, else its family's, else the default."""
         if self.sigmoid is not None:
             return self.sigmoid, self.sigmoid_why
-        return FAMILY_SIGMOID_RULES.get(self.family, (DEFAULT_SIGMOID_RULE, ""))
+        if self.family in FAMILY_SIGMOID_RULES:
+            return FAMILY_SIGMOID_RULES[self.family]
+        return ("backbone_scale" if any(h.name == "logit_scale" for h in self.hparams) else "unchanged"), ""
 
     def sigmoid_text(self) -> str:
         """The rule in words, for the docs and the refusal."""

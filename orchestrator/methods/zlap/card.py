@@ -18,7 +18,7 @@ CARDS = (
                 "weight", low=0.0, high=1.0, high_open=True),
          HParam("solver", "str", "cg", "cg: the official conjugate gradients (stop at residual 1e-6, 50 steps); "
                 "exact: the linear system solved (the paper's L^-1)", "choice", choices=("cg", "exact"))),
-        **PER_BATCH, samples_per_s=1444.0, gpu_samples_per_s=29295.0, sigmoid="cosine",
+        **PER_BATCH, samples_per_s=1444.0, gpu_samples_per_s=29295.0,
         source="MaxZanella/StatA@eea8637 solvers/ZLaP.py, main.py get_hp (k 5, gamma 5, alpha 0.3, scale_sim off), "
                "from vladan-stojnic/ZLaP@89ab14b zlap.py do_transductive_lp; no per-dataset values"),
 )
