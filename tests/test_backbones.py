@@ -124,6 +124,11 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
     # a spec's own logit_scale wins
     assert any(r.method == "tda" and r.hparams["logit_scale"] == 30.0
                for r in expand(load_spec(write_spec(tmp_path, data, models, entries))))
+    r = bca("sweep", str(write_spec(tmp_path, data, models, [{"method": "clip"}, {"method": "onzeta"}], name="dry")),
+            "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert (f"{TINY_SIGLIP} scores with a sigmoid: logit scale 50, bias -7 (read from its weights); clip run a "
+            f"softmax at that scale (bias dropped: shared by every class); onzeta run unchanged") in r.output
     refused = [n for n in names if method_card(n).sigmoid_rule[0] == "refuse"]
     assert refused  # the prompt-tuning family
     r = bca("sweep", str(write_spec(tmp_path, data, models, [{"method": "clip"}, {"method": refused[0]}],
