@@ -24,7 +24,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.sweep import cost
 from orchestrator.sweep.catalog import backbone_issue
 from orchestrator.sweep.load import load_spec
-from orchestrator.sweep.plan import expand, make_trials
+from orchestrator.sweep.plan import DataSource, expand, make_trials
 from orchestrator.sweep.pieces import settings_of
 from orchestrator.sweep.trial import execute_trial
 
@@ -79,6 +79,10 @@ def test_each_record_is_an_open_clip_config_with_its_head_and_tag():
         assert record.tag in open_clip.list_pretrained_tags_by_model(model), model
     assert {b.model for b in BACKBONES.values() if b.head == SIGMOID} == {"ViT-B-16-SigLIP"}
     assert {"RN50", "ViT-B-16", "ViT-B-32", "ViT-L-14"} <= {b.model for b in BACKBONES.values() if b.head == SOFTMAX}
+    # the dry run's memory plan takes each backbone's embedding width from its config
+    widths = {m: cost.source_shape(DataSource(dataset="dtd", seed=1, model=m)) for m in BACKBONES}
+    assert widths == {"RN50": (47, 1024), "ViT-B-16": (47, 512), "ViT-B-32": (47, 512), "ViT-L-14": (47, 768),
+                      "ViT-B-16-SigLIP": (47, 768)}
     # the dry run prices encoding with the records' measured rates and names the others unpriced
     line = cost.projected_hours([], lambda source: 0, {"ViT-B-32": 1000, "RN50": 4612 * 3600})[1]
     assert "encoding 1.0," in line and "not priced for ViT-B-32 (no measured rate)" in line
