@@ -1,7 +1,8 @@
 """Backbone records and sigmoid-scored backbones (SigLIP): the records agree with open_clip's configs; a backbone's
 learned logit scale and bias are read from its weights; every method of the registry is planned by its card's
 sigmoid rule on a tiny random-weight SigLIP-like config; a 'refuse' method exits 2; zero-shot CLIP on it predicts
-as SigLIP's sigmoid does, through the feature cache, a sweep and the report."""
+as SigLIP's sigmoid does, through the feature cache, a sweep (with TDA, OnZeta and Tent on its vision tower) and the
+report."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from orchestrator.cli import app
 from orchestrator.clip.backbone import BackboneSpec, learned_logits, load_backbone, resolve_weights
 from orchestrator.clip.testing import TINY_SIGLIP, TINY_VIT, build_dataset, register_tiny_models, write_model_config
 from orchestrator.features import load_benchmark
-from orchestrator.registry import method_card, method_names
+from orchestrator.registry import MethodCard, method_card, method_names
+from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.registry.backbones import BACKBONES, SIGMOID, SOFTMAX, head_of_config
+from orchestrator.registry.card import FAMILY_SIGMOID_RULES, TextEncoderUse
 from orchestrator.results.db import ResultsDB
 from orchestrator.sweep import cost
 from orchestrator.sweep.catalog import backbone_issue
@@ -104,6 +107,23 @@ def test_learned_logits_come_from_the_weights(models):
     assert learned_logits(resolve_weights(BackboneSpec(TINY_VIT, None)))[1] is None  # CLIP: no bias
 
 
+def test_a_card_without_a_rule_takes_its_familys_else_one_from_what_it_declares():
+    def card(family="toy", hparams=(), **fields):
+        return MethodCard("toy", "Toy", 999, family, "nothing", "toy:Toy", hparams, **fields)
+
+    assert card().sigmoid_rule == ("unchanged", "")
+    assert card(hparams=(LOGIT_SCALE,)).sigmoid_rule == ("backbone_scale", "")
+    assert card(hparams=(LOGIT_SCALE,), text_encoder=TextEncoderUse("any", 1.0)).sigmoid_rule[0] == "refuse"
+    assert card("prompt", (LOGIT_SCALE,)).sigmoid_rule == FAMILY_SIGMOID_RULES["prompt"]
+    assert card(hparams=(LOGIT_SCALE,), sigmoid="unchanged").sigmoid_rule == ("unchanged", "")
+    with pytest.raises(ValueError, match="method 'toy': sigmoid 'refuse' needs sigmoid_why"):
+        card(sigmoid="refuse")
+    with pytest.raises(ValueError, match="method 'toy': sigmoid rule 'backbone_scale' .* needs a logit_scale hparam"):
+        card(sigmoid="backbone_scale")
+    with pytest.raises(ValueError, match="method 'toy': sigmoid must be one of"):
+        card(sigmoid="sigmoid")
+
+
 def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
     names = method_names()
     runnable = [n for n in names if method_card(n).sigmoid_rule[0] != "refuse"]
@@ -144,7 +164,8 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
 
 def test_clip_on_siglip_predicts_as_its_sigmoid_through_cache_sweep_and_report(tmp_path, data, models,
                                                                                 monkeypatch):
-    path = write_spec(tmp_path, data, models, [{"method": "clip"}, {"method": "tda"}, {"method": "onzeta"}])
+    path = write_spec(tmp_path, data, models, [{"method": "clip"}, {"method": "tda"}, {"method": "onzeta"},
+                                               {"method": "tent", "batch_size": 2}])
     spec = load_spec(path)
     runs = expand(spec)
     for trial in make_trials(runs, spec.pack):
@@ -152,7 +173,7 @@ def test_clip_on_siglip_predicts_as_its_sigmoid_through_cache_sweep_and_report(t
     monkeypatch.chdir(tmp_path)
     r = bca("report", "--sweep", "sig", "--results", "results")
     assert r.exit_code == 0, r.output
-    for label in ("CLIP", "TDA", "OnZeta"):
+    for label in ("CLIP (batch_size=1)", "TDA (batch_size=1)", "OnZeta (batch_size=1)", "Tent (batch_size=2)"):
         assert "(n=1)" in next(line for line in r.stdout.splitlines() if f"│ {label} " in line), label
 
     run = next(r for r in runs if r.method == "clip")

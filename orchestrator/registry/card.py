@@ -158,13 +158,13 @@ SIGMOID_RULES = {
                  "and takes no bias",
     "refuse": "refused (exit 2 when the spec is checked)",
 }
-# The rule of a card that gives none, by family; else 'backbone_scale' where it has a logit_scale hparam (the
+# The rule of a card that gives none, by family; else 'refuse' where the trial hands it CLIP's text tower
+# (`orchestrator.methods.prompt.TextTower` follows CLIP's), 'backbone_scale' where it has a logit_scale hparam (the
 # official codes multiply the cosines by CLIP's learned scale, written 100 or read as logit_scale.exp(), whose
 # counterpart is the backbone's own), else 'unchanged'.
-FAMILY_SIGMOID_RULES = {
-    "prompt": ("refuse", "prompt tuning runs CLIP's text tower from token embeddings, pooled at the end-of-text "
-                         "token under a causal mask; SigLIP's text tower pools the last token without one"),
-}
+TEXT_TOWER_WHY = ("it runs CLIP's text tower from token embeddings, pooled at the end-of-text token under a causal "
+                  "mask; SigLIP's text tower pools the last token without one")
+FAMILY_SIGMOID_RULES = {"prompt": ("refuse", f"prompt tuning: {TEXT_TOWER_WHY}")}
 
 
 @dataclass(frozen=True)
@@ -274,8 +274,8 @@ class MethodCard:
     dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
     on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None;
     sigmoid: what it does on a backbone scoring with a sigmoid and a bias (a key of SIGMOID_RULES; None: its
-    family's rule, FAMILY_SIGMOID_RULES, else 'backbone_scale' with a logit_scale hparam, 'unchanged' without) and
-    sigmoid_why: why, where it is refused.
+    family's rule, FAMILY_SIGMOID_RULES, else 'refuse' for a method handed CLIP's text tower, 'backbone_scale' with
+    a logit_scale hparam, 'unchanged' without) and sigmoid_why: why, where it is refused.
     """
 
     name: str
@@ -415,6 +415,8 @@ class MethodCard:
             return self.sigmoid, self.sigmoid_why
         if self.family in FAMILY_SIGMOID_RULES:
             return FAMILY_SIGMOID_RULES[self.family]
+        if self.text_encoder is not None:
+            return "refuse", TEXT_TOWER_WHY
         return ("backbone_scale" if any(h.name == "logit_scale" for h in self.hparams) else "unchanged"), ""
 
     def sigmoid_text(self) -> str:
