@@ -389,7 +389,8 @@ class MethodCard:
                 raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
         rule, why = self.sigmoid_rule
         if rule not in SIGMOID_RULES:
-            raise ValueError(f"method {self.name!r}: sigmoid must be one of {tuple(SIGMOID_RULES)} or None, got {rule!r}")
+            raise ValueError(f"method {self.name!r}: sigmoid must be one of {tuple(SIGMOID_RULES)} or None, "
+                             f"got {rule!r}")
         if rule == "backbone_scale" and "logit_scale" not in names:
             raise ValueError(f"method {self.name!r}: sigmoid rule 'backbone_scale' (its card's or its family's) needs "
                              f"a logit_scale hparam; expected sigmoid 'unchanged' or 'refuse' on its card")
