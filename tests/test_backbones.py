@@ -28,7 +28,7 @@ from orchestrator.sweep import cost
 from orchestrator.sweep.catalog import backbone_issue
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.plan import DataSource, expand, make_trials
-from orchestrator.sweep.pieces import settings_of
+from orchestrator.sweep.pieces import selection_scale, settings_of
 from orchestrator.sweep.trial import execute_trial
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
@@ -145,6 +145,9 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
         else:
             assert card.sigmoid_rule[0] == "unchanged" and "logit_scale" not in run.hparams, name
             assert run.hparams == clip[name].hparams, name
+    # the data protocol's confident-view selection (AugMix datasets) runs at the backbone's scale too
+    assert selection_scale(sig["clip"].source) == pytest.approx(SCALE, rel=1e-6)
+    assert selection_scale(clip["clip"].source) == 100.0
     # a spec's own logit_scale wins
     assert any(r.method == "tda" and r.hparams["logit_scale"] == 30.0
                for r in expand(load_spec(write_spec(tmp_path, data, models, entries))))
