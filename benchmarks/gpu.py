@@ -11,8 +11,9 @@ the parts that need more say what is missing and which wheels to carry. In order
    float32 run drifts further from a float64 run of the case gets a multiple of that drift instead,
    `benchmarks.drift`);
 2. samples/s of every method at K = M = 1000, d = 512, single-stream and lockstep (`benchmarks.methods`);
-3. image encoders: images/s of open_clip's RN50, ViT-B-16 and ViT-L-14 at fp16 with random weights (no
-   download), batch 64; open_clip comes as carried wheels (`--wheels` prints how);
+3. image encoders: images/s of the image tower of every backbone record (`orchestrator.registry.backbones`: RN50,
+   ViT-B-16, ViT-B-32, ViT-L-14, ViT-B-16-SigLIP) at fp16 with random weights (no download), batch 64; open_clip
+   comes as carried wheels (`--wheels` prints how), and SigLIP's tower (timm's) needs timm;
 4. peak GPU memory of a pack trial's method pass (32 TDA configs and 32 BCA configs over 2000 samples);
 5. one `execute_trial` end to end (a synthetic pack of BCA and TDA runs), where pydantic and PyYAML import
    (the sweep spec needs them), else a line saying so;
@@ -36,12 +37,13 @@ import torch
 
 from benchmarks import methods as methods_benchmark
 from benchmarks.drift import drift_tolerances
+from orchestrator.registry.backbones import BACKBONES
 
 # K >= 100 in the exactness check: below it OnZeta's proxy steps amplify rounding (onzeta.py).
 QUICK = {"K": 120, "d": 16, "n": 200, "view_n": 200, "batch_n": 200, "encoder_batch": 2, "encoders": (), "peak_n": 200,
          "peak_g": 4}
 FULL = {"K": 1000, "d": 512, "n": 2000, "view_n": 100, "batch_n": 256, "encoder_batch": 64,
-        "encoders": ("RN50", "ViT-B-16", "ViT-L-14"), "peak_n": 2000, "peak_g": 32}
+        "encoders": tuple(BACKBONES), "peak_n": 2000, "peak_g": 32}
 SECTIONS = ("exact", "rates", "encoders", "peak", "trial", "prompt")
 TOLERANCE = 1e-4
 RARE, RARE_TOLERANCE = 0.002, 1e-3
@@ -154,7 +156,7 @@ def encoder_rates(device: str, names: tuple[str, ...], batch: int) -> None:
             for _ in range(3):
                 model(images)
             _sync(device)
-        print(f"  {name:<10} {3 * batch / (time.perf_counter() - start):,.0f} images/s ({dtype}, batch {batch})")
+        print(f"  {name:<15} {3 * batch / (time.perf_counter() - start):,.0f} images/s ({dtype}, batch {batch})")
         del model
 
 

@@ -13,6 +13,8 @@ from typing import Callable
 
 from orchestrator import registry
 from orchestrator.registry import HParam, dataset_title, group_datasets, method_cards
+from orchestrator.registry.backbones import BACKBONES, SOFTMAX
+from orchestrator.registry.card import FAMILY_SIGMOID_RULES
 from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, parse_variant
 from orchestrator.registry.datasets import GROUP_TITLES
 
@@ -138,6 +140,28 @@ def corruptions_table() -> str:
     rows.append("")
     rows.append("Corruptions, in the order of the report's columns and of CoTTA's continual stream: "
                 + ", ".join(f"`{c}`" for c in CORRUPTIONS) + ".")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------- backbones
+def backbones_table() -> str:
+    """One row per backbone record: the spec's model, label, published tag, head, weights' paper, GPU rate."""
+    rows = ["| model | label | published tag | scores with | weights | image encoder, H100 fp16 |",
+            "|---|---|---|---|---|---:|"]
+    for b in BACKBONES.values():
+        head = "softmax at its logit scale" if b.head == SOFTMAX else "sigmoid at its logit scale, plus its bias"
+        rate = f"{b.gpu_images_per_s:,.0f} images/s" if b.gpu_images_per_s else "not measured"
+        rows.append(f"| `{b.model}` | {b.label} | `{b.tag}` | {head} | {b.source} | {rate} |")
+    return "\n".join(rows)
+
+
+def sigmoid_rules_table() -> str:
+    """One row per method: its rule on a sigmoid-scored backbone (its card's, else its family's) in words."""
+    rows = ["| method | family | rule on a sigmoid backbone | from | why |", "|---|---|---|---|---|"]
+    for card in method_cards():
+        rule, why = card.sigmoid_rule
+        whose = "card" if card.sigmoid is not None else "family" if card.family in FAMILY_SIGMOID_RULES else "default"
+        rows.append(f"| `{card.name}` | {card.family} | `{rule}` | {whose} | {why or '—'} |")
     return "\n".join(rows)
 
 
@@ -328,6 +352,8 @@ SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "protocols-table": ("docs/methods.md", protocols_table),
     "datasets-table": ("docs/real-data.md", datasets_table),
     "corruptions-table": ("docs/real-data.md", corruptions_table),
+    "backbones-table": ("docs/real-data.md", backbones_table),
+    "sigmoid-rules": ("docs/real-data.md", sigmoid_rules_table),
     "synthetic-parameters": ("docs/reference-spec.md", synthetic_parameters),
     "sample-columns": ("docs/reference-results.md", sample_columns),
     "run-columns": ("docs/reference-results.md", run_columns),

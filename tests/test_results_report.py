@@ -186,6 +186,8 @@ def test_backbone_labels():
     assert report.backbone_label("ViT-B-16") == "ViT-B/16"
     assert report.backbone_label("ViT-L-14-quickgelu") == "ViT-L/14"
     assert report.backbone_label("RN50") == "RN50"
+    assert report.backbone_label("ViT-B-32") == "ViT-B/32"
+    assert report.backbone_label("ViT-B-16-SigLIP") == "SigLIP ViT-B/16"  # its record's label
     assert report.backbone_label("tiny-test") == "tiny-test"
 
 

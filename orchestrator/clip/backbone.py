@@ -104,6 +104,13 @@ def model_config(model: str) -> dict[str, Any]:
     return cfg
 
 
+def backbone_head(model: str) -> str:
+    """'sigmoid' or 'softmax': how an open_clip model scores an image against a text (registry.backbones)."""
+    from orchestrator.registry.backbones import head_of_config
+
+    return head_of_config(model_config(model.replace("/", "-")))
+
+
 def _is_torchscript(path: str) -> bool:
     """TorchScript archives (OpenAI's originals) hold a constants.pkl beside data.pkl; torch.save zips do not."""
     if not zipfile.is_zipfile(path):
@@ -226,6 +233,42 @@ def resolve_weights(
     if torchscript and spec.quick_gelu is None and not cfg.get("quick_gelu"):
         log.info("%s is a TorchScript archive (OpenAI original): using QuickGELU", path)
     return ResolvedWeights(model, pretrained, path, torchscript, quick_gelu, preprocess, weights_id)
+
+
+def _stored_tensors(resolved: ResolvedWeights, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The tensors `names` of a weights file, as open_clip.load_checkpoint would key them, without building the
+    model (safetensors and torch.load's zip format are read lazily)."""
+    if resolved.torchscript:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            state = torch.jit.load(resolved.path, map_location="cpu").state_dict()
+    elif resolved.path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(resolved.path, framework="pt") as f:
+            state = {k: f.get_tensor(k) for k in f.keys() if k.removeprefix("module.") in names}
+    else:
+        state = torch.load(resolved.path, map_location="cpu", mmap=zipfile.is_zipfile(resolved.path),
+                           weights_only=True)
+        state = state.get("state_dict", state)
+    return {k.removeprefix("module."): v for k, v in state.items() if k.removeprefix("module.") in names}
+
+
+def learned_logits(resolved: ResolvedWeights) -> tuple[float, float | None]:
+    """(logit scale, logit bias or None) of a backbone's weights: exp of the stored logit_scale (open_clip keeps its
+    log) and the stored logit_bias; random weights take the config's initial values, as open_clip sets them."""
+    cfg = model_config(resolved.model)
+    if resolved.path is None:
+        import math
+
+        bias = cfg.get("init_logit_bias")
+        return math.exp(cfg.get("init_logit_scale", math.log(1 / 0.07))), None if bias is None else float(bias)
+    stored = _stored_tensors(resolved, ("logit_scale", "logit_bias"))
+    if "logit_scale" not in stored:
+        raise ValueError(f"weights file {resolved.path} (model {resolved.model!r}) holds no logit_scale; expected "
+                         f"an open_clip or OpenAI checkpoint")
+    bias = stored.get("logit_bias")
+    return float(stored["logit_scale"].float().exp()), None if bias is None else float(bias.float())
 
 
 # --------------------------------------------------------------------------------------------- loading

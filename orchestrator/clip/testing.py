@@ -21,13 +21,21 @@ from orchestrator.registry.corruptions import CORRUPTIONS
 
 TINY_VIT = "bca-tiny-vit"  # 2-layer width-128 ViT at 64 px, patch 16, 64-d embeddings: ~7.2M parameters
 TINY_RN = "bca-tiny-rn"  # ModifiedResNet [1, 1, 1, 1] width 16 at 64 px: the RN50 code path, ~6.9M parameters
+# SigLIP's head (a learned logit bias: open_clip's sigmoid scoring) and text tower (open_clip's custom text tower
+# without a causal mask, pooled at the last token, as ViT-B-16-SigLIP.json) on TINY_VIT's vision tower, with CLIP's
+# tokenizer (SigLIP's own needs transformers and the Hugging Face Hub); random init as open_clip's: logit scale
+# 1 / 0.07, bias -10
+TINY_SIGLIP = "bca-tiny-sig"  # not "siglip": open_clip gives a name with it SigLIP's T5 tokenizer
 
 _TEXT = {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2}
+_VIT = {"image_size": 64, "layers": 2, "width": 128, "patch_size": 16, "head_width": 64}
 TINY_CONFIGS = {
-    TINY_VIT: {"embed_dim": 64, "vision_cfg": {"image_size": 64, "layers": 2, "width": 128, "patch_size": 16,
-                                               "head_width": 64}, "text_cfg": _TEXT},
+    TINY_VIT: {"embed_dim": 64, "vision_cfg": _VIT, "text_cfg": _TEXT},
     TINY_RN: {"embed_dim": 64, "vision_cfg": {"image_size": 64, "layers": [1, 1, 1, 1], "width": 16,
                                               "head_width": 64}, "text_cfg": _TEXT},
+    TINY_SIGLIP: {"embed_dim": 64, "init_logit_bias": -10, "custom_text": True, "vision_cfg": _VIT,
+                  "text_cfg": {**_TEXT, "context_length": 64, "no_causal_mask": True, "proj_bias": True,
+                               "pool_type": "last", "norm_kwargs": {"eps": 1e-6}}},
 }
 
 

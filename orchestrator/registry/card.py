@@ -147,6 +147,25 @@ def _arithmetic(text: str, names: Mapping[str, Any], what: str) -> float:
 
 DEVICES = ("gpu", "any")
 
+# What a method does on a backbone that scores with a sigmoid and a bias (SigLIP: sigmoid(s cos + b), see
+# `orchestrator.registry.backbones`) where CLIP's official codes take a softmax at CLIP's scale 100. No official
+# code of these methods ran on such a backbone, so each rule is the principled reading of its code.
+SIGMOID_RULES = {
+    "backbone_scale": "softmax over the classes at the backbone's learned logit scale: the run's logit_scale "
+                      "defaults to it (a spec's value wins); the bias is dropped, since a bias shared by every class "
+                      "cancels in a softmax (the argmax is the sigmoid's)",
+    "unchanged": "runs as on CLIP: it has no logit_scale (it scores cosine similarities with its own temperatures) "
+                 "and takes no bias",
+    "refuse": "refused (exit 2 when the spec is checked)",
+}
+# The rule of a card that gives none, by family; else 'refuse' where the trial hands it CLIP's text tower
+# (`orchestrator.methods.prompt.TextTower` follows CLIP's), 'backbone_scale' where it has a logit_scale hparam (the
+# official codes multiply the cosines by CLIP's learned scale, written 100 or read as logit_scale.exp(), whose
+# counterpart is the backbone's own), else 'unchanged'.
+TEXT_TOWER_WHY = ("it runs CLIP's text tower from token embeddings, pooled at the end-of-text token under a causal "
+                  "mask; SigLIP's text tower pools the last token without one")
+FAMILY_SIGMOID_RULES = {"prompt": ("refuse", f"prompt tuning: {TEXT_TOWER_WHY}")}
+
 
 @dataclass(frozen=True)
 class TextEncoderUse:
@@ -257,7 +276,10 @@ class MethodCard:
     only), else None; templates: the template set its official run embeds (`orchestrator.clip.prompts`) where
     that is not the dataset's own, what a spec's default `templates: protocol` gives its runs (None: the
     dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
-    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None.
+    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None;
+    sigmoid: what it does on a backbone scoring with a sigmoid and a bias (a key of SIGMOID_RULES; None: its
+    family's rule, FAMILY_SIGMOID_RULES, else 'refuse' for a method handed CLIP's text tower, 'backbone_scale' with
+    a logit_scale hparam, 'unchanged' without) and sigmoid_why: why, where it is refused.
     """
 
     name: str
@@ -304,6 +326,8 @@ class MethodCard:
     text_encoder: TextEncoderUse | None = None
     templates: str | None = None
     image_encoder: ImageEncoderUse | None = None
+    sigmoid: str | None = None
+    sigmoid_why: str = ""
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -368,6 +392,15 @@ class MethodCard:
             value = getattr(self, field_name)
             if value is not None and value not in names:
                 raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
+        rule, why = self.sigmoid_rule
+        if rule not in SIGMOID_RULES:
+            raise ValueError(f"method {self.name!r}: sigmoid must be one of {tuple(SIGMOID_RULES)} or None, "
+                             f"got {rule!r}")
+        if rule == "backbone_scale" and "logit_scale" not in names:
+            raise ValueError(f"method {self.name!r}: sigmoid rule 'backbone_scale' (its card's or its family's) needs "
+                             f"a logit_scale hparam; expected sigmoid 'unchanged' or 'refuse' on its card")
+        if rule == "refuse" and not why:
+            raise ValueError(f"method {self.name!r}: sigmoid 'refuse' needs sigmoid_why (the refusal's message)")
         if self.state_words is not None:
             self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w and its hparams is refused here
 
@@ -380,6 +413,23 @@ class MethodCard:
         names = {**self.defaults(), "K": num_classes, "d": dim, "n": samples,
                  "w": dim if text_width is None else text_width}
         return int(math.ceil(4 * _arithmetic(self.state_words, names, f"method {self.name!r} state_words")))
+
+    @property
+    def sigmoid_rule(self) -> tuple[str, str]:
+        """(rule, why) on a sigmoid-scored backbone: the card's own, else refused where the run is handed CLIP's text
+        tower, else its family's, else the default."""
+        if self.sigmoid is not None:
+            return self.sigmoid, self.sigmoid_why
+        if self.takes_text:  # before the family's: an encoder-family method that runs the text tower too
+            return "refuse", TEXT_TOWER_WHY
+        if self.family in FAMILY_SIGMOID_RULES:
+            return FAMILY_SIGMOID_RULES[self.family]
+        return ("backbone_scale" if any(h.name == "logit_scale" for h in self.hparams) else "unchanged"), ""
+
+    def sigmoid_text(self) -> str:
+        """The rule in words, for the docs and the refusal."""
+        rule, why = self.sigmoid_rule
+        return SIGMOID_RULES[rule] + (f": {why}" if why else "")
 
     @property
     def takes_views(self) -> bool:

@@ -37,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import registry
+from orchestrator.registry.backbones import backbone_card
 from orchestrator.registry.corruptions import BENCHMARKS, CORRUPTIONS, continual_variants, parse_variant, variant_name
 from orchestrator.results import evidence, metrics, schema, stats
 from orchestrator.results.db import ResultsDB
@@ -104,8 +105,12 @@ _NAMED_WHEREVER_IT_VARIES = ("stream", "batch_size")
 
 
 def backbone_label(name: str) -> str:
-    """open_clip names to the paper's: ViT-B-16 -> ViT-B/16, RN50-quickgelu -> RN50."""
+    """open_clip names to the paper's: a backbone record's label (ViT-B-16 -> ViT-B/16, ViT-B-16-SigLIP -> SigLIP
+    ViT-B/16), else ViT-X-n -> ViT-X/n; RN50-quickgelu -> RN50."""
     base = re.sub(r"-quickgelu$", "", name, flags=re.IGNORECASE)
+    record = backbone_card(base)
+    if record is not None:
+        return record.label
     m = re.match(r"^(ViT-[A-Za-z]+)-(\d+)$", base)
     return f"{m.group(1)}/{m.group(2)}" if m else base
 

@@ -6,6 +6,7 @@ Imported only when a spec names a real dataset, so synthetic sweeps never import
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -70,6 +71,19 @@ def published_tag(model: str, checkpoint: str) -> str | None:
     return PUBLISHED_TAG if file_sha256(checkpoint) == recorded.group(1) else None
 
 
+@functools.cache
+def sigmoid_logits(model: str, tag: str | None, checkpoint: str | None) -> tuple[float, float] | None:
+    """(learned logit scale, logit bias) of a backbone that scores with a sigmoid (SigLIP), read from its weights
+    (random weights: its config's initial values); None for a softmax (CLIP) backbone. Raises WeightsNotFoundError
+    where a tag's weights are not on this machine."""
+    from orchestrator.clip.backbone import BackboneSpec, backbone_head, learned_logits, resolve_weights
+    from orchestrator.registry.backbones import SIGMOID
+
+    if backbone_head(model) != SIGMOID:
+        return None
+    return learned_logits(resolve_weights(BackboneSpec(model, checkpoint or tag)))
+
+
 def register_model_config(path: str) -> None:
     """Make a custom open_clip model config (a JSON file named <model>.json) known in this process."""
     import open_clip
@@ -98,9 +112,15 @@ def backbone_issue(model: str, pretrained: str | None, checkpoint: str | None,
         except ValueError as exc:
             return "config", f"{path} is not valid JSON ({exc}); expected an open_clip model config"
         register_model_config(str(path))
-    if open_clip.get_model_config(model.replace("/", "-")) is None:
+    cfg = open_clip.get_model_config(model.replace("/", "-"))
+    if cfg is None:
         return "model", (f"unknown open_clip model {model!r}; expected one of open_clip.list_models() (e.g. RN50, "
                          f"ViT-B-16, ViT-L-14) or a `config` JSON file")
+    hf_tokenizer = cfg.get("text_cfg", {}).get("hf_tokenizer_name") or "siglip" in model.lower()
+    if hf_tokenizer and importlib.util.find_spec("transformers") is None:
+        return "model", (f"{model}'s tokenizer (a Hugging Face tokenizer, as SigLIP's) needs the transformers "
+                         f"package, which is not installed here; expected `pip install transformers`, and the "
+                         f"tokenizer's files in the Hugging Face cache")
     if checkpoint is not None and not Path(checkpoint).is_file():
         return "checkpoint", f"file {checkpoint} does not exist; expected an open_clip or OpenAI checkpoint file"
     if pretrained is not None:

@@ -159,6 +159,31 @@ def _real_source_issues(spec: SweepSpec, data_elsewhere: bool = False) -> list[t
         problem = backbone_issue(backbone.model, tag, backbone.checkpoint, backbone.config)
         if problem:
             issues.append((f"backbones[{i}].{problem[0]}", problem[1]))
+        else:
+            issues += _sigmoid_issues(spec, i, backbone, tag)
+    return issues
+
+
+def _sigmoid_issues(spec: SweepSpec, i: int, backbone, tag: str | None) -> list[tuple[str, str]]:
+    """On a backbone scoring with a sigmoid (SigLIP): its learned logit scale and bias must be readable (the plan
+    records them, and 'backbone_scale' methods run at that scale), and no method entry whose card refuses such a
+    backbone may run on it."""
+    from orchestrator.clip.backbone import WeightsNotFoundError
+    from orchestrator.sweep.catalog import sigmoid_logits
+
+    try:
+        if sigmoid_logits(backbone.model, tag, backbone.checkpoint) is None:
+            return []
+    except (WeightsNotFoundError, ValueError, OSError, RuntimeError) as exc:
+        return [(f"backbones[{i}]", f"{backbone.model} scores with a sigmoid and a bias, which the runs read from its "
+                                    f"weights when the sweep is planned: {exc}")]
+    issues = []
+    for j, entry in enumerate(spec.methods):
+        card = method_card(entry.method)
+        if card.sigmoid_rule[0] == "refuse":
+            issues.append((f"methods[{j}]", f"{entry.method} does not run on {backbone.model} (backbones[{i}]), "
+                                            f"which scores with a sigmoid and a bias: {card.sigmoid_text()}; expected "
+                                            f"a softmax-scored backbone (CLIP) for it, or another method"))
     return issues
 
 

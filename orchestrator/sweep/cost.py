@@ -20,6 +20,7 @@ import statistics
 from typing import Any, Callable, Protocol
 
 from orchestrator.registry import baseline_method, find_method, method_card
+from orchestrator.registry.backbones import BACKBONES
 
 
 class RunLike(Protocol):
@@ -34,8 +35,9 @@ TRIAL_MAX_S = 60.0
 # `bca sweep --dry-run` uses them where a GPU will run the sweep.
 GPU_RATES_LOGS = ("benchmarks/logs/gpu-h100-2026-11-26.txt", "benchmarks/logs/gpu-h100-2026-11-26-2.txt")
 # Images per second of each backbone's image encoder on the H100 of GPU_RATES_LOGS[0] ("3. image encoders": fp16,
-# batch 64), which prices the dry run's encoding (tests/test_study_spec.py holds them to the log).
-GPU_ENCODER_IMAGES_PER_S = {"RN50": 4612.0, "ViT-B-16": 6378.0, "ViT-L-14": 2631.0}
+# batch 64), as its record gives it (orchestrator.registry.backbones), which prices the dry run's encoding
+# (tests/test_study_spec.py holds them to the log).
+GPU_ENCODER_IMAGES_PER_S = {b.model: b.gpu_images_per_s for b in BACKBONES.values() if b.gpu_images_per_s}
 # A method whose card has no samples_per_s (a plugin): as slow as the slowest known, one run a trial. The cards'
 # rates are single-stream on one CPU core: slower than most real settings on a GPU, so trials start small.
 UNKNOWN_SAMPLES_PER_S = 5.0

@@ -102,6 +102,30 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     return lines
 
 
+def _sigmoid_lines(spec: SweepSpec, runs: list[Run]) -> list[str]:
+    """The backbones that score with a sigmoid and a bias (SigLIP): the learned scale and bias read from their
+    weights, and which methods run at that scale (their cards' sigmoid rules)."""
+    if not spec.has_real_datasets:
+        return []
+    from orchestrator.registry import method_card
+    from orchestrator.sweep.catalog import sigmoid_logits
+
+    lines = []
+    methods = list(dict.fromkeys(r.method for r in runs))
+    for backbone in spec.backbones:
+        tag = None if backbone.pretrained == RANDOM_WEIGHTS else backbone.pretrained
+        logits = sigmoid_logits(backbone.model, tag, backbone.checkpoint)
+        if logits is None:
+            continue
+        scaled = [m for m in methods if method_card(m).sigmoid_rule[0] == "backbone_scale"]
+        same = [m for m in methods if m not in scaled]
+        lines.append(f"{backbone.model} scores with a sigmoid: logit scale {logits[0]:.4g}, bias {logits[1]:.4g} (read "
+                     f"from its weights); " + (f"{', '.join(scaled)} run a softmax at that scale (bias dropped: shared "
+                                               f"by every class)" if scaled else "")
+                     + ("; " if scaled and same else "") + (f"{', '.join(same)} run unchanged" if same else ""))
+    return lines
+
+
 def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: dict[str, str | None]) -> list[str]:
     """The dry run's report, one line each."""
     finished = {rid for rid, state in status.items() if state == "finished"}
@@ -130,6 +154,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     lines += _skipped_batch_sizes(spec)
     lines += _text_encoder_lines(runs)
     lines += _image_encoder_lines(runs)
+    lines += _sigmoid_lines(spec, runs)
     sharded: dict[str, dict[str, int]] = {}  # method -> run_id -> its shards
     for trial in trials:
         if trial.shard is not None:

@@ -32,6 +32,7 @@ from orchestrator.data.streams import Contaminated
 from orchestrator.data.types import Benchmark
 from orchestrator.device import auto_device
 from orchestrator.methods import make_method
+from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 from orchestrator.methods.realtime import RealtimeMethod
 from orchestrator.registry import ensure_dataset, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
@@ -118,8 +119,21 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
     return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
+                          logit_scale=selection_scale(source),
                           progress=lambda done, total: progress("encoding", done, total),
                           text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
+
+
+def selection_scale(source: DataSource) -> float:
+    """The softmax scale of the data protocol's confident-view selection: CLIP's 100, as the official loaders
+    write it, or on a sigmoid-scored backbone (SigLIP) its learned scale (the 'backbone_scale' rule of
+    `orchestrator.registry.card.SIGMOID_RULES`)."""
+    if source.is_synthetic:
+        return CLIP_LOGIT_SCALE
+    from orchestrator.sweep.catalog import sigmoid_logits
+
+    logits = sigmoid_logits(source.model, source.pretrained, source.checkpoint)
+    return CLIP_LOGIT_SCALE if logits is None else logits[0]
 
 
 def load_benchmarks(source: DataSource, settings: Settings, reduce_views: bool,
@@ -151,7 +165,8 @@ def stream_from(source: DataSource, benches: tuple[Benchmark, ...], keep_views: 
         from orchestrator.clip import select_views
 
         view_features = features
-        features = select_views(view_features, class_embeddings, class_ids, num_classes)
+        features = select_views(view_features, class_embeddings, class_ids, num_classes,
+                                logit_scale=selection_scale(source))
         if not keep_views:
             view_features = None
     return Stream(features=features, view_features=view_features, labels=arranged.labels,

@@ -382,7 +382,7 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
                   "num_templates": params.get("templates_per_class", 1), "views": "single",
                   "synthetic": {"scenario": dataset.synthetic, **params}, "stream_order": "scenario"}
         return [(source, fields)]
-    from orchestrator.sweep.catalog import effective_templates, published_tag, template_counts
+    from orchestrator.sweep.catalog import effective_templates, published_tag, sigmoid_logits, template_counts
 
     out = []
     for backbone, asked in itertools.product(spec.backbones, templates):
@@ -398,6 +398,9 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
                   **({"checkpoint": backbone.checkpoint} if published else {}), "templates": templates,
                   "num_templates": template_counts(templates, dataset.name)[0], "views": views,
                   "stream_order": "permutation", **_backbone_extras(backbone)}
+        logits = sigmoid_logits(backbone.model, tag, backbone.checkpoint)
+        if logits is not None:  # the backbone's own scale and bias, which its methods' sigmoid rules read
+            fields["sigmoid"] = {"logit_scale": logits[0], "logit_bias": logits[1]}
         out.append((source, fields))
     return out
 
@@ -410,6 +413,17 @@ def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     if backbone.config is not None:
         extras["model_config_sha256"] = hashlib.sha256(Path(backbone.config).read_bytes()).hexdigest()[:16]
     return extras
+
+
+def _grid_on(entry: Any, fields: dict[str, Any]) -> dict[str, list[Any]]:
+    """A method entry's grid on a data source: on a sigmoid-scored backbone, a method whose card's rule is
+    'backbone_scale' takes the backbone's learned logit scale where the entry gives none
+    (`orchestrator.registry.card.SIGMOID_RULES`; a 'refuse' method never gets here: the checks refuse it)."""
+    grid = method_grid(entry)
+    head = fields.get("sigmoid")
+    if head is not None and "logit_scale" not in grid and method_card(entry.method).sigmoid_rule[0] == "backbone_scale":
+        grid["logit_scale"] = [head["logit_scale"]]
+    return grid
 
 
 def _entries_by_inputs(spec: SweepSpec, dataset: RealDataset | SyntheticDataset
@@ -460,7 +474,7 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
                         axes = _axes(entry.method, None if plain_source.is_synthetic else plain_source.dataset,
-                                     method_grid(entry))
+                                     _grid_on(entry, plain_fields))
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
                             source, fields = _at_batch(plain_source, plain_fields, batch_size, stream_batch)
                             fields = _realtime(fields, source, entry.method)
