@@ -28,12 +28,13 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote
 
 import pyarrow as pa
 
 from orchestrator import registry
+from orchestrator.registry.card import coerce_kind
 from orchestrator.results.metrics import RUN_METRICS
 from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
@@ -207,24 +208,14 @@ def _as_int(value: Any, where: str) -> int:
 
 
 def _coerce_hparam(name: str, value: Any, kinds: Mapping[str, str]) -> Any:
-    """Registered hparams take their card's kind (so n1=30000.0 and n1=30000 hash alike); others pass as is."""
+    """Registered hparams take their card's kind (`registry.card.coerce_kind`); others pass as is."""
     kind = kinds.get(name)
     if value is None or kind is None:
         return value
-    where = f"hparams.{name}"
-    if kind == "int":
-        return _as_int(value, where)
-    if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"run config {where}: expected a number, got {value!r}")
-        return float(value)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"run config {where}: expected true or false, got {value!r}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"run config {where}: expected a string, got {value!r}")
-    return value
+    try:
+        return coerce_kind(kind, value)
+    except ValueError as exc:
+        raise ValueError(f"run config hparams.{name}: {exc}, got {value!r}") from None
 
 
 def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,17 +264,38 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in `run_ids`
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(config: Mapping[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(config)
 
 
-def _hash(obj: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:16]
+def run_id_of(normalized: Mapping[str, Any]) -> str:
+    """16 hex chars of sha256 over the canonical JSON of a config in normal form (`normalize_config`'s output, or
+    the plan's: a normalised config and hparams its card resolved, `MethodCard.grid_points`): the one hash of a
+    run's identity and of its groups."""
+    return hashlib.sha256(canonical_json(normalized).encode("utf-8")).hexdigest()[:16]
+
+
+def run_ids(base: Mapping[str, Any], points: Iterable[Mapping[str, Any]]) -> Iterator[str]:
+    """`run_id_of({**base, "hparams": point})` for each point (a plan's runs that differ by hparams alone): the
+    canonical JSON around the hparams object is written and hashed once, since sorted keys put that object in
+    the same place whatever it holds (a big grid's plan spends most of its time writing JSON otherwise)."""
+    prefix, suffix = canonical_json({**base, "hparams": _HPARAMS_SLOT}).split(json.dumps(_HPARAMS_SLOT), 1)
+    head = hashlib.sha256(prefix.encode("utf-8"))
+    for point in points:
+        digest = head.copy()
+        digest.update((canonical_json(point) + suffix).encode("utf-8"))
+        yield digest.hexdigest()[:16]
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """run_id of a config: 16 hex chars of sha256 over its canonical JSON (after normalize_config)."""
-    return _hash(normalize_config(config))
+    """run_id of a config: `run_id_of` its normal form."""
+    return run_id_of(normalize_config(config))
 
 
 def group_id(config: Mapping[str, Any]) -> str:
@@ -291,7 +303,7 @@ def group_id(config: Mapping[str, Any]) -> str:
     cfg = normalize_config(config)
     cfg.pop("seed")
     cfg.pop("order_index", None)
-    return _hash(cfg)
+    return run_id_of(cfg)
 
 
 def setting_id(config: Mapping[str, Any]) -> str:
@@ -302,7 +314,7 @@ def setting_id(config: Mapping[str, Any]) -> str:
     # order that depends on the batch size says so in its stream)
     for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size"):
         cfg.pop(key, None)
-    return _hash(cfg)
+    return run_id_of(cfg)
 
 
 def check_run_id(run_id: str) -> str:
