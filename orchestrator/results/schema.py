@@ -41,6 +41,10 @@ from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 SCHEMA_VERSION = "1"
 DEFAULT_RESULTS_DIR = "results"
 
+# A run's batch size where its config names none: a per-sample run's config leaves it out, so that every run
+# from before batches existed keeps its run_id (`normalize_config`, `batch_size_of`).
+DEFAULT_BATCH_SIZE = 1
+
 # Keys in every Parquet file's key-value metadata.
 META_RUN_CONFIG = b"bca.run_config"
 META_RUN_ID = b"bca.run_id"
@@ -102,7 +106,7 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("order_index", pa.int64(), "BIGINT", "which of the configuration's `orders` (null: the only one)"),
     Column("batch_size", pa.int64(), "BIGINT", "samples per adaptation step: 1 for a per-sample run (and every run "
                                                "stored before batches existed), else a batch method's batch size",
-           missing=1),
+           missing=DEFAULT_BATCH_SIZE),
 )
 _OOD_AUROC = [m.name for m in RUN_METRICS].index("ood_auroc")
 # What RunWriter.mark accepts as keyword arguments.
@@ -247,8 +251,8 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         cfg["batch_size"] = _as_int(cfg["batch_size"], "batch_size")
         if cfg["batch_size"] < 1:
             raise ValueError(f"run config batch_size: expected an integer >= 1, got {cfg['batch_size']}")
-        if cfg["batch_size"] == 1:
-            del cfg["batch_size"]  # 1 is the default, left out so a run's id does not depend on spelling it
+        if cfg["batch_size"] == DEFAULT_BATCH_SIZE:
+            del cfg["batch_size"]  # left out so a run's id does not depend on spelling the default
     hparams = cfg.get("hparams") or {}
     if not isinstance(hparams, dict):
         raise ValueError(f"run config hparams: expected a dict of name -> value, got {hparams!r}")
@@ -268,6 +272,11 @@ _HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in `run_ids`
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def batch_size_of(config: Mapping[str, Any]) -> int:
+    """A run config's batch size (`DEFAULT_BATCH_SIZE` where it names none)."""
+    return config.get("batch_size", DEFAULT_BATCH_SIZE)
 
 
 def canonical_json(config: Mapping[str, Any]) -> str:

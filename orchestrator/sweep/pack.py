@@ -14,7 +14,7 @@ from orchestrator.results import store
 from orchestrator.results.atomic import durable_batch
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import MethodCost, PeakMemory
-from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, RowSink, Settings, Stream, batch_size_of,
+from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, RowSink, Settings, Stream,
                                        code_path, feature_kind, features_for, finished_metrics, mark_finished,
                                        mark_unfinished_failed, method_hparams, part_rows_for, peak_mb_of,
                                        save_run_state, warm_up)
@@ -45,7 +45,7 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
     kinds = [shared_pass(run.config) for run in runs]
     for kind in dict.fromkeys(kinds):
         picked = [i for i, k in enumerate(kinds) if k == kind]
-        configs = [{"method": runs[i].config["method"], "batch_size": batch_size_of(runs[i].config),
+        configs = [{"method": runs[i].config["method"], "batch_size": runs[i].batch_size,
                     **method_hparams(runs[i].config, len(stream))} for i in picked]
         passes.append((picked, configs, features_for(runs[picked[0]].config, stream)))
 
@@ -108,7 +108,7 @@ def write_pack(runs: list[Run], writers: list[RunWriter], made: Made, settings: 
     with durable_batch() as batch:
         for i, (run, writer) in enumerate(zip(runs, writers)):
             outcome, rows, stream = made(i)
-            sink = RowSink(writer, stream, part_rows_for(settings.part_rows, batch_size_of(run.config)),
+            sink = RowSink(writer, stream, part_rows_for(settings.part_rows, run.batch_size),
                             settings.failpoint)
             sink.offer(0, rows)
             save_run_state(writer, outcome, stream)

@@ -15,6 +15,7 @@ the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import ensure_dataset, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
+from orchestrator.results.schema import batch_size_of
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
@@ -53,6 +55,14 @@ TEXT_STAGE = "encoding prompts"
 
 def silent(stage: str, done: int, total: int) -> None:
     return None
+
+
+@functools.cache
+def trial_device() -> torch.device:
+    """The device this process's trials run on, normalised once here (the trial's edge): the stream, the
+    backbones it loads and its memory measure all take it as it is (a trial process's GPU is not the driver's,
+    so it is not part of the `Settings`)."""
+    return auto_device()
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,8 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         from orchestrator.sweep.catalog import register_model_config
 
         register_model_config(source.model_config)
-    return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
+    return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, device=trial_device(),
+                          backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
                           progress=lambda done, total: progress("encoding", done, total),
@@ -140,7 +151,7 @@ def stream_from(source: DataSource, benches: tuple[Benchmark, ...], keep_views: 
     skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
     arranged = arrange(benches[0], source.protocol(), source.order_seed, others=benches[1:], split_seed=source.seed)
     listing = getattr(benches[0], "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
-    device = auto_device()
+    device = trial_device()
     features = arranged.features.to(device)
     class_embeddings = arranged.class_embeddings.to(device)
     class_ids = arranged.class_ids.to(device)
@@ -386,10 +397,6 @@ def features_for(config: dict[str, Any], stream: Stream, vision: ImageSide | Non
 
 
 
-def batch_size_of(config: dict[str, Any]) -> int:
-    return config.get("batch_size", 1)
-
-
 def part_rows_for(part_rows: int, batch_size: int) -> int:
     """A run's part size: `part_rows` rounded down to a multiple of its batch size (at least one batch), so parts,
     the chunks the method is fed and a resume's restart point never split a batch."""
@@ -406,7 +413,7 @@ def prompt_text_for(configs: list[dict[str, Any]], source: DataSource, stream: S
     from orchestrator.clip.prompts import prompt_text
 
     # The arguments the feature cache loads it with, so that a process that just encoded holds it already.
-    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
     return prompt_text(backbone, stream.class_names)
 
@@ -431,7 +438,7 @@ def image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream
     from orchestrator.clip.views import ViewTransform, parse_views
     from orchestrator.features.images import StreamImages
 
-    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
     transform = ViewTransform(parse_views("single"), backbone.preprocess, backbone.resolved.preprocess)
     images = StreamImages(stream.image_ids, settings.data_root, transform, stream.class_embeddings.device)

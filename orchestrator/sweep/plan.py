@@ -41,7 +41,7 @@ from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual
                                        protocol_from_spec, stream_for_batch)
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
-from orchestrator.results.schema import canonical_json, normalize_config, run_ids
+from orchestrator.results.schema import batch_size_of, canonical_json, normalize_config, run_ids
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -124,7 +124,7 @@ class Run:
 
     @property
     def batch_size(self) -> int:
-        return self._group.base.get("batch_size", 1)
+        return batch_size_of(self._group.base)
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -212,12 +212,11 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
 
 def _at_batch(source: DataSource, fields: dict, batch_size: int, stream_batch: int | None = None
               ) -> tuple[DataSource, dict]:
-    """A data source and its config fields for runs at `batch_size`: the size in the config (only when it is not
-    1, so every batch-1 run keeps its run_id) and a Dirichlet stream's slots from `stream_batch` (default: the
-    batch size; `stream_for_batch`)."""
+    """A data source and its config fields for runs at `batch_size`: the size in the config (`normalize_config`
+    leaves the default out) and a Dirichlet stream's slots from `stream_batch` (default: the batch size;
+    `stream_for_batch`)."""
     stream_batch = batch_size if stream_batch is None else stream_batch
-    if batch_size != 1:
-        fields = {**fields, "batch_size": batch_size}
+    fields = {**fields, "batch_size": batch_size}
     if stream_batch != 1 and "stream" in fields:
         stream = stream_for_batch(fields["stream"], stream_batch)
         if stream != fields["stream"]:
