@@ -18,6 +18,8 @@ A run config is a dict:
                              method registry's cards; names no card declares are typed from their value)
     any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
 run_id = config_hash = first 16 hex chars of sha256 over the canonical JSON of the normalised config.
+Code reads a run's config as a `RunConfig`: normalised once when made, typed attributes (method, hparams,
+batch_size with its default, stream, ...), and as a Mapping the dict above.
 """
 
 from __future__ import annotations
@@ -224,6 +226,8 @@ def _coerce_hparam(name: str, value: Any, kinds: Mapping[str, str]) -> Any:
 
 def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a run config and return it in canonical form (the form that is hashed and stored)."""
+    if isinstance(config, RunConfig):  # normalised when it was made
+        return {**config._data, "hparams": dict(config._data["hparams"])}
     if not isinstance(config, Mapping):
         raise ValueError(f"run config: expected a dict, got {type(config).__name__}")
     cfg = _plain(dict(config), "config")
@@ -324,6 +328,79 @@ def setting_id(config: Mapping[str, Any]) -> str:
     for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size"):
         cfg.pop(key, None)
     return run_id_of(cfg)
+
+
+class RunConfig(Mapping[str, Any]):
+    """A run's config, typed: normalised once when made (`normalize_config`; a RunConfig is taken as it is), then
+    read by attribute. As a Mapping it is its stored form: what `run_id_of` hashes and config_json holds."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._data = config._data if isinstance(config, RunConfig) else normalize_config(config)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"RunConfig({self._data!r})"
+
+    @property
+    def sweep(self) -> str:
+        return self._data["sweep"]
+
+    @property
+    def backbone(self) -> str:
+        return self._data["backbone"]
+
+    @property
+    def dataset(self) -> str:
+        return self._data["dataset"]
+
+    @property
+    def method(self) -> str:
+        return self._data["method"]
+
+    @property
+    def seed(self) -> int:
+        return self._data["seed"]
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """Every hparam of its method, sorted by name (a copy)."""
+        return dict(self._data["hparams"])
+
+    @property
+    def batch_size(self) -> int:
+        return batch_size_of(self._data)
+
+    @property
+    def num_templates(self) -> int | None:
+        return self._data["num_templates"]
+
+    @property
+    def stream(self) -> Any:
+        """The stream as the spec gave it (None: the dataset's own order)."""
+        return self._data.get("stream")
+
+    @property
+    def order_index(self) -> int | None:
+        return self._data.get("order_index")
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self._data)
+
+    @property
+    def json(self) -> str:
+        """Its canonical JSON (config_json)."""
+        return canonical_json(self._data)
 
 
 def check_run_id(run_id: str) -> str:

@@ -35,7 +35,7 @@ from orchestrator.device import auto_device
 from orchestrator.methods import make_method
 from orchestrator.registry import ensure_dataset, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
-from orchestrator.results.schema import batch_size_of
+from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
@@ -371,25 +371,25 @@ def peak_mb_of(peak: PeakMemory | None) -> float | None:
     return None if peak is None else peak.mb()
 
 
-def wants_views(config: dict[str, Any]) -> bool:
-    return method_card(config["method"]).wants_views(config["hparams"])
+def wants_views(config: RunConfig) -> bool:
+    return method_card(config.method).wants_views(config.hparams)
 
 
-def feature_kind(config: dict[str, Any], stream: Stream) -> str:
+def feature_kind(config: RunConfig, stream: Stream) -> str:
     """What `features_for` hands the run: 'views', 'one view' (a view method on a single-view stream) or
     'features'; the runs of a pack's pass share one kind."""
     if stream.view_features is not None and wants_views(config):
         return "views"
-    return "one view" if method_card(config["method"]).takes_views else "features"
+    return "one view" if method_card(config.method).takes_views else "features"
 
 
-def features_for(config: dict[str, Any], stream: Stream, vision: ImageSide | None = None) -> Any:
+def features_for(config: RunConfig, stream: Stream, vision: ImageSide | None = None) -> Any:
     """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
     stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
     means); for a method that adapts the image encoder, the stream's images (`ImageSide.images`)."""
-    if method_card(config["method"]).image_encoder is not None:
+    if method_card(config.method).image_encoder is not None:
         if vision is None:
-            raise ValueError(f"{config['method']}: adapts CLIP's image encoder, so its run needs the stream's images "
+            raise ValueError(f"{config.method}: adapts CLIP's image encoder, so its run needs the stream's images "
                              f"and the vision tower (a real dataset and its backbone)")
         return vision.images
     kind = feature_kind(config, stream)
@@ -403,11 +403,11 @@ def part_rows_for(part_rows: int, batch_size: int) -> int:
     return max(1, part_rows // batch_size) * batch_size
 
 
-def prompt_text_for(configs: list[dict[str, Any]], source: DataSource, stream: Stream) -> Any:
+def prompt_text_for(configs: list[RunConfig], source: DataSource, stream: Stream) -> Any:
     """The text tower and class prompts for the runs whose method runs CLIP's text encoder at test time (the
     source's backbone, loaded once per process), else None. Synthetic sources have no text tower: the sweep's
     checks refuse such runs before they start."""
-    if all(method_card(c["method"]).text_encoder is None for c in configs):
+    if all(method_card(c.method).text_encoder is None for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.prompts import prompt_text
@@ -427,12 +427,12 @@ class ImageSide:
     images: Any
 
 
-def image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream, settings: Settings
+def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, settings: Settings
                 ) -> ImageSide | None:
     """The vision tower and the stream's images for the runs whose method adapts CLIP's image encoder (the source's
     backbone, loaded once per process, as `prompt_text_for` loads it), else None. Their images take the backbone's eval
     transform (the 'single' view): the encoder methods here take one image a sample."""
-    if all(method_card(c["method"]).image_encoder is None for c in configs):
+    if all(method_card(c.method).image_encoder is None for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.views import ViewTransform, parse_views
@@ -445,19 +445,19 @@ def image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream
     return ImageSide(backbone.model.visual, images)
 
 
-def method_for(config: dict[str, Any], stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
+def method_for(config: RunConfig, stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
     """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one; the
     vision tower where it adapts the image encoder)."""
-    tower = vision.tower if vision is not None and method_card(config["method"]).image_encoder else None
-    return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                       batch_size=batch_size_of(config), text=text, vision=tower, **method_hparams(config, len(stream)))
+    tower = vision.tower if vision is not None and method_card(config.method).image_encoder else None
+    return make_method(config.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
+                       batch_size=config.batch_size, text=text, vision=tower, **method_hparams(config, len(stream)))
 
 
-def method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+def method_hparams(config: RunConfig, n: int) -> dict[str, Any]:
     """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
     stream's length, since the trial feeds the stream in parts."""
-    hparams = dict(config["hparams"])
-    length = method_card(config["method"]).stream_length
+    hparams = dict(config.hparams)
+    length = method_card(config.method).stream_length
     if length is not None and hparams.get(length) is None:
         hparams[length] = n
     return hparams
@@ -469,11 +469,11 @@ _WARM: set[tuple] = set()
 WARMUP_SAMPLES = 4
 
 
-def code_path(config: dict[str, Any], features: torch.Tensor) -> tuple:
+def code_path(config: RunConfig, features: torch.Tensor) -> tuple:
     """What decides which compiled code a run calls: its method, device, feature layout and its non-numeric
     hparams (update rule, selection, dtype); numeric values run the same code."""
-    words = tuple(sorted((k, v) for k, v in config["hparams"].items() if isinstance(v, str)))
-    return config["method"], str(features.device), features.dim(), words
+    words = tuple(sorted((k, v) for k, v in config.hparams.items() if isinstance(v, str)))
+    return config.method, str(features.device), features.dim(), words
 
 
 def warm_up(keys: list[tuple], call: Callable[[], Any]) -> float:

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, derive_order_seeds,
-                                       protocol_from_spec, stream_for_batch)
+                                       protocol_from_spec, stream_for_batch, stream_value)
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
-from orchestrator.results.schema import batch_size_of, canonical_json, normalize_config, run_ids
+from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, normalize_config, run_ids
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -88,7 +88,7 @@ class DataSource:
         """The stream protocol: the spec's, else a real dataset's seeded shuffle (iid) and a synthetic
         scenario's own order (None)."""
         if self.stream:
-            return protocol_from_spec(json.loads(self.stream))
+            return protocol_from_spec(stream_value(self.stream))
         return None if self.is_synthetic else Iid()
 
     @property
@@ -136,8 +136,8 @@ class Run:
         return self._group.shards
 
     @property
-    def config(self) -> dict[str, Any]:
-        return {**self._group.base, "hparams": self.hparams}
+    def config(self) -> RunConfig:
+        return RunConfig({**self._group.base, "hparams": self.hparams})
 
     @property
     def label(self) -> str:

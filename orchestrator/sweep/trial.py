@@ -68,7 +68,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         part = part_rows_for(settings.part_rows, run.batch_size)
         sink = RowSink(writer, stream, part, settings.failpoint)
         outcome = Outcome()
-        checkpointed = method_card(config["method"]).image_encoder is not None
+        checkpointed = method_card(config.method).image_encoder is not None
         with MethodCost(features.device) as whole:  # the method's memory: its state and each part's temporaries
             method = method_for_stream()
             first = resume_state(writer, method, sink.done) if checkpointed else 0
