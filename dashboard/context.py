@@ -92,7 +92,7 @@ def reproduce_spec(record: Mapping[str, Any], config: Mapping[str, Any], run_id:
     out.pop("stream", None)
     if "stream" in config:
         out["stream"] = config["stream"]
-    out["batch_size"] = config.get("batch_size", 1)  # absent from a per-sample run's config: 1
+    out["batch_size"] = schema.batch_size_of(config)
     if "order_index" in config:
         out["order"] = config["order_index"]
     else:

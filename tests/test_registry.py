@@ -122,6 +122,23 @@ def test_per_dataset_defaults_come_from_the_card():
     assert registry.method_card("bca").defaults("synthetic-iid") == registry.method_card("bca").defaults()
 
 
+
+def test_a_grid_expands_on_the_card_into_resolved_points():
+    """The card's rules, once: values in their kind, per-dataset defaults, an inert hparam at its default (decay
+    with update count), a null gate as tau's value; each distinct point once, as a run's config stores it."""
+    card = registry.method_card("bca")
+    points = list(card.grid_points({"tau": [0.2, 0.5], "tau_prior": [None, 0.5], "n1": [30000.0],
+                                    "update": ["count", "decay"], "decay": [0.9, 0.99]}, "dtd"))
+    assert all(list(p) == card.hparam_names for p in points)
+    assert {type(p["n1"]) for p in points} == {int} and {p["n2"] for p in points} == {10}
+    assert {(p["tau"], p["tau_likelihood"]) for p in points} == {(0.2, 0.2), (0.5, 0.5)}
+    assert {p["decay"] for p in points if p["update"] == "count"} == {0.999}
+    # tau 0.5 with tau_prior null and with 0.5 is one point; count gives one per (tau, tau_prior), decay two
+    assert len(points) == 3 * (1 + 2) and len({tuple(p.values()) for p in points}) == len(points)
+    assert list(card.grid_points({}, "dtd")) == [card.resolve({}, "dtd")]
+    with pytest.raises(ValueError, match="hparam 'tau' must be"):
+        list(card.grid_points({"tau": [1.5]}))
+
 @pytest.mark.parametrize("spelling,name", [
     ("imagenet", "imagenet"), ("ImageNet-A", "imagenet-a"), ("imagenet_v2", "imagenet-v2"), ("V", "imagenet-v2"),
     ("imagenet-rendition", "imagenet-r"), ("ImageNet-Sketch", "imagenet-sketch"), ("imagenet_s", "imagenet-sketch"),

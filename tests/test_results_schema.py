@@ -46,6 +46,21 @@ def test_normalised_config_fills_optional_keys():
     assert list(cfg["hparams"]) == sorted(cfg["hparams"])
 
 
+def test_a_run_config_is_typed_and_its_stored_form_unchanged():
+    """Read by attribute, normalised once; as a Mapping the dict that is hashed and stored, byte for byte."""
+    from orchestrator.data.streams import stream_value
+
+    stream = {"dirichlet": {"gamma": 0.01}}
+    config = schema.RunConfig({**BASE, "hparams": {"n1": 30000.0}, "stream": stream, "batch_size": 1})
+    assert (config.method, config.hparams, config.batch_size, config.stream) == ("bca", {"n1": 30000}, 1, stream)
+    assert dict(config) == schema.normalize_config(config) and "batch_size" not in config
+    assert config.run_id == schema.config_hash(dict(config)) and config.json == schema.canonical_json(dict(config))
+    assert schema.RunConfig({**BASE, "batch_size": 64}).batch_size == 64
+    # a stream stored as the runs table's column (a word as is, a mapping as JSON) or a data source's JSON
+    assert [stream_value(v) for v in ("iid", '"iid"', schema.canonical_json(stream), None, float("nan"))] == [
+        "iid", "iid", stream, None, None]
+
+
 @pytest.mark.parametrize("change, message", [
     ({"sweep": ""}, "sweep: expected a non-empty string"),
     ({"seed": 1.5}, "seed: expected an integer"),

@@ -434,9 +434,10 @@ def load_backbone(
 _LOADED: dict[tuple, Backbone] = {}
 
 
-def shared_backbone(spec: BackboneSpec, device: str | torch.device | None = None, **kwargs: Any) -> Backbone:
-    """load_backbone memoised per process (one entry): trials reusing an actor do not reload the weights."""
-    key = (spec, str(auto_device(device)), tuple(sorted(kwargs.items())))
+def shared_backbone(spec: BackboneSpec, device: torch.device, **kwargs: Any) -> Backbone:
+    """load_backbone memoised per process (one entry): trials reusing an actor do not reload the weights. `device`
+    as its caller normalised it (`auto_device`)."""
+    key = (spec, str(device), tuple(sorted(kwargs.items())))
     if key not in _LOADED:
         _LOADED.clear()  # one large model on the GPU at a time
         _LOADED[key] = load_backbone(spec.model, spec.pretrained, device, quick_gelu=spec.quick_gelu, **kwargs)

@@ -214,6 +214,7 @@ def class_embeddings(
     takes minutes on a CPU: two trials must not both pay). progress: hears (prompts done, prompts) per batch.
     """
     tset = resolve_templates(templates, dataset, ensemble, data_root)
+    device = auto_device(device)  # once, here: the key's precision and the backbone take it as it is
     class_names = list(class_names)
     if not class_names:
         raise ValueError("class_names is empty")
@@ -222,7 +223,7 @@ def class_embeddings(
     else:
         resolved = resolve_weights(backbone, **{k: v for k, v in load_kwargs.items()
                                                 if k in ("weights_dir", "allow_download")})
-        identity, precision = resolved.identity(), precision_for(auto_device(device))
+        identity, precision = resolved.identity(), precision_for(device)
     if cache_dir is None:
         model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs)
         return _encode(model, class_names, tset, progress)

@@ -62,6 +62,7 @@ one order is today's order); ``protocol_from_spec`` reads the YAML forms
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -457,6 +458,17 @@ def _continual_entry(entry: Any) -> list[Any]:
         raise ValueError(f"stream continual entry {entry!r}: a mapping names a corruption benchmark "
                          f"({', '.join(BENCHMARKS)}) with its corruption and severity; other datasets go by name")
     return expand_variants(bench, entry.get("corruption"), entry.get("severity"))
+
+
+def stream_value(stored: Any) -> Any:
+    """A stored stream as the spec's value (None: the dataset's own order, a word, or a one-key mapping), decoded
+    here alone: the runs table's stream column (a word as it is, a mapping as JSON, null or NaN) and a data
+    source's canonical JSON of the value."""
+    if stored is None or (isinstance(stored, float) and math.isnan(stored)):
+        return None
+    if isinstance(stored, str) and stored[:1] in ("{", '"'):
+        return json.loads(stored)
+    return stored
 
 
 def stream_label(value: Any) -> str:

@@ -298,13 +298,14 @@ class FeatureCache:
         """
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}; got {corrupt!r}")
+        device = auto_device(device)  # once, here: the key's precision and the backbone take it as it is
         vc = parse_views(views, seed)
         images = read_dataset(dataset, data_root)
         if isinstance(backbone, Backbone):
             resolved, precision = backbone.resolved, backbone.precision
         else:
             resolved = resolve_weights(backbone, weights_dir=weights_dir, allow_download=allow_download)
-            precision = precision_for(auto_device(device))
+            precision = precision_for(device)
         fields = key_fields(resolved, precision, images, vc)
         key = entry_key(fields)
         entry = self.entry_dir(key)

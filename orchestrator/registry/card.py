@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import math
 import numbers
 import operator
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from orchestrator.registry.corruptions import benchmark_key, parse_variant
 from orchestrator.registry.datasets import GROUPS, canonical_dataset, dataset_card, dataset_key
@@ -22,6 +23,26 @@ KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
 INPUTS = ("single", "views", "either")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+# A kind's valid values in words (error messages, the docs).
+KIND_NOUNS = {"float": "a number", "int": "an integer", "str": "a string", "bool": "true or false"}
+
+
+def coerce_kind(kind: str, value: Any) -> Any:
+    """`value` (not None) in `kind`: a bool or str as it is, a finite real number as a float, or an integral one
+    as an int (so n1=30000.0 and n1=30000 are one value); a ValueError "expected <KIND_NOUNS[kind]>" otherwise.
+    The one kind rule: an hparam's check (`HParam.check`) and a stored run config's (`results.schema`) use it."""
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str)
+    else:
+        ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(float(value))
+              and (kind == "float" or float(value).is_integer()))
+        if ok:
+            value = float(value) if kind == "float" else int(value)
+    if not ok:
+        raise ValueError(f"expected {KIND_NOUNS[kind]}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -31,7 +52,7 @@ class HParam:
     kind: float | int | str | bool; default: its value (None only with `nullable`); low / high: inclusive
     bounds unless low_open / high_open; choices: the allowed strings of a str; nullable: None is a valid value;
     null_means: the hparam whose value a None takes (tau_likelihood null = tau), resolved at the edge
-    (`MethodCard.resolve`, the sweep's plan) so that null and the equal explicit value are one run; log: spans
+    (`MethodCard.resolve`, `MethodCard.grid_points`) so that null and the equal explicit value are one run; log: spans
     decades (charts use a log axis); per_dataset: defaults that differ by benchmark dataset (any spelling, stored
     canonical; a corruption benchmark's name, `cifar10-c`, holds for each of its corruptions and severities); when: the hparam matters only when other hparams take these values ({"update": ("decay",)}),
     else it is dropped from a run's config.
@@ -74,9 +95,9 @@ class HParam:
         if self.kind == "str":
             text = f"one of {list(self.choices)}"
         elif self.kind == "bool":
-            text = "true or false"
+            text = KIND_NOUNS["bool"]
         else:
-            noun = "an integer" if self.kind == "int" else "a number"
+            noun = KIND_NOUNS[self.kind]
             if self.low is None and self.high is None:
                 text = noun
             elif self.high is None:
@@ -98,22 +119,12 @@ class HParam:
             if self.nullable:
                 return None
             raise bad()
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise bad()
-            return value
-        if self.kind == "str":
-            if not isinstance(value, str) or value not in self.choices:
-                raise bad()
-            return value
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        try:
+            value = coerce_kind(self.kind, value)
+        except ValueError:
+            raise bad() from None
+        if self.kind == "str" and value not in self.choices:
             raise bad()
-        if self.kind == "int":
-            if not float(value).is_integer():
-                raise bad()
-            value = int(value)
-        else:
-            value = float(value)
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise bad()
         if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
@@ -519,6 +530,46 @@ class MethodCard:
         """The hparams that cannot affect a run with these values (their `when` is not met)."""
         return [h.name for h in self.hparams
                 if any(hparams.get(other) not in allowed for other, allowed in h.when.items())]
+
+    def grid_points(self, grid: Mapping[str, Any], dataset: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every distinct point of a grid over its hparams ({name: [values]}; a name not given: its default, per
+        dataset for a benchmark dataset), each a dict of every hparam in sorted order, values checked and in their
+        kind, as a run's config stores them: an hparam whose `when` is not met at that point at its default (it
+        cannot affect the run, so a grid over it gives one run), a null that means another hparam that one's
+        value (null and the equal explicit value are one run). The order is fixed: per combination of the
+        values of the hparams that `when` and `null_means` name (sorted by name, each in grid order), the
+        product of the others in name order."""
+        unknown = sorted(set(grid) - {h.name for h in self.hparams})
+        if unknown:
+            raise ValueError(f"unknown hparam {unknown[0]!r} for method {self.name!r}; "
+                             f"valid hparams: {self.hparam_names}")
+        defaults = self.defaults(dataset)
+        hps = sorted(self.hparams, key=lambda h: h.name)
+        names = [h.name for h in hps]
+        axes = {h.name: tuple(dict.fromkeys(h.check(self.name, v) for v in grid.get(h.name, [defaults[h.name]])))
+                for h in hps}
+        controllers = sorted({other for h in hps for other in h.when}
+                             | {h.null_means for h in hps if h.null_means is not None})
+        seen: set[tuple[Any, ...]] = set()
+        for combo in itertools.product(*(axes[name] for name in controllers)):
+            chosen = dict(zip(controllers, combo))
+            sub = []
+            for h in hps:
+                if h.name in chosen:
+                    values: tuple[Any, ...] = (chosen[h.name],)
+                elif any(chosen[other] not in allowed for other, allowed in h.when.items()):
+                    values = (h.check(self.name, defaults[h.name]),)
+                else:
+                    values = axes[h.name]
+                if h.null_means is not None and h.name not in chosen:
+                    values = tuple(dict.fromkeys(chosen[h.null_means] if v is None else v for v in values))
+                sub.append(values)
+            for point in itertools.product(*sub):
+                if controllers:  # sub-grids overlap (an inert hparam at its default, a null resolved); else distinct
+                    if point in seen:
+                        continue
+                    seen.add(point)
+                yield dict(zip(names, point))
 
     def implementation(self) -> type:
         """The Method subclass (imported on first use: the card itself needs no torch)."""

@@ -16,7 +16,6 @@ A table cell pools the runs of one configuration on one dataset (its seeds x str
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -25,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import registry
-from orchestrator.data.streams import stream_label
+from orchestrator.data.streams import stream_label, stream_value
 
 # The stream values under which a real-dataset run is the published protocol (a seeded i.i.d. permutation).
 PAPER_STREAMS = (None, "iid")
@@ -44,13 +43,6 @@ def usable(runs: pd.DataFrame) -> pd.Series:
     """The runs a number may stand on: finished, with all their rows (the accuracy view's `complete`)."""
     complete = runs["complete"].astype("boolean").fillna(False).astype(bool) if "complete" in runs else False
     return (runs["status"] == "finished") & complete
-
-
-def stream_value(value: Any) -> Any:
-    """The runs table's stream text as the spec's value: None, a word, or a mapping."""
-    if isinstance(value, str) and value.startswith("{"):
-        return json.loads(value)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
 def protocol(value: Any) -> str:

@@ -3,18 +3,17 @@ as text, and whether a varying hparam adds nothing to a label."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pandas as pd
 
 from orchestrator import registry
-from orchestrator.data.streams import stream_label
+from orchestrator.data.streams import stream_label, stream_value
 
 
 def fmt_value(value: Any, column: str = "") -> str:
-    if column == "stream" and isinstance(value, str) and value.startswith("{"):
-        return stream_label(json.loads(value))  # the runs table holds the spec's value as JSON
+    if column == "stream" and isinstance(value, str):
+        return stream_label(stream_value(value))
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 

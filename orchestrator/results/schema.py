@@ -19,6 +19,8 @@ A run config is a dict:
                              method registry's cards; names no card declares are typed from their value)
     any other key (e.g. synthetic scenario parameters): kept in config_json and in the hashes
 run_id = config_hash = first 16 hex chars of sha256 over the canonical JSON of the normalised config.
+Code reads a run's config as a `RunConfig`: normalised once when made, typed attributes (method, hparams,
+batch_size with its default, stream, ...), and as a Mapping the dict above.
 """
 
 from __future__ import annotations
@@ -29,17 +31,22 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote
 
 import pyarrow as pa
 
 from orchestrator import registry
+from orchestrator.registry.card import coerce_kind
 from orchestrator.results.metrics import RUN_METRICS
 from orchestrator.stages import STAGE_DOCS, STAGES, stage_column
 
 SCHEMA_VERSION = "1"
 DEFAULT_RESULTS_DIR = "results"
+
+# A run's batch size where its config names none: a per-sample run's config leaves it out, so that every run
+# from before batches existed keeps its run_id (`normalize_config`, `batch_size_of`).
+DEFAULT_BATCH_SIZE = 1
 
 # Keys in every Parquet file's key-value metadata.
 META_RUN_CONFIG = b"bca.run_config"
@@ -102,7 +109,7 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("order_index", pa.int64(), "BIGINT", "which of the configuration's `orders` (null: the only one)"),
     Column("batch_size", pa.int64(), "BIGINT", "samples per adaptation step: 1 for a per-sample run (and every run "
                                                "stored before batches existed), else a batch method's batch size",
-           missing=1),
+           missing=DEFAULT_BATCH_SIZE),
 )
 _OOD_AUROC = [m.name for m in RUN_METRICS].index("ood_auroc")
 # What RunWriter.mark accepts as keyword arguments.
@@ -208,28 +215,20 @@ def _as_int(value: Any, where: str) -> int:
 
 
 def _coerce_hparam(name: str, value: Any, kinds: Mapping[str, str]) -> Any:
-    """Registered hparams take their card's kind (so n1=30000.0 and n1=30000 hash alike); others pass as is."""
+    """Registered hparams take their card's kind (`registry.card.coerce_kind`); others pass as is."""
     kind = kinds.get(name)
     if value is None or kind is None:
         return value
-    where = f"hparams.{name}"
-    if kind == "int":
-        return _as_int(value, where)
-    if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"run config {where}: expected a number, got {value!r}")
-        return float(value)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ValueError(f"run config {where}: expected true or false, got {value!r}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"run config {where}: expected a string, got {value!r}")
-    return value
+    try:
+        return coerce_kind(kind, value)
+    except ValueError as exc:
+        raise ValueError(f"run config hparams.{name}: {exc}, got {value!r}") from None
 
 
 def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a run config and return it in canonical form (the form that is hashed and stored)."""
+    if isinstance(config, RunConfig):  # normalised when it was made
+        return {**config._data, "hparams": dict(config._data["hparams"])}
     if not isinstance(config, Mapping):
         raise ValueError(f"run config: expected a dict, got {type(config).__name__}")
     cfg = _plain(dict(config), "config")
@@ -257,8 +256,8 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
         cfg["batch_size"] = _as_int(cfg["batch_size"], "batch_size")
         if cfg["batch_size"] < 1:
             raise ValueError(f"run config batch_size: expected an integer >= 1, got {cfg['batch_size']}")
-        if cfg["batch_size"] == 1:
-            del cfg["batch_size"]  # 1 is the default, left out so a run's id does not depend on spelling it
+        if cfg["batch_size"] == DEFAULT_BATCH_SIZE:
+            del cfg["batch_size"]  # left out so a run's id does not depend on spelling the default
     hparams = cfg.get("hparams") or {}
     if not isinstance(hparams, dict):
         raise ValueError(f"run config hparams: expected a dict of name -> value, got {hparams!r}")
@@ -274,17 +273,43 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in `run_ids`
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def batch_size_of(config: Mapping[str, Any]) -> int:
+    """A run config's batch size (`DEFAULT_BATCH_SIZE` where it names none)."""
+    return config.get("batch_size", DEFAULT_BATCH_SIZE)
+
+
 def canonical_json(config: Mapping[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(config)
 
 
-def _hash(obj: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()[:16]
+def run_id_of(normalized: Mapping[str, Any]) -> str:
+    """16 hex chars of sha256 over the canonical JSON of a config in normal form (`normalize_config`'s output, or
+    the plan's: a normalised config and hparams its card resolved, `MethodCard.grid_points`): the one hash of a
+    run's identity and of its groups."""
+    return hashlib.sha256(canonical_json(normalized).encode("utf-8")).hexdigest()[:16]
+
+
+def run_ids(base: Mapping[str, Any], points: Iterable[Mapping[str, Any]]) -> Iterator[str]:
+    """`run_id_of({**base, "hparams": point})` for each point (a plan's runs that differ by hparams alone): the
+    canonical JSON around the hparams object is written and hashed once, since sorted keys put that object in
+    the same place whatever it holds (a big grid's plan spends most of its time writing JSON otherwise)."""
+    prefix, suffix = canonical_json({**base, "hparams": _HPARAMS_SLOT}).split(json.dumps(_HPARAMS_SLOT), 1)
+    head = hashlib.sha256(prefix.encode("utf-8"))
+    for point in points:
+        digest = head.copy()
+        digest.update((canonical_json(point) + suffix).encode("utf-8"))
+        yield digest.hexdigest()[:16]
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """run_id of a config: 16 hex chars of sha256 over its canonical JSON (after normalize_config)."""
-    return _hash(normalize_config(config))
+    """run_id of a config: `run_id_of` its normal form."""
+    return run_id_of(normalize_config(config))
 
 
 def group_id(config: Mapping[str, Any]) -> str:
@@ -292,7 +317,7 @@ def group_id(config: Mapping[str, Any]) -> str:
     cfg = normalize_config(config)
     cfg.pop("seed")
     cfg.pop("order_index", None)
-    return _hash(cfg)
+    return run_id_of(cfg)
 
 
 def setting_id(config: Mapping[str, Any]) -> str:
@@ -303,7 +328,85 @@ def setting_id(config: Mapping[str, Any]) -> str:
     # order (a Dirichlet order that depends on the batch size says so in its stream)
     for key in ("seed", "method", "hparams", "sweep", "order_index", "batch_size", "realtime_k"):
         cfg.pop(key, None)
-    return _hash(cfg)
+    return run_id_of(cfg)
+
+
+class RunConfig(Mapping[str, Any]):
+    """A run's config, typed: normalised once when made (`normalize_config`; a RunConfig is taken as it is), then
+    read by attribute. As a Mapping it is its stored form: what `run_id_of` hashes and config_json holds."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._data = config._data if isinstance(config, RunConfig) else normalize_config(config)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"RunConfig({self._data!r})"
+
+    @property
+    def sweep(self) -> str:
+        return self._data["sweep"]
+
+    @property
+    def backbone(self) -> str:
+        return self._data["backbone"]
+
+    @property
+    def dataset(self) -> str:
+        return self._data["dataset"]
+
+    @property
+    def method(self) -> str:
+        return self._data["method"]
+
+    @property
+    def seed(self) -> int:
+        return self._data["seed"]
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """Every hparam of its method, sorted by name (a copy)."""
+        return dict(self._data["hparams"])
+
+    @property
+    def batch_size(self) -> int:
+        return batch_size_of(self._data)
+
+    @property
+    def num_templates(self) -> int | None:
+        return self._data["num_templates"]
+
+    @property
+    def stream(self) -> Any:
+        """The stream as the spec gave it (None: the dataset's own order)."""
+        return self._data.get("stream")
+
+    @property
+    def order_index(self) -> int | None:
+        return self._data.get("order_index")
+
+    @property
+    def realtime_k(self) -> int | None:
+        """On a realtime stream, the method adapts on every k-th sample (None: on every sample)."""
+        return self._data.get("realtime_k")
+
+    @property
+    def run_id(self) -> str:
+        return run_id_of(self._data)
+
+    @property
+    def json(self) -> str:
+        """Its canonical JSON (config_json)."""
+        return canonical_json(self._data)
 
 
 def check_run_id(run_id: str) -> str:

@@ -74,7 +74,7 @@ def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int
     hit = rng.random(rows) < accuracy
     preds = np.where(hit, labels, (labels + 1 + rng.integers(0, num_classes - 1, size=rows)) % num_classes)
     confidence = np.where(hit, rng.uniform(0.5, 1.0, rows), rng.uniform(0.1, 0.8, rows)).astype(np.float32)
-    tau = writer.config["hparams"].get("tau")
+    tau = writer.config.hparams.get("tau")
     gated = confidence > tau if tau is not None else np.zeros(rows, bool)
     is_ood = np.arange(rows) % ood_every == ood_every - 1 if ood_every else np.zeros(rows, bool)
     labels = np.where(is_ood, -1, labels)
@@ -87,9 +87,9 @@ def write_fake_run(results_dir: str | Path, config: Mapping[str, Any], *, n: int
             "gated": gated[start:stop], "gated_prior": gated[start:stop],
             "selected": np.where(gated[start:stop], preds[start:stop], -1), "is_ood": is_ood[start:stop]})
     run = FakeRun(writer.run_id, writer.config, labels, preds, n, status, is_ood)
-    card = registry.find_method(writer.config["method"])
+    card = registry.find_method(writer.config.method)
     if save_state and card is not None and card.prior:
-        num_templates = writer.config.get("num_templates") or 1
+        num_templates = writer.config.num_templates or 1
         m = num_classes * num_templates
         class_ids = np.arange(m) % num_classes
         prior = 0.8 * np.eye(num_classes)[class_ids] + 0.2 * rng.dirichlet(np.ones(num_classes), size=m)

@@ -92,13 +92,13 @@ class RunWriter:
 
     def __init__(self, results_dir: str | Path | None, run_config: Mapping[str, Any]) -> None:
         self.results_dir = schema.resolve_results_dir(results_dir)
-        self.config = schema.normalize_config(run_config)
-        self.run_id = schema.config_hash(self.config)
+        self.config = schema.RunConfig(run_config)
+        self.run_id = self.config.run_id
         self.group_id = schema.group_id(self.config)
         self.setting_id = schema.setting_id(self.config)
-        self.config_json = schema.canonical_json(self.config)
+        self.config_json = self.config.json
         self.samples_dir = schema.run_samples_dir(self.results_dir, self.config, self.run_id)
-        self.run_path = schema.run_file(self.results_dir, self.config["sweep"], self.run_id)
+        self.run_path = schema.run_file(self.results_dir, self.config.sweep, self.run_id)
         self.state_path = schema.state_file(self.results_dir, self.run_id)
         self._checker = FileChecker()
         self._written: tuple[tuple, dict[str, Any]] | None = None  # (file stamp, row) of this writer's last row
@@ -219,7 +219,7 @@ class RunWriter:
             "prob_true": _prob_column(arrays["prob_true"]) if "prob_true" in arrays else pa.nulls(n, pa.float32()),
             "is_ood": _bool_column(arrays["is_ood"], "is_ood") if "is_ood" in arrays
             else np.full(n, schema.SAMPLE_DEFAULTS["is_ood"]),
-            "source": pa.array(list(columns["source"]) if "source" in columns else [self.config["dataset"]] * n,
+            "source": pa.array(list(columns["source"]) if "source" in columns else [self.config.dataset] * n,
                                pa.string()),
         }
         table = pa.Table.from_pydict(cols, schema=schema.SAMPLE_ARROW_SCHEMA)
@@ -322,7 +322,7 @@ class RunWriter:
     # -------------------------------------------------------------------------------------- runs table
     def read_row(self) -> dict[str, Any] | None:
         """This run's current runs-table row, or None when none was written (or it is unreadable)."""
-        return read_run(self.results_dir, self.config["sweep"], self.run_id)
+        return read_run(self.results_dir, self.config.sweep, self.run_id)
 
     def read_live_row(self) -> dict[str, Any] | None:
         # The row this writer wrote last, while its file is still that one (same inode, time and size: no other
@@ -363,7 +363,7 @@ class RunWriter:
         row.update({c.name: schema.canonical_json(v) if isinstance(v := self.config.get(c.name, c.missing),
                                                                    (dict, list)) else v
                     for c in schema.IDENTITY_COLUMNS})
-        for name, value in self.config["hparams"].items():
+        for name, value in self.config.hparams.items():
             row[name] = json.dumps(value) if isinstance(value, (list, dict)) else value
         return row
 
@@ -423,7 +423,7 @@ class RunWriter:
         the row found here was left by a killed writer (e.g. a trial's progress update when its sweep was
         killed): removed. (A scan of the sweep's runs folder, which holds a file per live run: not on every
         write.)"""
-        table = pa.Table.from_pylist([dict(row)], schema=schema.run_table_schema(self.config["hparams"]))
+        table = pa.Table.from_pylist([dict(row)], schema=schema.run_table_schema(self.config.hparams))
         table = table.replace_schema_metadata({**self.metadata, schema.META_KIND: b"runs"})
         prefix = f".{self.run_path.name}."
         if clean and self.run_path.parent.is_dir():
@@ -458,7 +458,7 @@ class RunWriter:
         row.update({k: self._coerce_metric(k, v) for k, v in fields.items()})
         row.update(status="finished", error=None, started_at=started_at, finished_at=now, updated_at=now,
                    host=socket.gethostname(), versions=package_versions())
-        runs = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config["hparams"]))
+        runs = pa.Table.from_pylist([row], schema=schema.run_table_schema(self.config.hparams))
         return table, runs
 
     @staticmethod

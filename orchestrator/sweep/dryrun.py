@@ -136,7 +136,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     batched = any(r.batch_size != 1 for r in runs)
 
     def key(run: Run) -> tuple:
-        return (run.config["backbone"], run.source.dataset, run.method) + ((run.batch_size,) if batched else ())
+        return (run.config.backbone, run.source.dataset, run.method) + ((run.batch_size,) if batched else ())
 
     by_key = Counter(key(r) for r in runs)
     done = Counter(key(r) for r in runs if r.run_id in finished)

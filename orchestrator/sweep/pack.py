@@ -12,9 +12,10 @@ import torch
 from orchestrator.registry import method_card
 from orchestrator.results import store
 from orchestrator.results.atomic import durable_batch
+from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import MethodCost, PeakMemory
-from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, RowSink, Settings, Stream, batch_size_of,
+from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, RowSink, Settings, Stream,
                                        code_path, feature_kind, features_for, finished_metrics, mark_finished,
                                        mark_unfinished_failed, method_hparams, part_rows_for, peak_mb_of,
                                        save_run_state, warm_up)
@@ -35,9 +36,9 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
     (orchestrator.sweep.orders)."""
     from orchestrator.methods.many import run_traces_many
 
-    def shared_pass(config: dict[str, Any]) -> tuple:
-        runner = method_card(config["method"]).lockstep_runner(features_for(config, stream).dim() == 3)
-        return feature_kind(config, stream), ("runner", id(runner)) if runner is not None else config["method"]
+    def shared_pass(config: RunConfig) -> tuple:
+        runner = method_card(config.method).lockstep_runner(features_for(config, stream).dim() == 3)
+        return feature_kind(config, stream), ("runner", id(runner)) if runner is not None else config.method
 
     traces: list[Any] = [None] * len(runs)
     costs: list[Cost] = [Cost(0.0, None)] * len(runs)
@@ -45,7 +46,7 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
     kinds = [shared_pass(run.config) for run in runs]
     for kind in dict.fromkeys(kinds):
         picked = [i for i, k in enumerate(kinds) if k == kind]
-        configs = [{"method": runs[i].config["method"], "batch_size": batch_size_of(runs[i].config),
+        configs = [{"method": runs[i].method, "batch_size": runs[i].batch_size,
                     **method_hparams(runs[i].config, len(stream))} for i in picked]
         passes.append((picked, configs, features_for(runs[picked[0]].config, stream)))
 
@@ -108,7 +109,7 @@ def write_pack(runs: list[Run], writers: list[RunWriter], made: Made, settings: 
     with durable_batch() as batch:
         for i, (run, writer) in enumerate(zip(runs, writers)):
             outcome, rows, stream = made(i)
-            sink = RowSink(writer, stream, part_rows_for(settings.part_rows, batch_size_of(run.config)),
+            sink = RowSink(writer, stream, part_rows_for(settings.part_rows, run.batch_size),
                             settings.failpoint)
             sink.offer(0, rows)
             save_run_state(writer, outcome, stream)

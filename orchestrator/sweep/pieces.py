@@ -15,6 +15,7 @@ the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -36,6 +37,7 @@ from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 from orchestrator.methods.realtime import RealtimeMethod
 from orchestrator.registry import ensure_dataset, method_card
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
+from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
@@ -55,6 +57,14 @@ TEXT_STAGE = "encoding prompts"
 
 def silent(stage: str, done: int, total: int) -> None:
     return None
+
+
+@functools.cache
+def trial_device() -> torch.device:
+    """The device this process's trials run on, normalised once here (the trial's edge): the stream, the
+    backbones it loads and its memory measure all take it as it is (a trial process's GPU is not the driver's,
+    so it is not part of the `Settings`)."""
+    return auto_device()
 
 
 @dataclass(frozen=True)
@@ -116,7 +126,8 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
         from orchestrator.sweep.catalog import register_model_config
 
         register_model_config(source.model_config)
-    return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, backbone=source.model,
+    return load_benchmark(dataset, data_root=settings.data_root, cache_dir=settings.cache_dir, device=trial_device(),
+                          backbone=source.model,
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
                           logit_scale=selection_scale(source),
@@ -155,7 +166,7 @@ def stream_from(source: DataSource, benches: tuple[Benchmark, ...], keep_views: 
     skipped = [skip for b in benches for skip in getattr(b, "skipped", [])]
     arranged = arrange(benches[0], source.protocol(), source.order_seed, others=benches[1:], split_seed=source.seed)
     listing = getattr(benches[0], "listing_sha256", "")  # a real dataset's image list (synthetic data has none)
-    device = auto_device()
+    device = trial_device()
     features = arranged.features.to(device)
     class_embeddings = arranged.class_embeddings.to(device)
     class_ids = arranged.class_ids.to(device)
@@ -376,34 +387,30 @@ def peak_mb_of(peak: PeakMemory | None) -> float | None:
     return None if peak is None else peak.mb()
 
 
-def wants_views(config: dict[str, Any]) -> bool:
-    return method_card(config["method"]).wants_views(config["hparams"])
+def wants_views(config: RunConfig) -> bool:
+    return method_card(config.method).wants_views(config.hparams)
 
 
-def feature_kind(config: dict[str, Any], stream: Stream) -> str:
+def feature_kind(config: RunConfig, stream: Stream) -> str:
     """What `features_for` hands the run: 'views', 'one view' (a view method on a single-view stream) or
     'features'; the runs of a pack's pass share one kind."""
     if stream.view_features is not None and wants_views(config):
         return "views"
-    return "one view" if method_card(config["method"]).takes_views else "features"
+    return "one view" if method_card(config.method).takes_views else "features"
 
 
-def features_for(config: dict[str, Any], stream: Stream, vision: ImageSide | None = None) -> Any:
+def features_for(config: RunConfig, stream: Stream, vision: ImageSide | None = None) -> Any:
     """The views [n, V, d] where the run takes them and the stream has them (a view method on a single-view
     stream gets it as V = 1), else the stream's [n, d] features (its single view, or the views' confident
     means); for a method that adapts the image encoder, the stream's images (`ImageSide.images`)."""
-    if method_card(config["method"]).image_encoder is not None:
+    if method_card(config.method).image_encoder is not None:
         if vision is None:
-            raise ValueError(f"{config['method']}: adapts CLIP's image encoder, so its run needs the stream's images "
+            raise ValueError(f"{config.method}: adapts CLIP's image encoder, so its run needs the stream's images "
                              f"and the vision tower (a real dataset and its backbone)")
         return vision.images
     kind = feature_kind(config, stream)
     return {"views": stream.view_features, "one view": stream.features[:, None]}.get(kind, stream.features)
 
-
-
-def batch_size_of(config: dict[str, Any]) -> int:
-    return config.get("batch_size", 1)
 
 
 def part_rows_for(part_rows: int, batch_size: int) -> int:
@@ -412,17 +419,17 @@ def part_rows_for(part_rows: int, batch_size: int) -> int:
     return max(1, part_rows // batch_size) * batch_size
 
 
-def prompt_text_for(configs: list[dict[str, Any]], source: DataSource, stream: Stream) -> Any:
+def prompt_text_for(configs: list[RunConfig], source: DataSource, stream: Stream) -> Any:
     """The text tower and class prompts for the runs whose method runs CLIP's text encoder at test time (the
     source's backbone, loaded once per process), else None. Synthetic sources have no text tower: the sweep's
     checks refuse such runs before they start."""
-    if not any(method_card(c["method"]).takes_text for c in configs):
+    if not any(method_card(c.method).takes_text for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.prompts import prompt_text
 
     # The arguments the feature cache loads it with, so that a process that just encoded holds it already.
-    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
     return prompt_text(backbone, stream.class_names)
 
@@ -436,39 +443,38 @@ class ImageSide:
     images: Any
 
 
-def image_side(configs: list[dict[str, Any]], source: DataSource, stream: Stream, settings: Settings
+def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, settings: Settings
                 ) -> ImageSide | None:
     """The vision tower and the stream's images for the runs whose method adapts CLIP's image encoder (the source's
     backbone, loaded once per process, as `prompt_text_for` loads it), else None. Their images take the backbone's eval
     transform (the 'single' view): the encoder methods here take one image a sample."""
-    if all(method_card(c["method"]).image_encoder is None for c in configs):
+    if all(method_card(c.method).image_encoder is None for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
     from orchestrator.clip.views import ViewTransform, parse_views
     from orchestrator.features.images import StreamImages
 
-    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), None,
+    backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
     transform = ViewTransform(parse_views("single"), backbone.preprocess, backbone.resolved.preprocess)
     images = StreamImages(stream.image_ids, settings.data_root, transform, stream.class_embeddings.device)
     return ImageSide(backbone.model.visual, images)
 
 
-def method_for(config: dict[str, Any], stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
+def method_for(config: RunConfig, stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
     """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one; the
     vision tower where it adapts the image encoder); on a realtime stream, adapting on every k-th sample only."""
-    tower = vision.tower if vision is not None and method_card(config["method"]).image_encoder else None
-    method = make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                         batch_size=batch_size_of(config), text=text, vision=tower,
-                         **method_hparams(config, len(stream)))
-    return RealtimeMethod(method, config["realtime_k"]) if "realtime_k" in config else method
+    tower = vision.tower if vision is not None and method_card(config.method).image_encoder else None
+    method = make_method(config.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
+                         batch_size=config.batch_size, text=text, vision=tower, **method_hparams(config, len(stream)))
+    return method if config.realtime_k is None else RealtimeMethod(method, config.realtime_k)
 
 
-def method_hparams(config: dict[str, Any], n: int) -> dict[str, Any]:
+def method_hparams(config: RunConfig, n: int) -> dict[str, Any]:
     """The run's hparams as the method takes them: a null stream-length hparam (its card says which) is the
     stream's length, since the trial feeds the stream in parts."""
-    hparams = dict(config["hparams"])
-    length = method_card(config["method"]).stream_length
+    hparams = dict(config.hparams)
+    length = method_card(config.method).stream_length
     if length is not None and hparams.get(length) is None:
         hparams[length] = n
     return hparams
@@ -480,11 +486,11 @@ _WARM: set[tuple] = set()
 WARMUP_SAMPLES = 4
 
 
-def code_path(config: dict[str, Any], features: torch.Tensor) -> tuple:
+def code_path(config: RunConfig, features: torch.Tensor) -> tuple:
     """What decides which compiled code a run calls: its method, device, feature layout and its non-numeric
     hparams (update rule, selection, dtype); numeric values run the same code."""
-    words = tuple(sorted((k, v) for k, v in config["hparams"].items() if isinstance(v, str)))
-    return config["method"], str(features.device), features.dim(), words
+    words = tuple(sorted((k, v) for k, v in config.hparams.items() if isinstance(v, str)))
+    return config.method, str(features.device), features.dim(), words
 
 
 def warm_up(keys: list[tuple], call: Callable[[], Any]) -> float:

@@ -19,10 +19,10 @@ Hyperparameters a run cannot feel (their card's `when` is not met, e.g. `decay` 
 their default in its config, so a grid over them gives one run, not several identical ones, and a run that
 already used the default keeps its run_id.
 
+A method entry's grid points come resolved from its card (`MethodCard.grid_points`: checked values, defaults,
+the `when` and `null_means` rules); the plan only hashes each run's config (`results.schema.run_ids`).
 Big grids: a run holds its run_id, its data source, a group shared by the runs of one (source, method entry)
-and a tuple of hparam values; its config dict is built only when asked for. The run_id is the sha256 of the
-canonical JSON, assembled from the group's fixed text and each value's precomputed JSON instead of
-normalising and serialising a dict per run (equal by construction; a test checks it against config_hash).
+and a tuple of hparam values; its config dict is built only when asked for.
 """
 
 from __future__ import annotations
@@ -38,17 +38,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
-                                       derive_order_seeds, protocol_from_spec, stream_for_batch)
+                                       derive_order_seeds, protocol_from_spec, stream_for_batch, stream_value)
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
-from orchestrator.results.schema import canonical_json, normalize_config
+from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, normalize_config, run_ids
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
 
 SYNTHETIC_BACKBONE = "synthetic"
-_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in a group's canonical JSON
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class DataSource:
         """The stream protocol: the spec's, else a real dataset's seeded shuffle (iid) and a synthetic
         scenario's own order (None)."""
         if self.stream:
-            return protocol_from_spec(json.loads(self.stream))
+            return protocol_from_spec(stream_value(self.stream))
         return None if self.is_synthetic else Iid()
 
     @property
@@ -101,16 +100,14 @@ class DataSource:
 
 class _Group:
     """What the runs of one (data source, method entry) share: the config without hparams, the hparam names
-    (sorted, as stored), the canonical JSON around the hparams object and the entry's shards per run."""
+    (sorted, as stored) and the entry's shards per run."""
 
-    __slots__ = ("base", "names", "prefix", "suffix", "shards")
+    __slots__ = ("base", "names", "shards")
 
     def __init__(self, base: dict[str, Any], names: tuple[str, ...], shards: int = 1) -> None:
         self.base = base
         self.names = names
         self.shards = shards
-        text = canonical_json({**base, "hparams": _HPARAMS_SLOT})
-        self.prefix, self.suffix = text.split(json.dumps(_HPARAMS_SLOT), 1)
 
 
 class Run:
@@ -128,7 +125,7 @@ class Run:
 
     @property
     def batch_size(self) -> int:
-        return self._group.base.get("batch_size", 1)
+        return batch_size_of(self._group.base)
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -140,8 +137,8 @@ class Run:
         return self._group.shards
 
     @property
-    def config(self) -> dict[str, Any]:
-        return {**self._group.base, "hparams": self.hparams}
+    def config(self) -> RunConfig:
+        return RunConfig({**self._group.base, "hparams": self.hparams})
 
     @property
     def label(self) -> str:
@@ -192,117 +189,6 @@ class Trial(NamedTuple):
     replay: tuple[Run, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Axis:
-    """One hparam of a method entry: its values as stored, their JSON members, and when it is inert."""
-
-    name: str
-    values: tuple[Any, ...]
-    members: tuple[str, ...]         # '"name":value' for each value
-    default: Any
-    default_member: str
-    when: tuple[tuple[int, tuple[Any, ...]], ...]   # (index of the other axis, values it must take)
-    same_as: int | None = None       # index of the axis whose value a null takes (the card's null_means)
-
-    def resolved(self, value: Any) -> _Axis:
-        """This axis with each null replaced by `value` (the other axis's value at this grid point)."""
-        values = tuple(dict.fromkeys(value if v is None else v for v in self.values))
-        return replace(self, values=values, members=tuple(_member(self.name, v) for v in values))
-
-
-def _member(name: str, value: Any) -> str:
-    return f"{json.dumps(name, ensure_ascii=False)}:{json.dumps(value, ensure_ascii=False, allow_nan=False)}"
-
-
-def _axes(method: str, dataset: str | None, grid: dict[str, list[Any]]) -> list[_Axis]:
-    """The method's hparams in stored (sorted) order, each with its grid values (checked and in its kind, as
-    normalize_config stores them) or its default (per dataset for a benchmark dataset)."""
-    card = method_card(method)
-    defaults = card.defaults(dataset)
-    names = sorted(h.name for h in card.hparams)
-    index = {n: i for i, n in enumerate(names)}
-    axes = []
-    for name in names:
-        h = card.hparam(name)
-        values = tuple(dict.fromkeys(h.check(method, v) for v in grid.get(name, [defaults[name]])))
-        default = h.check(method, defaults[name])
-        axes.append(_Axis(name, values, tuple(_member(name, v) for v in values), default, _member(name, default),
-                          tuple((index[other], tuple(allowed)) for other, allowed in h.when.items()),
-                          None if h.null_means is None else index[h.null_means]))
-    return axes
-
-
-def _subgrids(axes: list[_Axis]) -> Iterator[list[_Axis]]:
-    """The grid as sub-grids in which each conditional hparam is either live or fixed at its default, and each
-    null that means another hparam (tau_likelihood null = tau) is that hparam's value, so null and the equal
-    explicit value are one run: one sub-grid per combination of the values of the hparams the conditions and
-    the nulls name (the whole grid when there are none)."""
-    conditional = [a for a in axes if a.when or a.same_as is not None]
-    if not conditional:
-        yield axes
-        return
-    controllers = sorted({k for a in conditional for k, _ in a.when}
-                         | {a.same_as for a in conditional if a.same_as is not None})
-    for combo in itertools.product(*(range(len(axes[k].values)) for k in controllers)):
-        chosen = dict(zip(controllers, combo))
-        sub = []
-        for i, axis in enumerate(axes):
-            if i in chosen:
-                j = chosen[i]
-                axis = replace(axis, values=(axis.values[j],), members=(axis.members[j],))
-            elif axis.when and any(axes[k].values[chosen[k]] not in allowed for k, allowed in axis.when):
-                axis = replace(axis, values=(axis.default,), members=(axis.default_member,))
-            if axis.same_as is not None and i not in chosen:
-                axis = axis.resolved(axes[axis.same_as].values[chosen[axis.same_as]])
-            sub.append(axis)
-        yield sub
-
-
-def _points(axes: list[_Axis], head: Any, suffix: str) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """(run_id, values) for every grid point, inert hparams at their default; repeats are left to the caller's
-    run_id set. `head` is the sha256 of the canonical JSON up to the hparams object; each axis's JSON text is
-    hashed once per combination of the axes before it, so a run costs one hash copy and update."""
-    for sub in _subgrids(axes):
-        n = len(sub)
-        items = [tuple(zip(a.values, (m + ("," if i < n - 1 else "}" + suffix) for m in a.members)))
-                 for i, a in enumerate(sub)]
-        if not items:
-            digest = head.copy()
-            digest.update(("{}" + suffix).encode("utf-8"))
-            yield digest.hexdigest()[:16], ()
-        else:
-            yield from _walk(items, 0, head, "{", ())
-
-
-def _walk(items: list[tuple[tuple[Any, str], ...]], i: int, digest: Any, pending: str,
-          values: tuple[Any, ...]) -> Iterator[tuple[str, tuple[Any, ...]]]:
-    """The points from axis i on: single-valued axes only extend the text still to hash (`pending`); the last
-    axis with several values is the inner loop, the ones before it recurse."""
-    n = len(items)
-    while i < n and len(items[i]) == 1:
-        value, text = items[i][0]
-        pending, values, i = pending + text, values + (value,), i + 1
-    if i == n:
-        done = digest.copy()
-        done.update(pending.encode("utf-8"))
-        yield done.hexdigest()[:16], values
-        return
-    if all(len(items[k]) == 1 for k in range(i + 1, n)):
-        rest_values = tuple(items[k][0][0] for k in range(i + 1, n))
-        rest_text = "".join(items[k][0][1] for k in range(i + 1, n))
-        start = digest.copy()
-        start.update(pending.encode("utf-8"))
-        for value, text in items[i]:
-            done = start.copy()
-            done.update((text + rest_text).encode("utf-8"))
-            yield done.hexdigest()[:16], values + (value,) + rest_values
-        return
-    for value, text in items[i]:
-        step = digest.copy()
-        step.update((pending + text).encode("utf-8"))
-        yield from _walk(items, i + 1, step, "", values + (value,))
-
-
 def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int, views: str,
              templates: tuple[str, ...]) -> list[tuple[DataSource, dict]]:
     """The data sources of one dataset, seed, view setting and template sets, each with the run-config fields it
@@ -327,12 +213,11 @@ def _sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed: int
 
 def _at_batch(source: DataSource, fields: dict, batch_size: int, stream_batch: int | None = None
               ) -> tuple[DataSource, dict]:
-    """A data source and its config fields for runs at `batch_size`: the size in the config (only when it is not
-    1, so every batch-1 run keeps its run_id) and a Dirichlet stream's slots from `stream_batch` (default: the
-    batch size; `stream_for_batch`)."""
+    """A data source and its config fields for runs at `batch_size`: the size in the config (`normalize_config`
+    leaves the default out) and a Dirichlet stream's slots from `stream_batch` (default: the batch size;
+    `stream_for_batch`)."""
     stream_batch = batch_size if stream_batch is None else stream_batch
-    if batch_size != 1:
-        fields = {**fields, "batch_size": batch_size}
+    fields = {**fields, "batch_size": batch_size}
     if stream_batch != 1 and "stream" in fields:
         stream = stream_for_batch(fields["stream"], stream_batch)
         if stream != fields["stream"]:
@@ -473,20 +358,21 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                 sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
-                        axes = _axes(entry.method, None if plain_source.is_synthetic else plain_source.dataset,
-                                     _grid_on(entry, plain_fields))
+                        card = method_card(entry.method)
+                        points = list(card.grid_points(_grid_on(entry, plain_fields), None if plain_source.is_synthetic
+                                                       else plain_source.dataset))
+                        names = tuple(card.hparam_names)
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
                             source, fields = _at_batch(plain_source, plain_fields, batch_size, stream_batch)
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields})
                             del base["hparams"]
-                            group = _Group(base, tuple(a.name for a in axes), entry.shards or 1)
-                            head = hashlib.sha256(group.prefix.encode("utf-8"))
-                            for run_id, values in _points(axes, head, group.suffix):
+                            group = _Group(base, names, entry.shards or 1)
+                            for run_id, point in zip(run_ids(base, points), points):
                                 if run_id not in seen:
                                     seen.add(run_id)
-                                    yield Run(run_id, source, group, values)
+                                    yield Run(run_id, source, group, tuple(point.values()))
 
 
 @contextlib.contextmanager

@@ -41,9 +41,8 @@ def format_seconds(seconds: float) -> str:
 
 def run_label(run: Run, varying: dict[str, tuple[str, ...]]) -> str:
     """'bca tau=0.2 n1=30000': the method with the hparams that vary for it in this sweep."""
-    config = run.config
-    keys = varying.get(config["method"], ())
-    return " ".join([config["method"]] + [f"{k}={_short(config['hparams'][k])}" for k in keys])
+    keys, hparams = varying.get(run.method, ()), run.hparams
+    return " ".join([run.method] + [f"{k}={_short(hparams[k])}" for k in keys])
 
 
 def _short(value: Any) -> str:
@@ -56,8 +55,8 @@ def varying_hparams(runs: list[Run]) -> dict[str, tuple[str, ...]]:
     """Per method, the hparams that take more than one value among the runs (in a stable order)."""
     values: dict[str, dict[str, set]] = defaultdict(lambda: defaultdict(set))
     for run in runs:
-        for k, v in run.config["hparams"].items():
-            values[run.config["method"]][k].add(repr(v))
+        for k, v in run.hparams.items():
+            values[run.method][k].add(repr(v))
     return {m: tuple(sorted(k for k, vs in hp.items() if len(vs) > 1)) for m, hp in values.items()}
 
 
@@ -145,8 +144,8 @@ class ProgressCallback(tune.Callback):
     def _cost(self, run: Run) -> float:
         """Estimated seconds of a run: its method's measured seconds per sample times its stream's length."""
         costs = {m: statistics.fmean(c) for m, c in self.sample_cost.items()}
-        per_sample = costs.get(run.config["method"], statistics.fmean(costs.values()) if costs else 1.0)
-        n = self.length.get(run.config["dataset"], statistics.fmean(self.length.values()) if self.length else 1.0)
+        per_sample = costs.get(run.method, statistics.fmean(costs.values()) if costs else 1.0)
+        n = self.length.get(run.source.dataset, statistics.fmean(self.length.values()) if self.length else 1.0)
         return per_sample * n
 
     def _eta(self) -> str:
@@ -166,8 +165,8 @@ class ProgressCallback(tune.Callback):
         if result.get("n_runs", 0) <= 0 or not result.get("samples_per_s"):
             return
         if result.get("n_samples"):
-            self.length[plan.runs[0].config["dataset"]] = int(result["n_samples"])
-        for method in {run.config["method"] for run in plan.runs}:
+            self.length[plan.runs[0].source.dataset] = int(result["n_samples"])
+        for method in {run.method for run in plan.runs}:
             self.sample_cost[method].append(1.0 / result["samples_per_s"])
 
     def _describe(self, plan: Trial) -> str:
@@ -181,18 +180,18 @@ class ProgressCallback(tune.Callback):
         if plan.shard is not None:
             what += f" ({plan.shard.label})"
         config = first.config
-        where = [config["backbone"], config["dataset"]]
-        if config.get("stream") is not None:
-            where.append(stream_label(config["stream"]))
+        where = [config.backbone, config.dataset]
+        if config.stream is not None:
+            where.append(stream_label(config.stream))
         if len(plan.runs) == 1 and first.batch_size != 1:
             where.append(f"batch={first.batch_size}")
-        where.append(f"seed={config['seed']}")
+        where.append(f"seed={config.seed}")
         orders = sorted({run.source.order_index for run in plan.runs})
         if len(orders) > 1:
             where.append(f"orders={orders[0]}-{orders[-1]}" if orders == list(range(orders[0], orders[-1] + 1))
                          else f"orders={','.join(map(str, orders))}")
-        elif config.get("order_index") is not None:
-            where.append(f"order={config['order_index']}")
+        elif config.order_index is not None:
+            where.append(f"order={config.order_index}")
         return f"{what} | {' '.join(where)}"
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -211,7 +210,7 @@ class ProgressCallback(tune.Callback):
         if math.isfinite(rate) and rate > 0:
             line += f", {rate:,.0f} {unit}/s, {format_seconds((total - done) / rate)} left"
         if stage == "adapting":
-            self.length[plan.runs[0].config["dataset"]] = total
+            self.length[plan.runs[0].source.dataset] = total
             self.running[plan.key] = done / total if total else 0.0
         self.out(f"{line}  ETA {self._eta()}")
 

@@ -29,7 +29,7 @@ from orchestrator.results.schema import artifacts_root, check_run_id
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import Run, Shard
-from orchestrator.sweep.pieces import (WARMUP_SAMPLES, ImageSide, Outcome, Progress, Settings, Stream, batch_size_of,
+from orchestrator.sweep.pieces import (WARMUP_SAMPLES, ImageSide, Outcome, Progress, Settings, Stream,
                                        code_path, features_for, finish, fire_failpoint, mark_failed, method_for,
                                        part_rows_for, peak_mb_of, rows_on_disk, silent, warm_up)
 
@@ -53,7 +53,7 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
     n = len(stream)
     writer.mark("running", n_samples=n)
     try:
-        part = part_rows_for(settings.part_rows, batch_size_of(run.config))  # whole batches, as the unsharded run
+        part = part_rows_for(settings.part_rows, run.batch_size)  # whole batches, as the unsharded run
         lo, hi = shard.rows(n, part)
         holes = writer.missing(lo, hi)
         outcome = Outcome()

@@ -18,17 +18,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orchestrator.device import auto_device
 from orchestrator.registry import load_plugins, method_card
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import MethodCost, PeakMemory
 from orchestrator.sweep.orders import execute_orders
 from orchestrator.sweep.pack import execute_pack
 from orchestrator.sweep.pieces import (STATE_ROWS, TEXT_STAGE, WARMUP_SAMPLES, ImageSide, Outcome, Progress, RowSink,
-                                       Settings, Stream, batch_size_of, code_path, error_text, features_for, finish,
+                                       Settings, Stream, code_path, error_text, features_for, finish,
                                        image_side, load_stream, mark_failed, method_for, part_rows_for, peak_mb_of,
                                        prompt_text_for, resume_state, rows_on_disk, save_run_state, silent,
-                                       wants_views, warm_up)
+                                       trial_device, wants_views, warm_up)
 from orchestrator.sweep.plan import Run, Trial
 from orchestrator.sweep.shard import execute_shard
 
@@ -66,10 +65,10 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
         features = features_for(config, stream, vision)
         warmup_s = warm_up([code_path(config, features)],
                            lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
-        part = part_rows_for(settings.part_rows, batch_size_of(config))
+        part = part_rows_for(settings.part_rows, run.batch_size)
         sink = RowSink(writer, stream, part, settings.failpoint)
         outcome = Outcome()
-        checkpointed = method_card(config["method"]).image_encoder is not None
+        checkpointed = method_card(config.method).image_encoder is not None
         with MethodCost(features.device) as whole:  # the method's memory: its state and each part's temporaries
             method = method_for_stream()
             first = resume_state(writer, method, sink.done) if checkpointed else 0
@@ -126,7 +125,7 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = silent)
     progress = _RecordProgress(todo, settings, progress)
     load_plugins(settings.plugins)
     keep_views = any(wants_views(run.config) for run in todo)
-    with PeakMemory(auto_device()) as peak:  # this trial's own, not the reused actor process's
+    with PeakMemory(trial_device()) as peak:  # this trial's own, not the reused actor process's
         if any(run.source != trial.source for run in todo):  # several orders of one data source
             return execute_orders(todo, settings, peak=peak, progress=progress)
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
