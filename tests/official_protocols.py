@@ -56,11 +56,12 @@ OFFICIAL = {
              "--I_augmix, as both scripts run it)", _by_group("augmix", "augmix", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
-    # Tent, SAR and DeYO: the official loaders' test transform, one image a sample (no test-time augmentation); here the
-    # CLIP eval transform, as TTABC's loader gives its batch-wise methods.
+    # Tent, SAR, DeYO and WATT: the official loaders' test transform, one image a sample (no test-time augmentation);
+    # here the CLIP eval transform, as TTABC's loader gives its batch-wise methods.
     "tent": ("DequanWang/tent@7d236b4 (one test image a sample)", _by_group("single", "single", "single")),
     "sar": ("mr-eggplant/SAR@492c1ad main.py (one test image a sample)", _by_group("single", "single", "single")),
     "deyo": ("Jhyun17/DeYO@35ce821 main.py (one test image a sample)", _by_group("single", "single", "single")),
+    "watt": ("Mehrdad-Noori/WATT@40e3fae main.py (one test image a sample)", _by_group("single", "single", "single")),
     "tpt": ("azshue/TPT@16e2967 tpt_classification.py AugMixAugmenter(augmix=len(set_id) > 1)",
             _by_group("crops", "crops", "augmix")),
     # DynaPrompt: dynap_classification.py:252-253, TPT's rule with batch_size 64 (scripts/test_dynap.sh).

@@ -1,4 +1,4 @@
-"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO) against per-batch references written from their official
+"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO, WATT) against per-batch references written from their official
 code, run in float64 on open_clip's tiny towers with random weights, on streams where adaptation changes the
 predictions; a stream in parts and a restored state equal it at once; the inputs they refuse."""
 
@@ -14,6 +14,7 @@ from orchestrator.methods import make_method
 from orchestrator.methods.deyo.reference import run_reference as deyo_reference
 from orchestrator.methods.sar.reference import run_reference as sar_reference
 from orchestrator.methods.tent.reference import run_reference as tent_reference
+from orchestrator.methods.watt.reference import run_reference as watt_reference
 
 K, N, B = 4, 12, 4
 EPS32 = torch.finfo(torch.float32).eps
@@ -84,6 +85,22 @@ def test_deyo_equals_its_reference_through_its_entropy_and_plpd_filters():
     assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
 
 
+def test_watt_equals_its_reference_through_its_templates_and_averages():
+    """Three templates (each class's embedding moved a different way), two rounds of two steps each: the class
+    embeddings hold one row per (template, class), template-major, as the 'watt8' set lays them out."""
+    vision, images, emb = tower(TINY_VIT)
+    templates = F.normalize(emb + 0.3 * torch.randn(3, *emb.shape, generator=torch.Generator().manual_seed(1)), dim=-1)
+    hp = {"lr": 0.01, "template_steps": 2, "rounds": 2}
+    trace = make_method("watt", templates.reshape(3 * K, -1), torch.arange(3 * K) % K, K, batch_size=B,
+                        vision=vision, **hp).run(images)
+    check(trace.posteriors, lambda dtype: watt_reference(images, vision, templates, batch_size=B, dtype=dtype, **hp))
+    assert (trace.predictions != zero_shot(vision, images, F.normalize(templates.mean(0), dim=-1)).argmax(1)).sum() >= 2
+    with pytest.raises(ValueError, match=r"watt: .* every class needs the same number of embeddings; got \[2, 1, 1, 1\]"):
+        make_method("watt", templates[0, [0, 0, 1, 2, 3]], torch.tensor([0, 0, 1, 2, 3]), K, vision=vision)
+    with pytest.raises(ValueError, match=r"watt: the vision tower ModifiedResNet has no parameters of the kind"):
+        make_method("watt", emb, torch.arange(K), K, vision=tower(TINY_RN)[0])
+
+
 def test_parts_and_a_restored_state_equal_the_stream_at_once():
     """A continual run fed in parts of whole batches equals it at once, and a fresh method given the state saved
     after the first part (what a resumed run loads from its state file) goes on to the same rows."""
@@ -128,5 +145,5 @@ def test_the_cards_memory_per_image_is_the_measured_one():
 
     visual = open_clip.create_model("ViT-B-16", pretrained=None).visual
     measured = saved_bytes_per_image(visual, 224) / 2**20
-    for name in ("tent", "sar", "deyo"):
+    for name in ("tent", "sar", "deyo", "watt"):
         assert method_card(name).image_encoder.mb_per_image == round(measured, 1)

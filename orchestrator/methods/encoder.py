@@ -50,12 +50,13 @@ def softmax_entropy(x: torch.Tensor) -> torch.Tensor:
     return -(x.softmax(1) * x.log_softmax(1)).sum(1)
 
 
-def norm_parameters(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, torch.nn.Parameter]]:
-    """The affine weight and bias of every norm layer (`NORM_LAYERS`) whose module name contains none of `skip`,
-    in module order (Tent's and SAR's collect_params)."""
+def norm_parameters(model: torch.nn.Module, skip: tuple[str, ...] = (), kinds: tuple[type, ...] = NORM_LAYERS
+                    ) -> list[tuple[str, torch.nn.Parameter]]:
+    """The affine weight and bias of every norm layer of `kinds` whose module name contains none of `skip`, in
+    module order (Tent's and SAR's collect_params; WATT's collect_ln_params takes LayerNorm alone)."""
     out = []
     for module_name, module in model.named_modules():
-        if any(s in module_name for s in skip) or not isinstance(module, NORM_LAYERS):
+        if any(s in module_name for s in skip) or not isinstance(module, kinds):
             continue
         for name, p in module.named_parameters(recurse=False):
             if name in ("weight", "bias"):
@@ -155,11 +156,16 @@ class EncoderMethod(Method):
         return None
 
     # --------------------------------------------------------------------------------------------- the loop
-    def logits(self, images: torch.Tensor) -> torch.Tensor:
-        """[b, K] zero-shot CLIP logits of the images through the adapted tower (module docstring)."""
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """[b, d] float32 image features through the adapted tower (not normalised), under fp16 autocast where the
+        run's precision says so."""
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.hp.get("precision") == "amp_fp16"):
             features = self.model(images)
-        return self.hp["logit_scale"] * F.normalize(features.float(), dim=-1) @ self.text.T
+        return features.float()
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """[b, K] zero-shot CLIP logits of the images through the adapted tower (module docstring)."""
+        return self.hp["logit_scale"] * F.normalize(self.encode(images), dim=-1) @ self.text.T
 
     def run(self, images: torch.Tensor) -> Trace:
         validate_images(self.name, images, self.class_embeddings.device)
