@@ -1,6 +1,6 @@
-"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO, WATT) against per-batch references written from their official
-code, run in float64 on open_clip's tiny towers with random weights, on streams where adaptation changes the
-predictions; a stream in parts and a restored state equal it at once; the inputs they refuse."""
+"""The methods that adapt CLIP's image encoder (Tent, SAR, DeYO, WATT) against per-batch references written from
+their official code, run in float64 on open_clip's tiny towers with random weights, on streams where adaptation
+changes the predictions; a stream in parts and a restored state equal it at once; the inputs they refuse."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_watt_equals_its_reference_through_its_templates_and_averages():
                         vision=vision, **hp).run(images)
     check(trace.posteriors, lambda dtype: watt_reference(images, vision, templates, batch_size=B, dtype=dtype, **hp))
     assert (trace.predictions != zero_shot(vision, images, F.normalize(templates.mean(0), dim=-1)).argmax(1)).sum() >= 2
-    with pytest.raises(ValueError, match=r"watt: .* every class needs the same number of embeddings; got \[2, 1, 1, 1\]"):
+    with pytest.raises(ValueError, match=r"every class needs the same number of embeddings; got \[2, 1, 1, 1\]"):
         make_method("watt", templates[0, [0, 0, 1, 2, 3]], torch.tensor([0, 0, 1, 2, 3]), K, vision=vision)
     with pytest.raises(ValueError, match=r"watt: the vision tower ModifiedResNet has no parameters of the kind"):
         make_method("watt", emb, torch.arange(K), K, vision=tower(TINY_RN)[0])

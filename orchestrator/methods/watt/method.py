@@ -7,8 +7,9 @@ encoder method has). Per batch x of the stream, the encoder and Adam's state fir
 (main.py resets before every batch), then `rounds` (--watt_m) times:
   for each template j in turn (WATT-S, --watt_type sequential, the official default), the first starting from the
   last round's average (round 1: the initial weights and optimiser) and each other from the previous template's
-  result, `template_steps` (--watt_l) Adam steps, each: f = normalize(features(x)); pseudo-labels y = argmax f T_j^T; the
-  chosen texts t = T_j[y] [b, d]; logits s f t^T [b, b]; targets = softmax_rows((f f^T + t t^T) / 2 / 0.01);
+  result, `template_steps` (--watt_l) Adam steps, each: f = normalize(features(x)); pseudo-labels
+  y = argmax f T_j^T; the chosen texts t = T_j[y] [b, d]; logits s f t^T [b, b];
+  targets = softmax_rows((f f^T + t t^T) / 2 / 0.01);
   loss = mean over images i of -sum_j targets[j, i] log_softmax(s f t^T)[i, j] (cross_entropy(logits.t(),
   targets.t()): the official logits are texts by images); then the weights of the templates are averaged.
 The batch's weights are the last average, and it is predicted by softmax(s normalize(features(x)) T^T) (evaluate,
