@@ -147,3 +147,76 @@ def test_the_cards_memory_per_image_is_the_measured_one():
     measured = saved_bytes_per_image(visual, 224) / 2**20
     for name in ("tent", "sar", "deyo", "watt"):
         assert method_card(name).image_encoder.mb_per_image == round(measured, 1)
+
+
+def lora_tent(lora):
+    """Tent with its card's image_encoder set to LoRA adapters (a method choosing params 'lora')."""
+    from dataclasses import replace
+
+    from orchestrator.methods.tent.card import NORM_STEP
+    from orchestrator.methods.tent.method import Tent
+    from orchestrator.registry import method_card
+    from orchestrator.registry.card import ImageEncoderUse
+
+    card = replace(method_card("tent"), image_encoder=ImageEncoderUse("lora", "episodic", NORM_STEP, lora=lora))
+
+    class LoRATent(Tent):
+        @classmethod
+        def card(cls):
+            return card
+
+    return LoRATent
+
+
+@pytest.mark.parametrize("model,targets,hp", [(TINY_VIT, ("q", "v"), {"lr": 0.05, "steps": 1}),
+                                              (TINY_RN, ("q", "k", "v", "out"), {"lr": 2.0, "steps": 1})])
+def test_lora_adapters_start_as_clip_and_their_updates_change_predictions(model, targets, hp):
+    """B starts at zero, so the first batch (predicted by the forward that adapts, as Tent does) is zero-shot CLIP's
+    up to the attention kernels' rounding (a few float32 ulps of a posterior); the steps move A and B alone, and each
+    adapted projection is W + (alpha / rank) B A."""
+    from orchestrator.registry.card import LoRA
+
+    vision, images, emb = tower(model)
+    lora = LoRA(rank=2, alpha=4.0, targets=targets)
+    method = lora_tent(lora)(emb, torch.arange(K), K, vision=vision, optimizer="adam", episodic=False,
+                             precision="fp32", logit_scale=100.0, **hp)
+    method.batch_size = B
+    trace = method.run(images)
+    clip = zero_shot(vision, images, emb)
+    assert torch.equal(trace.predictions[:B], clip.argmax(1)[:B])
+    assert float((trace.posteriors[:B] - clip[:B]).abs().max()) <= 16 * EPS32
+    assert (trace.predictions != clip.argmax(1)).sum() >= 2
+    names = [name for name, _ in method.adapted]
+    assert names and all(".A." in n or ".B." in n for n in names)
+    assert all("parametrizations" in k for k in trace.state if k.startswith("enc__"))
+    frozen = dict(vision.named_parameters())
+    for name, p in method.model.named_parameters():  # the originals and every other weight as CLIP's
+        if name.endswith(".original"):
+            assert torch.equal(p, frozen[name.replace(".parametrizations", "").replace(".original", "")])
+        elif name not in names:
+            assert torch.equal(p, frozen[name])
+    delta = next(m for m in method.model.modules() if type(m).__name__ == "LoRADelta")
+    a, b = delta.A[0].detach(), delta.B[0].detach()
+    assert float(b.abs().max()) > 0
+    owner = next(m for m in method.model.modules() if hasattr(m, "parametrizations")
+                 and delta in [*m.parametrizations.values()][0])
+    weight_name = next(iter(owner.parametrizations.keys()))
+    original = getattr(owner.parametrizations, weight_name).original
+    expected = original.detach().clone()
+    expected[: b.shape[0]] += (lora.alpha / lora.rank) * (b @ a)  # the first chosen chunk: q
+    if model == TINY_VIT:  # packed q, k, v: v's adapter is on the third chunk, k's untouched
+        expected[2 * b.shape[0]:] += (lora.alpha / lora.rank) * (delta.B[1] @ delta.A[1]).detach()
+    torch.testing.assert_close(getattr(owner, weight_name).detach(), expected, rtol=0, atol=0)
+
+
+def test_lora_settings_refused_with_their_field():
+    from orchestrator.registry.card import ImageEncoderUse, LoRA
+
+    with pytest.raises(ValueError, match=r"LoRA rank must be an int >= 1, got 0"):
+        LoRA(rank=0)
+    with pytest.raises(ValueError, match=r"LoRA targets must be distinct names of \('q', 'k', 'v', 'out'\), got "
+                                         r"\('qkv',\)"):
+        LoRA(targets=("qkv",))
+    with pytest.raises(ValueError, match=r"image encoder lora is set but params is 'norm'; expected params 'lora'"):
+        ImageEncoderUse("norm", False, 1.0, lora=LoRA())
+    assert ImageEncoderUse("lora", False, 1.0).lora == LoRA()
