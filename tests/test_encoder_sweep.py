@@ -1,5 +1,5 @@
-"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR and DeYO with
-cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca report`; a continual
+"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR, DeYO and
+WATT with cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca report`; a continual
 run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted run; an episodic
 run split into shards writes the unsharded run's rows; the spec's checks."""
 
@@ -62,14 +62,16 @@ def rows(path: Path, method: str) -> list[dict]:
 
 def test_a_spec_mixing_encoder_and_cached_feature_methods_reports_every_method(tmp_path, data, monkeypatch):
     path = write_spec(tmp_path, [{"method": "clip"}, {"method": "tda"}, {"method": "tent", "batch_size": 2},
-                                 {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2}], data)
+                                 {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2},
+                                 {"method": "watt", "batch_size": 2, "rounds": 1}], data)
     done = run_all(path)
-    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 2]  # each encoder run alone, the others packed
+    # each encoder run alone, the others packed
+    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 1, 2]
     monkeypatch.chdir(tmp_path)
     r = bca("report", "--sweep", "enc", "--results", "results")
     assert r.exit_code == 0, r.output
     for label in ("CLIP (batch_size=1)", "TDA (batch_size=1)", "Tent (batch_size=2)", "SAR (batch_size=2)",
-                  "DeYO (batch_size=2)"):
+                  "DeYO (batch_size=2)", "WATT (batch_size=2)"):
         line = next(line for line in r.stdout.splitlines() if f"│ {label} " in line)
         assert "(n=1)" in line  # its DTD cell: a finished run with all its rows
     assert len(rows(path, "sar")) == 9
