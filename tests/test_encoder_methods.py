@@ -85,16 +85,29 @@ def test_deyo_equals_its_reference_through_its_entropy_and_plpd_filters():
     assert (trace.predictions != zero_shot(vision, images, emb).argmax(1)).sum() >= 2
 
 
-def test_watt_equals_its_reference_through_its_templates_and_averages():
+@pytest.mark.parametrize("variant,noise,order,batch", [
+    ("sequential", 0.3, list(range(N)), B),
+    # WATT-P: a fresh Adam per template turns a flat loss's rounding noise into steps (the method's docstring), so
+    # its stream keeps two confident images of different classes in each batch and the templates near the classes
+    ("parallel", 0.1, [0, 1, 4, 5, 6, 7, 2, 3, 8, 9, 10, 11], 6)])
+def test_watt_equals_its_reference_through_its_templates_and_averages(variant, noise, order, batch):
     """Three templates (each class's embedding moved a different way), two rounds of two steps each: the class
     embeddings hold one row per (template, class), template-major, as the 'watt8' set lays them out."""
     vision, images, emb = tower(TINY_VIT)
-    templates = F.normalize(emb + 0.3 * torch.randn(3, *emb.shape, generator=torch.Generator().manual_seed(1)), dim=-1)
-    hp = {"lr": 0.01, "template_steps": 2, "rounds": 2}
-    trace = make_method("watt", templates.reshape(3 * K, -1), torch.arange(3 * K) % K, K, batch_size=B,
+    images = images[order]
+    noise = noise * torch.randn(3, *emb.shape, generator=torch.Generator().manual_seed(1))
+    templates = F.normalize(emb + noise, dim=-1)
+    hp = {"lr": 0.01, "variant": variant, "template_steps": 2, "rounds": 2}
+    trace = make_method("watt", templates.reshape(3 * K, -1), torch.arange(3 * K) % K, K, batch_size=batch,
                         vision=vision, **hp).run(images)
-    check(trace.posteriors, lambda dtype: watt_reference(images, vision, templates, batch_size=B, dtype=dtype, **hp))
+    check(trace.posteriors, lambda dtype: watt_reference(images, vision, templates, batch_size=batch, dtype=dtype,
+                                                          **hp))
     assert (trace.predictions != zero_shot(vision, images, F.normalize(templates.mean(0), dim=-1)).argmax(1)).sum() >= 2
+
+
+def test_watt_refuses_unequal_templates_and_a_tower_without_layernorms():
+    vision, images, emb = tower(TINY_VIT)
+    templates = F.normalize(emb + 0.3 * torch.randn(3, *emb.shape, generator=torch.Generator().manual_seed(1)), dim=-1)
     with pytest.raises(ValueError, match=r"every class needs the same number of embeddings; got \[2, 1, 1, 1\]"):
         make_method("watt", templates[0, [0, 0, 1, 2, 3]], torch.tensor([0, 0, 1, 2, 3]), K, vision=vision)
     with pytest.raises(ValueError, match=r"watt: the vision tower ModifiedResNet has no parameters of the kind"):

@@ -5,9 +5,11 @@ The class embeddings hold one row per (template, class) (the card's template set
 T_j [K, d], template j's unit text embeddings, and T [K, d] their per-class mean renormalised (the classifier every
 encoder method has). Per batch x of the stream, the encoder and Adam's state first reset to the initial ones
 (main.py resets before every batch), then `rounds` (--watt_m) times:
-  for each template j in turn (WATT-S, --watt_type sequential, the official default), the first starting from the
-  last round's average (round 1: the initial weights and optimiser) and each other from the previous template's
-  result, `template_steps` (--watt_l) Adam steps, each: f = normalize(features(x)); pseudo-labels
+  for each template j, starting from
+    - sequential (WATT-S, --watt_type sequential, the official default): the last round's average for the first
+      template (round 1: the initial weights and optimiser), the previous template's result for the others;
+    - parallel (WATT-P): the last round's average for every template (round 1: the initial weights and optimiser);
+  `template_steps` (--watt_l) Adam steps, each: f = normalize(features(x)); pseudo-labels
   y = argmax f T_j^T; the chosen texts t = T_j[y] [b, d]; logits s f t^T [b, b];
   targets = softmax_rows((f f^T + t t^T) / 2 / 0.01);
   loss = mean over images i of -sum_j targets[j, i] log_softmax(s f t^T)[i, j] (cross_entropy(logits.t(),
@@ -18,11 +20,11 @@ templates averaged, not the reference template alone).
 Which code this follows, and where it differs:
 - The parameters are the vision tower's LayerNorm affine weights (set_ln_grads, collect_ln_params), so a tower without
   LayerNorms (RN50) has nothing to adapt and is refused.
-- Adam's state is never reset between templates or rounds except at the start of round 1, as the official code
-  reloads it; a later round loads only the averaged weights.
-- Not offered: WATT-P (--watt_type parallel: every template from the last average, a fresh Adam per template in
-  round 1). On the tiny test towers its run drifts between float32 and float64 far beyond any tolerance (a fresh
-  Adam's first step normalises gradients that are zero up to rounding), so it could not be held to a reference.
+- Adam's state is never reset between templates or rounds except where the official code reloads the initial state
+  (round 1: once for WATT-S, before every template for WATT-P); a later round loads only the averaged weights.
+- Where a template's pseudo-labels of a batch are all one class, its loss is flat (every logit of an image equal)
+  and its gradient zero up to rounding; a fresh Adam's first step (WATT-P's round 1) scales that rounding noise up
+  to about lr, in the official code as here, so such batches are not reproducible across precisions.
 - The official step takes the pseudo-labels from a no-grad forward and the loss from a second forward of the same
   weights; this takes both from one forward (the same values), and the targets keep their gradient as there.
 - The logit scale is the hparam `logit_scale` (100, CLIP's learned exp(logit_scale) and the pseudo-labels' fixed 100).
@@ -82,11 +84,12 @@ class WATT(EncoderMethod):
         self.optimizer.zero_grad()
 
     def adapt(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        parallel = self.hp["variant"] == "parallel"
         average: list[torch.Tensor] | None = None
         for _ in range(self.hp["rounds"]):
             snapshots = []
             for j, text in enumerate(self.templates):
-                if j == 0:
+                if j == 0 or parallel:
                     if average is None:
                         self.load_state_tensors(self.initial)
                     else:

@@ -36,7 +36,7 @@ def weight_average(all_weights: list) -> OrderedDict:
 
 
 def run_reference(images: torch.Tensor, vision: nn.Module, templates: torch.Tensor, *, batch_size: int, lr: float,
-                  template_steps: int = 2, rounds: int = 5, logit_scale: float = 100.0,
+                  variant: str = "sequential", template_steps: int = 2, rounds: int = 5, logit_scale: float = 100.0,
                   dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """[n, 3, H, W] images -> [n, K] posteriors in stream order."""
     model = copy.deepcopy(vision).to(dtype).eval()  # clip.load's model, never put in train mode
@@ -57,12 +57,19 @@ def run_reference(images: torch.Tensor, vision: nn.Module, templates: torch.Tens
         optimizer.load_state_dict(optimizer_state)
         for m in range(rounds):
             all_weights = []
-            if m == 0:  # WATT-S (type 'sequential')
-                model.load_state_dict(model_state, strict=True)
-                optimizer.load_state_dict(optimizer_state)
-            else:
-                model.load_state_dict(avg_state_dict, strict=False)
+            if variant == "sequential":
+                if m == 0:
+                    model.load_state_dict(model_state, strict=True)
+                    optimizer.load_state_dict(optimizer_state)
+                else:
+                    model.load_state_dict(avg_state_dict, strict=False)
             for text_feat in templates:
+                if variant == "parallel":
+                    if m == 0:
+                        model.load_state_dict(model_state, strict=True)
+                        optimizer.load_state_dict(optimizer_state)
+                    else:
+                        model.load_state_dict(avg_state_dict, strict=False)
                 for _ in range(template_steps):
                     with torch.no_grad():
                         image_features = model(x)
