@@ -186,14 +186,18 @@ def lora_tent(lora):
 def test_lora_adapters_start_as_clip_and_their_updates_change_predictions(model, targets, hp):
     """B starts at zero, so the first batch (predicted by the forward that adapts, as Tent does) is zero-shot CLIP's
     up to the attention kernels' rounding (a few float32 ulps of a posterior); the steps move A and B alone, and each
-    adapted projection is W + (alpha / rank) B A."""
+    adapted projection is W + (alpha / rank) B A; the state restores them."""
     from orchestrator.registry.card import LoRA
 
     vision, images, emb = tower(model)
     lora = LoRA(rank=2, alpha=4.0, targets=targets)
-    method = lora_tent(lora)(emb, torch.arange(K), K, vision=vision, optimizer="adam", episodic=False,
-                             precision="fp32", logit_scale=100.0, **hp)
-    method.batch_size = B
+    def make():
+        method = lora_tent(lora)(emb, torch.arange(K), K, vision=vision, optimizer="adam", episodic=False,
+                                 precision="fp32", logit_scale=100.0, **hp)
+        method.batch_size = B
+        return method
+
+    method = make()
     trace = method.run(images)
     clip = zero_shot(vision, images, emb)
     assert torch.equal(trace.predictions[:B], clip.argmax(1)[:B])
@@ -220,6 +224,9 @@ def test_lora_adapters_start_as_clip_and_their_updates_change_predictions(model,
     if model == TINY_VIT:  # packed q, k, v: v's adapter is on the third chunk, k's untouched
         expected[2 * b.shape[0]:] += (lora.alpha / lora.rank) * (delta.B[1] @ delta.A[1]).detach()
     torch.testing.assert_close(getattr(owner, weight_name).detach(), expected, rtol=0, atol=0)
+    resumed = make()  # the adapters and Adam's state as a run's state file gives them back
+    resumed.load_state_tensors({k: v.numpy() for k, v in trace.state.items()})
+    assert torch.equal(resumed.run(images[:B]).posteriors, method.run(images[:B]).posteriors)
 
 
 def test_lora_settings_refused_with_their_field():

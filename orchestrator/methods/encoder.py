@@ -1,4 +1,4 @@
-"""Methods that adapt CLIP's image encoder at test time (Tent, SAR, DeYO): the images in the loop.
+"""Methods that adapt CLIP's image encoder at test time (Tent, SAR, DeYO, WATT): the images in the loop.
 
 Every other method adapts on top of cached features; these change the encoder, so they see the images. What such a
 method is given besides the class embeddings every method gets (from the same prompt code):
