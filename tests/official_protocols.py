@@ -56,7 +56,7 @@ OFFICIAL = {
              "--I_augmix, as both scripts run it)", _by_group("augmix", "augmix", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
-    # Tent, SAR, DeYO, BATCLIP and CLIPArTT: the official loaders' test transform, one image a sample (no test-time
+    # Tent, SAR, DeYO, BATCLIP, CLIPArTT and WATT: the official loaders' test transform, one image a sample (no test-time
     # augmentation); here the CLIP eval transform, as TTABC's loader gives its batch-wise methods.
     "tent": ("DequanWang/tent@7d236b4 (one test image a sample)", _by_group("single", "single", "single")),
     "sar": ("mr-eggplant/SAR@492c1ad main.py (one test image a sample)", _by_group("single", "single", "single")),
@@ -65,6 +65,7 @@ OFFICIAL = {
                 _by_group("single", "single", "single")),
     "clipartt": ("dosowiechi/CLIPArTT@6f439ba utils/prepare_dataset.py clip_transforms (one test image a sample)",
                  _by_group("single", "single", "single")),
+    "watt": ("Mehrdad-Noori/WATT@40e3fae main.py (one test image a sample)", _by_group("single", "single", "single")),
     "tpt": ("azshue/TPT@16e2967 tpt_classification.py AugMixAugmenter(augmix=len(set_id) > 1)",
             _by_group("crops", "crops", "augmix")),
     # DynaPrompt: dynap_classification.py:252-253, TPT's rule with batch_size 64 (scripts/test_dynap.sh).

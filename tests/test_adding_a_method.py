@@ -130,9 +130,9 @@ def test_a_pack_sends_the_plugin_configs_to_its_lockstep_runner(tmp_path, monkey
         torch.testing.assert_close(trace.posteriors, expected.posteriors, rtol=0, atol=1e-6)
 
 
-def test_the_image_encoder_plugin_runs_through_a_sweep_and_the_report(tmp_path, monkeypatch):
+def test_the_image_encoder_plugin_runs_through_a_sweep_the_report_and_the_dashboard(tmp_path, monkeypatch):
     """Section 6's plugin (its two files as the page shows them) in a sweep beside zero-shot CLIP on a real-layout
-    image dataset with the tiny model, run trial by trial, its row in `bca report`."""
+    image dataset with the tiny model, run trial by trial, its row in `bca report` and in the dashboard's table."""
     import yaml
     from typer.testing import CliRunner
 
@@ -165,6 +165,15 @@ def test_the_image_encoder_plugin_runs_through_a_sweep_and_the_report(tmp_path, 
     assert r.exit_code == 0, r.output
     assert "Entropy SGD (batch_size=16)" in r.stdout and "CLIP (batch_size=1)" in r.stdout
 
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import APP_PATH, RESULTS_ENV
+
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "results"))
+    at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = " ".join(str(v) for v in at.table[0].value.reset_index().astype(str).values.ravel())
+    assert "Entropy SGD (batch_size=16)" in shown and "CLIP (batch_size=1)" in shown
 
 BUILT_IN = '''
 import json

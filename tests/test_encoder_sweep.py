@@ -1,7 +1,7 @@
-"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR, DeYO, BATCLIP
-and CLIPArTT with cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca report`;
-a continual run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted run; an
-episodic run split into shards writes the unsharded run's rows; the spec's checks."""
+"""Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR, DeYO, BATCLIP,
+CLIPArTT and WATT with cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca
+report`; a continual run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted
+run; an episodic run split into shards writes the unsharded run's rows; the spec's checks."""
 
 from __future__ import annotations
 
@@ -64,14 +64,16 @@ def test_a_spec_mixing_encoder_and_cached_feature_methods_reports_every_method(t
     path = write_spec(tmp_path, [{"method": "clip"}, {"method": "tda"}, {"method": "tent", "batch_size": 2},
                                  {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2},
                                  {"method": "batclip", "batch_size": 2}, {"method": "clipartt", "batch_size": 2,
-                                                                          "steps": 1}], data)
+                                                                          "steps": 1},
+                                 {"method": "watt", "batch_size": 2, "rounds": 1}], data)
     done = run_all(path)
-    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 1, 1, 2]  # encoder runs alone, others packed
+    # each encoder run alone, the others packed
+    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 1, 1, 1, 2]
     monkeypatch.chdir(tmp_path)
     r = bca("report", "--sweep", "enc", "--results", "results")
     assert r.exit_code == 0, r.output
     for label in ("CLIP (batch_size=1)", "TDA (batch_size=1)", "Tent (batch_size=2)", "SAR (batch_size=2)",
-                  "DeYO (batch_size=2)", "BATCLIP (batch_size=2)", "CLIPArTT (batch_size=2)"):
+                  "DeYO (batch_size=2)", "BATCLIP (batch_size=2)", "CLIPArTT (batch_size=2)", "WATT (batch_size=2)"):
         line = next(line for line in r.stdout.splitlines() if f"│ {label} " in line)
         assert "(n=1)" in line  # its DTD cell: a finished run with all its rows
     assert len(rows(path, "sar")) == 9

@@ -5,6 +5,8 @@ Named template sets:
 - 'ensemble7': the 7-template ImageNet ensemble, 'clip80': CLIP's 80 ImageNet templates (both taken from
   open_clip.zero_shot_metadata);
 - 'tpt1': "a photo of a {}.", the one prompt TPT-derived code (MTA's official runs) embeds per class;
+- 'watt8': the eight templates of WATT's official templates.yaml, one embedding per (template, class) as
+  'handcrafted' lays them out (WATT adapts on each template's embeddings and predicts with their average);
 - 'handcrafted1'..'handcrafted4': the supplementary's M = K*t sets without ensembling ("a photo of a {}",
   "a origami {}", "art of the {}", "itap of a {}": the first t of them); embedding m is template m // K
   for class m % K.
@@ -40,6 +42,9 @@ from orchestrator.registry.templates import TEMPLATE_SET_NAMES
 
 HANDCRAFTED = ("a photo of a {}", "a origami {}", "art of the {}", "itap of a {}")
 TPT1 = ("a photo of a {}.",)  # CoOp's prompt learner: ctx_init "a_photo_of_a" + " " + class name + "."
+# Mehrdad-Noori/WATT@b11de14 templates.yaml, as written there (some end in a full stop, some do not)
+WATT8 = ("a photo of a {}", "itap of a {}", "a bad photo of the {}.", "a origami {}.", "a photo of the large {}.",
+         "a {} in a video game.", "art of the {}.", "a photo of the small {}.")
 
 _TEXT_CACHE_VERSION = 1
 
@@ -128,6 +133,8 @@ def resolve_templates(
             return TemplateSet(name, clip80(), True)
         if name == "tpt1":
             return TemplateSet(name, TPT1, True)
+        if name == "watt8":
+            return TemplateSet(name, WATT8, False)
         if name.startswith("handcrafted") and name[len("handcrafted"):] in ("1", "2", "3", "4"):
             return TemplateSet(name, HANDCRAFTED[: int(name[-1])], False)
         raise ValueError(f"unknown template set {templates!r}; named sets: {', '.join(TEMPLATE_SET_NAMES)}, "

@@ -1,4 +1,4 @@
-"""Methods that adapt CLIP's image encoder at test time (Tent, SAR, DeYO): the images in the loop.
+"""Methods that adapt CLIP's image encoder at test time (Tent, SAR, DeYO, WATT): the images in the loop.
 
 Every other method adapts on top of cached features; these change the encoder, so they see the images. What such a
 method is given besides the class embeddings every method gets (from the same prompt code):
@@ -17,7 +17,8 @@ another; a caller running a stream in parts keeps parts at multiples of it, as f
 reset first where the run is episodic (the card's `image_encoder.episodic`), then `adapt(batch)` returns the logits
 it predicts [b, K] and which images its loss used [b] (the trace's `gated`). Its optimiser steps the parameters the
 card names (`image_encoder.params`; 'norm': every norm layer's affine scale and shift, BatchNorm on the batch's own
-statistics, as Tent's `configure_model` sets it).
+statistics, as Tent's `configure_model` sets it; 'lora': low-rank adapters on the attention projections of the tower
+in eval mode, `add_lora`).
 
 State: `state_tensors()` is the adapted parameters (enc__<name>), the optimiser's state (opt__<k>__<key>) and the
 method's own (`extra_state`, x__<key>), every name a valid array name of the run's state file; `load_state_tensors`
@@ -50,12 +51,13 @@ def softmax_entropy(x: torch.Tensor) -> torch.Tensor:
     return -(x.softmax(1) * x.log_softmax(1)).sum(1)
 
 
-def norm_parameters(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> list[tuple[str, torch.nn.Parameter]]:
-    """The affine weight and bias of every norm layer (`NORM_LAYERS`) whose module name contains none of `skip`,
-    in module order (Tent's and SAR's collect_params)."""
+def norm_parameters(model: torch.nn.Module, skip: tuple[str, ...] = (), kinds: tuple[type, ...] = NORM_LAYERS
+                    ) -> list[tuple[str, torch.nn.Parameter]]:
+    """The affine weight and bias of every norm layer of `kinds` whose module name contains none of `skip`, in
+    module order (Tent's and SAR's collect_params; WATT's collect_ln_params takes LayerNorm alone)."""
     out = []
     for module_name, module in model.named_modules():
-        if any(s in module_name for s in skip) or not isinstance(module, NORM_LAYERS):
+        if any(s in module_name for s in skip) or not isinstance(module, kinds):
             continue
         for name, p in module.named_parameters(recurse=False):
             if name in ("weight", "bias"):
@@ -120,7 +122,13 @@ class EncoderMethod(Method):
         if not self.adapted:
             raise ValueError(f"{self.name}: the vision tower {type(vision).__name__} has no parameters of the kind "
                              f"it adapts ({self.card().image_encoder.params})")
-        configure_norm(self.model, [p for _, p in self.adapted])
+        if self.card().image_encoder.params == "lora":
+            # adapters on the tower as CLIP runs it: eval mode, BatchNorm on its running statistics
+            self.model.eval().requires_grad_(False)
+            for _, p in self.adapted:
+                p.requires_grad_(True)
+        else:
+            configure_norm(self.model, [p for _, p in self.adapted])
         self.optimizer = self.make_optimizer([p for _, p in self.adapted])
         self.episodic = self.card().image_encoder.is_episodic(hparams)
         self.initial = self.state_tensors()
@@ -128,15 +136,14 @@ class EncoderMethod(Method):
     # ------------------------------------------------------------------------------------ what subclasses say
     def parameters_to_adapt(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
         """(name, parameter) of what the optimiser steps, as the card's `image_encoder.params` says: 'norm', every
-        norm layer's affine parameters; 'all', every parameter. 'lora' adds modules to the tower, which a method
-        does by overriding this (none built in does)."""
-        params = self.card().image_encoder.params
-        if params == "norm":
+        norm layer's affine parameters; 'lora', the low-rank adapters `add_lora` puts on the tower's attention (its
+        `image_encoder.lora`); 'all', every parameter."""
+        use = self.card().image_encoder
+        if use.params == "norm":
             return norm_parameters(model)
-        if params == "all":
-            return list(model.named_parameters())
-        raise ValueError(f"{self.name}: its card's image_encoder params is {params!r}; a method adapting LoRA "
-                         f"adapters adds them to its tower copy in parameters_to_adapt")
+        if use.params == "lora":
+            return add_lora(model, use.lora)
+        return list(model.named_parameters())
 
     @abstractmethod
     def make_optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -155,11 +162,16 @@ class EncoderMethod(Method):
         return None
 
     # --------------------------------------------------------------------------------------------- the loop
-    def logits(self, images: torch.Tensor) -> torch.Tensor:
-        """[b, K] zero-shot CLIP logits of the images through the adapted tower (module docstring)."""
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """[b, d] float32 image features through the adapted tower (not normalised), under fp16 autocast where the
+        run's precision says so."""
         with torch.autocast("cuda", dtype=torch.float16, enabled=self.hp.get("precision") == "amp_fp16"):
             features = self.model(images)
-        return self.hp["logit_scale"] * F.normalize(features.float(), dim=-1) @ self.text.T
+        return features.float()
+
+    def logits(self, images: torch.Tensor) -> torch.Tensor:
+        """[b, K] zero-shot CLIP logits of the images through the adapted tower (module docstring)."""
+        return self.hp["logit_scale"] * F.normalize(self.encode(images), dim=-1) @ self.text.T
 
     def run(self, images: torch.Tensor) -> Trace:
         validate_images(self.name, images, self.class_embeddings.device)
@@ -211,6 +223,63 @@ class EncoderMethod(Method):
         self.optimizer.load_state_dict({"state": entries, "param_groups": fresh["param_groups"]})
         self.load_extra_state({key[len(_EXTRA):]: torch.as_tensor(value) for key, value in state.items()
                                if key.startswith(_EXTRA)})
+
+
+class LoRADelta(torch.nn.Module):
+    """A parametrization of a weight W [out, in] whose rows are `chunks` stacked projections (nn.MultiheadAttention's
+    packed q, k, v: 3; a Linear: 1): W + scale * the chosen chunks' B A (the others zero)."""
+
+    def __init__(self, weight: torch.Tensor, chunks: int, chosen: tuple[int, ...], rank: int, scale: float,
+                 generator: torch.Generator) -> None:
+        super().__init__()
+        rows, fan_in = weight.shape[0] // chunks, weight.shape[1]
+        bound = 1 / math.sqrt(fan_in)  # loralib's kaiming_uniform_(A, a=sqrt(5))
+        self.chunks, self.chosen, self.scale = chunks, chosen, scale
+        self.A = torch.nn.ParameterList([
+            torch.nn.Parameter(((torch.rand(rank, fan_in, generator=generator) * 2 - 1) * bound).to(weight))
+            for _ in chosen])
+        self.B = torch.nn.ParameterList([torch.nn.Parameter(weight.new_zeros(rows, rank)) for _ in chosen])
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        blocks = list(torch.zeros_like(weight).chunk(self.chunks))
+        for i, a, b in zip(self.chosen, self.A, self.B):
+            blocks[i] = b @ a
+        return weight + self.scale * torch.cat(blocks)
+
+
+def add_lora(model: torch.nn.Module, lora: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """Put LoRA adapters (`orchestrator.registry.card.LoRA`: rank, alpha, targets) on every attention of the tower,
+    as parametrizations of its projection weights: a ViT's nn.MultiheadAttention (packed in_proj_weight: q, k, v;
+    out_proj: out) and a ModifiedResNet's attention pool (q_proj, k_proj, v_proj; c_proj: out). A is drawn from a
+    generator seeded 0 in module order, so every run's adapters start alike; B is zero, so the tower starts as
+    CLIP's. Returns (name, parameter) of every A and B."""
+    from torch.nn.utils import parametrize
+
+    generator = torch.Generator().manual_seed(0)
+    scale = lora.alpha / lora.rank
+    qkv = tuple(i for i, t in enumerate(("q", "k", "v")) if t in lora.targets)
+    adapters = []
+    for module in list(model.modules()):
+        if isinstance(module, torch.nn.MultiheadAttention):
+            if module.in_proj_weight is None:
+                raise ValueError("LoRA: an nn.MultiheadAttention without a packed in_proj_weight (kdim or vdim "
+                                 "differ from embed_dim) is not supported")
+            places = [(module, "in_proj_weight", 3, qkv)] if qkv else []
+            out = module.out_proj
+        elif all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in ("q_proj", "k_proj", "v_proj",
+                                                                                  "c_proj")):
+            places = [(getattr(module, f"{t}_proj"), "weight", 1, (0,)) for t in ("q", "k", "v") if t in lora.targets]
+            out = module.c_proj
+        else:
+            continue
+        if "out" in lora.targets:
+            places.append((out, "weight", 1, (0,)))
+        for owner, name, chunks, chosen in places:
+            delta = LoRADelta(getattr(owner, name), chunks, chosen, lora.rank, scale, generator)
+            parametrize.register_parametrization(owner, name, delta)
+            adapters += [*delta.A, *delta.B]
+    ids = {id(p) for p in adapters}
+    return [(name, p) for name, p in model.named_parameters() if id(p) in ids]
 
 
 class SAM:

@@ -203,6 +203,28 @@ class TextEncoderUse:
 
 
 ENCODER_PARAMS = ("norm", "lora", "all")
+LORA_TARGETS = ("q", "k", "v", "out")
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """Low-rank adapters on the image encoder's attention (Hu et al., LoRA, as microsoft/LoRA's loralib sets them
+    up): each chosen projection W becomes W + (alpha / rank) B A, A [rank, in] Kaiming-uniform, B [out, rank] zero,
+    so the adapted tower starts as CLIP's; only A and B are trained. targets: which projections, of 'q', 'k', 'v'
+    (the attention's input projections) and 'out' (its output projection); loralib's examples adapt q and v."""
+
+    rank: int = 4
+    alpha: float = 8.0
+    targets: tuple[str, ...] = ("q", "v")
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rank, int) and self.rank >= 1):
+            raise ValueError(f"LoRA rank must be an int >= 1, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise ValueError(f"LoRA alpha must be > 0, got {self.alpha!r}")
+        if not self.targets or any(t not in LORA_TARGETS for t in self.targets) or \
+                len(set(self.targets)) != len(self.targets):
+            raise ValueError(f"LoRA targets must be distinct names of {LORA_TARGETS}, got {self.targets!r}")
 
 
 @dataclass(frozen=True)
@@ -213,7 +235,8 @@ class ImageEncoderUse:
     params: what it updates: 'norm' (the affine scale and shift of every LayerNorm / BatchNorm / GroupNorm,
     BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention) or 'all'; episodic: True (the
     encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
-    name of the bool hparam that chooses per run; device: 'gpu' (impractical on a CPU at benchmark scale) or
+    name of the bool hparam that chooses per run; lora: the adapters' rank, alpha and projections where params is
+    'lora' (`LoRA`; None there: its defaults); device: 'gpu' (impractical on a CPU at benchmark scale) or
     'any'; mb_per_image: activation memory one image's adaptation step keeps, float32, at the ViT-B/16 vision
     tower (a sweep's memory plan: a batch of B images needs about B times it); text_tower: the method also runs
     CLIP's text tower at test time (BATCLIP adapts its norm layers too, CLIPArTT encodes pseudo-captions), so a run
@@ -225,10 +248,15 @@ class ImageEncoderUse:
     mb_per_image: float
     device: str = "any"
     text_tower: bool = False
+    lora: LoRA | None = None
 
     def __post_init__(self) -> None:
         if self.params not in ENCODER_PARAMS:
             raise ValueError(f"image encoder params must be one of {ENCODER_PARAMS}, got {self.params!r}")
+        if self.params == "lora" and self.lora is None:
+            object.__setattr__(self, "lora", LoRA())
+        if self.params != "lora" and self.lora is not None:
+            raise ValueError(f"image encoder lora is set but params is {self.params!r}; expected params 'lora'")
         if self.device not in DEVICES:
             raise ValueError(f"image encoder device must be one of {DEVICES}, got {self.device!r}")
         if not self.mb_per_image > 0:
@@ -246,8 +274,9 @@ class ImageEncoderUse:
         need = f"{self.mb_per_image:g} MB per image"
         if batch_size:
             need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
-        what = {"norm": "its norm layers' affine parameters", "lora": "LoRA on its attention",
-                "all": "all its parameters"}[self.params]
+        what = {"norm": "its norm layers' affine parameters", "all": "all its parameters",
+                "lora": self.lora and f"LoRA on its attention's {'/'.join(self.lora.targets)} projections, rank "
+                                      f"{self.lora.rank}, alpha {self.lora.alpha:g}"}[self.params]
         text = ", running its text tower too" if self.text_tower else ""
         return (f"CLIP's image encoder adapted at test time ({what}){text}, wants "
                 f"{'a GPU' if self.device == 'gpu' else 'any device'}, {need}")
