@@ -21,6 +21,8 @@ from orchestrator.registry.views import ViewConfig, parse_views
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
 INPUTS = ("single", "views", "either")
+# the auxiliary image encoders a backbone may name beside CLIP (`orchestrator.clip.auxiliary`) and a card may read
+AUXILIARY_ENCODERS = ("dinov2",)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -253,7 +255,10 @@ class MethodCard:
     only), else None; templates: the template set its official run embeds (`orchestrator.clip.prompts`) where
     that is not the dataset's own, what a spec's default `templates: protocol` gives its runs (None: the
     dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
-    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None.
+    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None;
+    auxiliary: the auxiliary encoders (AUXILIARY_ENCODERS) whose features it reads beside CLIP's: its method's
+    `_run(features, auxiliary)` gets each one's [n, d'] features of the original view, in stream order (the
+    backbone names the encoder; a synthetic dataset simulates it, `orchestrator.data.synthetic`).
     """
 
     name: str
@@ -300,8 +305,13 @@ class MethodCard:
     text_encoder: TextEncoderUse | None = None
     templates: str | None = None
     image_encoder: ImageEncoderUse | None = None
+    auxiliary: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [a for a in self.auxiliary if a not in AUXILIARY_ENCODERS]
+        if unknown:
+            raise ValueError(f"method {self.name!r}: auxiliary encoder {unknown[0]!r} is not one of "
+                             f"{AUXILIARY_ENCODERS}")
         if not _NAME_RE.match(self.name):
             raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
         if self.inputs not in INPUTS:

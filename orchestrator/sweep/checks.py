@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from orchestrator.registry.corruptions import benchmark_key, parse_variant
 from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
@@ -156,6 +157,31 @@ def _real_source_issues(spec: SweepSpec, data_elsewhere: bool = False) -> list[t
         problem = backbone_issue(backbone.model, tag, backbone.checkpoint, backbone.config)
         if problem:
             issues.append((f"backbones[{i}].{problem[0]}", problem[1]))
+        issues += _auxiliary_issues(spec, i, backbone)
+    return issues
+
+
+def _auxiliary_issues(spec: SweepSpec, i: int, backbone: Any) -> list[tuple[str, str]]:
+    """The backbone's auxiliary encoders exist as named, and it names every one its datasets' methods read."""
+    from orchestrator.clip.auxiliary import ARCHS
+
+    issues = []
+    for j, aux in enumerate(backbone.auxiliary):
+        where = f"backbones[{i}].auxiliary[{j}]"
+        if aux.arch not in ARCHS:
+            issues.append((f"{where}.arch", f"{aux.arch!r} is not a {aux.name} architecture; expected one of "
+                                            f"{', '.join(sorted(ARCHS))}"))
+        if aux.checkpoint is not None and not Path(aux.checkpoint).is_file():
+            issues.append((f"{where}.checkpoint", f"file {aux.checkpoint} does not exist; expected a {aux.name} "
+                                                  f"checkpoint in the official format"))
+    named = {aux.name for aux in backbone.auxiliary}
+    for k, entry in enumerate(spec.methods):
+        wanted = [a for a in method_card(entry.method).auxiliary if a not in named]
+        if wanted and any(isinstance(d, RealDataset) for d in entry_datasets(spec, entry)):
+            issues.append((f"backbones[{i}].auxiliary", f"methods[{k}] ({entry.method}) reads the {wanted[0]} "
+                                                        f"auxiliary encoder's features, which {backbone.model} does "
+                                                        f"not name; expected e.g. auxiliary: [{{name: {wanted[0]}, "
+                                                        f"arch: vitl14_reg, checkpoint: <file>}}]"))
     return issues
 
 
