@@ -294,7 +294,8 @@ class MethodCard:
     # not measured on a GPU (CPU rate used, and named)
     gpu_samples_per_s: float | None = None
     # the memory its state holds, in 4-byte words (an int64 counts 2, a bool 1/4), as an expression in K (classes),
-    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given) and its hparams (at
+    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given), a (an auxiliary
+    # encoder's width, d unless given) and its hparams (at
     # their defaults): what its method object keeps from
     # sample to sample (tests/test_state_memory.py holds it to a real run's tensors); `state_bytes` evaluates it for
     # the cost model's memory plan of a GPU pack and for the methods table; None: unknown (a plugin)
@@ -374,16 +375,18 @@ class MethodCard:
             if value is not None and value not in names:
                 raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
         if self.state_words is not None:
-            self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w and its hparams is refused here
+            self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w, a and its hparams is refused here
 
-    def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None) -> int:
+    def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None,
+                    aux_width: int | None = None) -> int:
         """Bytes of its state (`state_words`) at K = num_classes, d = dim after `samples` samples, w = text_width
-        (its text tower's token width; None: d, as in ViT-B/16), hparams at their defaults; a ValueError where it
-        has no state_words or they are not such an expression."""
+        (its text tower's token width; None: d, as in ViT-B/16), a = aux_width (an auxiliary encoder's width;
+        None: d), hparams at their defaults; a ValueError where it has no state_words or they are not such an
+        expression."""
         if self.state_words is None:
             raise ValueError(f"method {self.name!r}: its card gives no state_words")
         names = {**self.defaults(), "K": num_classes, "d": dim, "n": samples,
-                 "w": dim if text_width is None else text_width}
+                 "w": dim if text_width is None else text_width, "a": dim if aux_width is None else aux_width}
         return int(math.ceil(4 * _arithmetic(self.state_words, names, f"method {self.name!r} state_words")))
 
     @property
