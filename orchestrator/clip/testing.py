@@ -72,7 +72,8 @@ def official_dinov2_state(arch: str = "bca-tiny-dinov2", grid: int = 5, seed: in
              "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05), "patch_embed.proj.bias": rand(width),
              "norm.weight": 1 + rand(width), "norm.bias": rand(width)}
     for b in range(depth):
-        for name, shape in (("norm1.weight", (width,)), ("norm1.bias", (width,)), ("attn.qkv.weight", (3 * width, width)),
+        for name, shape in (("norm1.weight", (width,)), ("norm1.bias", (width,)),
+                            ("attn.qkv.weight", (3 * width, width)),
                             ("attn.qkv.bias", (3 * width,)), ("attn.proj.weight", (width, width)),
                             ("attn.proj.bias", (width,)), ("ls1.gamma", (width,)), ("norm2.weight", (width,)),
                             ("norm2.bias", (width,)), ("mlp.fc1.weight", (4 * width, width)),

@@ -214,8 +214,8 @@ def _encode_entry(
     progress: bool | Callable[[int, int], None],
 ) -> dict[str, Any]:
     """Encode every image into tmp/features.npy (+ labels.npy) with `encoder` (a CLIP backbone or an auxiliary
-    encoder) on the views `transform` makes; returns the manifest's encode fields. progress: True for a console bar, or a callable given (images done, images) after each batch (a sweep
-    trial forwards it to the driver)."""
+    encoder) on the views `transform` makes; returns the manifest's encode fields. progress: True for a console
+    bar, or a callable given (images done, images) after each batch (a sweep trial forwards it to the driver)."""
     from tqdm.auto import tqdm
 
     n, V, d = len(images), views.num_views, encoder.embed_dim

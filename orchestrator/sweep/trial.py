@@ -26,9 +26,9 @@ from orchestrator.sweep.orders import execute_orders
 from orchestrator.sweep.pack import execute_pack
 from orchestrator.sweep.pieces import (STATE_ROWS, TEXT_STAGE, WARMUP_SAMPLES, ImageSide, Outcome, Progress, RowSink,
                                        Settings, Stream, auxiliary_for, batch_size_of, code_path, error_text,
-                                       features_for, finish, image_side, load_stream, mark_failed, method_for, part_rows_for, peak_mb_of,
-                                       prompt_text_for, resume_state, rows_on_disk, save_run_state, silent,
-                                       wants_views, warm_up)
+                                       features_for, finish, image_side, load_stream, mark_failed, method_for,
+                                       part_rows_for, peak_mb_of, prompt_text_for, resume_state, rows_on_disk,
+                                       save_run_state, silent, wants_views, warm_up)
 from orchestrator.sweep.plan import Run, Trial
 from orchestrator.sweep.shard import execute_shard
 
