@@ -113,6 +113,8 @@ def check_exact(device: str, K: int, d: int, n: int, view_n: int, batch_n: int) 
             continue  # prompt tuning runs a text tower: section 6 checks it
         if card.image_encoder is not None:
             continue  # it adapts the image tower on images, not features (tests/test_encoder_methods.py)
+        if card.auxiliary:
+            continue  # it reads an auxiliary encoder's features beside CLIP's, which these streams have not
         x = view_feats[:view_n] if card.takes_views else feats
         configs = methods_benchmark.differing_configs(card, 4, x.shape[0])
         if card.lockstep_runner(x.ndim == 3) is None:

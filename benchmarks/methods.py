@@ -299,9 +299,10 @@ def run(args: argparse.Namespace, preset: dict) -> None:
     """Measure the chosen methods on the preset's streams and print the table."""
     from orchestrator.registry import method_cards
 
-    # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it.
+    # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it; a method
+    # reading an auxiliary encoder's features (COSMIC) needs them beside CLIP's, which it has not either.
     cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.text_encoder is None
-             and c.image_encoder is None]
+             and c.image_encoder is None and not c.auxiliary]
     print(f"machine: {os.cpu_count()} cpus, device {args.device}, torch threads {args.threads}; "
           f"load average at start {os.getloadavg()[0]:.1f}")
     print(f"stream: K = M = {preset['K']}, d = {preset['d']}, n = {preset['n']} (view methods: "

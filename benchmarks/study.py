@@ -328,8 +328,10 @@ def main(argv: list[str] | None = None) -> None:
             preset[key] = getattr(args, key)
     names = args.datasets or (QUICK_DATASETS if args.quick else paper_datasets())
     datasets = [dataset_card(name) for name in names]
-    # the methods adapting the image encoder run on images, which the study's synthetic features are not
-    cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.image_encoder is None]
+    # the methods adapting the image encoder run on images, which the study's synthetic features are not; those
+    # reading an auxiliary encoder's features need them beside CLIP's, which the study's streams have not
+    cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.image_encoder is None
+             and not c.auxiliary]
     gemm = measured_gemm_rate(args.device, 256 if args.quick else 4096)
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(f"machine: {os.cpu_count()} cpus, device {args.device} ({name}); load average at start "

@@ -77,6 +77,10 @@ OFFICIAL = {
     # n_views=31 augmix=False), the cross-domain sets get_preprocess() (n_views=31 augmix=True).
     **{m: ("CenturyChen/MCP@f9d063f utils.py build_test_data_loader", _by_group("crops31", "crops31", "augmix31"))
        for m in ("mcp", "mcp_pp")},
+    # COSMIC: cosmic_main.py AugMixAugmenter(n_views=args.batch_size - 1, augmix=len(set_id) > 1) with -b 8
+    # (scripts/cosmic_ood.sh, cosmic_cd.sh): 7 crops on ImageNet and its variants, 7 AugMix views elsewhere.
+    "cosmic": ("hf618/COSMIC@34fde07 cosmic_main.py AugMixAugmenter, scripts/cosmic_ood.sh -b 8",
+               _by_group("crops7", "crops7", "augmix7")),
     # DLAE: utils.py build_test_data_loader picks the transform dataset by dataset: get_preprocess(is_augmix=False)
     # (63 crops) on 'I', 'A', 'V', 'S' and ucf101, get_preprocess() (63 AugMix views) on 'R', dtd, fgvc,
     # stanford_cars, sun397 and food101, clip.load's preprocess on eurosat, oxford_pets, oxford_flowers, caltech101.

@@ -64,6 +64,8 @@ def write_spec(tmp_path: Path, data: Path, models: dict[str, Path], methods: lis
                name: str = "sig") -> Path:
     backbone = ({"model": TINY_SIGLIP, "checkpoint": str(models["checkpoint"]), "config": str(models["sig"])}
                 if sigmoid else {"model": TINY_VIT, "pretrained": "random", "config": str(models["vit"])})
+    # every method runs here: COSMIC reads an auxiliary encoder's features
+    backbone["auxiliary"] = [{"name": "dinov2", "arch": "bca-tiny-dinov2", "pretrained": "random"}]
     spec = {"name": name, "results_dir": "results", "cache_dir": str(data.parent / "cache"), "data_root": str(data),
             "backbones": [backbone], "datasets": ["dtd"], "methods": methods, "seeds": [1],
             "resources": {"cpus": 1}}

@@ -51,7 +51,8 @@ def test_every_method_on_a_tiny_real_dataset_with_its_official_views(tmp_path):
     methods = registry.method_names()
     spec, runs = _sweep(tmp_path / "real.yaml", {
         "name": "every-real", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
-        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random"}],
+        "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random",
+                       "auxiliary": [{"name": "dinov2", "arch": "bca-tiny-dinov2", "pretrained": "random"}]}],
         "datasets": ["imagenet-a"], "views": "protocol",
         "methods": [{"method": m} for m in methods], "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4})
     assert sorted(r.config["method"] for r in runs) == sorted(methods)

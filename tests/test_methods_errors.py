@@ -45,8 +45,13 @@ WITHOUT_TEXT = [m for m in method_names()
 @pytest.mark.parametrize("method", WITHOUT_TEXT)
 def test_every_default_is_valid(method):
     feats = FEATS[:, None] if method_card(method).takes_views else FEATS
-    posteriors = run_stream(method, feats, EMB, IDS, K, **method_card(method).defaults())
-    assert posteriors.shape == (5, K)
+    assert run_on_features(method, feats, **method_card(method).defaults()).shape == (5, K)
+
+
+def run_on_features(method: str, feats: torch.Tensor, **hparams) -> torch.Tensor:
+    """Its posteriors on the features; CLIP's original views stand in for an auxiliary encoder's where it reads one."""
+    auxiliary = {a: feats if feats.ndim == 2 else feats[:, 0] for a in method_card(method).auxiliary}
+    return make_method(method, EMB, IDS, K, **hparams).run(feats, auxiliary or None).posteriors
 
 
 @pytest.mark.parametrize("features,match", [
@@ -152,4 +157,4 @@ def test_select_on_posterior_needs_one_embedding_per_class(method):
 @pytest.mark.parametrize("method", WITHOUT_TEXT)
 def test_an_empty_stream_is_not_an_error(method):
     feats = FEATS[:0, None] if method_card(method).takes_views else FEATS[:0]
-    assert run_stream(method, feats, EMB, IDS, K).shape == (0, K)
+    assert run_on_features(method, feats).shape == (0, K)

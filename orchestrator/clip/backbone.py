@@ -349,6 +349,14 @@ class Backbone:
         return torch.cat(out)
 
 
+def eval_transform(resolved: ResolvedWeights) -> Any:
+    """The backbone's own eval transform (PIL image -> [3, H, W]), built from its settled preprocessing alone."""
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    cfg = PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved.preprocess.items()})
+    return image_transform_v2(cfg, is_train=False)
+
+
 @contextlib.contextmanager
 def _hub_offline(enabled: bool):
     """Hugging Face Hub offline mode for the duration (read at call time by huggingface_hub), so a model
@@ -390,7 +398,6 @@ def load_backbone(
     files; TorchScript archives are always loaded as TorchScript.
     """
     import open_clip
-    from open_clip.transform import PreprocessCfg, image_transform_v2
 
     spec = BackboneSpec(model, pretrained, quick_gelu)
     resolved = resolve_weights(spec, weights_dir=weights_dir, allow_download=allow_download)
@@ -418,13 +425,12 @@ def load_backbone(
     net = net.to(dev).eval()
     with _hub_offline(not allow_download):
         tokenizer = open_clip.get_tokenizer(resolved.model)
-    cfg = PreprocessCfg(**{k: tuple(v) if isinstance(v, list) else v for k, v in resolved.preprocess.items()})
     return Backbone(
         spec=spec,
         resolved=resolved,
         model=net,
         tokenizer=tokenizer,
-        preprocess=image_transform_v2(cfg, is_train=False),
+        preprocess=eval_transform(resolved),
         device=dev,
         precision=precision_for(dev),
         embed_dim=int(model_config(resolved.model)["embed_dim"]),

@@ -61,6 +61,47 @@ def register_tiny_models() -> tuple[str, ...]:
     return tuple(TINY_CONFIGS)
 
 
+def official_dinov2_state(arch: str = "bca-tiny-dinov2", grid: int = 5, seed: int = 0) -> dict:
+    """A random DINOv2 state dict in the official checkpoint's format (facebookresearch/dinov2
+    DinoVisionTransformer with 4 registers: its key names and shapes, a `grid` x `grid` position grid, non-trivial
+    LayerScale and norms), as `dinov2_vitl14_reg4_pretrain.pth` holds the real weights."""
+    import torch
+
+    from orchestrator.clip.auxiliary import ARCHS, PATCH, REGISTERS
+
+    width, depth, _ = ARCHS[arch]
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.1) -> torch.Tensor:
+        return scale * torch.randn(*shape, generator=gen)
+
+    state = {"cls_token": rand(1, 1, width), "pos_embed": rand(1, 1 + grid * grid, width),
+             "register_tokens": rand(1, REGISTERS, width), "mask_token": rand(1, width),
+             "patch_embed.proj.weight": rand(width, 3, PATCH, PATCH, scale=0.05), "patch_embed.proj.bias": rand(width),
+             "norm.weight": 1 + rand(width), "norm.bias": rand(width)}
+    for b in range(depth):
+        for name, shape in (("norm1.weight", (width,)), ("norm1.bias", (width,)),
+                            ("attn.qkv.weight", (3 * width, width)),
+                            ("attn.qkv.bias", (3 * width,)), ("attn.proj.weight", (width, width)),
+                            ("attn.proj.bias", (width,)), ("ls1.gamma", (width,)), ("norm2.weight", (width,)),
+                            ("norm2.bias", (width,)), ("mlp.fc1.weight", (4 * width, width)),
+                            ("mlp.fc1.bias", (4 * width,)), ("mlp.fc2.weight", (width, 4 * width)),
+                            ("mlp.fc2.bias", (width,)), ("ls2.gamma", (width,))):
+            state[f"blocks.{b}.{name}"] = (1 + rand(*shape)) if name.startswith("norm") and "weight" in name \
+                else rand(*shape, scale=0.5 if "ls" in name else 0.2)
+    return state
+
+
+def write_dinov2_checkpoint(path: str | Path, arch: str = "bca-tiny-dinov2", grid: int = 5, seed: int = 0) -> Path:
+    """`official_dinov2_state` saved as the official .pth is (a plain torch.save of the state dict)."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(official_dinov2_state(arch, grid, seed), path)
+    return path
+
+
 # --------------------------------------------------------------------------------------------- images
 
 

@@ -301,6 +301,24 @@ def make_clip_like(preset: str, *, seed: int = 0, **overrides) -> Benchmark:
     )
 
 
+# ------------------------------------------------------------------------- a simulated auxiliary encoder
+AUXILIARY_NOISE = 1.0
+_AUXILIARY_STREAM = 7919  # offsets the auxiliary draw's seed from the benchmark's own
+
+
+def auxiliary_features(bench: Benchmark, seed: int, noise: float = AUXILIARY_NOISE) -> torch.Tensor:
+    """[n, d] features of a second, simulated image encoder for the benchmark's samples (what a backbone's DINOv2
+    gives a real dataset): class centres of its own, drawn independently of the CLIP-like ones and with no text
+    side, and isotropic noise, f = normalise(a_y + noise * e / sqrt(d)). It stands for an encoder whose image
+    clusters are tighter than CLIP's (as COSMIC uses DINOv2), not for DINOv2's numbers. Its own generator: the
+    benchmark's tensors are the same with or without it."""
+    gen = torch.Generator().manual_seed(int(seed) * _AUXILIARY_STREAM + 1)
+    k, d = len(bench.class_names), bench.features.shape[-1]
+    centres = _unit_rows(torch.randn(k, d, generator=gen, dtype=torch.float64))
+    eps = torch.randn(len(bench), d, generator=gen, dtype=torch.float64)
+    return _unit_rows(centres[bench.labels] + noise * eps / math.sqrt(d)).to(torch.float32)
+
+
 # ------------------------------------------------------------------------- one entry point for both kinds
 SYNTHETIC_KINDS = SYNTHETIC_SCENARIOS + tuple(CLIP_LIKE_PRESETS)
 

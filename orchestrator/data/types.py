@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
@@ -13,6 +14,8 @@ class Benchmark:
 
     features: [n, d] float32 (single view), or [n, V, d] for augmented views with view 0 the original image.
     class_embeddings: [M, d] float32, L2-normalised rows; class_ids: [M] int64 in [0, K).
+    auxiliary: auxiliary encoder name -> [n, d'] float32 features of the original view, rows as `features`'
+    (only where a run reads them).
     """
 
     name: str
@@ -22,6 +25,7 @@ class Benchmark:
     class_names: list[str]
     class_embeddings: torch.Tensor
     class_ids: torch.Tensor
+    auxiliary: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from orchestrator.clip.auxiliary import AuxiliarySpec
 from orchestrator.clip.backbone import BackboneSpec
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
@@ -63,6 +64,7 @@ def load_benchmark(
     weights_dir: str | None = None,
     allow_download: bool = False,
     text_progress: Callable[[int, int], None] | None = None,
+    auxiliary: tuple[AuxiliarySpec, ...] = (),
 ) -> RealBenchmark:
     """A real dataset as a Benchmark (a RealBenchmark) in dataset order.
 
@@ -71,7 +73,9 @@ def load_benchmark(
     (DATASET_PROTOCOL: the dataset's own protocol views, `orchestrator.registry.views`). reduce_views=True
     returns [n, d] instead: the confident-view mean (select_views) against this benchmark's class embeddings,
     computed without a float32 copy of every view. templates: a named set or a list (see orchestrator.clip.prompts).
-    progress / text_progress: hear (done, total) images and prompts as they are encoded.
+    progress / text_progress: hear (done, total) images and prompts as they are encoded. auxiliary: encoders
+    whose features (of the original view, [n, d']) come too, from their own cache entries for the same images
+    and views (`FeatureCache.get_or_encode_auxiliary`).
     """
     name = dataset_card(dataset).name
     if views == DATASET_PROTOCOL:
@@ -93,6 +97,16 @@ def load_benchmark(
         ])
     else:
         features = torch.from_numpy(np.asarray(array, dtype=np.float32))
+    aux = {}
+    for encoder in auxiliary:
+        entry = FeatureCache(cache_dir).get_or_encode_auxiliary(
+            encoder, spec, name, data_root, views, seed, device=device, batch_size=batch_size,
+            num_workers=num_workers, corrupt=corrupt, progress=progress, weights_dir=weights_dir)
+        if entry.image_ids != cached.image_ids:
+            raise ValueError(f"{name}: the {encoder.name} entry {entry.path} holds other images than the CLIP entry "
+                             f"{cached.path} (an image read by one and not the other); re-encode one of them")
+        array = entry.array()
+        aux[encoder.name] = torch.from_numpy(np.asarray(array[:, 0] if array.ndim == 3 else array, dtype=np.float32))
     manifest = cached.manifest
     return RealBenchmark(
         name=name,
@@ -102,6 +116,7 @@ def load_benchmark(
         class_names=list(cached.class_names),
         class_embeddings=emb,
         class_ids=ids,
+        auxiliary=aux,
         encode_seconds=float(manifest["encode_seconds"]) if cached.encoded else 0.0,
         cached_encode_seconds=float(manifest["encode_seconds"]),
         skipped=list(cached.skipped),

@@ -7,7 +7,9 @@ The image encoder is most of a run's time, so features are encoded once per
   labels.npy     int64 [n]
   manifest.json  key and its fields, the view kind and set name, counts, class names, image ids, skipped
                  images, timings, versions.
-The key is a content hash of everything that decides the numbers (KEY FIELDS below); see `key_fields`.
+The key is a content hash of everything that decides the numbers (KEY FIELDS below); see `key_fields`. An
+auxiliary encoder's features (`orchestrator.clip.auxiliary`) are entries of the same layout, keyed by
+`auxiliary_key_fields`: the same images and views as the backbone's entry, through the backbone's preprocessing.
 
 Concurrency: a file lock per key, so two trials asking for the same entry encode it once (the second
 waits, then reads). An entry is written into a temporary folder and renamed into place only when
@@ -43,10 +45,12 @@ import torch
 from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset
 
+from orchestrator.clip.auxiliary import AuxiliaryEncoder, AuxiliarySpec, check_auxiliary
 from orchestrator.clip.backbone import (
     Backbone,
     BackboneSpec,
     ResolvedWeights,
+    eval_transform,
     precision_for,
     resolve_weights,
     shared_backbone,
@@ -77,6 +81,21 @@ def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, vie
     return {
         "format": CACHE_FORMAT,
         "backbone": resolved.identity(),
+        "precision": precision,
+        "dataset": images.name,
+        "listing_sha256": images.fingerprint(),
+        "views": views.identity(),
+    }
+
+
+def auxiliary_key_fields(auxiliary: AuxiliarySpec, resolved: ResolvedWeights, precision: str, images: ImageList,
+                         views: ViewConfig) -> dict[str, Any]:
+    """An auxiliary encoder's entry: its identity (kind, arch, weights), the CLIP backbone's preprocessing (the
+    pixels it sees), the precision, the dataset and its image list, and the views, as `key_fields` has them."""
+    return {
+        "format": CACHE_FORMAT,
+        "auxiliary": auxiliary.identity(),
+        "pixels": resolved.preprocess,
         "precision": precision,
         "dataset": images.name,
         "listing_sha256": images.fingerprint(),
@@ -184,7 +203,8 @@ def default_workers() -> int:
 
 def _encode_entry(
     tmp: Path,
-    backbone: Backbone,
+    encoder: Backbone | AuxiliaryEncoder,
+    transform: ViewTransform,
     images: ImageList,
     views: ViewConfig,
     *,
@@ -193,26 +213,25 @@ def _encode_entry(
     corrupt: str,
     progress: bool | Callable[[int, int], None],
 ) -> dict[str, Any]:
-    """Encode every image into tmp/features.npy (+ labels.npy); returns the manifest's encode fields.
-    progress: True for a console bar, or a callable given (images done, images) after each batch (a sweep
-    trial forwards it to the driver)."""
+    """Encode every image into tmp/features.npy (+ labels.npy) with `encoder` (a CLIP backbone or an auxiliary
+    encoder) on the views `transform` makes; returns the manifest's encode fields. progress: True for a console
+    bar, or a callable given (images done, images) after each batch (a sweep trial forwards it to the driver)."""
     from tqdm.auto import tqdm
 
-    n, V, d = len(images), views.num_views, backbone.embed_dim
-    transform = ViewTransform(views, backbone.preprocess, backbone.resolved.preprocess)
+    n, V, d = len(images), views.num_views, encoder.embed_dim
     loader = DataLoader(
         _ImageViews(images, transform),
         batch_size=max(1, batch_size // V),
         num_workers=num_workers,
         collate_fn=_collate,
-        pin_memory=backbone.device.type == "cuda",
+        pin_memory=encoder.device.type == "cuda",
     )
     shape = (n, d) if views.kind == "single" else (n, V, d)
     raw = np.lib.format.open_memmap(tmp / "raw.npy", mode="w+", dtype=np.float16, shape=shape)
     ok = np.zeros(n, dtype=bool)
     skipped: list[dict[str, str]] = []
     start = time.perf_counter()
-    bar = tqdm(total=n, unit="img", desc=f"encode {images.name} [{backbone.spec.label}, {views.name}]",
+    bar = tqdm(total=n, unit="img", desc=f"encode {images.name} [{encoder.spec.label}, {views.name}]",
                disable=progress is not True, dynamic_ncols=True, smoothing=0.1)
     report = progress if callable(progress) else None
     seen = 0
@@ -225,7 +244,7 @@ def _encode_entry(
                 skipped.append({"image_id": images.image_ids[i], "reason": reason})
             if pixels is not None:
                 b = pixels.shape[0]
-                feats = backbone.encode_images(pixels.flatten(0, 1)).view(b, V, d)
+                feats = encoder.encode_images(pixels.flatten(0, 1)).view(b, V, d)
                 raw[idx.numpy()] = (feats[:, 0] if views.kind == "single" else feats).numpy().astype(np.float16)
                 ok[idx.numpy()] = True
             bar.update(len(idx) + len(failed))
@@ -254,7 +273,7 @@ def _encode_entry(
         "skipped": skipped,
         "encode_seconds": seconds,
         "images_per_second": n / seconds if seconds > 0 else None,
-        "device": str(backbone.device),
+        "device": str(encoder.device),
         "num_workers": num_workers,
     }
 
@@ -307,6 +326,57 @@ class FeatureCache:
             resolved = resolve_weights(backbone, weights_dir=weights_dir, allow_download=allow_download)
             precision = precision_for(device)
         fields = key_fields(resolved, precision, images, vc)
+
+        def encoder() -> tuple[Backbone, ViewTransform]:
+            model = backbone if isinstance(backbone, Backbone) else shared_backbone(
+                backbone, device, weights_dir=weights_dir, allow_download=allow_download)
+            return model, ViewTransform(vc, model.preprocess, model.resolved.preprocess)
+
+        return self._entry(fields, images, vc, encoder, force=force, batch_size=batch_size,
+                           num_workers=num_workers, corrupt=corrupt, progress=progress)
+
+    def get_or_encode_auxiliary(
+        self,
+        auxiliary: AuxiliarySpec,
+        backbone: BackboneSpec,
+        dataset: str,
+        data_root: str | os.PathLike,
+        views: str | ViewConfig = "single",
+        seed: int = 1,
+        *,
+        device: str | torch.device | None = None,
+        batch_size: int = 256,
+        num_workers: int | None = None,
+        corrupt: str = "skip",
+        progress: bool | Callable[[int, int], None] = False,
+        force: bool = False,
+        weights_dir: str | None = None,
+    ) -> CachedFeatures:
+        """The auxiliary encoder's entry for the images and views that `get_or_encode` gives `backbone` (the same
+        pixels: the backbone's own preprocessing and views), encoding it first if no process has. Its key holds
+        the auxiliary encoder's identity and the backbone's preprocessing, not the backbone's weights, so every
+        backbone that preprocesses alike shares it."""
+        if corrupt not in CORRUPT_POLICIES:
+            raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}; got {corrupt!r}")
+        check_auxiliary(auxiliary)
+        vc = parse_views(views, seed)
+        images = read_dataset(dataset, data_root)
+        resolved = resolve_weights(backbone, weights_dir=weights_dir)
+        fields = auxiliary_key_fields(auxiliary, resolved, precision_for(auto_device(device)), images, vc)
+
+        def encoder() -> tuple[AuxiliaryEncoder, ViewTransform]:
+            size = resolved.preprocess["size"]
+            model = AuxiliaryEncoder(auxiliary, size[0] if isinstance(size, list) else size, device)
+            return model, ViewTransform(vc, eval_transform(resolved), resolved.preprocess)
+
+        return self._entry(fields, images, vc, encoder, force=force, batch_size=batch_size,
+                           num_workers=num_workers, corrupt=corrupt, progress=progress)
+
+    def _entry(self, fields: dict[str, Any], images: ImageList, vc: ViewConfig,
+               encoder: Callable[[], tuple[Backbone | AuxiliaryEncoder, ViewTransform]], *, force: bool,
+               batch_size: int, num_workers: int | None, corrupt: str,
+               progress: bool | Callable[[int, int], None]) -> CachedFeatures:
+        """The entry of `fields`, encoded with `encoder()` (called only on a miss) at most once per key."""
         key = entry_key(fields)
         entry = self.entry_dir(key)
         if not force and (entry / "manifest.json").is_file():
@@ -320,12 +390,11 @@ class FeatureCache:
                 shutil.rmtree(entry)
             for stale in self.root.glob(f".tmp-{key}-*"):  # left by a crashed writer; we hold the lock
                 shutil.rmtree(stale, ignore_errors=True)
-            model = backbone if isinstance(backbone, Backbone) else shared_backbone(
-                backbone, device, weights_dir=weights_dir, allow_download=allow_download)
+            model, transform = encoder()
             tmp = self.root / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
             try:
-                encoded = _encode_entry(tmp, model, images, vc, batch_size=batch_size,
+                encoded = _encode_entry(tmp, model, transform, images, vc, batch_size=batch_size,
                                         num_workers=default_workers() if num_workers is None else num_workers,
                                         corrupt=corrupt, progress=progress)
                 shape = list(np.load(tmp / "features.npy", mmap_mode="r").shape)

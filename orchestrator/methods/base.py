@@ -135,12 +135,17 @@ class Method(ABC):
         """Copies of the state tensors the trace exposes (its card's `state`)."""
         return {}
 
-    def run(self, features: torch.Tensor) -> Trace:
-        """Process `features` ([n, d], or [n, V, d] for view methods) in stream order."""
-        inputs = self.card().inputs
+    def run(self, features: torch.Tensor, auxiliary: Mapping[str, torch.Tensor] | None = None) -> Trace:
+        """Process `features` ([n, d], or [n, V, d] for view methods) in stream order; `auxiliary`: for a method
+        whose card reads auxiliary encoders, each one's [n, d'] features of the same samples."""
+        card = self.card()
+        inputs = card.inputs
         validate_features(self.name, features, self.class_embeddings,
                           views=True if inputs == "views" else None if inputs == "either" else False)
-        return self._run(features)
+        if not card.auxiliary:
+            return self._run(features)
+        validate_auxiliary(self.name, card.auxiliary, auxiliary, features.shape[0])
+        return self._run(features, {name: auxiliary[name] for name in card.auxiliary})
 
 
 def concat_traces(traces: list[Trace]) -> Trace:
@@ -231,6 +236,20 @@ _SHAPES = {True: ("[n, V, d] (augmented views, view 0 the original)", (3,),
            False: ("[n, d]", (2,),
                    "; reduce multi-view features first (orchestrator.clip select_views) or take view 0"),
            None: ("[n, d] or [n, V, d] (augmented views, view 0 the original)", (2, 3), "")}
+
+
+def validate_auxiliary(method: str, names: tuple[str, ...], auxiliary: Mapping[str, torch.Tensor] | None,
+                       n: int) -> None:
+    """Each auxiliary encoder the card names, as float32 [n, d'] features of the stream's n samples."""
+    for name in names:
+        feats = (auxiliary or {}).get(name)
+        if feats is None:
+            raise ValueError(f"{method}: reads the {name} auxiliary encoder's features; none were given (the "
+                             f"backbone names its auxiliary encoders under `auxiliary:`)")
+        if not isinstance(feats, torch.Tensor) or feats.dtype != torch.float32 or feats.ndim != 2 \
+                or feats.shape[0] != n:
+            shape = tuple(feats.shape) if isinstance(feats, torch.Tensor) else type(feats).__name__
+            raise ValueError(f"{method}: {name} features must be float32 [{n}, d'] (one row a sample), got {shape}")
 
 
 def validate_features(method: str, features: Any, class_embeddings: torch.Tensor, *, views: bool | None) -> None:

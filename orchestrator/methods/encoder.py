@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import math
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -173,7 +173,8 @@ class EncoderMethod(Method):
         """[b, K] zero-shot CLIP logits of the images through the adapted tower (module docstring)."""
         return self.hp["logit_scale"] * F.normalize(self.encode(images), dim=-1) @ self.text.T
 
-    def run(self, images: torch.Tensor) -> Trace:
+    def run(self, images: torch.Tensor, auxiliary: Mapping[str, torch.Tensor] | None = None) -> Trace:
+        """`images` in stream order; `auxiliary` as `Method.run` takes it (no image-encoder method reads any)."""
         validate_images(self.name, images, self.class_embeddings.device)
         return self._run(images)
 

@@ -7,6 +7,8 @@ Constraints": samples arriving while the model adapts are predicted by the curre
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 
 from orchestrator.methods.base import Method, StageTimer, Trace, concat_traces, empty_trace
@@ -20,14 +22,15 @@ class RealtimeMethod:
         self.position = 0
         self.state: dict[str, torch.Tensor] = method.state_tensors()
 
-    def run(self, features: torch.Tensor) -> Trace:
+    def run(self, features: torch.Tensor, auxiliary: Mapping[str, torch.Tensor] | None = None) -> Trace:
         n, k = features.shape[0], self.k
         traces = []
         i = 0
         while i < n:
             offset = (self.position + i) % k
             if offset == 0:
-                trace = self.method.run(features[i:i + 1])
+                trace = self.method.run(features[i:i + 1], None if auxiliary is None else
+                                        {name: feats[i:i + 1] for name, feats in auxiliary.items()})
                 self.state = trace.state
                 traces.append(trace)
                 i += 1

@@ -22,6 +22,8 @@ from orchestrator.registry.views import AUGMENTED_KINDS, VIEW_KINDS, ViewConfig,
 KINDS = ("float", "int", "str", "bool")
 ROLES = ("threshold", "count", "rate", "weight", "scale", "size", "choice", "flag", "seed")
 INPUTS = ("single", "views", "either")
+# the auxiliary image encoders a backbone may name beside CLIP (`orchestrator.clip.auxiliary`) and a card may read
+AUXILIARY_ENCODERS = ("dinov2",)
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 # A kind's valid values in words (error messages, the docs).
 KIND_NOUNS = {"float": "a number", "int": "an integer", "str": "a string", "bool": "true or false"}
@@ -320,6 +322,9 @@ class MethodCard:
     sigmoid: what it does on a backbone scoring with a sigmoid and a bias (a key of SIGMOID_RULES; None: its
     family's rule, FAMILY_SIGMOID_RULES, else 'refuse' for a method handed CLIP's text tower, 'backbone_scale' with
     a logit_scale hparam, 'unchanged' without) and sigmoid_why: why, where it is refused.
+    auxiliary: the auxiliary encoders (AUXILIARY_ENCODERS) whose features it reads beside CLIP's: its method's
+    `_run(features, auxiliary)` gets each one's [n, d'] features of the original view, in stream order (the
+    backbone names the encoder; a synthetic dataset simulates it, `orchestrator.data.synthetic`).
     """
 
     name: str
@@ -355,7 +360,8 @@ class MethodCard:
     # not measured on a GPU (CPU rate used, and named)
     gpu_samples_per_s: float | None = None
     # the memory its state holds, in 4-byte words (an int64 counts 2, a bool 1/4), as an expression in K (classes),
-    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given) and its hparams (at
+    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given), a (an auxiliary
+    # encoder's width, d unless given) and its hparams (at
     # their defaults): what its method object keeps from
     # sample to sample (tests/test_state_memory.py holds it to a real run's tensors); `state_bytes` evaluates it for
     # the cost model's memory plan of a GPU pack and for the methods table; None: unknown (a plugin)
@@ -368,8 +374,13 @@ class MethodCard:
     image_encoder: ImageEncoderUse | None = None
     sigmoid: str | None = None
     sigmoid_why: str = ""
+    auxiliary: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        unknown = [a for a in self.auxiliary if a not in AUXILIARY_ENCODERS]
+        if unknown:
+            raise ValueError(f"method {self.name!r}: auxiliary encoder {unknown[0]!r} is not one of "
+                             f"{AUXILIARY_ENCODERS}")
         if not _NAME_RE.match(self.name):
             raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
         if self.inputs not in INPUTS:
@@ -442,16 +453,18 @@ class MethodCard:
         if rule == "refuse" and not why:
             raise ValueError(f"method {self.name!r}: sigmoid 'refuse' needs sigmoid_why (the refusal's message)")
         if self.state_words is not None:
-            self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w and its hparams is refused here
+            self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w, a and its hparams is refused here
 
-    def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None) -> int:
+    def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None,
+                    aux_width: int | None = None) -> int:
         """Bytes of its state (`state_words`) at K = num_classes, d = dim after `samples` samples, w = text_width
-        (its text tower's token width; None: d, as in ViT-B/16), hparams at their defaults; a ValueError where it
-        has no state_words or they are not such an expression."""
+        (its text tower's token width; None: d, as in ViT-B/16), a = aux_width (an auxiliary encoder's width;
+        None: d), hparams at their defaults; a ValueError where it has no state_words or they are not such an
+        expression."""
         if self.state_words is None:
             raise ValueError(f"method {self.name!r}: its card gives no state_words")
         names = {**self.defaults(), "K": num_classes, "d": dim, "n": samples,
-                 "w": dim if text_width is None else text_width}
+                 "w": dim if text_width is None else text_width, "a": dim if aux_width is None else aux_width}
         return int(math.ceil(4 * _arithmetic(self.state_words, names, f"method {self.name!r} state_words")))
 
     @property

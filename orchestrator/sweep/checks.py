@@ -161,6 +161,7 @@ def _real_source_issues(spec: SweepSpec, data_elsewhere: bool = False) -> list[t
             issues.append((f"backbones[{i}].{problem[0]}", problem[1]))
         else:
             issues += _sigmoid_issues(spec, i, backbone, tag)
+        issues += _auxiliary_issues(spec, i, backbone)
     return issues
 
 
@@ -184,6 +185,30 @@ def _sigmoid_issues(spec: SweepSpec, i: int, backbone, tag: str | None) -> list[
             issues.append((f"methods[{j}]", f"{entry.method} does not run on {backbone.model} (backbones[{i}]), "
                                             f"which scores with a sigmoid and a bias: {card.sigmoid_text()}; expected "
                                             f"a softmax-scored backbone (CLIP) for it, or another method"))
+    return issues
+
+
+def _auxiliary_issues(spec: SweepSpec, i: int, backbone: Any) -> list[tuple[str, str]]:
+    """The backbone's auxiliary encoders exist as named, and it names every one its datasets' methods read."""
+    from orchestrator.clip.auxiliary import ARCHS
+
+    issues = []
+    for j, aux in enumerate(backbone.auxiliary):
+        where = f"backbones[{i}].auxiliary[{j}]"
+        if aux.arch not in ARCHS:
+            issues.append((f"{where}.arch", f"{aux.arch!r} is not a {aux.name} architecture; expected one of "
+                                            f"{', '.join(sorted(ARCHS))}"))
+        if aux.checkpoint is not None and not Path(aux.checkpoint).is_file():
+            issues.append((f"{where}.checkpoint", f"file {aux.checkpoint} does not exist; expected a {aux.name} "
+                                                  f"checkpoint in the official format"))
+    named = {aux.name for aux in backbone.auxiliary}
+    for k, entry in enumerate(spec.methods):
+        wanted = [a for a in method_card(entry.method).auxiliary if a not in named]
+        if wanted and any(isinstance(d, RealDataset) for d in entry_datasets(spec, entry)):
+            issues.append((f"backbones[{i}].auxiliary", f"methods[{k}] ({entry.method}) reads the {wanted[0]} "
+                                                        f"auxiliary encoder's features, which {backbone.model} does "
+                                                        f"not name; expected e.g. auxiliary: [{{name: {wanted[0]}, "
+                                                        f"arch: vitl14_reg, checkpoint: <file>}}]"))
     return issues
 
 

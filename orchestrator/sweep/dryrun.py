@@ -60,6 +60,19 @@ def _cache_manifests(cache_dir: str | None) -> list[dict]:
     return manifests
 
 
+def _aux_cached(spec: SweepSpec, aux: dict, source: DataSource, manifests: list[dict]) -> bool:
+    from orchestrator.clip.auxiliary import AuxiliarySpec
+    from orchestrator.clip.views import parse_views
+    from orchestrator.sweep.catalog import dataset_listing
+
+    identity = AuxiliarySpec(aux["name"], aux["arch"], aux["checkpoint"]).identity()
+    views = parse_views(source.views, source.seed)
+    listing = dataset_listing(source.dataset, spec.data_root).fingerprint()
+    return any(m.get("key_fields", {}).get("auxiliary") == identity and m.get("dataset") == source.dataset
+               and m.get("views") == views.name and (views.num_views == 1 or m.get("seed") == views.seed)
+               and m.get("key_fields", {}).get("listing_sha256") == listing for m in manifests)
+
+
 def _cached(spec: SweepSpec, source: DataSource, manifests: list[dict]) -> bool:
     from orchestrator.clip.backbone import BackboneSpec
     from orchestrator.clip.views import parse_views
@@ -175,7 +188,13 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
                                 None if source.views == "single" else source.seed), source)
-    encode: Counter = Counter()  # backbone -> image views to encode
+    auxiliary: dict[tuple, tuple[dict, DataSource]] = {}  # the auxiliary encoders' entries, keyed alike
+    for trial in trials:
+        source = trial.source
+        for aux in json.loads(source.auxiliary) if source.auxiliary and not source.is_synthetic else []:
+            auxiliary.setdefault((aux["name"], aux["arch"], aux["checkpoint"], source.dataset, source.views,
+                                  None if source.views == "single" else source.seed), (aux, source))
+    encode: Counter = Counter()  # backbone (or auxiliary encoder) -> image views to encode
     elsewhere = data_elsewhere(spec)
     if elsewhere:
         lines.append(f"data_root {spec.data_root} is not on this machine: planned for the machine that holds it "
@@ -192,8 +211,22 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                 encode[source.model] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
             lines.append(f"  {source.model} {source.weights or 'random weights'} {source.dataset} views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
+    if auxiliary:
+        manifests = [] if elsewhere else _cache_manifests(spec.cache_dir)
+        lines.append(f"auxiliary-encoder entries the trials read ({len(auxiliary)}, beside the backbone's; each "
+                     f"encoded once for every run that reads it):")
+        for aux, source in auxiliary.values():
+            state = "cached" if not elsewhere and _aux_cached(spec, aux, source, manifests) else "to encode"
+            label = f"{aux['name']}:{aux['arch']}"
+            if state == "to encode":
+                from orchestrator.clip.views import parse_views
+
+                encode[label] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
+            lines.append(f"  {label} {aux['checkpoint'] or 'random weights'} (the pixels of {source.model}) "
+                         f"{source.dataset} views={source.views}"
+                         f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
-                 + (f", {sum(encode.values()):,} image views to encode" if entries else ""))
+                 + (f", {sum(encode.values()):,} image views to encode" if entries or auxiliary else ""))
     replayed = [trial for trial in trials if trial.replay]
     if replayed:
         lines.append(f"order-free runs computed once over their orders: {sum(len(t.runs) for t in replayed):,} runs of "

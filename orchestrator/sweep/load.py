@@ -133,7 +133,9 @@ def _absolute_paths(spec: SweepSpec, base: Path) -> SweepSpec:
     def absolute(p: str | None) -> str | None:
         return None if p is None else str((base / Path(p).expanduser()).resolve())
 
-    backbones = [b.model_copy(update={"checkpoint": absolute(b.checkpoint), "config": absolute(b.config)})
+    backbones = [b.model_copy(update={"checkpoint": absolute(b.checkpoint), "config": absolute(b.config),
+                                      "auxiliary": [a.model_copy(update={"checkpoint": absolute(a.checkpoint)})
+                                                    for a in b.auxiliary]})
                  for b in spec.backbones]
     return spec.model_copy(update={"results_dir": absolute(spec.results_dir), "cache_dir": absolute(spec.cache_dir),
                                    "data_root": absolute(spec.data_root), "backbones": backbones})

@@ -15,6 +15,7 @@ the flag and then `sigkill` its own process, `raise` an error, or `stall` (sleep
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -107,6 +108,7 @@ class Stream:
     encode_s: float                      # encoder time spent producing these features in this process
     skipped: list[dict[str, str]]        # unreadable images left out of the stream: {image_id, reason}
     fingerprint: str | None = None       # the real dataset's image list (ImageList.fingerprint, 16 hex)
+    auxiliary: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)  # name -> [n, d'] (Benchmark's)
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -115,10 +117,16 @@ class Stream:
 def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_views: bool,
                progress: Progress) -> Benchmark:
     """One dataset of a source as a Benchmark in dataset order: generated, or read through the feature cache."""
+    wanted = json.loads(source.auxiliary) if source.auxiliary else []
     if source.is_synthetic:
-        from orchestrator.data.synthetic import synthesize
+        from orchestrator.data.synthetic import auxiliary_features, synthesize
 
-        return synthesize(source.synthetic, seed=source.seed, **source.params())
+        bench = synthesize(source.synthetic, seed=source.seed, **source.params())
+        if not wanted:
+            return bench
+        feats = auxiliary_features(bench, source.seed)
+        return dataclasses.replace(bench, auxiliary={a["name"]: feats for a in wanted})
+    from orchestrator.clip.auxiliary import AuxiliarySpec
     from orchestrator.features import load_benchmark
 
     ensure_dataset(dataset, settings.data_root)  # a folder dataset is registered in each trial process too
@@ -131,6 +139,7 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
                           pretrained=source.weights, views=source.views, templates=source.templates,
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
                           logit_scale=selection_scale(source),
+                          auxiliary=tuple(AuxiliarySpec(a["name"], a["arch"], a["checkpoint"]) for a in wanted),
                           progress=lambda done, total: progress("encoding", done, total),
                           text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
 
@@ -185,7 +194,27 @@ def stream_from(source: DataSource, benches: tuple[Benchmark, ...], keep_views: 
                   is_ood=arranged.is_ood, sources=arranged.sources, class_embeddings=class_embeddings,
                   class_ids=class_ids, num_classes=num_classes, class_names=list(arranged.class_names),
                   encode_s=encode_s, skipped=skipped,
-                  fingerprint=listing[:16] or None)
+                  fingerprint=listing[:16] or None,
+                  auxiliary={name: feats.to(device) for name, feats in _arranged_auxiliary(benches, arranged).items()})
+
+
+def _arranged_auxiliary(benches: tuple[Benchmark, ...], arranged: Any) -> dict[str, torch.Tensor]:
+    """The benchmarks' auxiliary features in the arranged stream's order, each sample found by its dataset and
+    image id (every protocol keeps both, whatever subsets it drew)."""
+    names = list(benches[0].auxiliary)
+    if not names:
+        return {}
+    rows = {(b.name, image_id): (s, i) for s, b in enumerate(benches) for i, image_id in enumerate(b.image_ids)}
+    at = [rows[(dataset, image_id)] for dataset, image_id in zip(arranged.sources, arranged.image_ids)]
+    out = {}
+    for name in names:
+        feats = torch.empty(len(at), benches[0].auxiliary[name].shape[1], dtype=torch.float32)
+        for s, bench in enumerate(benches):
+            mine = [(k, i) for k, (t, i) in enumerate(at) if t == s]
+            if mine:
+                feats[[k for k, _ in mine]] = bench.auxiliary[name][[i for _, i in mine]]
+        out[name] = feats
+    return out
 
 
 def load_stream(source: DataSource, settings: Settings, keep_views: bool = False,
@@ -411,6 +440,12 @@ def features_for(config: RunConfig, stream: Stream, vision: ImageSide | None = N
     kind = feature_kind(config, stream)
     return {"views": stream.view_features, "one view": stream.features[:, None]}.get(kind, stream.features)
 
+
+
+def auxiliary_for(config: RunConfig, stream: Stream, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+    """Rows start:stop of the auxiliary features the run's method reads (None: it reads none)."""
+    names = method_card(config.method).auxiliary
+    return {name: stream.auxiliary[name][start:stop] for name in names} if names else None
 
 
 def part_rows_for(part_rows: int, batch_size: int) -> int:

@@ -72,6 +72,7 @@ class DataSource:
     stream: str = ""                      # canonical JSON of the spec's `stream:`; "" = the dataset's own order
     order_index: int = 0                  # which of `orders: N` (0: the seed's own order)
     others: tuple[str, ...] = ()          # a contaminated stream's pool dataset, a continual stream's next datasets
+    auxiliary: str = ""                   # canonical JSON of the auxiliary encoders its runs read ("": none)
 
     @property
     def is_synthetic(self) -> bool:
@@ -290,6 +291,24 @@ def _base_sources(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, seed
     return out
 
 
+def _with_auxiliary(spec: SweepSpec, method: str, source: DataSource, fields: dict) -> tuple[DataSource, dict]:
+    """A run of a method that reads auxiliary encoders: its source loads their features and its config records
+    them (a synthetic dataset's are simulated: 'synthetic'); any other run is left as it was."""
+    names = method_card(method).auxiliary
+    if not names:
+        return source, fields
+    if source.is_synthetic:
+        chosen = [{"name": name, "synthetic": True} for name in names]
+        recorded = {name: "synthetic" for name in names}
+    else:
+        backbone = next(b for b in spec.backbones if b.model == source.model and b.checkpoint == source.checkpoint
+                        and (None if b.pretrained == RANDOM_WEIGHTS else b.pretrained) == source.pretrained)
+        chosen = [{"name": a.name, "arch": a.arch, "checkpoint": a.checkpoint} for a in backbone.auxiliary
+                  if a.name in names]
+        recorded = {a["name"]: f"{a['arch']}/{a['checkpoint'] or RANDOM_WEIGHTS}" for a in chosen}
+    return replace(source, auxiliary=canonical_json(chosen)), {**fields, "auxiliary": recorded}
+
+
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     """Run-config keys a backbone sets only when used: the activation override, a custom config's content."""
     extras: dict[str, Any] = {}
@@ -363,7 +382,8 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                                                        else plain_source.dataset))
                         names = tuple(card.hparam_names)
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
-                            source, fields = _at_batch(plain_source, plain_fields, batch_size, stream_batch)
+                            source, fields = _with_auxiliary(spec, entry.method, *_at_batch(
+                                plain_source, plain_fields, batch_size, stream_batch))
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields})
@@ -431,15 +451,17 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
     trials: list[Trial] = []
-    alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder (its own copy, on images)
+    alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder or reads auxiliary features
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
             continue
-        if alone.setdefault(id(run._group), method_card(run.method).image_encoder is not None
+        card = method_card(run.method)
+        if alone.setdefault(id(run._group), card.image_encoder is not None or bool(card.auxiliary)
                             or "realtime_k" in run._group.base):
-            # never packed: its encoder is its own; a realtime run interleaves adapting and frozen steps
+            # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
+            # interleaves adapting and frozen steps (a realtime stream)
             trials.append(Trial(run.run_id, run.source, (run,)))
             continue
         key = keys.get(id(run._group), False)

@@ -80,17 +80,36 @@ class Resources(_Strict):
     gpu_memory_gb: Annotated[Union[StrictInt, StrictFloat], Field(gt=0)] | None = None
 
 
+class Auxiliary(_Strict):
+    """An auxiliary image encoder beside the backbone (`orchestrator.clip.auxiliary`): its kind (dinov2), its
+    architecture, and its weights: a checkpoint file in the official format or `pretrained: random`."""
+
+    name: Literal["dinov2"]
+    arch: StrictStr
+    checkpoint: StrictStr | None = None
+    pretrained: Literal["random"] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Auxiliary:
+        if (self.checkpoint is None) == (self.pretrained is None):
+            raise PydanticCustomError("weights_source", "give either checkpoint (a DINOv2 checkpoint file in the "
+                                      "official format) or pretrained: random, exactly one")
+        return self
+
+
 class Backbone(_Strict):
     """An open_clip model with a pretrained tag (e.g. openai), a local checkpoint file, or `pretrained: random`
     (random weights, said explicitly; giving neither is refused by the checks). `config`: a custom open_clip
     model config JSON named <model>.json, registered in every trial
-    process; `quick_gelu`: override the activation (None: decided by orchestrator.clip)."""
+    process; `quick_gelu`: override the activation (None: decided by orchestrator.clip); `auxiliary`: the
+    auxiliary encoders whose features the cache stores beside this backbone's, for the methods that read them."""
 
     model: StrictStr
     pretrained: StrictStr | None = None
     checkpoint: StrictStr | None = None
     config: StrictStr | None = None
     quick_gelu: StrictBool | None = None
+    auxiliary: list[Auxiliary] = []
 
     @model_validator(mode="after")
     def _one_source(self) -> Backbone:

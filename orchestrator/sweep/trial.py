@@ -24,10 +24,10 @@ from orchestrator.sweep.memory import MethodCost, PeakMemory
 from orchestrator.sweep.orders import execute_orders
 from orchestrator.sweep.pack import execute_pack
 from orchestrator.sweep.pieces import (STATE_ROWS, TEXT_STAGE, WARMUP_SAMPLES, ImageSide, Outcome, Progress, RowSink,
-                                       Settings, Stream, code_path, error_text, features_for, finish,
-                                       image_side, load_stream, mark_failed, method_for, part_rows_for, peak_mb_of,
-                                       prompt_text_for, resume_state, rows_on_disk, save_run_state, silent,
-                                       trial_device, wants_views, warm_up)
+                                       Settings, Stream, auxiliary_for, code_path, error_text, features_for,
+                                       finish, image_side, load_stream, mark_failed, method_for, part_rows_for,
+                                       peak_mb_of, prompt_text_for, resume_state, rows_on_disk, save_run_state,
+                                       silent, trial_device, wants_views, warm_up)
 from orchestrator.sweep.plan import Run, Trial
 from orchestrator.sweep.shard import execute_shard
 
@@ -64,7 +64,8 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
 
         features = features_for(config, stream, vision)
         warmup_s = warm_up([code_path(config, features)],
-                           lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
+                           lambda: method_for_stream().run(features[:WARMUP_SAMPLES],
+                                                           auxiliary_for(config, stream, 0, WARMUP_SAMPLES)))
         part = part_rows_for(settings.part_rows, run.batch_size)
         sink = RowSink(writer, stream, part, settings.failpoint)
         outcome = Outcome()
@@ -74,7 +75,7 @@ def execute_run(run: Run, stream: Stream, settings: Settings, *, encode_s: float
             first = resume_state(writer, method, sink.done) if checkpointed else 0
             for start in range(first, len(stream), part):
                 began = time.perf_counter()
-                trace = method.run(features[start:start + part])
+                trace = method.run(features[start:start + part], auxiliary_for(config, stream, start, start + part))
                 labels = stream.labels[start:start + part]
                 rows = outcome.add(trace, labels, time.perf_counter() - began)
                 if checkpointed:  # the state first: a part on disk always has its state saved (a kill between the

@@ -84,8 +84,12 @@ class DMNZeroShot(Method):
             label = int(mean_prob.argmax())
             h = -(mean_prob * torch.log(mean_prob + 1e-8)).sum()
         with timer("update"):
-            written = self._write(label, F.normalize(views[0], dim=0), h)
+            written = self._write(label, self.memory_feature(views, idx), h)
         return probs[0], label, written
+
+    def memory_feature(self, views: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """What the memory stores of a sample: its original view, normalised (`kept`: the confident views)."""
+        return F.normalize(views[0], dim=0)
 
     def _step(self, views: torch.Tensor, timer: StageTimer) -> tuple[torch.Tensor, int, bool]:
         """One sample: (posterior [K], pseudo-label, whether the memory changed)."""
@@ -93,14 +97,18 @@ class DMNZeroShot(Method):
         x0 = views[0]
         text_posterior, label, written = self.observe(views, timer)
         with timer("posterior"):
-            query = F.normalize(x0, dim=0)
-            memory = self.memory[:, :self.depth]
-            text_weight = torch.exp(-hp["beta"] * (1.0 - self.text @ query))
-            memory_weight = torch.exp(-hp["beta"] * (1.0 - memory @ query))
-            read = text_weight[:, None] * self.text + torch.einsum("kj,kjd->kd", memory_weight, memory)
-            p_memory = torch.softmax(hp["logit_scale"] * F.normalize(read, dim=1) @ x0, dim=0)
+            p_memory = torch.softmax(hp["logit_scale"] * self.read(x0) @ x0, dim=0)
             post = (text_posterior + hp["memory_weight"] * p_memory) / (1.0 + hp["memory_weight"])
         return post, label, written
+
+    def read(self, x0: torch.Tensor) -> torch.Tensor:
+        """Step 4's read-out A [K, d] (unit rows) for the query x_0."""
+        query = F.normalize(x0, dim=0)
+        memory = self.memory[:, :self.depth]
+        text_weight = torch.exp(-self.hp["beta"] * (1.0 - self.text @ query))
+        memory_weight = torch.exp(-self.hp["beta"] * (1.0 - memory @ query))
+        read = text_weight[:, None] * self.text + torch.einsum("kj,kjd->kd", memory_weight, memory)
+        return F.normalize(read, dim=1)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         return {"memory": self.memory.clone(), "memory_entropy": self.entropy.clone(),
