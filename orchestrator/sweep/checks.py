@@ -293,6 +293,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"entry; the tiny test backbones run it on image fixtures)"))
         if card.text_encoder is not None:
             issues += _selection_issues(spec, i, entry.method, datasets, grid)
+        if entry.context is not None:
+            issues += _context_issues(spec, i, entry.method, entry.context)
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
         if card.views_everywhere and "single" in views:
@@ -300,6 +302,30 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))
     return issues
+
+
+def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tuple[str, str]]:
+    """A learned context: for a method that runs CLIP's text encoder, a CoOp file that fits each backbone."""
+    import open_clip
+
+    from orchestrator.clip.context import context_issue
+
+    where = f"methods[{i}].context"
+    if method_card(method).text_encoder is None:
+        return [(where, f"{method!r} does not run CLIP's text encoder at test time, so it has no context to start "
+                        f"from; a learned context is for the prompt-tuning methods (those whose card names a text "
+                        f"encoder: tpt, ctpt, rtpt, dynaprompt); for other methods give fine-tuned weights as the "
+                        f"backbone's checkpoint")]
+    for backbone in spec.backbones:
+        cfg = open_clip.get_model_config(backbone.model.replace("/", "-"))
+        if cfg is None:  # an unknown model: reported by the backbone's own check
+            continue
+        text = cfg.get("text_cfg", {})
+        problem = context_issue(path, backbone.model, int(text.get("width", 512)),
+                                int(text.get("context_length", 77)) - 2)
+        if problem:
+            return [(where, problem)]
+    return []
 
 
 def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:

@@ -135,7 +135,8 @@ def _absolute_paths(spec: SweepSpec, base: Path) -> SweepSpec:
 
     backbones = [b.model_copy(update={"checkpoint": absolute(b.checkpoint), "config": absolute(b.config)})
                  for b in spec.backbones]
+    methods = [m.model_copy(update={"context": absolute(m.context)}) for m in spec.methods]
     return spec.model_copy(update={"results_dir": absolute(spec.results_dir), "cache_dir": absolute(spec.cache_dir),
-                                   "data_root": absolute(spec.data_root), "backbones": backbones})
+                                   "data_root": absolute(spec.data_root), "backbones": backbones, "methods": methods})
 
 

@@ -204,10 +204,11 @@ def _method_model(name: str) -> type[BaseModel]:
     fields = {h.name: (Grid | None, None) for h in method_card(name).hparams}
     only = Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] | None
     # shards: split each run's stream into this many contiguous shards, each its own trial (order-free methods
-    # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id
+    # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id.
+    # context: a learned context file (CoOp's) a prompt-tuning method starts from (`orchestrator.clip.context`)
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
                         datasets=(only, None), batch_size=(BatchSizes | None, None),
-                        shards=(PositiveInt | None, None), **fields)
+                        shards=(PositiveInt | None, None), context=(StrictStr | None, None), **fields)
 
 
 def _method_entry_type(names: tuple[str, ...]) -> Any:
@@ -225,7 +226,8 @@ def _method_entry_type(names: tuple[str, ...]) -> Any:
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards"}).items() if v is not None}
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards", "context"}).items()
+            if v is not None}
 
 
 def dataset_name(dataset: RealDataset | SyntheticDataset) -> str:
