@@ -286,10 +286,18 @@ def _npy_images(path: str) -> np.ndarray:
 
 
 def open_image(path: Path) -> Image.Image:
-    """The image at `path` (an `ImageList.path`): an image file, or a row of a CIFAR-C array ('<file>.npy:<row>')."""
+    """The image at `path` (an `ImageList.path`): an image file, a row of a CIFAR-C array ('<file>.npy:<row>'), or
+    a generated corruption's copy, written from its clean image on first use (`orchestrator.data.generated`)."""
     row = _NPY_ROW.match(str(path))
     if row is None:
-        return Image.open(path)
+        try:
+            return Image.open(path)
+        except FileNotFoundError:
+            from orchestrator.data.generated import materialise
+
+            if not materialise(Path(path)):
+                raise
+            return Image.open(path)
     return Image.fromarray(np.asarray(_npy_images(row.group(1))[int(row.group(2))]))
 
 

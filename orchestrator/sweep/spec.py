@@ -119,7 +119,8 @@ class RealDataset(_Strict):
     """A dataset read from data_root (a name or alias of orchestrator.data.datasets, stored canonical);
     `views` overrides the spec-level views for this dataset. A corruption benchmark (imagenet-c, cifar10-c,
     cifar100-c) takes `corruption` (a name, a list or 'all') and `severity` (1..5 or a list); the spec expands it
-    into one dataset per (corruption, severity) (`orchestrator.registry.corruptions`)."""
+    into one dataset per (corruption, severity) (`orchestrator.registry.corruptions`). Any other dataset given them
+    has those corruptions generated from its clean images (`orchestrator.data.generated`)."""
 
     name: Annotated[StrictStr, AfterValidator(_dataset_or_benchmark)]
     views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] | None = None
@@ -133,15 +134,15 @@ class RealDataset(_Strict):
 
     @model_validator(mode="after")
     def _corruption_fields(self) -> RealDataset:
-        if benchmark_key(self.name) is not None:
+        asked = self.corruption is not None or self.severity is not None
+        if benchmark_key(self.name) is not None or asked:
             for field in ("corruption", "severity"):
                 if getattr(self, field) is None:
+                    where = ("" if benchmark_key(self.name) is not None else
+                             " (a dataset without a released corrupted copy has its corruptions generated)")
                     raise PydanticCustomError("corruption", f"{self.name} needs corruption ({', '.join(CORRUPTIONS)} "
-                                              f"or {ALL!r}) and severity ({', '.join(map(str, SEVERITIES))}); "
+                                              f"or {ALL!r}) and severity ({', '.join(map(str, SEVERITIES))}){where}; "
                                               f"{field} is missing")
-        elif self.corruption is not None or self.severity is not None:
-            raise PydanticCustomError("corruption", f"corruption and severity are for the corruption benchmarks "
-                                      f"(imagenet-c, cifar10-c, cifar100-c), not {self.name}")
         return self
 
     def variants(self) -> list[RealDataset]:
