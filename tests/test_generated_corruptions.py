@@ -1,7 +1,8 @@
 """Corruptions generated for a dataset with no released corrupted copy: the released ImageNet-C pipeline's resize
 and crop, the corruptions against a reference written from its definitions (hendrycks/robustness,
 make_imagenet_c.py) on the fixture images, each image generated once under the data root and read from there after,
-a spec naming `{name: dtd, corruption: ..., severity: ...}` running through a trial, and a bad corruption refused."""
+a spec naming `{name: dtd, corruption: ..., severity: ...}` running through a trial (a method entry's `datasets:
+[dtd]` naming its generated corruptions), and a bad corruption refused."""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def _spec(tmp_path: Path, root: Path, dataset: dict) -> Path:
     spec = {"name": "generated", "results_dir": "results", "cache_dir": "cache", "data_root": str(root),
             "backbones": [{"model": TINY_VIT, "pretrained": "random",
                            "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
-            "datasets": [dataset], "methods": [{"method": "clip"}], "seeds": [1], "resources": {"cpus": 1}}
+            "datasets": [dataset], "methods": [{"method": "clip", "datasets": ["dtd"]}], "seeds": [1],
+            "resources": {"cpus": 1}}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from orchestrator.registry.corruptions import benchmark_key, parse_variant
+from orchestrator.registry.corruptions import benchmark_key, parse_generated, parse_variant
 from orchestrator.data.streams import HELD_OUT_CLASSES, Contaminated, Continual, Protocol, protocol_from_spec
 from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import dataset_key, method_card
@@ -249,7 +249,8 @@ def _label_space_issues(spec: SweepSpec, protocol: Continual) -> list[str]:
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     known = {dataset_name(d) for d in spec.datasets}
-    known |= {parsed[0] for parsed in map(parse_variant, known) if parsed}  # a benchmark names all its variants
+    # a benchmark names all its variants, a dataset its generated corruptions
+    known |= {parsed[0] for name in known for parsed in (parse_variant(name), parse_generated(name)) if parsed}
     for i, entry in enumerate(spec.methods):
         card = method_card(entry.method)
         for j, name in enumerate(entry.datasets or []):

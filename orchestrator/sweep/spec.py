@@ -34,7 +34,8 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.results.schema import RANDOM_WEIGHTS
 from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
-from orchestrator.registry.corruptions import ALL, CORRUPTIONS, SEVERITIES, benchmark_key, expand_variants, parse_variant
+from orchestrator.registry.corruptions import (ALL, CORRUPTIONS, SEVERITIES, benchmark_key, expand_variants,
+                                              parse_generated, parse_variant)
 from orchestrator.registry.templates import METHOD_TEMPLATES
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
@@ -241,7 +242,8 @@ def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | Synt
         return list(spec.datasets)
     wanted = {_canonical_or_same(n) for n in entry.datasets}
     return [d for d in spec.datasets
-            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or ("",))[0] in wanted]
+            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or parse_generated(dataset_name(d))
+                                             or ("",))[0] in wanted]
 
 
 def _canonical_or_same(name: str) -> str:
