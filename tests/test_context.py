@@ -7,6 +7,7 @@ test_checkpoints.py); a context that cannot be used exits 2 naming the field and
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -91,8 +92,10 @@ def _spec(tmp_path: Path, methods: list[dict], **backbone) -> Path:
 
 
 def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
+    from dashboard.context import reproduce_spec
     from orchestrator.results.writer import RunWriter, read_run
-    from orchestrator.sweep.load import load_spec
+    from orchestrator.sweep.load import load_spec, validate_spec
+    from orchestrator.sweep.record import write_sweep_record
     from orchestrator.sweep.pieces import load_stream, settings_of
     from orchestrator.sweep.plan import expand, make_trials
     from orchestrator.sweep.trial import execute_trial
@@ -127,6 +130,12 @@ def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
     rows = [[c.strip() for c in line.split("│")[1:3]] for line in report.stdout.splitlines() if line.startswith("│")]
     backbone = "bca-tiny-vit (random weights)"
     assert [backbone, "TPT"] in rows and [backbone, f"TPT [context {sha[:8]}]"] in rows
+
+    # the dashboard's "Reproduce this run" keeps the starting point: the same run, not the hand-written prompt's
+    write_sweep_record(spec, runs)
+    record = json.loads((Path(spec.results_dir) / "sweeps" / f"{spec.name}.json").read_text())
+    again = validate_spec(reproduce_spec(record, tpt[sha].config, tpt[sha].run_id), base_dir=tmp_path)
+    assert [run.run_id for run in expand(again)] == [tpt[sha].run_id]
 
 
 @pytest.mark.parametrize("entry,expected", [
