@@ -50,8 +50,7 @@ def pack_traces(runs: list[Run], stream: Stream, text: PromptTexts | None = None
         configs = [{"method": runs[i].config["method"], "batch_size": batch_size_of(runs[i].config),
                     **method_hparams(runs[i].config, len(stream))} for i in picked]
         first = runs[picked[0]].config
-        prompts = text.for_run(first) if text is not None and method_card(first["method"]).text_encoder else None
-        passes.append((picked, configs, features_for(first, stream), prompts))
+        passes.append((picked, configs, features_for(first, stream), None if text is None else text.for_run(first)))
 
     def run_pass(configs: list[dict], features: torch.Tensor, prompts: Any, order: torch.Tensor | None = None
                  ) -> list[Any]:

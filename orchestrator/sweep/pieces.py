@@ -466,9 +466,9 @@ def method_for(config: dict[str, Any], stream: Stream, text: PromptTexts | None,
     """A fresh method for the run's config over this stream (its batch size; the text tower and its starting
     context where it runs one; the vision tower where it adapts the image encoder)."""
     tower = vision.tower if vision is not None and method_card(config["method"]).image_encoder else None
-    prompts = text.for_run(config) if text is not None and method_card(config["method"]).text_encoder else None
     return make_method(config["method"], stream.class_embeddings, stream.class_ids, stream.num_classes,
-                       batch_size=batch_size_of(config), text=prompts, vision=tower,
+                       batch_size=batch_size_of(config), text=None if text is None else text.for_run(config),
+                       vision=tower,
                        **method_hparams(config, len(stream)))
 
 
