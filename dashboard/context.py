@@ -86,7 +86,9 @@ def reproduce_spec(record: Mapping[str, Any], config: Mapping[str, Any], run_id:
     if config.get("synthetic") is None:
         out["backbones"] = [_drop_nulls(b) for b in spec.get("backbones", []) if _backbone_matches(b, config)][:1]
         out["templates"] = [config["templates"]]
-    out["methods"] = [{"method": config["method"], **config.get("hparams", {})}]
+    # a learned context is the run's starting point: its file (the run config records it and its hash)
+    context = {"context": config["context"]} if "context" in config else {}
+    out["methods"] = [{"method": config["method"], **context, **config.get("hparams", {})}]
     out["seeds"] = [config["seed"]]
     # the run's own stream and order: a spec's list of streams and its `orders` multiply the runs
     out.pop("stream", None)

@@ -64,6 +64,7 @@ def test_any_other_checkpoint_is_recorded_as_its_file(tmp_path, checkpoint):
     assert catalog.published_tag("RN50", str(checkpoint)) is None
     (run,) = expand(load_spec(spec_with(tmp_path, checkpoint)))
     assert run.config["pretrained"] == str(checkpoint) and "checkpoint" not in run.config
+    assert run.config["weights_sha256"] == file_sha256(checkpoint)  # the runs table's column: the file's content
 
 
 def test_the_published_file_is_recorded_as_its_tag(tmp_path, checkpoint, monkeypatch):

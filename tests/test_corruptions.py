@@ -79,8 +79,8 @@ def test_lists_of_corruptions_and_severities_are_a_grid_axis(tmp_path):
      "expected one of 1, 2, 3, 4, 5, or a list of them (got 6)"),
     ({"name": "cifar10-c", "corruption": "fog", "severity": [5, 0]}, "datasets[0].severity", "expected one of 1, 2"),
     ({"name": "cifar100-c", "corruption": "fog"}, "datasets[0]", "severity is missing"),
-    ({"name": "imagenet", "corruption": "fog", "severity": 5}, "datasets[0]",
-     "corruption and severity are for the corruption benchmarks"),
+    ({"name": "imagenet", "corruption": "fog"}, "datasets[0]",
+     "(a dataset without a released corrupted copy has its corruptions generated); severity is missing"),
 ])
 def test_bad_corruption_entries_are_refused_naming_the_field(tmp_path, entry, field, message):
     with pytest.raises(SpecError) as info:

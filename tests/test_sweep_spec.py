@@ -93,7 +93,7 @@ CASES = [
     ("tau as a string", _set("methods.1.tau", "high"), "methods[1].tau", "[0, 1]"),
     ("empty grid", _set("methods.1.tau", []), "methods[1].tau", "at least 1 item"),
     ("unknown method", _set("methods.1.method", "bcaa"), "methods[1].method", "one of: clip, la, pa, bca, tda, tda_pa"),
-    ("hparam the method lacks", _set("methods.0.tau", 0.3), "methods[0].tau", "allowed keys: batch_size, datasets, logit_scale, method"),
+    ("hparam the method lacks", _set("methods.0.tau", 0.3), "methods[0].tau", "allowed keys: batch_size, context, datasets, logit_scale, method"),
     ("unknown update rule", _set("methods.1.update", "sgd"), "methods[1].update", "'count', 'momentum', 'decay'"),
     ("method limited to a dataset the spec lacks", _set("methods.1.datasets", ["synthetic-iid"]),
      "methods[1].datasets[0]", "expected one of: synthetic-label_shift, synthetic-temporal"),

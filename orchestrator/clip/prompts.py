@@ -252,14 +252,20 @@ def class_embeddings(
         return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])
 
 
-def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None):
+def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None, context=None):
     """What a prompt-tuning method takes (`orchestrator.methods.prompt.PromptText`): the backbone's text tower and
     each class's prompt "<ctx_init> <name>." tokenized as TPT's PromptLearner does (underscores in the names and
     the init read as spaces), its context tokens the init's words, on the backbone's device; with the class names as
-    prompted and the backbone's tokenizer, for a method that writes prompts of its own (CLIPArTT)."""
+    prompted and the backbone's tokenizer, for a method that writes prompts of its own (CLIPArTT). With a learned
+    `context` (`orchestrator.clip.context.LearnedContext`) the prompts are CoOp's "X ... X <name>." with one X per
+    context vector, and the context starts from its vectors."""
     from orchestrator.methods.prompt import CTX_INIT, PromptText, TextTower
 
-    ctx_init = (ctx_init or CTX_INIT).replace("_", " ")
+    tower = TextTower(backbone.model)
+    if context is not None and context.width != tower.width:
+        raise ValueError(f"context file {context.path}: ctx width {context.width} does not fit the backbone's text "
+                         f"tower (width {tower.width}); expected a context learnt on the same CLIP model")
+    ctx_init = " ".join(["X"] * context.n_ctx) if context is not None else (ctx_init or CTX_INIT).replace("_", " ")
     names = [name.replace("_", " ") for name in class_names]
     tokens = backbone.tokenizer([f"{ctx_init} {name}." for name in names]).to(backbone.device)
     n_ctx = len(ctx_init.split(" "))
@@ -267,4 +273,5 @@ def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None
     if not bool((tokens[:, 1:1 + n_ctx] == init[1:1 + n_ctx]).all()) or int(init[1 + n_ctx]) != int(init.max()):
         raise ValueError(f"context init {ctx_init!r}: each word must be one token of the backbone's tokenizer (TPT "
                          f"learns one context vector per word)")
-    return PromptText(TextTower(backbone.model), tokens, n_ctx, tuple(names), backbone.tokenizer)
+    ctx = None if context is None else context.vectors.to(backbone.device)
+    return PromptText(tower, tokens, n_ctx, tuple(names), backbone.tokenizer, ctx)

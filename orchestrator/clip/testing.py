@@ -240,3 +240,53 @@ def build_corrupted(name: str, data_root: str | Path, corruptions: tuple[str, ..
 def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -> None:
     for name in paper_datasets():
         build_dataset(name, data_root, num_classes, per_class)
+
+
+# ---------------------------------------------------------------------------------- learned starting points
+
+
+def write_coop_context(directory: str | Path, model: str, class_names: list[str], n_ctx: int = 4, seed: int = 0,
+                       epoch: int = 50, class_specific: bool = False) -> Path:
+    """A CoOp context file as CoOp's trainer saves one (Dassl's save_checkpoint): `<directory>/prompt_learner/
+    model.pth.tar-<epoch>`, {state_dict: {ctx, token_prefix, token_suffix}, epoch, optimizer, scheduler,
+    val_result}, for the classes given and the (random-weights) model named; ctx [n_ctx, width] (class_specific:
+    [K, n_ctx, width]) drawn as CoOp initialises it (normal, std 0.02) from `seed`; returns the file."""
+    import torch
+
+    from orchestrator.clip.backbone import load_backbone
+
+    register_tiny_models()
+    backbone = load_backbone(model, None, "cpu")
+    tokens = backbone.tokenizer([" ".join(["X"] * n_ctx) + f" {n.replace('_', ' ')}." for n in class_names])
+    with torch.no_grad():
+        embedding = backbone.model.token_embedding(tokens)
+    width = int(embedding.shape[-1])
+    g = torch.Generator().manual_seed(seed)
+    ctx = 0.02 * torch.randn(*((len(class_names),) if class_specific else ()), n_ctx, width, generator=g)
+    param = torch.nn.Parameter(ctx)
+    optimizer = torch.optim.SGD([param], lr=0.002, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
+    path = Path(directory) / "prompt_learner" / f"model.pth.tar-{epoch}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"ctx": ctx, "token_prefix": embedding[:, :1], "token_suffix": embedding[:, 1 + n_ctx:]},
+                "epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "val_result": None}, path)
+    return path
+
+
+def write_maple_context(directory: str | Path, width: int = 128, n_ctx: int = 2, depth: int = 3,
+                        epoch: int = 5) -> Path:
+    """A MaPLe checkpoint's prompt-learner keys as its trainer saves them (`MultiModalPromptLearner/
+    model.pth.tar-<epoch>`, the keys under `prompt_learner.`), with zeros: what `load_context` must refuse."""
+    import torch
+
+    state = {"prompt_learner.ctx": torch.zeros(n_ctx, width),
+             "prompt_learner.proj.weight": torch.zeros(768, width), "prompt_learner.proj.bias": torch.zeros(768)}
+    for i in range(depth - 1):
+        state[f"prompt_learner.compound_prompts_text.{i}"] = torch.zeros(n_ctx, 512)
+        state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = torch.zeros(768, width)
+        state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = torch.zeros(768)
+    path = Path(directory) / "MultiModalPromptLearner" / f"model.pth.tar-{epoch}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": state, "epoch": epoch}, path)
+    return path

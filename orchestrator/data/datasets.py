@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from orchestrator.registry.corruptions import BENCHMARKS, parse_variant
+from orchestrator.registry.corruptions import BENCHMARKS, parse_generated, parse_variant
 from orchestrator.registry.dataset_card import CLASSNAMES_FILE, DatasetCard
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"})
@@ -286,11 +286,32 @@ def _npy_images(path: str) -> np.ndarray:
 
 
 def open_image(path: Path) -> Image.Image:
-    """The image at `path` (an `ImageList.path`): an image file, or a row of a CIFAR-C array ('<file>.npy:<row>')."""
+    """The image at `path` (an `ImageList.path`): an image file, a row of a CIFAR-C array ('<file>.npy:<row>'), or
+    a generated corruption's copy, written from its clean image on first use (`orchestrator.data.generated`)."""
     row = _NPY_ROW.match(str(path))
     if row is None:
-        return Image.open(path)
+        try:
+            return Image.open(path)
+        except FileNotFoundError:
+            from orchestrator.data.generated import materialise
+
+            if not materialise(Path(path)):
+                raise
+            return Image.open(path)
     return Image.fromarray(np.asarray(_npy_images(row.group(1))[int(row.group(2))]))
+
+
+def read_generated(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
+    """A corruption generated from a dataset's clean images (`orchestrator.data.generated`): the clean dataset's
+    images, each at its generated copy's id (written on its first decode, `open_image`), with the clean labels and
+    class names."""
+    from orchestrator.data.generated import generated_id
+    from orchestrator.registry.datasets import ensure_dataset  # the clean dataset's card, registered or a folder
+
+    dataset, corruption, severity = parse_generated(info.name)
+    clean = read_images(ensure_dataset(dataset, data_root), data_root)
+    return ([generated_id(dataset, corruption, severity, i) for i in clean.image_ids], list(clean.labels),
+            list(clean.class_names))
 
 
 def read_cifar_c(data_root: Path, info: DatasetCard) -> tuple[list[str], list[int], list[str]]:
@@ -327,7 +348,7 @@ def read_cifar_c(data_root: Path, info: DatasetCard) -> tuple[list[str], list[in
 BUILTIN_READERS = {"read_imagenet": read_imagenet, "read_imagenet_a": read_imagenet_a, "read_imagenet_r": read_imagenet_r,
                    "read_imagenet_v2": read_imagenet_v2, "read_split_zhou": read_split_zhou,
                    "read_aircraft": read_aircraft, "read_class_folders": read_class_folders,
-                   "read_cifar_c": read_cifar_c}
+                   "read_cifar_c": read_cifar_c, "read_generated": read_generated}
 
 
 def _reader(info: DatasetCard) -> Callable[[Path, DatasetCard], tuple[list[str], list[int], list[str]]]:

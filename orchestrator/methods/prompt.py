@@ -4,11 +4,13 @@ tokens, the image side read from cached view features.
 TPT's image encoder is frozen and runs under no_grad, so the cached views' features are exactly what its
 computation sees (up to kernel rounding); only the text tower runs in the method. What a method is given:
 
-    PromptText(tower, tokens, n_ctx)
+    PromptText(tower, tokens, n_ctx, ctx=None)
         tower   TextTower: CLIP's text transformer as a torch module taking token *embeddings*
         tokens  [K, L] int64: class k's prompt "a photo of a {name}." tokenized, the n_ctx context tokens at
                 positions 1..n_ctx (after the start token), as CoOp's PromptLearner lays them out
         n_ctx   how many context tokens are learnt (TPT: 4, initialised to "a photo of a")
+        ctx     [n_ctx, w] a learned context to start from (a CoOp file, `orchestrator.clip.context`), standing
+                for the context tokens' embeddings; None: those embeddings (the hand-written init)
 
 `orchestrator.clip.prompts.prompt_text` builds one from a loaded backbone; nothing here reads a file.
 
@@ -106,6 +108,14 @@ class PromptText:
     n_ctx: int
     names: tuple[str, ...] = ()
     tokenizer: Any = None
+    ctx: torch.Tensor | None = None
+
+    def initial_context(self) -> torch.Tensor:
+        """[n_ctx, w] the context tuning starts from (and each sample's tuning resets to)."""
+        if self.ctx is not None:
+            return self.ctx
+        with torch.no_grad():
+            return self.tower.embed(self.tokens[:1, 1:1 + self.n_ctx])[0]
 
 
 def check_prompt_text(method: str, text: Any, num_classes: int, device: torch.device) -> PromptText:
@@ -122,6 +132,9 @@ def check_prompt_text(method: str, text: Any, num_classes: int, device: torch.de
                          f"{tuple(getattr(tokens, 'shape', ()))}")
     if not 1 <= text.n_ctx < tokens.shape[1] - 1:
         raise ValueError(f"{method}: text.n_ctx must be in [1, {tokens.shape[1] - 2}], got {text.n_ctx}")
+    if text.ctx is not None and (text.ctx.shape != (text.n_ctx, text.tower.width) or text.ctx.device != device):
+        raise ValueError(f"{method}: text.ctx must be [{text.n_ctx}, {text.tower.width}] on {device}, got "
+                         f"{tuple(text.ctx.shape)} on {text.ctx.device}")
     if tokens.device != device or text.tower.positional_embedding.device != device:
         raise ValueError(f"{method}: text tokens ({tokens.device}) and tower "
                          f"({text.tower.positional_embedding.device}) must be on the features' device {device}")
@@ -172,7 +185,7 @@ class ClassPrompts:
         with torch.no_grad():
             embedded = self.tower.embed(text.tokens)
         self.prefix = embedded[:, :1]                          # [K, 1, w] start token
-        self.ctx_init = embedded[0, 1:1 + self.n_ctx].clone()  # [n_ctx, w] "a photo of a"
+        self.ctx_init = text.initial_context().clone()          # [n_ctx, w] "a photo of a", or a learned one
         self.suffix = embedded[:, 1 + self.n_ctx:]             # [K, L - 1 - n_ctx, w] class name, '.', end, padding
         self.eot = text.tokens.argmax(dim=-1)
         with torch.no_grad():

@@ -125,6 +125,31 @@ def variant_card(name: Any) -> DatasetCard | None:
                        folder, bench.layout(corruption, severity), reader, bench.templates, cupl=bench.cupl)
 
 
+GENERATED_READER = "read_generated"  # orchestrator.data.datasets's
+
+
+def parse_generated(name: Any) -> tuple[str, str, int] | None:
+    """(dataset, corruption, severity) of a name of the form `<dataset>.<corruption>.<severity>` whose dataset is
+    not a corruption benchmark (whether the dataset is registered is the registry's question), or None."""
+    if not isinstance(name, str) or parse_variant(name) is not None:
+        return None
+    head, _, severity = name.rpartition(".")
+    dataset, _, corruption = head.rpartition(".")
+    if not dataset or corruption not in CORRUPTIONS or not severity.isdigit() or int(severity) not in SEVERITIES \
+            or benchmark_key(dataset) is not None:
+        return None
+    return dataset, corruption, int(severity)
+
+
+def generated_card(clean: DatasetCard, corruption: str, severity: int) -> DatasetCard:
+    """The card of a dataset's corruption generated from its clean images (`orchestrator.data.generated`)."""
+    return DatasetCard(variant_name(clean.name, corruption, severity),
+                       f"{clean.title} {corruption} {severity} (generated)", OTHER, clean.num_classes,
+                       clean.test_images, f"generated-c/{clean.name}/{corruption}/{severity}",
+                       f"{clean.layout}; its corrupted copies are generated under generated-c/{clean.name}/"
+                       f"{corruption}/{severity}/", GENERATED_READER, clean.templates, cupl=clean.cupl)
+
+
 def _values(value: Any, allowed: tuple, field: str) -> list:
     values = list(allowed) if value == ALL else value if isinstance(value, list) else [value]
     bad = [v for v in values if v not in allowed or isinstance(v, bool)]

@@ -19,7 +19,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from orchestrator.registry.corruptions import BENCHMARKS, parse_variant, variant_card
+from orchestrator.registry.corruptions import BENCHMARKS, generated_card, parse_generated, parse_variant, variant_card
 from orchestrator.registry.dataset_card import (CLASSNAMES_FILE, CLIP80, CROSS_DOMAIN, DATASET_NAME_RE, ENSEMBLE7,
                                                   GROUP_TITLES, GROUPS, OOD, OTHER, TEMPLATES_FILE, DatasetCard)
 
@@ -125,9 +125,16 @@ def dataset_key(name: str) -> str | None:
         return None
     key = _LOOKUP.get(_squash(name))
     if key is None:
-        card = variant_card(name)
+        card = variant_card(name) or _generated(name)
         key = None if card is None else register_dataset(card).name
     return key
+
+
+def _generated(name: str) -> DatasetCard | None:
+    """The card of a registered dataset's generated corruption (`<dataset>.<corruption>.<severity>`), or None."""
+    parsed = parse_generated(name)
+    clean = _LOOKUP.get(_squash(parsed[0])) if parsed else None
+    return None if clean is None else generated_card(DATASETS[clean], parsed[1], parsed[2])
 
 
 def canonical_dataset(name: str) -> str:

@@ -14,8 +14,10 @@ settings on a dataset (an hparam grid, several sweeps, streams), the settings th
 
 Only runs of the published weights (run config `pretrained: openai`, which a checkpoint gets only when its file
 is OpenAI's published one) are set beside the published numbers. Other weights are labelled so wherever they
-appear: their backbone reads "RN50 (random weights)", "RN50 (checkpoint x.pt)" or "ViT-B/16 (<tag>)" in the
-tables, and the dashboard's series say "[random weights]", "[checkpoint x.pt]" or "[<tag>]".
+appear: their backbone reads "RN50 (random weights)", "RN50 (checkpoint x.pt 1a2b3c4d)" (its sha256, short) or
+"ViT-B/16 (<tag>)" in the tables, and the dashboard's series say "[random weights]", "[checkpoint x.pt 1a2b3c4d]"
+or "[<tag>]". A prompt-tuning run started from a learned context reads "TPT [context 1a2b3c4d]" (the context
+file's sha256, short), a row apart from the hand-written prompt's.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ PAPER_LAYOUTS = (TABLE1, TABLE2)
 
 RANDOM_WEIGHTS_NOTE = "random weights"
 PUBLISHED_WEIGHTS = "openai"  # the tag of the weights the paper's numbers were measured with
+SHORT_SHA = 8  # hex digits of a checkpoint's or context's sha256 that labels show
 
 
 def weights_note(pretrained: Any) -> str | None:
@@ -174,11 +177,35 @@ def row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str] 
     """A label per run naming its configuration apart from the seed: the method's label, plus the settings
     that vary between its runs of one backbone and dataset, e.g. "BCA (tau=0.3)" (the tables' rows, the
     dashboard's series); a run of other than the published weights says which (`weights_note`)."""
-    labels = _row_labels(runs, hparams, extra)[0]
+    labels = _with_context_note(runs, _row_labels(runs, hparams, extra)[0])
     if "pretrained" in runs.columns:
-        notes = per_value(runs["pretrained"], weights_note)
+        notes = weights_notes(runs)
         labels = labels.where(notes.isna(), labels + " [" + notes.fillna("") + "]")
     return labels
+
+
+def weights_notes(runs: pd.DataFrame) -> pd.Series:
+    """Each run's `weights_note`, a checkpoint's followed by its content hash (short): two fine-tunings saved under
+    one file name are two starting points."""
+    notes = per_value(runs["pretrained"], weights_note)
+    if "weights_sha256" in runs.columns:
+        sha = runs["weights_sha256"]
+        notes = notes.where(notes.isna() | sha.isna(), notes + " " + _short_sha(sha))
+    return notes
+
+
+def _with_context_note(runs: pd.DataFrame, labels: pd.Series) -> pd.Series:
+    """A run started from a learned context says so on its row, "TPT [context 1a2b3c4d]" (its file's sha256,
+    short): rows of the hand-written prompt and of each context never merge."""
+    if "context_sha256" not in runs.columns:
+        return labels
+    sha = runs["context_sha256"]
+    return labels.where(sha.isna(), labels + " [context " + _short_sha(sha) + "]")
+
+
+def _short_sha(sha: pd.Series) -> pd.Series:
+    """Each hash's first SHORT_SHA hex digits (object dtype, as the labels it is added to)."""
+    return per_value(sha, lambda v: None if v is None else str(v)[:SHORT_SHA]).fillna("")
 
 
 def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]) -> tuple[pd.Series, list[str]]:
@@ -195,8 +222,10 @@ def _row_labels(runs: pd.DataFrame, hparams: Sequence[str], extra: Sequence[str]
 
 def _configuration_labels(runs: pd.DataFrame, candidates: list[str]) -> tuple[pd.Series, list[str]]:
     labels = per_value(runs["method"], registry.method_label)
-    # distinct values of each setting per (backbone, method, dataset), then the most any dataset has
-    distinct = runs.groupby(["backbone", "method", "dataset"])[candidates].nunique(dropna=False)
+    # distinct values of each setting per (backbone, method, dataset) and starting context (its rows are told apart
+    # by `_with_context_note`), then the most any of them has
+    within = ["backbone", "method", "dataset", *(["context_sha256"] if "context_sha256" in runs.columns else [])]
+    distinct = runs.groupby(within, dropna=False)[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
     # a stream or batch size that differs anywhere is named on every row: rows of different protocols are not
     # comparable
@@ -232,9 +261,10 @@ def _with_row_labels(runs: pd.DataFrame, hparams: Sequence[str]) -> tuple[pd.Dat
     runs["backbone_name"] = runs["backbone"]
     runs["backbone"] = per_value(runs["backbone"], backbone_label)
     if "pretrained" in runs.columns:
-        notes = per_value(runs["pretrained"], weights_note)
+        notes = weights_notes(runs)
         runs["backbone"] = runs["backbone"].where(notes.isna(), runs["backbone"] + " (" + notes.fillna("") + ")")
     runs["row"], split = _row_labels(runs, hparams, ("backbone_name",))
+    runs["row"] = _with_context_note(runs, runs["row"])
     return runs, split
 
 
@@ -609,7 +639,10 @@ def _best_of_notes(runs: pd.DataFrame) -> list[str]:
     if not len(fit) or "group_id" not in fit:
         return []
     fit = fit[fit["_fit"]]
-    counts = fit.groupby(["backbone", "method", "dataset", "_protocol"], sort=False)["group_id"].nunique()
+    # runs from different starting contexts are rows apart (`_with_context_note`), not configurations to choose from
+    context = ["context_sha256"] if "context_sha256" in fit else []
+    counts = fit.groupby(["backbone", "method", "dataset", "_protocol", *context], sort=False,
+                         dropna=not context)["group_id"].nunique()
     most = counts.groupby(level=["backbone", "method"], sort=False).max()
     lines = [f"{registry.method_label(method)} ({backbone}): best of {k} configurations, chosen on these runs"
              for (backbone, method), k in most.items() if k > 1]

@@ -13,6 +13,8 @@ A run is in one place: its own files while it is written (the live layout above)
 A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
     pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
+    weights_sha256, context_sha256: str, present only for a checkpoint file / a learned context (with `context`,
+                             its path), so every other run keeps its run_id
     batch_size: int >= 1, present only when it is not 1 (so every per-sample run keeps its run_id)
     realtime_k: int >= 1, present only on a realtime stream: the method adapts on every k-th sample
     hparams: {name: value}   every method hparam (defaults filled), one runs-table column each (typed by the
@@ -98,6 +100,10 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("sweep", pa.string(), "VARCHAR", "sweep name"),
     Column("backbone", pa.string(), "VARCHAR", "open_clip model name"),
     Column("pretrained", pa.string(), "VARCHAR", "open_clip pretrained tag or checkpoint, null = random"),
+    Column("weights_sha256", pa.string(), "VARCHAR", "sha256 of the backbone's checkpoint file (fine-tuned weights "
+                                                     "such as TeCoA's); null for a tag or random weights"),
+    Column("context_sha256", pa.string(), "VARCHAR", "sha256 of the learned context file (CoOp's) a prompt-tuning "
+                                                     "run started from; null: the hand-written prompt"),
     Column("dataset", pa.string(), "VARCHAR", "dataset or synthetic scenario name"),
     Column("method", pa.string(), "VARCHAR", "method name (a card of orchestrator.registry)"),
     Column("seed", pa.int64(), "BIGINT", "stream seed"),

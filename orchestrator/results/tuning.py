@@ -2,10 +2,10 @@
 
 A sweep's grid (tau x n1 x n2, ...) measured on the test streams, then its best cell set in a paper table, is
 tuned on the test set. `bca report --tune-on PREDICATE` splits the runs instead: the runs the predicate (SQL
-over the runs view, e.g. "order_index < 50" or "seed = 1") matches are the tuning runs; per method, backbone,
-dataset and stream protocol, the configuration (group_id: one hparam setting over its seeds and orders) with the
-best mean of the metric over its finished, complete tuning runs is chosen (ties: the smaller group_id), and the
-tables stand on that configuration's other runs only. The SQL table macros `tuned_choice(tune_ids, metric)` (the
+over the runs view, e.g. "order_index < 50" or "seed = 1") matches are the tuning runs; per method, backbone (its
+weights), starting point (a learned context), dataset and stream protocol, the configuration (group_id: one hparam
+setting over its seeds and orders) with the best mean of the metric over its finished, complete tuning runs is
+chosen (ties: the smaller group_id), and the tables stand on that configuration's other runs only. The SQL table macros `tuned_choice(tune_ids, metric)` (the
 choice per cell) and `tuned(tune_ids, metric)` (the accuracy view's rows of the chosen configurations' other
 runs) are the one definition; this module reads them. docs/statistics.md says what this does and does not
 protect against.
@@ -47,17 +47,19 @@ def tuned_choice_sql(tune_ids: str, metric: str) -> str:
     (SQL expressions: a list of run ids and a metric's name), with that mean, its runs and the candidates."""
     return f"""
 WITH candidates AS (
-    SELECT method, backbone, dataset, stream, group_id, avg({_value_sql(metric)}) AS tune_mean, count(*) AS tune_runs
+    SELECT method, backbone, pretrained, weights_sha256, context_sha256, dataset, stream, group_id,
+           avg({_value_sql(metric)}) AS tune_mean, count(*) AS tune_runs
     FROM accuracy
     WHERE status = 'finished' AND complete AND group_id IS NOT NULL AND run_id IN (SELECT unnest({tune_ids}))
     GROUP BY ALL HAVING tune_mean IS NOT NULL
 )
 SELECT method, backbone, dataset, stream, group_id, {metric} AS tuned_metric, tune_mean, tune_runs, candidates
 FROM (
-    SELECT *, row_number() OVER (PARTITION BY method, backbone, dataset, stream
-                                 ORDER BY {_sign_sql(metric)} * tune_mean DESC, group_id) AS rk,
-           count(*) OVER (PARTITION BY method, backbone, dataset, stream) AS candidates
+    SELECT *, row_number() OVER (cell ORDER BY {_sign_sql(metric)} * tune_mean DESC, group_id) AS rk,
+           count(*) OVER cell AS candidates
     FROM candidates
+    -- a cell: one method on one backbone's weights from one starting point, one dataset and stream protocol
+    WINDOW cell AS (PARTITION BY method, backbone, pretrained, weights_sha256, context_sha256, dataset, stream)
 ) WHERE rk = 1"""
 
 

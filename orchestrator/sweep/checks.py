@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.registry.corruptions import benchmark_key, parse_variant
+from orchestrator.registry.corruptions import benchmark_key, parse_generated, parse_variant
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Protocol, Realtime,
                                        protocol_from_spec)
 from orchestrator.data.synthetic import synthesize
@@ -302,7 +302,8 @@ def _label_space_issues(spec: SweepSpec, protocol: Continual) -> list[str]:
 def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
     issues: list[tuple[str, str]] = []
     known = {dataset_name(d) for d in spec.datasets}
-    known |= {parsed[0] for parsed in map(parse_variant, known) if parsed}  # a benchmark names all its variants
+    # a benchmark names all its variants, a dataset its generated corruptions
+    known |= {parsed[0] for name in known for parsed in (parse_variant(name), parse_generated(name)) if parsed}
     for i, entry in enumerate(spec.methods):
         card = method_card(entry.method)
         for j, name in enumerate(entry.datasets or []):
@@ -341,6 +342,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                       f"expected precision 'fp32', or resources.gpu > 0"))
         if card.text_encoder is not None:
             issues += _selection_issues(spec, i, entry.method, datasets, grid)
+        if entry.context is not None:
+            issues += _context_issues(spec, i, entry.method, entry.context)
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
         issues += _realtime_issues(spec, i, entry)
@@ -359,6 +362,30 @@ def _tower_use(card: MethodCard) -> tuple[str, str] | None:
     if card.text_encoder is not None:
         return "tunes the prompt through CLIP's text encoder at test time", "no text encoder, no class prompts"
     return None
+
+
+def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tuple[str, str]]:
+    """A learned context: for a method that runs CLIP's text encoder, a CoOp file that fits each backbone."""
+    import open_clip
+
+    from orchestrator.clip.context import context_issue
+
+    where = f"methods[{i}].context"
+    if method_card(method).text_encoder is None:
+        return [(where, f"{method!r} does not run CLIP's text encoder at test time, so it has no context to start "
+                        f"from; a learned context is for the prompt-tuning methods (those whose card names a text "
+                        f"encoder: tpt, ctpt, rtpt, dynaprompt); for other methods give fine-tuned weights as the "
+                        f"backbone's checkpoint")]
+    for backbone in spec.backbones:
+        cfg = open_clip.get_model_config(backbone.model.replace("/", "-"))
+        if cfg is None:  # an unknown model: reported by the backbone's own check
+            continue
+        text = cfg.get("text_cfg", {})
+        problem = context_issue(path, backbone.model, int(text.get("width", 512)),
+                                int(text.get("context_length", 77)) - 2)
+        if problem:
+            return [(where, problem)]
+    return []
 
 
 def _batch_issues(spec: SweepSpec) -> list[tuple[str, str]]:

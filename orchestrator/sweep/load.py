@@ -137,7 +137,8 @@ def _absolute_paths(spec: SweepSpec, base: Path) -> SweepSpec:
                                       "auxiliary": [a.model_copy(update={"checkpoint": absolute(a.checkpoint)})
                                                     for a in b.auxiliary]})
                  for b in spec.backbones]
+    methods = [m.model_copy(update={"context": absolute(m.context)}) for m in spec.methods]
     return spec.model_copy(update={"results_dir": absolute(spec.results_dir), "cache_dir": absolute(spec.cache_dir),
-                                   "data_root": absolute(spec.data_root), "backbones": backbones})
+                                   "data_root": absolute(spec.data_root), "backbones": backbones, "methods": methods})
 
 

@@ -15,7 +15,7 @@ from orchestrator.results.atomic import durable_batch
 from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import MethodCost, PeakMemory
-from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, RowSink, Settings, Stream,
+from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, PromptTexts, RowSink, Settings, Stream,
                                        code_path, feature_kind, features_for, finished_metrics, mark_finished,
                                        mark_unfinished_failed, method_hparams, part_rows_for, peak_mb_of,
                                        save_run_state, warm_up)
@@ -25,7 +25,8 @@ from orchestrator.sweep.plan import Run
 COMMIT_ROWS = 2_000_000
 
 
-def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch.Tensor | None = None
+def pack_traces(runs: list[Run], stream: Stream, text: PromptTexts | None = None,
+                orders: torch.Tensor | None = None
                 ) -> tuple[list[Any], float, list[Cost]]:
     """Each run's trace over the stream from one pass of the multi-config engine per method and kind of features
     the runs take (views, a view axis over single features, or features; exact per run), the warm-up's seconds
@@ -38,7 +39,8 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
 
     def shared_pass(config: RunConfig) -> tuple:
         runner = method_card(config.method).lockstep_runner(features_for(config, stream).dim() == 3)
-        return feature_kind(config, stream), ("runner", id(runner)) if runner is not None else config.method
+        return (feature_kind(config, stream), ("runner", id(runner)) if runner is not None else config.method,
+                config.get("context"))   # runs from different learned contexts take different text sides
 
     traces: list[Any] = [None] * len(runs)
     costs: list[Cost] = [Cost(0.0, None)] * len(runs)
@@ -48,17 +50,19 @@ def pack_traces(runs: list[Run], stream: Stream, text: Any = None, orders: torch
         picked = [i for i, k in enumerate(kinds) if k == kind]
         configs = [{"method": runs[i].method, "batch_size": runs[i].batch_size,
                     **method_hparams(runs[i].config, len(stream))} for i in picked]
-        passes.append((picked, configs, features_for(runs[picked[0]].config, stream)))
+        first = runs[picked[0]].config
+        passes.append((picked, configs, features_for(first, stream), None if text is None else text.for_run(first)))
 
-    def run_pass(configs: list[dict], features: torch.Tensor, order: torch.Tensor | None = None) -> list[Any]:
+    def run_pass(configs: list[dict], features: torch.Tensor, prompts: Any, order: torch.Tensor | None = None
+                 ) -> list[Any]:
         return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
-                               text, order)
+                               prompts, order)
 
-    warmup_s = warm_up([("pack", *code_path(runs[i].config, f)) for picked, _, f in passes for i in picked],
-                       lambda: [run_pass(c, f[:WARMUP_SAMPLES]) for _, c, f in passes])
-    for picked, configs, features in passes:
+    warmup_s = warm_up([("pack", *code_path(runs[i].config, f)) for picked, _, f, _ in passes for i in picked],
+                       lambda: [run_pass(c, f[:WARMUP_SAMPLES], p) for _, c, f, p in passes])
+    for picked, configs, features, prompts in passes:
         with MethodCost(features.device) as cost:
-            done = run_pass(configs, features, None if orders is None else orders[picked])
+            done = run_pass(configs, features, prompts, None if orders is None else orders[picked])
         for i, trace in zip(picked, done):
             traces[i], costs[i] = trace, Cost(cost.seconds / len(picked), cost.mb / len(picked))
     return traces, warmup_s, costs
@@ -122,7 +126,7 @@ def write_pack(runs: list[Run], writers: list[RunWriter], made: Made, settings: 
 
 
 def execute_pack(runs: list[Run], stream: Stream, settings: Settings, *, encode_s: float = 0.0,
-                 peak: PeakMemory | None = None, text: Any = None) -> list[dict]:
+                 peak: PeakMemory | None = None, text: PromptTexts | None = None) -> list[dict]:
     """Several runs over one stream in one pass of the multi-config engine (exact per run), then the runs
     written by `write_pack` (one segment for fresh runs, else parts from each run's rows_done). A run's
     samples/s is the stream length over its share of its method's pass (`pack_traces`)."""

@@ -454,19 +454,42 @@ def part_rows_for(part_rows: int, batch_size: int) -> int:
     return max(1, part_rows // batch_size) * batch_size
 
 
-def prompt_text_for(configs: list[RunConfig], source: DataSource, stream: Stream) -> Any:
+class PromptTexts:
+    """The text side of the runs of one stream whose method runs CLIP's text encoder at test time: one PromptText
+    per learned context (`for_run`: a run's config names its context file, if any; none: the hand-written
+    prompt), made once each."""
+
+    def __init__(self, backbone: Any, class_names: list[str]) -> None:
+        self.backbone, self.class_names = backbone, class_names
+        self._made: dict[str | None, Any] = {}
+
+    def for_run(self, config: RunConfig) -> Any:
+        from orchestrator.clip.context import load_context
+        from orchestrator.clip.prompts import prompt_text
+
+        path = config.get("context")
+        if path not in self._made:
+            context = None if path is None else load_context(path)
+            if context is not None and context.sha256 != config.get("context_sha256"):
+                raise ValueError(f"context file {path} changed since the sweep was planned (sha256 "
+                                 f"{context.sha256[:16]}, planned {str(config.get('context_sha256'))[:16]}); expected "
+                                 f"the file the run's config names")
+            self._made[path] = prompt_text(self.backbone, self.class_names, context=context)
+        return self._made[path]
+
+
+def prompt_text_for(configs: list[RunConfig], source: DataSource, stream: Stream) -> PromptTexts | None:
     """The text tower and class prompts for the runs whose method runs CLIP's text encoder at test time (the
     source's backbone, loaded once per process), else None. Synthetic sources have no text tower: the sweep's
     checks refuse such runs before they start."""
     if not any(method_card(c.method).takes_text for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
-    from orchestrator.clip.prompts import prompt_text
 
     # The arguments the feature cache loads it with, so that a process that just encoded holds it already.
     backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
-    return prompt_text(backbone, stream.class_names)
+    return PromptTexts(backbone, stream.class_names)
 
 
 @dataclass(frozen=True)
@@ -496,12 +519,14 @@ def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, set
     return ImageSide(backbone.model.visual, images)
 
 
-def method_for(config: RunConfig, stream: Stream, text: Any, vision: ImageSide | None = None) -> Any:
-    """A fresh method for the run's config over this stream (its batch size; the text tower where it runs one; the
-    vision tower where it adapts the image encoder); on a realtime stream, adapting on every k-th sample only."""
+def method_for(config: RunConfig, stream: Stream, text: PromptTexts | None, vision: ImageSide | None = None) -> Any:
+    """A fresh method for the run's config over this stream (its batch size; the text tower and its starting
+    context where it runs one; the vision tower where it adapts the image encoder); on a realtime stream, adapting
+    on every k-th sample only."""
     tower = vision.tower if vision is not None and method_card(config.method).image_encoder else None
     method = make_method(config.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
-                         batch_size=config.batch_size, text=text, vision=tower, **method_hparams(config, len(stream)))
+                         batch_size=config.batch_size, text=None if text is None else text.for_run(config),
+                         vision=tower, **method_hparams(config, len(stream)))
     return method if config.realtime_k is None else RealtimeMethod(method, config.realtime_k)
 
 

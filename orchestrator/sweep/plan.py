@@ -309,9 +309,24 @@ def _with_auxiliary(spec: SweepSpec, method: str, source: DataSource, fields: di
     return replace(source, auxiliary=canonical_json(chosen)), {**fields, "auxiliary": recorded}
 
 
+def _context_fields(entry: Any) -> dict[str, Any]:
+    """Run-config keys of a method entry's learned context (none without one): the file, and its content's hash,
+    which the runs table carries so that tables never mix starting points."""
+    if entry.context is None:
+        return {}
+    from orchestrator.clip.backbone import file_sha256
+
+    return {"context": entry.context, "context_sha256": file_sha256(entry.context)}
+
+
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
-    """Run-config keys a backbone sets only when used: the activation override, a custom config's content."""
+    """Run-config keys a backbone sets only when used: the activation override, a custom config's content, a
+    checkpoint's content hash (its path alone would let two different fine-tunings read as one)."""
     extras: dict[str, Any] = {}
+    if backbone.checkpoint is not None:
+        from orchestrator.clip.backbone import file_sha256
+
+        extras["weights_sha256"] = file_sha256(backbone.checkpoint)
     if backbone.quick_gelu is not None:
         extras["quick_gelu"] = backbone.quick_gelu
     if backbone.config is not None:
@@ -386,7 +401,8 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                                 plain_source, plain_fields, batch_size, stream_batch))
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
-                                                     "method": entry.method, "seed": seed, **fields})
+                                                     "method": entry.method, "seed": seed, **fields,
+                                                     **_context_fields(entry)})
                             del base["hparams"]
                             group = _Group(base, names, entry.shards or 1)
                             for run_id, point in zip(run_ids(base, points), points):

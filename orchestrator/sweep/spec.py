@@ -34,7 +34,8 @@ from pydantic_core import PydanticCustomError
 from orchestrator.data.synthetic import SYNTHETIC_KINDS, synthetic_defaults
 from orchestrator.results.schema import RANDOM_WEIGHTS
 from orchestrator.registry import canonical_dataset, dataset_key, ensure_dataset, method_card, method_names
-from orchestrator.registry.corruptions import ALL, CORRUPTIONS, SEVERITIES, benchmark_key, expand_variants, parse_variant
+from orchestrator.registry.corruptions import (ALL, CORRUPTIONS, SEVERITIES, benchmark_key, expand_variants,
+                                              parse_generated, parse_variant)
 from orchestrator.registry.templates import METHOD_TEMPLATES
 from orchestrator.registry.views import METHOD_PROTOCOL, VIEWS_PATTERN
 
@@ -138,7 +139,8 @@ class RealDataset(_Strict):
     """A dataset read from data_root (a name or alias of orchestrator.data.datasets, stored canonical);
     `views` overrides the spec-level views for this dataset. A corruption benchmark (imagenet-c, cifar10-c,
     cifar100-c) takes `corruption` (a name, a list or 'all') and `severity` (1..5 or a list); the spec expands it
-    into one dataset per (corruption, severity) (`orchestrator.registry.corruptions`)."""
+    into one dataset per (corruption, severity) (`orchestrator.registry.corruptions`). Any other dataset given them
+    has those corruptions generated from its clean images (`orchestrator.data.generated`)."""
 
     name: Annotated[StrictStr, AfterValidator(_dataset_or_benchmark)]
     views: Annotated[StrictStr, Field(pattern=VIEWS_PATTERN)] | None = None
@@ -152,15 +154,15 @@ class RealDataset(_Strict):
 
     @model_validator(mode="after")
     def _corruption_fields(self) -> RealDataset:
-        if benchmark_key(self.name) is not None:
+        asked = self.corruption is not None or self.severity is not None
+        if benchmark_key(self.name) is not None or asked:
             for field in ("corruption", "severity"):
                 if getattr(self, field) is None:
+                    where = ("" if benchmark_key(self.name) is not None else
+                             " (a dataset without a released corrupted copy has its corruptions generated)")
                     raise PydanticCustomError("corruption", f"{self.name} needs corruption ({', '.join(CORRUPTIONS)} "
-                                              f"or {ALL!r}) and severity ({', '.join(map(str, SEVERITIES))}); "
+                                              f"or {ALL!r}) and severity ({', '.join(map(str, SEVERITIES))}){where}; "
                                               f"{field} is missing")
-        elif self.corruption is not None or self.severity is not None:
-            raise PydanticCustomError("corruption", f"corruption and severity are for the corruption benchmarks "
-                                      f"(imagenet-c, cifar10-c, cifar100-c), not {self.name}")
         return self
 
     def variants(self) -> list[RealDataset]:
@@ -223,10 +225,11 @@ def _method_model(name: str) -> type[BaseModel]:
     fields = {h.name: (Grid | None, None) for h in method_card(name).hparams}
     only = Annotated[list[StrictStr], BeforeValidator(_as_list), Field(min_length=1)] | None
     # shards: split each run's stream into this many contiguous shards, each its own trial (order-free methods
-    # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id
+    # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id.
+    # context: a learned context file (CoOp's) a prompt-tuning method starts from (`orchestrator.clip.context`)
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
                         datasets=(only, None), batch_size=(BatchSizes | None, None),
-                        shards=(PositiveInt | None, None), **fields)
+                        shards=(PositiveInt | None, None), context=(StrictStr | None, None), **fields)
 
 
 def _method_entry_type(names: tuple[str, ...]) -> Any:
@@ -244,7 +247,8 @@ def _method_entry_type(names: tuple[str, ...]) -> Any:
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards"}).items() if v is not None}
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards", "context"}).items()
+            if v is not None}
 
 
 def dataset_name(dataset: RealDataset | SyntheticDataset) -> str:
@@ -257,7 +261,8 @@ def entry_datasets(spec: SweepSpec, entry: BaseModel) -> list[RealDataset | Synt
         return list(spec.datasets)
     wanted = {_canonical_or_same(n) for n in entry.datasets}
     return [d for d in spec.datasets
-            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or ("",))[0] in wanted]
+            if dataset_name(d) in wanted or (parse_variant(dataset_name(d)) or parse_generated(dataset_name(d))
+                                             or ("",))[0] in wanted]
 
 
 def _canonical_or_same(name: str) -> str:

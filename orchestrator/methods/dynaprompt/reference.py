@@ -40,7 +40,7 @@ class PromptLearner(torch.nn.Module):
         super().__init__()
         with torch.no_grad():
             embedding = text.tower.embed(text.tokens)
-        self.init_ctx = embedding[0, 1:1 + text.n_ctx].clone()
+        self.init_ctx = text.initial_context().clone()
         self.ctx = torch.nn.Parameter(torch.zeros(num_p, *self.init_ctx.shape, device=self.init_ctx.device))
         self.ctx_order = list(range(num_p))
         self.ctx_use = [0] * num_p

@@ -38,7 +38,7 @@ class PromptLearner(torch.nn.Module):
         super().__init__()
         with torch.no_grad():
             embedding = text.tower.embed(text.tokens)
-        self.ctx_init_state = embedding[0, 1:1 + text.n_ctx].clone()
+        self.ctx_init_state = text.initial_context().clone()  # official --load: the CoOp ctx
         self.ctx = torch.nn.Parameter(self.ctx_init_state.clone())
         self.token_prefix, self.token_suffix = embedding[:, :1], embedding[:, 1 + text.n_ctx:]
         self.tower, self.eot = text.tower, text.tokens.argmax(dim=-1)

@@ -1,0 +1,161 @@
+"""Learned starting points as a user meets them: a CoOp context file in its released format (written here for the
+tiny open_clip model) is read as TPT's official --load reads it; TPT started from it equals the per-sample reference
+started from the same context and predicts otherwise than from the hand-written prompt; in a sweep the run records
+the file's sha256 (a runs-table column) and `bca report` labels its row apart (a backbone checkpoint's sha256:
+test_checkpoints.py); a context that cannot be used exits 2 naming the field and the file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.clip.backbone import load_backbone
+from orchestrator.clip.context import load_context
+from orchestrator.clip.prompts import prompt_text
+from orchestrator.clip.testing import (TINY_VIT, build_dataset, register_tiny_models, write_coop_context,
+                                       write_maple_context, write_model_config)
+from orchestrator.methods import make_method
+from orchestrator.methods.tpt.reference import run_reference
+
+NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
+K = len(NAMES)
+ENV = {"COLUMNS": "250", "NO_COLOR": "1"}
+TPT = {"lr": 5e-3, "steps": 1, "keep": 0.1, "logit_scale": 100.0}  # TPT's card defaults, as run_reference takes them
+
+
+def bca(*args: str):
+    return CliRunner().invoke(app, list(args), env=ENV)
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    register_tiny_models()
+    return load_backbone(TINY_VIT, None, "cpu")
+
+
+def test_a_coop_file_is_read_as_tpts_load_reads_it(tmp_path):
+    path = write_coop_context(tmp_path, TINY_VIT, NAMES, n_ctx=4)
+    assert path.relative_to(tmp_path).as_posix() == "prompt_learner/model.pth.tar-50"
+    context = load_context(path)
+    assert torch.equal(context.vectors, torch.load(path, weights_only=True)["state_dict"]["ctx"])
+    assert context.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and context.n_ctx == 4
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda d: write_maple_context(d), "is MaPLe's (it holds prompt_learner.compound_prompt_projections.0.bias"),
+    (lambda d: write_coop_context(d, TINY_VIT, NAMES, class_specific=True),
+     "a class-specific context (CoOp's CSC, ctx (5, 4, 128) = n_cls x n_ctx x width)"),
+    (lambda d: d / "absent.pth.tar-50", "does not exist; expected CoOp's released prompt_learner/model.pth.tar-<epoch>"),
+])
+def test_what_cannot_be_started_from_is_refused_naming_the_file(tmp_path, make, expected):
+    path = make(tmp_path)
+    with pytest.raises(ValueError) as err:
+        load_context(path)
+    assert f"context file {path}" in str(err.value) and expected in str(err.value)
+
+
+def test_tpt_from_a_context_equals_the_reference_and_differs_from_the_hand_written_prompt(tmp_path, backbone):
+    context = load_context(write_coop_context(tmp_path, TINY_VIT, NAMES, n_ctx=6, seed=3))
+    plain, learned = prompt_text(backbone, NAMES), prompt_text(backbone, NAMES, context=context)
+    assert learned.n_ctx == 6 and torch.equal(learned.initial_context(), context.vectors)
+    with torch.no_grad():
+        emb = F.normalize(plain.tower(plain.tower.embed(plain.tokens), plain.tokens.argmax(-1)), dim=-1)
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, K, (8,), generator=g)
+    views = F.normalize(torch.randn(8, 10, emb.shape[1], generator=g) + 3 * emb[labels][:, None], dim=-1)
+    post = make_method("tpt", emb, torch.arange(K), K, text=learned).run(views).posteriors
+    ref = run_reference(views, learned, **TPT)
+    assert torch.equal(post.argmax(1), ref.argmax(1))
+    assert (post - ref).abs().max() <= 1e-5    # as test_tpt's bound: float32 chunked against per-sample
+    hand = make_method("tpt", emb, torch.arange(K), K, text=plain).run(views).posteriors
+    assert (post.argmax(1) != hand.argmax(1)).any()
+
+
+def _spec(tmp_path: Path, methods: list[dict], **backbone) -> Path:
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=2)
+    spec = {"name": "startpoints", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+            "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                           "config": str(write_model_config(TINY_VIT, tmp_path / "models")), **backbone}],
+            "datasets": ["dtd"], "views": "augmix9", "methods": methods, "seeds": [1], "resources": {"cpus": 1}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
+    from dashboard.context import reproduce_spec
+    from orchestrator.results.writer import RunWriter, read_run
+    from orchestrator.sweep.load import load_spec, validate_spec
+    from orchestrator.sweep.record import write_sweep_record
+    from orchestrator.sweep.pieces import load_stream, settings_of
+    from orchestrator.sweep.plan import expand, make_trials
+    from orchestrator.sweep.trial import execute_trial
+
+    file = write_coop_context(tmp_path / "coop", TINY_VIT, NAMES, n_ctx=4, seed=5)
+    sha = hashlib.sha256(file.read_bytes()).hexdigest()
+    spec = load_spec(_spec(tmp_path, [{"method": "clip"}, {"method": "tpt"},
+                                      {"method": "tpt", "context": "coop/prompt_learner/model.pth.tar-50"}]))
+    runs = expand(spec)
+    settings = settings_of(spec)
+    for trial in make_trials(runs, "auto"):
+        execute_trial(trial, settings)
+    tpt = {run.config.get("context_sha256"): run for run in runs if run.method == "tpt"}
+    assert set(tpt) == {None, sha}
+    assert read_run(spec.results_dir, spec.name, tpt[sha].run_id)["context_sha256"] == sha
+    assert read_run(spec.results_dir, spec.name, tpt[None].run_id)["context_sha256"] is None
+
+    def preds(run) -> torch.Tensor:
+        rows = sorted((r for p in RunWriter(spec.results_dir, run.config).samples_dir.glob("part-*.parquet")
+                       for r in pq.read_table(p).to_pylist()), key=lambda r: r["sample_idx"])
+        return torch.tensor([r["pred"] for r in rows])
+
+    stream, _ = load_stream(tpt[sha].source, settings, keep_views=True)
+    backbone = load_backbone(TINY_VIT, None, "cpu")
+    reference = run_reference(stream.view_features, prompt_text(backbone, stream.class_names,
+                                                                context=load_context(file)), **TPT)
+    assert torch.equal(preds(tpt[sha]), reference.argmax(1))
+    assert not torch.equal(preds(tpt[sha]), preds(tpt[None]))
+
+    report = bca("report", "--results", spec.results_dir)
+    assert report.exit_code == 0, report.output
+    rows = [[c.strip() for c in line.split("│")[1:3]] for line in report.stdout.splitlines() if line.startswith("│")]
+    backbone = "bca-tiny-vit (random weights)"
+    assert [backbone, "TPT"] in rows and [backbone, f"TPT [context {sha[:8]}]"] in rows
+
+    # the dashboard's "Reproduce this run" keeps the starting point: the same run, not the hand-written prompt's
+    write_sweep_record(spec, runs)
+    record = json.loads((Path(spec.results_dir) / "sweeps" / f"{spec.name}.json").read_text())
+    again = validate_spec(reproduce_spec(record, tpt[sha].config, tpt[sha].run_id), base_dir=tmp_path)
+    assert [run.run_id for run in expand(again)] == [tpt[sha].run_id]
+
+
+@pytest.mark.parametrize("entry,expected", [
+    ({"method": "clip", "context": "coop/prompt_learner/model.pth.tar-50"},
+     "methods[0].context: 'clip' does not run CLIP's text encoder at test time"),
+    ({"method": "tpt", "context": "missing.pth.tar"}, "methods[0].context: context file {root}/missing.pth.tar does "
+                                                      "not exist"),
+    ({"method": "tpt", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"},
+     "methods[0].context: context file {root}/maple/MultiModalPromptLearner/model.pth.tar-5 is MaPLe's"),
+    ({"method": "tpt", "context": "wide/prompt_learner/model.pth.tar-50"},
+     "methods[0].context: context file {root}/wide/prompt_learner/model.pth.tar-50: ctx width 64 does not fit "
+     "bca-tiny-vit's text tower (width 128)"),
+])
+def test_a_context_that_cannot_be_used_exits_2_naming_the_field_and_file(tmp_path, entry, expected):
+    write_coop_context(tmp_path / "coop", TINY_VIT, NAMES)
+    write_maple_context(tmp_path / "maple")
+    wide = tmp_path / "wide" / "prompt_learner" / "model.pth.tar-50"
+    wide.parent.mkdir(parents=True)
+    torch.save({"state_dict": {"ctx": torch.zeros(4, 64)}, "epoch": 50}, wide)
+    r = bca("sweep", str(_spec(tmp_path, [entry])), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert expected.format(root=tmp_path.resolve()) in " ".join(r.stderr.split())
+    assert "Traceback" not in r.output and not (tmp_path / "results").exists()
