@@ -81,6 +81,9 @@ OFFICIAL = {
     # ADAPT: data/datautils.py:33-50 build_test_loader, ImageNet-A/-Sketch/-R/-V2 get_ood_preprocess(63) (63 random
     # resized crops + flips and the original), ImageNet and the cross-domain sets clip.load's preprocess.
     "adapt": ("AIM-SKKU/ADAPT@68481c0 data/datautils.py:33-50", _by_group("single", "crops", "single")),
+    # FreeTTA: no official code; one feature a sample, on the datasets' own protocol (TDA's loader), the field's
+    # benchmark its paper reports on.
+    "freetta": ("no official code (from the paper); the datasets' own protocol", _TDA_LOADER),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
     "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
     # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)
