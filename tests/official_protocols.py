@@ -54,6 +54,10 @@ OFFICIAL = {
     "tps": ("elaine-sui/TPS@556db0f shift_classification.py:98-99", _by_group("crops", "crops", "augmix")),
     "ctpt": ("hee-suk-yoon/C-TPT@085e6c2 tpt_classification.py AugMixAugmenter(augmix=len(set_id) >= 1 with "
              "--I_augmix, as both scripts run it)", _by_group("augmix", "augmix", "augmix")),
+    # O-TPT: otpt_classification.py:411-416, augmix=len(set_id) >= 1 with --I_augmix (the ImageNet script), else
+    # len(set_id) > 1 (the fine-grained script, whose set ids are all longer than one letter): AugMix everywhere.
+    "otpt": ("ashshaksharifdeen/O-TPT@a09933f otpt_classification.py:411-416",
+             _by_group("augmix", "augmix", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
     # Tent, SAR and DeYO: the official loaders' test transform, one image a sample (no test-time augmentation); here the

@@ -14,6 +14,8 @@ from orchestrator.clip.prompts import prompt_text
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
 from orchestrator.methods import make_method, run_stream_many
 from orchestrator.methods.dynaprompt.reference import run_reference as dynaprompt_reference
+from orchestrator.methods.otpt.method import orthogonality
+from orchestrator.methods.otpt.reference import householder_term
 from orchestrator.methods.tpt.reference import run_reference
 
 NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
@@ -58,7 +60,9 @@ RTPT = {"neighbours": 20, "reliability_temp": 0.01, "exclude": "self"}
 CASES = [("tpt", {}, {}), ("tpt", {"steps": 2, "keep": 0.25, "lr": 2e-3}, {}),
          ("ctpt", {}, {"ctpt_lambda": 50.0}), ("ctpt", {"lambda_term": 20.0, "keep": 0.25}, {"ctpt_lambda": 20.0}),
          ("rtpt", {}, {"rtpt": RTPT}), ("rtpt", {"neighbours": 5, "exclude": "code"},
-                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}})]
+                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}}),
+         ("otpt", {}, {"extra": lambda t: 18.0 * householder_term(t)}),
+         ("otpt", {"lambda_term": 2.0, "keep": 0.25}, {"extra": lambda t: 2.0 * householder_term(t)})]
 
 
 @pytest.mark.parametrize("method,hp,reference", CASES)
@@ -178,7 +182,21 @@ def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
         make_method("tpt", emb[:4], torch.arange(4), 4, text=text)
 
 
-@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "dynaprompt"])
+def test_otpts_term_is_the_official_householder_path_in_closed_form():
+    """O-TPT's reflections map each row G_i of the text features' Gram matrix onto |G_i| e_i: the term the code
+    builds through K Householder matrices is mean_i (|G_i| - 1), in value and in gradient (float64: the two paths
+    round alike to 1e-12 on these magnitudes)."""
+    feats = F.normalize(torch.randn(6, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)), dim=-1)
+    a, b = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    official, closed = householder_term(a), orthogonality(b[None])[0]
+    torch.testing.assert_close(closed, official, rtol=0, atol=1e-12)
+    official.backward()
+    closed.backward()
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12)
+    assert float(closed.detach()) > 0.1                           # random features are far from orthogonal
+
+
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "otpt", "dynaprompt"])
 def test_defaults_on_an_empty_stream_and_on_the_fewest_views(text, stream, method):
     """At keep 0.1, 10 views select one; fewer select none and are refused, an empty stream of them too."""
     emb, views = stream
@@ -248,5 +266,6 @@ def test_the_cards_memory_per_class_is_the_measured_one():
 
     tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
     measured = tower.saved_bytes_per_prompt(77) / 2**20
-    for name in ("tpt", "ctpt", "rtpt", "dynaprompt"):  # DynaPrompt backpropagates a block of prompts, from one up
+    # DynaPrompt backpropagates a block of prompts, from one up
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "dynaprompt"):
         assert method_card(name).text_encoder.mb_per_class == round(measured, 1)
