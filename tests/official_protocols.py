@@ -58,6 +58,10 @@ OFFICIAL = {
     # len(set_id) > 1 (the fine-grained script, whose set ids are all longer than one letter): AugMix everywhere.
     "otpt": ("ashshaksharifdeen/O-TPT@a09933f otpt_classification.py:411-416",
              _by_group("augmix", "augmix", "augmix")),
+    # A-TPT: tpt_classification.py and atpt_classification.py AugMixAugmenter, augmix=len(set_id) >= 1 with
+    # --I_augmix (the ImageNet script), else len(set_id) > 1 (the fine-grained script): AugMix everywhere.
+    "atpt": ("MB-Shihab-Aaqil-Ahamed/A-TPT@d76ecf6 tpt_classification.py, atpt_classification.py AugMixAugmenter",
+             _by_group("augmix", "augmix", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
     # Tent, SAR and DeYO: the official loaders' test transform, one image a sample (no test-time augmentation); here the
