@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--towers", nargs="+", help="open_clip model names (default: ViT-B-16 RN50; quick: tiny)")
     parser.add_argument("--K", type=int, help="classes (default 1000; quick 20)")
     parser.add_argument("--n", type=int, help="samples per measurement (default 4)")
-    parser.add_argument("--methods", nargs="+", default=["tpt", "ctpt", "rtpt", "dynaprompt"])
+    parser.add_argument("--methods", nargs="+", default=["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"])
     parser.add_argument("--reference", action="store_true",
                         help="also time TPT's and DynaPrompt's per-sample reference loops")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")

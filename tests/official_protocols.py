@@ -54,6 +54,14 @@ OFFICIAL = {
     "tps": ("elaine-sui/TPS@556db0f shift_classification.py:98-99", _by_group("crops", "crops", "augmix")),
     "ctpt": ("hee-suk-yoon/C-TPT@085e6c2 tpt_classification.py AugMixAugmenter(augmix=len(set_id) >= 1 with "
              "--I_augmix, as both scripts run it)", _by_group("augmix", "augmix", "augmix")),
+    # O-TPT: otpt_classification.py:411-416, augmix=len(set_id) >= 1 with --I_augmix (the ImageNet script), else
+    # len(set_id) > 1 (the fine-grained script, whose set ids are all longer than one letter): AugMix everywhere.
+    "otpt": ("ashshaksharifdeen/O-TPT@a09933f otpt_classification.py:411-416",
+             _by_group("augmix", "augmix", "augmix")),
+    # A-TPT: tpt_classification.py and atpt_classification.py AugMixAugmenter, augmix=len(set_id) >= 1 with
+    # --I_augmix (the ImageNet script), else len(set_id) > 1 (the fine-grained script): AugMix everywhere.
+    "atpt": ("MB-Shihab-Aaqil-Ahamed/A-TPT@d76ecf6 tpt_classification.py, atpt_classification.py AugMixAugmenter",
+             _by_group("augmix", "augmix", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
     # Tent, SAR, DeYO, BATCLIP, CLIPArTT and WATT: the official loaders' test transform, one image a sample (no test-time
@@ -90,6 +98,9 @@ OFFICIAL = {
     # ADAPT: data/datautils.py:33-50 build_test_loader, ImageNet-A/-Sketch/-R/-V2 get_ood_preprocess(63) (63 random
     # resized crops + flips and the original), ImageNet and the cross-domain sets clip.load's preprocess.
     "adapt": ("AIM-SKKU/ADAPT@68481c0 data/datautils.py:33-50", _by_group("single", "crops", "single")),
+    # FreeTTA: no official code; one feature a sample, on the datasets' own protocol (TDA's loader), the field's
+    # benchmark its paper reports on.
+    "freetta": ("no official code (from the paper); the datasets' own protocol", _TDA_LOADER),
     # MTA: main.py:172-173 augmix=(len(set_id) > 1 and args.tpt): crops everywhere without --tpt.
     "mta": ("MaxZanella/MTA@cafafdf main.py:172-173", _by_group("crops", "crops", "crops")),
     # BoostAdapter: utils.py:155-168, 'I' the CLIP preprocess; the others AugMixAugmenter(augmix=False)

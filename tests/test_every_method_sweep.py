@@ -35,7 +35,7 @@ def _sweep(path: Path, spec: dict) -> tuple[object, list]:
 
 def test_every_single_view_method_on_a_synthetic_scenario(tmp_path):
     methods = [c.name for c in registry.method_cards() if not c.views_everywhere and c.image_encoder is None]
-    assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter", "dlae", "adapt"} <= set(methods)
+    assert {"clip", "bca", "tda", "dota", "onzeta", "dpe", "boostadapter", "dlae", "adapt", "freetta"} <= set(methods)
     _, runs = _sweep(tmp_path / "synthetic.yaml", {
         "name": "every-synthetic", "results_dir": "results",
         "datasets": [{"synthetic": "label_shift", "n": 300, "num_classes": 5, "dim": 16}],

@@ -5,7 +5,7 @@ transient work arrays are not state), counted once per storage, the inputs (clas
 
 Every method that runs without CLIP's text tower is measured at a small shape; a few at the table's shape (K = 1000,
 d = 512: BCA, TDA, OGA, DMN-ZS, ECALP, StatA; DOTA's 1 GB of covariances stays at the small shape); the
-prompt-tuning methods (TPT, C-TPT, R-TPT, DynaPrompt) on the tiny test backbones' text towers."""
+prompt-tuning methods (TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt) on the tiny test backbones' text towers."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_the_prompt_tuning_state_is_what_a_run_holds(model):
     (num_classes, dim), width = embeddings.shape, embedded.shape[-1]
     # 10 views: the fewest whose int(V * keep) selects one at keep 0.1 (fewer are refused)
     views = F.normalize(torch.randn(4, 10, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
-    for name in ("tpt", "ctpt", "rtpt", "dynaprompt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"):
         ids = torch.arange(num_classes)
         method = make_method(name, embeddings, ids, num_classes, text=text)
         method.run(views)

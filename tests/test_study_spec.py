@@ -44,8 +44,8 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    # 26 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
-    assert "sweep paper_study (dry run: nothing is run or written): 78,800 runs, 0 finished" in out
+    # 29 methods on 15 datasets and Zero on the 4 AugMix variants, 2 backbones, 100 orders
+    assert "sweep paper_study (dry run: nothing is run or written): 87,800 runs, 0 finished" in out
     assert "is not on this machine: planned for the machine that holds it" in out
     # packs sized by the spec's GPU memory (resources.gpu_memory_gb), not by CPU time (35,668 trials, most of one
     # run, whose orders a GPU would then step one at a time)
@@ -72,7 +72,7 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     # every run streams its dataset's whole test split: the registry's sizes, 100 orders, both backbones; an
     # order-free method's configuration is computed once for its 100 orders (orchestrator.sweep.replay)
     free = sorted(m for m in spec_methods if order_free(m))
-    assert free == ["ctpt", "mta", "rtpt", "tps", "tpt", "zero"]
+    assert free == ["atpt", "ctpt", "mta", "otpt", "rtpt", "tps", "tpt", "zero"]
     orders = {m: 1 if m in free else 100 for m in spec_methods}
     entries = yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]
     replayed = sum(2 * 100 * len(m.get("datasets", paper_datasets())) for m in entries if m["method"] in free)

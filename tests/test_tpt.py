@@ -13,7 +13,10 @@ from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.prompts import prompt_text
 from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
 from orchestrator.methods import make_method, run_stream_many
+from orchestrator.methods.atpt.reference import min_ang_norm_mean
 from orchestrator.methods.dynaprompt.reference import run_reference as dynaprompt_reference
+from orchestrator.methods.otpt.method import orthogonality
+from orchestrator.methods.otpt.reference import householder_term
 from orchestrator.methods.tpt.reference import run_reference
 
 NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
@@ -58,7 +61,15 @@ RTPT = {"neighbours": 20, "reliability_temp": 0.01, "exclude": "self"}
 CASES = [("tpt", {}, {}), ("tpt", {"steps": 2, "keep": 0.25, "lr": 2e-3}, {}),
          ("ctpt", {}, {"ctpt_lambda": 50.0}), ("ctpt", {"lambda_term": 20.0, "keep": 0.25}, {"ctpt_lambda": 20.0}),
          ("rtpt", {}, {"rtpt": RTPT}), ("rtpt", {"neighbours": 5, "exclude": "code"},
-                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}})]
+                                        {"rtpt": {**RTPT, "neighbours": 5, "exclude": "code"}}),
+         ("otpt", {}, {"extra": lambda t: 18.0 * householder_term(t)}),
+         ("otpt", {"lambda_term": 2.0, "keep": 0.25}, {"extra": lambda t: 2.0 * householder_term(t)}),
+         # A-TPT at its default lambda 80 on this stream has a context entry whose entropy and angular gradients
+         # cancel to rounding level, which AdamW's first step turns into +-lr: the cases below are lambda 300, 80 with
+         # tau 0.98 (two classes' nearest cosines clamped, so no gradient from them), and the minimising sign
+         ("atpt", {"lambda_term": 300.0}, {"extra": lambda t: 300.0 * min_ang_norm_mean(t, 0.99999)}),
+         ("atpt", {"tau_term": 0.98}, {"extra": lambda t: 80.0 * min_ang_norm_mean(t, 0.98)}),
+         ("atpt", {"direction": "minimise"}, {"extra": lambda t: -80.0 * min_ang_norm_mean(t, 0.99999)})]
 
 
 @pytest.mark.parametrize("method,hp,reference", CASES)
@@ -178,7 +189,53 @@ def test_text_is_required_and_refused_where_it_does_not_belong(text, stream):
         make_method("tpt", emb[:4], torch.arange(4), 4, text=text)
 
 
-@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "dynaprompt"])
+def test_otpts_term_is_the_official_householder_path_in_closed_form():
+    """O-TPT's reflections map each row G_i of the text features' Gram matrix onto |G_i| e_i: the term the code
+    builds through K Householder matrices is mean_i (|G_i| - 1), in value and in gradient (float64: the two paths
+    round alike to 1e-12 on these magnitudes)."""
+    feats = F.normalize(torch.randn(6, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(5)), dim=-1)
+    a, b = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    official, closed = householder_term(a), orthogonality(b[None])[0]
+    torch.testing.assert_close(closed, official, rtol=0, atol=1e-12)
+    official.backward()
+    closed.backward()
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=1e-12)
+    assert float(closed.detach()) > 0.1                           # random features are far from orthogonal
+
+
+@pytest.mark.parametrize("direction,sign", [("maximise", 1.0), ("minimise", -1.0)])
+def test_atpts_loss_is_each_official_entry_points(text, stream, direction, sign):
+    """A-TPT's loss over a batch of samples' text features, in value and gradient, against the official term:
+    tpt_classification.py adds lambda * min_ang_norm_mean (maximise, the paper's), atpt_classification.py
+    (-lambda) * it (minimise). Both read the same features, so they differ by float32 rounding of a few sums (the
+    arccos's slope at these cosines, below 10, scales it)."""
+    from orchestrator.methods.atpt.method import ATPT
+    from orchestrator.methods.tpt.reference import avg_entropy as official_entropy
+
+    emb, views = stream
+    hp = {"lr": 5e-3, "steps": 1, "keep": 0.25, "lambda_term": 10.0, "tau_term": 0.99999, "logit_scale": 100.0}
+    method = ATPT(emb, torch.arange(K), K, text=text, direction=direction, **hp)
+    with torch.no_grad():
+        ctx = method.prompts.ctx_init[None] + 0.05 * torch.randn(2, *method.prompts.ctx_init.shape,
+                                                                 generator=torch.Generator().manual_seed(3))
+        feats = method.prompts.features(ctx)
+    a, b = feats.clone().requires_grad_(True), feats.clone().requires_grad_(True)
+    ours = method.loss(100.0 * views[:2, :4] @ a.transpose(1, 2), a).sum()
+    theirs = sum(official_entropy(100.0 * views[i, :4] @ b[i].T) + sign * 10.0 * min_ang_norm_mean(b[i], 0.99999)
+                 for i in range(2))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=0)
+    ours.backward()
+    theirs.backward()
+    # the official term renormalises the (unit) features, which drops the gradient's radial part; the context only
+    # ever sees the tangential part, through the tower's own normalisation
+    ours_grad, theirs_grad = (g - (g * feats).sum(-1, keepdim=True) * feats for g in (a.grad, b.grad))
+    torch.testing.assert_close(ours_grad, theirs_grad, rtol=0, atol=1e-5 * float(theirs_grad.abs().max()))
+    flipped = ATPT(emb, torch.arange(K), K, text=text, direction="minimise" if direction == "maximise" else "maximise",
+                   **hp)
+    assert not torch.isclose(flipped.loss(100.0 * views[:2, :4] @ feats.transpose(1, 2), feats).sum(), ours.detach())
+
+
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"])
 def test_defaults_on_an_empty_stream_and_on_the_fewest_views(text, stream, method):
     """At keep 0.1, 10 views select one; fewer select none and are refused, an empty stream of them too."""
     emb, views = stream
@@ -248,5 +305,6 @@ def test_the_cards_memory_per_class_is_the_measured_one():
 
     tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
     measured = tower.saved_bytes_per_prompt(77) / 2**20
-    for name in ("tpt", "ctpt", "rtpt", "dynaprompt"):  # DynaPrompt backpropagates a block of prompts, from one up
+    # DynaPrompt backpropagates a block of prompts, from one up
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"):
         assert method_card(name).text_encoder.mb_per_class == round(measured, 1)

@@ -91,21 +91,22 @@ def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_pat
 
     from dashboard import APP_PATH, RESULTS_ENV
 
-    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt", "dynaprompt")])
+    path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt", "otpt", "atpt",
+                                                                  "dynaprompt")])
     r = bca("sweep", str(path), "--yes")
     assert r.exit_code == 0, r.output
-    assert "5/5 runs finished, 0 failed" in r.stdout
+    assert "7/7 runs finished, 0 failed" in r.stdout
     results = str(tmp_path / "results")
     report = bca("report", "--results", results)
     assert report.exit_code == 0, report.output
-    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT", "DynaPrompt"))
+    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt"))
     rows = bca("query", "--results", results, "SELECT method, count(*) AS n FROM samples GROUP BY method ORDER BY method")
     assert rows.exit_code == 0, rows.output
     cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows.stdout.splitlines() if ln.startswith("│")]
-    assert [c for c in cells if c[0] != "method"] == [["clip", "9"], ["ctpt", "9"], ["dynaprompt", "9"], ["rtpt", "9"],
-                                                      ["tpt", "9"]]
+    assert [c for c in cells if c[0] != "method"] == [["atpt", "9"], ["clip", "9"], ["ctpt", "9"], ["dynaprompt", "9"],
+                                                      ["otpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
     monkeypatch.setenv(RESULTS_ENV, results)
     at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
-    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT", "DynaPrompt"))
+    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt"))

@@ -6,6 +6,7 @@ tower run on the K prompts of that one sample. The tests hold the chunked method
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -75,9 +76,11 @@ def rtpt_output(images: torch.Tensor, tuned_outputs: torch.Tensor, neighbours: i
 
 
 def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, keep: float, logit_scale: float,
-                  ctpt_lambda: float = 0.0, rtpt: dict | None = None) -> torch.Tensor:
+                  ctpt_lambda: float = 0.0, rtpt: dict | None = None,
+                  extra: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """[n, V, d] views -> [n, K] posteriors, one sample after another (ctpt_lambda > 0: C-TPT's loss; rtpt: R-TPT's
-    loss and prediction with these neighbours, reliability_temp and exclude)."""
+    loss and prediction with these neighbours, reliability_temp and exclude; extra: a further loss term of the
+    step's class text features [K, d], O-TPT's)."""
     learner = PromptLearner(text)
     optimizer = torch.optim.AdamW([learner.ctx], lr)
     optim_state = {k: v for k, v in optimizer.state_dict().items()}
@@ -96,6 +99,8 @@ def run_reference(views: torch.Tensor, text: PromptText, lr: float, steps: int, 
                 loss = entropy_avg(output[selected_idx]) if rtpt else avg_entropy(output[selected_idx])
                 if ctpt_lambda:
                     loss = loss + (-ctpt_lambda * text_dispersion(text_features))
+                if extra is not None:
+                    loss = loss + extra(text_features)
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
