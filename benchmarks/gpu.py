@@ -18,7 +18,10 @@ the parts that need more say what is missing and which wheels to carry. In order
 5. one `execute_trial` end to end (a synthetic pack of BCA and TDA runs), where pydantic and PyYAML import
    (the sweep spec needs them), else a line saying so;
 6. prompt tuning (TPT, C-TPT, R-TPT): s/sample and peak memory with the ViT-B/16 and RN50 text towers (random
-   weights) at K = 1000 (`benchmarks.prompt`; --quick: the tiny test tower), where open_clip imports.
+   weights) at K = 1000 (`benchmarks.prompt`; --quick: the tiny test tower), where open_clip imports;
+7. the encoder-updating methods (Tent, SAR, DeYO, BATCLIP, CLIPArTT, WATT): images/s and peak memory with the
+   ViT-B/16 and RN50 vision towers (random weights) at their official batch sizes (`benchmarks.encoder`; --quick:
+   the tiny test towers), where open_clip imports.
 
 `--sections` runs some of them (a device lent for minutes). The exit status is 1 when an exactness check fails,
 else 0.
@@ -44,7 +47,7 @@ QUICK = {"K": 120, "d": 16, "n": 200, "view_n": 200, "batch_n": 200, "encoder_ba
          "peak_g": 4}
 FULL = {"K": 1000, "d": 512, "n": 2000, "view_n": 100, "batch_n": 256, "encoder_batch": 64,
         "encoders": tuple(BACKBONES), "peak_n": 2000, "peak_g": 32}
-SECTIONS = ("exact", "rates", "encoders", "peak", "trial", "prompt")
+SECTIONS = ("exact", "rates", "encoders", "peak", "trial", "prompt", "encoder_methods")
 TOLERANCE = 1e-4
 RARE, RARE_TOLERANCE = 0.002, 1e-3
 # What a GPU image with torch, torchvision, timm, huggingface_hub, safetensors, regex, tqdm and PyYAML (this
@@ -227,6 +230,19 @@ def prompt_tuning(device: str, quick: bool) -> None:
     prompt.main((["--quick", "--n", "2"] if quick else []) + ["--device", device])
 
 
+def encoder_methods(device: str, quick: bool) -> None:
+    """Section 7: `benchmarks.encoder` on this device (its quick preset under --quick)."""
+    try:
+        import open_clip  # noqa: F401
+    except ImportError:
+        print(f"  skipped: open_clip is not importable here; carry the wheels {', '.join(OPEN_CLIP_WHEELS)} "
+              f"(`python -m benchmarks.gpu --wheels`)")
+        return
+    from benchmarks import encoder
+
+    encoder.main((["--quick"] if quick else []) + ["--device", device])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes, no encoders (CI, on a CPU)")
@@ -268,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     if "prompt" in wanted:
         print("6. prompt tuning, text towers with random weights:")
         prompt_tuning(device, args.quick)
+    if "encoder_methods" in wanted:
+        print("7. encoder-updating methods, vision towers with random weights:")
+        encoder_methods(device, args.quick)
     print("exact: " + ("all checks passed" if exact else "FAILED (see 1.)"))
     return 0 if exact else 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,15 @@ def test_runs_shape_benchmark_compares_both_layouts(capsys):
     wide = len(schema.run_columns())
     assert [r[:2] for r in rows[1:]] == [["wide (today)", str(wide)],
                                          ["narrow (JSON hparams)", str(wide - len(schema.hparam_columns()) + 1)]]
+
+
+def test_encoder_methods_benchmark_quick_run(capsys):
+    """`python -m benchmarks.encoder --quick` (the tiny towers) prints each method's images/s, peak memory and its
+    card's memory plan, and a method its card refuses on a tower (WATT on the ResNet: LayerNorms only) says so."""
+    from benchmarks import encoder
+
+    assert encoder.main(["--quick", "--methods", "tent", "watt"]) == 0
+    out = capsys.readouterr().out
+    for name, tower in (("tent", "bca-tiny-vit"), ("watt", "bca-tiny-vit"), ("tent", "bca-tiny-rn")):
+        assert re.search(rf"  {name} +{tower} +batch +2: [\d,.]+ images/s, [\d,]+ MB .*card's plan", out), out
+    assert re.search(r"  watt +bca-tiny-rn +refused: watt: ", out), out
