@@ -1,7 +1,8 @@
 """Methods that adapt the image encoder in a sweep, at the trial level (no Ray): a spec mixing Tent, SAR, DeYO, BATCLIP,
-CLIPArTT and WATT with cached-feature methods runs on a real-layout image dataset with the tiny model, rows in `bca
-report`; a continual run killed mid-stream resumes from the state its state file holds to the rows of an uninterrupted
-run; an episodic run split into shards writes the unsharded run's rows; the spec's checks."""
+CLIPArTT and WATT with cached-feature methods runs on a real-layout image dataset and a zero-code class-folder one
+with the tiny model, rows in `bca report`; a continual run killed mid-stream resumes from the state its state file
+holds to the rows of an uninterrupted run; an episodic run split into shards writes the unsharded run's rows; the
+spec's checks."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.clip.testing import TINY_VIT, build_dataset, write_model_config
+from orchestrator.clip.testing import TINY_VIT, build_dataset, write_image, write_model_config
 from orchestrator.methods.encoder import EncoderMethod
 from orchestrator.results.writer import RunWriter, load_state
 from orchestrator.sweep.load import load_spec
@@ -28,11 +29,11 @@ def bca(*args: str):
     return CliRunner().invoke(app, list(args), env=ENV)
 
 
-def write_spec(tmp_path: Path, methods: list[dict], data: Path) -> Path:
+def write_spec(tmp_path: Path, methods: list[dict], data: Path, datasets: tuple[str, ...] = ("dtd",)) -> Path:
     spec = {"name": "enc", "results_dir": "results", "cache_dir": str(data.parent / "cache"), "data_root": str(data),
             "backbones": [{"model": TINY_VIT, "pretrained": "random",
                            "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
-            "datasets": ["dtd"], "methods": methods, "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4}
+            "datasets": list(datasets), "methods": methods, "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4}
     path = tmp_path / "enc.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -42,6 +43,14 @@ def write_spec(tmp_path: Path, methods: list[dict], data: Path) -> Path:
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("images") / "data"
     build_dataset("dtd", root, num_classes=3, per_class=3)
+    # a zero-code class-folder dataset (docs/adding-a-dataset.md, section 1)
+    shapes = root / "toyshapes"
+    shapes.mkdir()
+    (shapes / "classnames.txt").write_text("circle\nsquare\ntriangle\n")
+    (shapes / "templates.txt").write_text("a photo of a {c}.\n")
+    for label, folder in enumerate(("0_circle", "1_square", "2_triangle")):
+        for index in range(2):
+            write_image(shapes / folder / f"{index}.png", label, index)
     return root
 
 
@@ -65,17 +74,18 @@ def test_a_spec_mixing_encoder_and_cached_feature_methods_reports_every_method(t
                                  {"method": "sar", "batch_size": 2}, {"method": "deyo", "batch_size": 2},
                                  {"method": "batclip", "batch_size": 2}, {"method": "clipartt", "batch_size": 2,
                                                                           "steps": 1},
-                                 {"method": "watt", "batch_size": 2, "rounds": 1}], data)
+                                 {"method": "watt", "batch_size": 2, "rounds": 1}], data, ("dtd", "toyshapes"))
     done = run_all(path)
-    # each encoder run alone, the others packed
-    assert sorted(len(trial.runs) for trial, _ in done) == [1, 1, 1, 1, 1, 1, 2]
+    # each encoder run alone, the others packed: per dataset
+    assert sorted(len(trial.runs) for trial, _ in done) == [1] * 12 + [2, 2]
     monkeypatch.chdir(tmp_path)
     r = bca("report", "--sweep", "enc", "--results", "results")
     assert r.exit_code == 0, r.output
     for label in ("CLIP (batch_size=1)", "TDA (batch_size=1)", "Tent (batch_size=2)", "SAR (batch_size=2)",
                   "DeYO (batch_size=2)", "BATCLIP (batch_size=2)", "CLIPArTT (batch_size=2)", "WATT (batch_size=2)"):
-        line = next(line for line in r.stdout.splitlines() if f"│ {label} " in line)
-        assert "(n=1)" in line  # its DTD cell: a finished run with all its rows
+        # its DTD cell (the paper's Table 2) and its toyshapes cell (the other datasets' table): finished runs, all rows
+        lines = [line for line in r.stdout.splitlines() if f"│ {label} " in line]
+        assert len(lines) == 2 and all("(n=1)" in line for line in lines), lines
     assert len(rows(path, "sar")) == 9
 
 
