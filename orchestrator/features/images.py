@@ -6,8 +6,9 @@ encoder method adapts on are one computation.
     StreamImages(image_ids, data_root, transform, device)[a:b] -> [b - a, 3, H, W] float32 on `device` (the single
     view), or [b - a, V, 3, H, W] for a transform with augmented views
 
-Image ids are paths under the data root (`orchestrator.data.datasets.ImageList`), the stream's own after its order
-and any unreadable images the cache skipped; an image unreadable now is an error naming its file.
+Image ids are paths under the data root (`orchestrator.data.datasets.ImageList`: a file, a row of a CIFAR-C array, a
+generated corruption's copy), the stream's own after its order and any unreadable images the cache skipped; an
+image unreadable now is an error naming its file.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 
 from orchestrator.clip.views import ViewTransform
+from orchestrator.data.datasets import open_image
 
 
 class StreamImages:
@@ -39,7 +40,7 @@ class StreamImages:
     def _decode(self, image_id: str) -> torch.Tensor:
         path = self.data_root / image_id
         try:
-            with Image.open(path) as image:
+            with open_image(path) as image:  # as the cache opens it: a CIFAR-C row, a generated corruption too
                 image.load()
                 return self.transform(image, image_id)
         except Exception as exc:  # noqa: BLE001 - any decode failure: the file and why
