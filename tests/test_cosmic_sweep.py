@@ -89,7 +89,7 @@ def test_the_synthetic_benchmark_simulates_the_auxiliary_encoder_in_stream_order
 
     params = {"n": 50, "num_classes": 4, "dim": 8}
     source = DataSource(dataset="synthetic-label_shift", seed=2, synthetic="label_shift",
-                        synthetic_params=json.dumps(params), stream=json.dumps({"kind": "iid"}),
+                        synthetic_params=json.dumps(params), stream=json.dumps("iid"),
                         auxiliary=json.dumps([{"name": "dinov2", "synthetic": True}]))
     stream, _ = load_stream(source, Settings(results_dir="r", cache_dir=None, data_root=None, part_rows=10))
     bench = synthesize("label_shift", seed=2, **params)
