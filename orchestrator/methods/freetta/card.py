@@ -29,6 +29,7 @@ CARDS = (
         # the means [K, d], counts [K], the total weight t and the shared covariance [d, d]; the text [K, d]
         state_words="2*K*d + K + 1 + d*d",
         source="from the paper: Dai & Yang, CVPR 2025, \"Free on the Fly: Enhancing Flexibility in Test-Time "
-               "Adaptation with Online EM\" (arXiv 2507.06973), Sec. 3 (Gaussian discriminant analysis, online EM "
-               "with the zero-shot prior, entropy weighting, fusion); no official code was found"),
+               "Adaptation with Online EM\" (arXiv 2507.06973), reconstructed from its abstract (Gaussian "
+               "discriminant analysis, online EM with the zero-shot prior, entropy weighting, fusion): its method "
+               "section was not at hand and no official code was found, so the equations are unconfirmed"),
 )

@@ -1,8 +1,10 @@
 """FreeTTA (Dai & Yang, CVPR 2025, "Free on the Fly: Enhancing Flexibility in Test-Time Adaptation with Online EM",
 arXiv 2507.06973), from the paper: no official code was found (GitHub, the code and issue indexes, the harnesses
-that carry the field's methods), so this is written from the paper's method as it states it: Gaussian discriminant
-analysis (GDA) of the test distribution, one Gaussian per class with a shared covariance, whose parameters an online
-EM estimates sample by sample with CLIP's zero-shot prediction as the prior and each sample weighted by that
+that carry the field's methods), and the paper's method section was not at hand either (only its abstract): the
+steps below are reconstructed from the abstract and the equations independent reimplementations quote, and are
+unconfirmed until checked against the paper's Sec. 3. What the abstract states: Gaussian discriminant analysis
+(GDA) of the test distribution, one Gaussian per class with a shared covariance, whose parameters an online EM
+estimates sample by sample with CLIP's zero-shot prediction as the prior and each sample weighted by that
 prediction's confidence.
 
 State: the class means mu [K, d] (start: the text prototypes T), the class counts N [K] (start: 1/K each), the
