@@ -120,16 +120,13 @@ class Method(ABC):
             posteriors[i], selected[i], gated[i] = self._step(features[i], timer)
         return Trace(posteriors, selected, gated, gated_prior, state=self.state_tensors(), timings=timer.seconds)
 
-    def frozen(self, features: torch.Tensor) -> torch.Tensor:
-        """The posteriors [n, K] its current state gives `features` (validated, as `run` takes them), adapting on
-        none of them and leaving its state as it was: what a realtime stream's method predicts for the samples that
-        pass while it is busy (`orchestrator.methods.realtime`). A method offers it by overriding this."""
-        raise NotImplementedError(f"{self.name} does not predict without adapting (Method.frozen)")
-
     @classmethod
     def offers_frozen(cls) -> bool:
-        """Whether it predicts without adapting (`frozen`), which a realtime stream needs."""
-        return cls.frozen is not Method.frozen
+        """Whether it predicts without adapting, which a realtime stream needs: a method that can defines
+        `frozen(features) -> posteriors [n, K]`, what its current state gives `features` (validated, as `run` takes
+        them), adapting on none of them and leaving its state as it was (`orchestrator.methods.realtime`; the
+        sweep's checks refuse a realtime stream for any other method)."""
+        return callable(getattr(cls, "frozen", None))
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Copies of the state tensors the trace exposes (its card's `state`)."""

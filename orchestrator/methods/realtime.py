@@ -1,9 +1,9 @@
 """A method on a realtime stream (`orchestrator.data.streams.Realtime`): it adapts on the samples at stream
 positions 0, k, 2k, ... and, busy with that step, predicts the k - 1 samples after each from its current state
-without adapting (`Method.frozen`). Those rows select nothing and gate nothing; the trace's state is the state
-after the last adapting step. Positions count from the stream's start across calls, so a run fed in parts gives
-the rows of one call (Alfarra et al., ICML 2024, "Evaluation of Test-Time Adaptation Under Computational Time
-Constraints": samples arriving while the model adapts are predicted by the current model)."""
+without adapting (its `frozen`: `Method.offers_frozen`). Those rows select nothing and gate nothing; the trace's
+state is the state after the last adapting step. Positions count from the stream's start across calls, so a run fed
+in parts gives the rows of one call (Alfarra et al., ICML 2024, "Evaluation of Test-Time Adaptation Under
+Computational Time Constraints": samples arriving while the model adapts are predicted by the current model)."""
 
 from __future__ import annotations
 

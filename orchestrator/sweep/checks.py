@@ -487,8 +487,8 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
 
 
 def _realtime_issues(spec: SweepSpec, i: int, entry: Any) -> list[tuple[str, str]]:
-    """A method entry on a realtime stream: the method must predict without adapting (`Method.frozen`), adapt one
-    sample a step, and, where the stream gives no k, have the measured GPU rate its k comes from
+    """A method entry on a realtime stream: the method must predict without adapting (`Method.offers_frozen`),
+    adapt one sample a step, and, where the stream gives no k, have the measured GPU rate its k comes from
     (`cost.realtime_k`)."""
     realtime = []
     for value in spec.streams:
