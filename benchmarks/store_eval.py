@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         open_s = time.perf_counter() - t0
         reads = _duckdb_reads(paths, probe, args.runs * n)
         t0 = time.perf_counter()
-        with ResultsDB(root) as db:
+        with ResultsDB(root):
             reads["resultsdb_open_s"] = time.perf_counter() - t0
         rows.append(("live files + segments (this store)", append_s, files, compact_s, _files(root), open_s, reads))
     finally:

@@ -454,7 +454,6 @@ def metric_table(summary: pd.DataFrame, metric: str, pinned: str | None = None
     cells (the mean alone for one run; 'n=2 of 3' where runs are missing or incomplete; '30 of 40 samples' where
     images were skipped), an Average column over datasets, and paired 'Δ <pinned>' columns (n: the (setting, seed,
     order) pairs) when a series is pinned. Best: among complete cells of one stream protocol."""
-    from dashboard import metrics
 
     frames = {name: summary.pivot(index="series", columns="dataset", values=name)
               for name in ("mean", "std", "n", "worst10", "expected", "samples", "total", "protocols", "values")}

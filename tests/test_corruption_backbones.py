@@ -6,7 +6,6 @@ tower's size, so few on a CPU)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
+from orchestrator.methods.base import Method, StageTimer, Trace
 from orchestrator.methods.ecalp.reference import CARRY_DIVISOR, OUTPUT_SCALE
 from orchestrator.methods.prototypes import class_prototypes
 
