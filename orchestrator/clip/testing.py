@@ -274,19 +274,44 @@ def write_coop_context(directory: str | Path, model: str, class_names: list[str]
     return path
 
 
-def write_maple_context(directory: str | Path, width: int = 128, n_ctx: int = 2, depth: int = 3,
-                        epoch: int = 5) -> Path:
-    """A MaPLe checkpoint's prompt-learner keys as its trainer saves them (`MultiModalPromptLearner/
-    model.pth.tar-<epoch>`, the keys under `prompt_learner.`), with zeros: what `load_context` must refuse."""
+def write_maple_context(directory: str | Path, model: str = TINY_VIT, n_ctx: int = 2, depth: int = 2,
+                        seed: int = 0, epoch: int = 5, class_names: tuple[str, ...] = ("dog", "cat")) -> Path:
+    """A MaPLe checkpoint as its trainer saves one (Dassl's save_checkpoint of the whole CustomCLIP):
+    `<directory>/MultiModalPromptLearner/model.pth.tar-<epoch>`, {state_dict, epoch, optimizer, scheduler,
+    val_result}, the state_dict with the prompt learner's keys and shapes (`orchestrator.clip.context.load_maple`)
+    for the (random-weights) model named, its token_prefix / token_suffix buffers for `class_names`, and some of
+    CLIP's own weights beside them as the released files hold them all. ctx and the compound prompts are drawn from
+    `seed` (normal, std 0.5: a tiny random tower's features then move visibly), the projections as nn.Linear
+    initialises them; returns the file."""
     import torch
 
-    state = {"prompt_learner.ctx": torch.zeros(n_ctx, width),
-             "prompt_learner.proj.weight": torch.zeros(768, width), "prompt_learner.proj.bias": torch.zeros(768)}
-    for i in range(depth - 1):
-        state[f"prompt_learner.compound_prompts_text.{i}"] = torch.zeros(n_ctx, 512)
-        state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = torch.zeros(768, width)
-        state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = torch.zeros(768)
+    from orchestrator.clip.backbone import load_backbone
+    from orchestrator.clip.maple import class_tokens
+
+    register_tiny_models()
+    backbone = load_backbone(model, None, "cpu")
+    clip = backbone.model
+    w_t, w_v = int(clip.positional_embedding.shape[-1]), int(clip.visual.conv1.out_channels)
+    with torch.no_grad():
+        embedding = clip.token_embedding(class_tokens(backbone.tokenizer, list(class_names), n_ctx))
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
+        torch.manual_seed(seed)
+        proj, *layers = [torch.nn.Linear(w_t, w_v) for _ in range(depth)]
+    state = {"prompt_learner.ctx": 0.5 * torch.randn(n_ctx, w_t, generator=g),
+             "prompt_learner.proj.weight": proj.weight.detach(), "prompt_learner.proj.bias": proj.bias.detach()}
+    for i, layer in enumerate(layers):
+        state[f"prompt_learner.compound_prompts_text.{i}"] = 0.5 * torch.randn(n_ctx, w_t, generator=g)
+        state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = layer.weight.detach()
+        state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = layer.bias.detach()
+    state.update({"prompt_learner.token_prefix": embedding[:, :1], "prompt_learner.token_suffix": embedding[:, 1 + n_ctx:],
+                  "image_encoder.proj": clip.visual.proj.detach(), "text_encoder.text_projection":
+                  clip.text_projection.detach(), "logit_scale": clip.logit_scale.detach()})
+    params = [state["prompt_learner.ctx"].clone().requires_grad_()]
+    optimizer = torch.optim.SGD(params, lr=0.0035, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
     path = Path(directory) / "MultiModalPromptLearner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "epoch": epoch}, path)
+    torch.save({"state_dict": state, "epoch": epoch, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "val_result": None}, path)
     return path
