@@ -162,8 +162,12 @@ def test_frozen_feature_methods_run_on_maple_features_recorded_by_the_files_hash
     file = write_maple_context(tmp_path / "maple", TINY_VIT, n_ctx=2, depth=2, seed=3)
     sha = hashlib.sha256(file.read_bytes()).hexdigest()
     at = "maple/MultiModalPromptLearner/model.pth.tar-5"
-    spec = load_spec(_spec(tmp_path, [{"method": "clip"}, {"method": "tda"}, {"method": "clip", "context": at},
-                                      {"method": "tda", "context": at}]))
+    path = _spec(tmp_path, [{"method": "clip"}, {"method": "tda"}, {"method": "clip", "context": at},
+                            {"method": "tda", "context": at}])
+    cached = bca("cache", str(path), "--workers", "0", "--device", "cpu")  # encodes the prompted entries beforehand
+    assert cached.exit_code == 0, cached.output
+    assert f"bca-tiny-vit/random (MaPLe context {sha[:8]}) dtd" in cached.output
+    spec = load_spec(path)
     runs = expand(spec)
     assert {(r.method, r.config.get("context_sha256")) for r in runs} == {(m, s) for m in ("clip", "tda")
                                                                           for s in (None, sha)}
