@@ -50,7 +50,9 @@ def models(tmp_path_factory):
 def test_the_released_layout_is_read_key_by_key(tmp_path):
     path = write_maple_context(tmp_path, TINY_VIT, n_ctx=2, depth=2)
     assert path.relative_to(tmp_path).as_posix() == "MultiModalPromptLearner/model.pth.tar-5"
-    state = torch.load(path, weights_only=True)["state_dict"]
+    checkpoint = torch.load(path, weights_only=False)  # the file written here, its training objects and all
+    assert type(checkpoint["scheduler"]["successor"]).__name__ == "CosineAnnealingLR"  # as Dassl's warmup keeps it
+    state = checkpoint["state_dict"]
     context = load_maple(path)
     assert context.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     assert (context.n_ctx, context.text_width, context.vision_width, context.depth) == (2, 128, 128, 2)
@@ -88,7 +90,7 @@ def reference(model, file: Path, pixels, tokens, dtype):
     """(image features, text features), unnormalised, in `dtype`, from the model's and the file's tensors."""
     sd = {k: v.to(dtype) for k, v in model.state_dict().items()}
     mp = {k.removeprefix("prompt_learner."): v.to(dtype)
-          for k, v in torch.load(file, weights_only=True)["state_dict"].items() if k.startswith("prompt_learner.")}
+          for k, v in torch.load(file, weights_only=False)["state_dict"].items() if k.startswith("prompt_learner.")}
     deeper = sum(k.startswith("compound_prompts_text.") for k in mp)
     n, heads = mp["ctx"].shape[0], 2
     text_p = [mp["ctx"]] + [mp[f"compound_prompts_text.{i}"] for i in range(deeper)]
@@ -120,7 +122,8 @@ def reference(model, file: Path, pixels, tokens, dtype):
     return image, t @ sd["text_projection"]
 
 
-@pytest.mark.parametrize("model,depth,n_ctx", [(TINY_VIT, 2, 2), (TINY_VIT, 1, 4), (DEEP_VIT, 3, 2), (DEEP_VIT, 2, 6)])
+# shallow and deep prompts on two layers; two deeper prompts in turn; a depth under the layers' count with X's
+@pytest.mark.parametrize("model,depth,n_ctx", [(TINY_VIT, 2, 2), (DEEP_VIT, 3, 2), (DEEP_VIT, 2, 6)])
 def test_the_deep_prompted_towers_equal_the_float64_reference(tmp_path, models, model, depth, n_ctx):
     backbone = models[model]
     file = write_maple_context(tmp_path, model, n_ctx=n_ctx, depth=depth, seed=depth)
@@ -201,25 +204,33 @@ def test_frozen_feature_methods_run_on_maple_features_recorded_by_the_files_hash
     assert {"CLIP", f"CLIP [context {sha[:8]}]", "TDA", f"TDA [context {sha[:8]}]"} <= labels
 
 
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    """A MaPLe file, a CoOp file and a MaPLe file deeper than the tiny ViT's two layers."""
+    root = tmp_path_factory.mktemp("contexts")
+    write_maple_context(root / "maple", TINY_VIT)
+    write_coop_context(root / "coop", TINY_VIT, NAMES)
+    write_maple_context(root / "deep", TINY_VIT, depth=3)
+    return root
+
+
+MAPLE = "{files}/maple/MultiModalPromptLearner/model.pth.tar-5"
+
+
 @pytest.mark.parametrize("entry,model,expected", [
-    ({"method": "tpt", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"}, TINY_VIT,
-     "methods[0].context: context file {root}/maple/MultiModalPromptLearner/model.pth.tar-5 is MaPLe's"),
-    ({"method": "tda", "context": "coop/prompt_learner/model.pth.tar-50"}, TINY_VIT,
-     "methods[0].context: context file {root}/coop/prompt_learner/model.pth.tar-50 is CoOp's (a text context only)"),
-    ({"method": "tda", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"}, "bca-tiny-rn",
+    ({"method": "tpt", "context": MAPLE}, TINY_VIT, f"methods[0].context: context file {MAPLE} is MaPLe's"),
+    ({"method": "tda", "context": "{files}/coop/prompt_learner/model.pth.tar-50"}, TINY_VIT,
+     "methods[0].context: context file {files}/coop/prompt_learner/model.pth.tar-50 is CoOp's (a text context only)"),
+    ({"method": "tda", "context": MAPLE}, "bca-tiny-rn",
      "MaPLe prompts a ViT's tokens and reads its class token; bca-tiny-rn's image tower is not open_clip's ViT"),
-    ({"method": "tda", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"}, "bca-tiny-sig",
-     "bca-tiny-sig's text tower is not open_clip's CLIP text tower"),
-    ({"method": "tent", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"}, TINY_VIT,
-     "methods[0].context: 'tent' adapts CLIP's image encoder at test time"),
-    ({"method": "tda", "context": "deep/MultiModalPromptLearner/model.pth.tar-5"}, TINY_VIT,
+    ({"method": "tda", "context": MAPLE}, "bca-tiny-sig", "bca-tiny-sig's text tower is not open_clip's CLIP text tower"),
+    ({"method": "tent", "context": MAPLE}, TINY_VIT, "methods[0].context: 'tent' adapts CLIP's image encoder at test time"),
+    ({"method": "tda", "context": "{files}/deep/MultiModalPromptLearner/model.pth.tar-5"}, TINY_VIT,
      "prompt depth 3 (ctx and 2 compound prompts) exceeds bca-tiny-vit's 2 layers; expected at most 2"),
 ])
-def test_a_maple_context_that_cannot_be_used_exits_2_naming_the_field_and_file(tmp_path, entry, model, expected):
-    write_maple_context(tmp_path / "maple", TINY_VIT)
-    write_coop_context(tmp_path / "coop", TINY_VIT, NAMES)
-    write_maple_context(tmp_path / "deep", TINY_VIT, depth=3)
+def test_a_maple_context_that_cannot_be_used_exits_2_naming_the_field_and_file(tmp_path, files, entry, model, expected):
+    entry = {**entry, "context": entry["context"].format(files=files)}
     r = bca("sweep", str(_spec(tmp_path, [entry], model)), "--dry-run")
     assert r.exit_code == 2, r.output
-    assert expected.format(root=tmp_path.resolve()) in " ".join(r.stderr.split())
+    assert expected.format(files=files) in " ".join(r.stderr.split())
     assert "Traceback" not in r.output and not (tmp_path / "results").exists()

@@ -101,11 +101,35 @@ class MapleContext:
         return [first, *(t @ w.T + b for t, (w, b) in zip(self.text_deep, self.vision_deep))]
 
 
+class _Dropped:
+    """What a training object pickled in a checkpoint (Dassl's scheduler state) is read as: nothing of it is kept
+    and none of its code runs."""
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+def _plain_dict(*factory: Any) -> dict:
+    """collections.defaultdict read as a plain dict (an optimizer's `state`, pickled inside the scheduler's)."""
+    return {}
+
+
+def _training_globals() -> list[Any]:
+    """Dassl's warmup scheduler (CoOp's and MaPLe's configs warm up one epoch) keeps the scheduler it hands over to as
+    an attribute, so the checkpoint's `scheduler` entry pickles that scheduler and its optimizer as objects, which
+    weights_only loading refuses: their names are read as `_Dropped` (and defaultdict as a dict), nothing else."""
+    classes = {f"{c.__module__}.{c.__name__}" for module in (torch.optim, torch.optim.lr_scheduler)
+               for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, (torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler))}
+    return [dict, (_plain_dict, "collections.defaultdict"), *((_Dropped, name) for name in sorted(classes))]
+
+
 def _state_dict(path: Path) -> dict[str, Any]:
     try:
-        # weights_only: a released file holds tensors, numbers and dicts (Dassl's optimizer and scheduler states);
+        # weights_only: tensors, numbers and dicts are all that is read (the training objects: `_training_globals`);
         # mmap: MaPLe's holds all of CLIP besides its prompts, which are all that is read
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        with torch.serialization.safe_globals(_training_globals()):
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
         raise ValueError(f"context file {path}: not a torch checkpoint that loads with weights_only=True "
                          f"({str(exc).splitlines()[0][:200]}); expected {_RELEASED}") from None

@@ -245,11 +245,35 @@ def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -
 # ---------------------------------------------------------------------------------- learned starting points
 
 
+def _dassl_training_state(param, epoch: int) -> dict:
+    """The optimizer and scheduler entries of a Dassl checkpoint (CoOp's and MaPLe's configs: SGD, a cosine schedule
+    behind a constant warmup epoch), a few steps in. Dassl's warmup scheduler keeps the cosine one as an attribute,
+    so its state_dict, saved as the `scheduler` entry, pickles that scheduler (and its SGD optimizer) as objects."""
+    import torch
+
+    class Warmup(torch.optim.lr_scheduler.LRScheduler):
+        def __init__(self, optimizer, successor, cons_lr: float) -> None:
+            self.successor, self.warmup_epoch, self.cons_lr = successor, 1, cons_lr
+            super().__init__(optimizer)
+
+        def get_lr(self) -> list[float]:
+            return [self.cons_lr for _ in self.base_lrs]
+
+    optimizer = torch.optim.SGD([param], lr=0.0035, momentum=0.9, weight_decay=5e-4)
+    scheduler = Warmup(optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch), 1e-5)
+    for _ in range(2):
+        param.grad = torch.ones_like(param)
+        optimizer.step()
+        scheduler.step()
+    return {"epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "val_result": None}
+
+
 def write_coop_context(directory: str | Path, model: str, class_names: list[str], n_ctx: int = 4, seed: int = 0,
                        epoch: int = 50, class_specific: bool = False) -> Path:
     """A CoOp context file as CoOp's trainer saves one (Dassl's save_checkpoint): `<directory>/prompt_learner/
     model.pth.tar-<epoch>`, {state_dict: {ctx, token_prefix, token_suffix}, epoch, optimizer, scheduler,
-    val_result}, for the classes given and the (random-weights) model named; ctx [n_ctx, width] (class_specific:
+    val_result} (`_dassl_training_state`), for the classes given and the (random-weights) model named; ctx [n_ctx, width] (class_specific:
     [K, n_ctx, width]) drawn as CoOp initialises it (normal, std 0.02) from `seed`; returns the file."""
     import torch
 
@@ -263,14 +287,10 @@ def write_coop_context(directory: str | Path, model: str, class_names: list[str]
     width = int(embedding.shape[-1])
     g = torch.Generator().manual_seed(seed)
     ctx = 0.02 * torch.randn(*((len(class_names),) if class_specific else ()), n_ctx, width, generator=g)
-    param = torch.nn.Parameter(ctx)
-    optimizer = torch.optim.SGD([param], lr=0.002, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
     path = Path(directory) / "prompt_learner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"ctx": ctx, "token_prefix": embedding[:, :1], "token_suffix": embedding[:, 1 + n_ctx:]},
-                "epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "val_result": None}, path)
+                **_dassl_training_state(torch.nn.Parameter(ctx.clone()), epoch)}, path)
     return path
 
 
@@ -307,11 +327,8 @@ def write_maple_context(directory: str | Path, model: str = TINY_VIT, n_ctx: int
     state.update({"prompt_learner.token_prefix": embedding[:, :1], "prompt_learner.token_suffix": embedding[:, 1 + n_ctx:],
                   "image_encoder.proj": clip.visual.proj.detach(), "text_encoder.text_projection":
                   clip.text_projection.detach(), "logit_scale": clip.logit_scale.detach()})
-    params = [state["prompt_learner.ctx"].clone().requires_grad_()]
-    optimizer = torch.optim.SGD(params, lr=0.0035, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
     path = Path(directory) / "MultiModalPromptLearner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "epoch": epoch, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "val_result": None}, path)
+    torch.save({"state_dict": state, **_dassl_training_state(torch.nn.Parameter(state["prompt_learner.ctx"].clone()),
+                                                             epoch)}, path)
     return path
