@@ -107,16 +107,15 @@ def text_features(clip: torch.nn.Module, tokens: torch.Tensor, context: MapleCon
         raise ValueError(f"MaPLe's text prompts need open_clip's CLIP text tower pooled at the end-of-text token, got "
                          f"{type(clip).__name__}")
     n = context.n_ctx
-    dtype = clip.positional_embedding.dtype
-    prompts = [context.ctx, *context.text_deep]
     x = clip.token_embedding(tokens)
     k = x.shape[0]
+    prompts = [p.to(x.device) for p in (context.ctx, *context.text_deep)]
 
     def splice(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[:, :1], p.to(x.dtype).expand(k, -1, -1), x[:, 1 + n:]], dim=1)
 
-    x = splice(x, prompts[0].to(x.device)) + clip.positional_embedding.to(dtype)
-    x = _blocks(clip.transformer, x, [p.to(x.device) for p in prompts], splice, attn_mask=clip.attn_mask)
+    x = splice(x, prompts[0]) + clip.positional_embedding.to(x.dtype)
+    x = _blocks(clip.transformer, x, prompts, splice, attn_mask=clip.attn_mask)
     x = clip.ln_final(x)
     x = x[torch.arange(k, device=x.device), tokens.argmax(dim=-1)]
     if isinstance(clip.text_projection, torch.nn.Linear):
