@@ -322,14 +322,15 @@ class Backbone:
     embed_dim: int
     encoder_calls: int = field(default=0)  # images encoded so far; lets tests and logs see cache hits
 
-    def _autocast(self):
+    def autocast(self):
+        """fp16 autocast on a GPU (`precision_for`), nothing elsewhere."""
         return torch.autocast("cuda", dtype=torch.float16, enabled=self.precision == "amp_fp16")
 
     @torch.no_grad()
     def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] preprocessed images -> [B, d] float32, L2-normalised, on the CPU."""
         self.encoder_calls += int(pixels.shape[0])
-        with self._autocast():
+        with self.autocast():
             feats = self.model.encode_image(pixels.to(self.device, non_blocking=True))
         return F.normalize(feats.float(), dim=-1).cpu()
 
@@ -341,7 +342,7 @@ class Backbone:
         out = []
         for start in range(0, len(prompts), batch_size):
             tokens = self.tokenizer(prompts[start:start + batch_size]).to(self.device)
-            with self._autocast():
+            with self.autocast():
                 feats = self.model.encode_text(tokens)
             out.append(F.normalize(feats.float(), dim=-1).cpu())
             if progress is not None:

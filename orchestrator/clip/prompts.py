@@ -14,6 +14,10 @@ Named template sets:
 Ensembled sets: each prompt is L2-normalised, prompts are averaged per class, and the mean is
 L2-normalised again (M = K). Text embeddings are cached on disk (keyed by the backbone's identity, the
 device's precision, the prompts and the mode) so a sweep's trials do not re-run the text encoder.
+
+With a MaPLe context (`orchestrator.clip.context.MapleContext`) the class embeddings are its prompted text tower's,
+one per class (`orchestrator.clip.maple`): the file's learned prompts stand in for the template set, and the cache
+key holds the file's sha256.
 """
 
 from __future__ import annotations
@@ -193,10 +197,12 @@ def _encode_per_class(backbone: Backbone, class_names: list[str], tset: Template
     return F.normalize(means, dim=-1), torch.arange(len(class_names), dtype=torch.int64)
 
 
-def _text_key(identity: dict, precision: str, class_names: list[str], tset: TemplateSet) -> str:
+def _text_key(identity: dict, precision: str, class_names: list[str], tset: TemplateSet, context=None) -> str:
+    prompts = ({"maple_sha256": context.sha256} if context is not None else
+               {"templates": tset.templates, "ensemble": tset.ensemble,
+                **({"extra": dict(tset.extra)} if tset.extra else {})})
     blob = json.dumps({"v": _TEXT_CACHE_VERSION, "backbone": identity, "precision": precision,
-                       "classes": class_names, "templates": tset.templates, "ensemble": tset.ensemble,
-                       **({"extra": dict(tset.extra)} if tset.extra else {})}, sort_keys=True)
+                       "classes": class_names, **prompts}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -211,6 +217,7 @@ def class_embeddings(
     cache_dir: str | os.PathLike | None = None,
     device: str | torch.device | None = None,
     progress: TextProgress = None,
+    context=None,
     **load_kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Class embeddings [M, d] float32 (rows L2-normalised) and class_ids [M] int64 in [0, K).
@@ -219,6 +226,7 @@ def class_embeddings(
     cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache. With a cache, one
     process encodes a key while the others wait on its lock and then read its file (ImageNet x 80 templates
     takes minutes on a CPU: two trials must not both pay). progress: hears (prompts done, prompts) per batch.
+    context: a MaPLe context (`MapleContext`): its prompted class embeddings (M = K) instead of the templates'.
     """
     tset = resolve_templates(templates, dataset, ensemble, data_root)
     device = auto_device(device)  # once, here: the key's precision and the backbone take it as it is
@@ -231,19 +239,28 @@ def class_embeddings(
         resolved = resolve_weights(backbone, **{k: v for k, v in load_kwargs.items()
                                                 if k in ("weights_dir", "allow_download")})
         identity, precision = resolved.identity(), precision_for(device)
+    def encode(model: Backbone) -> tuple[torch.Tensor, torch.Tensor]:
+        if context is None:
+            return _encode(model, class_names, tset, progress)
+        from orchestrator.clip.maple import PromptedEncoder
+
+        emb = PromptedEncoder(model, context).class_features(class_names)
+        if progress is not None:
+            progress(len(class_names), len(class_names))
+        return emb, torch.arange(len(class_names), dtype=torch.int64)
+
     if cache_dir is None:
-        model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs)
-        return _encode(model, class_names, tset, progress)
+        return encode(backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device, **load_kwargs))
     from filelock import FileLock
 
-    path = Path(cache_dir) / "text" / f"{_text_key(identity, precision, class_names, tset)}.npz"
+    path = Path(cache_dir) / "text" / f"{_text_key(identity, precision, class_names, tset, context)}.npz"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path.with_suffix(".lock"))):
             if not path.is_file():  # not written by the process that held the lock before this one
                 model = backbone if isinstance(backbone, Backbone) else shared_backbone(backbone, device,
                                                                                        **load_kwargs)
-                emb, ids = _encode(model, class_names, tset, progress)
+                emb, ids = encode(model)
                 tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
                 np.savez(tmp, embeddings=emb.numpy(), class_ids=ids.numpy())
                 os.replace(tmp, path)  # readers never see a half-written file

@@ -245,11 +245,35 @@ def build_all(data_root: str | Path, num_classes: int = 3, per_class: int = 2) -
 # ---------------------------------------------------------------------------------- learned starting points
 
 
+def _dassl_training_state(param, epoch: int) -> dict:
+    """The optimizer and scheduler entries of a Dassl checkpoint (CoOp's and MaPLe's configs: SGD, a cosine schedule
+    behind a constant warmup epoch), a few steps in. Dassl's warmup scheduler keeps the cosine one as an attribute,
+    so its state_dict, saved as the `scheduler` entry, pickles that scheduler (and its SGD optimizer) as objects."""
+    import torch
+
+    class Warmup(torch.optim.lr_scheduler.LRScheduler):
+        def __init__(self, optimizer, successor, cons_lr: float) -> None:
+            self.successor, self.warmup_epoch, self.cons_lr = successor, 1, cons_lr
+            super().__init__(optimizer)
+
+        def get_lr(self) -> list[float]:
+            return [self.cons_lr for _ in self.base_lrs]
+
+    optimizer = torch.optim.SGD([param], lr=0.0035, momentum=0.9, weight_decay=5e-4)
+    scheduler = Warmup(optimizer, torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch), 1e-5)
+    for _ in range(2):
+        param.grad = torch.ones_like(param)
+        optimizer.step()
+        scheduler.step()
+    return {"epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "val_result": None}
+
+
 def write_coop_context(directory: str | Path, model: str, class_names: list[str], n_ctx: int = 4, seed: int = 0,
                        epoch: int = 50, class_specific: bool = False) -> Path:
     """A CoOp context file as CoOp's trainer saves one (Dassl's save_checkpoint): `<directory>/prompt_learner/
     model.pth.tar-<epoch>`, {state_dict: {ctx, token_prefix, token_suffix}, epoch, optimizer, scheduler,
-    val_result}, for the classes given and the (random-weights) model named; ctx [n_ctx, width] (class_specific:
+    val_result} (`_dassl_training_state`), for the classes given and the (random-weights) model named; ctx [n_ctx, width] (class_specific:
     [K, n_ctx, width]) drawn as CoOp initialises it (normal, std 0.02) from `seed`; returns the file."""
     import torch
 
@@ -263,30 +287,48 @@ def write_coop_context(directory: str | Path, model: str, class_names: list[str]
     width = int(embedding.shape[-1])
     g = torch.Generator().manual_seed(seed)
     ctx = 0.02 * torch.randn(*((len(class_names),) if class_specific else ()), n_ctx, width, generator=g)
-    param = torch.nn.Parameter(ctx)
-    optimizer = torch.optim.SGD([param], lr=0.002, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epoch)
     path = Path(directory) / "prompt_learner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"state_dict": {"ctx": ctx, "token_prefix": embedding[:, :1], "token_suffix": embedding[:, 1 + n_ctx:]},
-                "epoch": epoch, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "val_result": None}, path)
+                **_dassl_training_state(torch.nn.Parameter(ctx.clone()), epoch)}, path)
     return path
 
 
-def write_maple_context(directory: str | Path, width: int = 128, n_ctx: int = 2, depth: int = 3,
-                        epoch: int = 5) -> Path:
-    """A MaPLe checkpoint's prompt-learner keys as its trainer saves them (`MultiModalPromptLearner/
-    model.pth.tar-<epoch>`, the keys under `prompt_learner.`), with zeros: what `load_context` must refuse."""
+def write_maple_context(directory: str | Path, model: str = TINY_VIT, n_ctx: int = 2, depth: int = 2,
+                        seed: int = 0, epoch: int = 5, class_names: tuple[str, ...] = ("dog", "cat")) -> Path:
+    """A MaPLe checkpoint as its trainer saves one (Dassl's save_checkpoint of the whole CustomCLIP):
+    `<directory>/MultiModalPromptLearner/model.pth.tar-<epoch>`, {state_dict, epoch, optimizer, scheduler,
+    val_result}, the state_dict with the prompt learner's keys and shapes (`orchestrator.clip.context.load_maple`)
+    for the (random-weights) model named, its token_prefix / token_suffix buffers for `class_names`, and some of
+    CLIP's own weights beside them as the released files hold them all. ctx and the compound prompts are drawn from
+    `seed` (normal, std 0.5: a tiny random tower's features then move visibly), the projections as nn.Linear
+    initialises them; returns the file."""
     import torch
 
-    state = {"prompt_learner.ctx": torch.zeros(n_ctx, width),
-             "prompt_learner.proj.weight": torch.zeros(768, width), "prompt_learner.proj.bias": torch.zeros(768)}
-    for i in range(depth - 1):
-        state[f"prompt_learner.compound_prompts_text.{i}"] = torch.zeros(n_ctx, 512)
-        state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = torch.zeros(768, width)
-        state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = torch.zeros(768)
+    from orchestrator.clip.backbone import load_backbone
+    from orchestrator.clip.maple import class_tokens
+
+    register_tiny_models()
+    backbone = load_backbone(model, None, "cpu")
+    clip = backbone.model
+    w_t, w_v = int(clip.positional_embedding.shape[-1]), int(clip.visual.conv1.out_channels)
+    with torch.no_grad():
+        embedding = clip.token_embedding(class_tokens(backbone.tokenizer, list(class_names), n_ctx))
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's init draws from the global generator
+        torch.manual_seed(seed)
+        proj, *layers = [torch.nn.Linear(w_t, w_v) for _ in range(depth)]
+    state = {"prompt_learner.ctx": 0.5 * torch.randn(n_ctx, w_t, generator=g),
+             "prompt_learner.proj.weight": proj.weight.detach(), "prompt_learner.proj.bias": proj.bias.detach()}
+    for i, layer in enumerate(layers):
+        state[f"prompt_learner.compound_prompts_text.{i}"] = 0.5 * torch.randn(n_ctx, w_t, generator=g)
+        state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = layer.weight.detach()
+        state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = layer.bias.detach()
+    state.update({"prompt_learner.token_prefix": embedding[:, :1], "prompt_learner.token_suffix": embedding[:, 1 + n_ctx:],
+                  "image_encoder.proj": clip.visual.proj.detach(), "text_encoder.text_projection":
+                  clip.text_projection.detach(), "logit_scale": clip.logit_scale.detach()})
     path = Path(directory) / "MultiModalPromptLearner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "epoch": epoch}, path)
+    torch.save({"state_dict": state, **_dassl_training_state(torch.nn.Parameter(state["prompt_learner.ctx"].clone()),
+                                                             epoch)}, path)
     return path

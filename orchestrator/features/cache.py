@@ -55,6 +55,8 @@ from orchestrator.clip.backbone import (
     resolve_weights,
     shared_backbone,
 )
+from orchestrator.clip.context import MapleContext
+from orchestrator.clip.maple import PromptedEncoder
 from orchestrator.clip.views import ViewConfig, ViewTransform, parse_views
 from orchestrator.data.datasets import ImageList, open_image
 from orchestrator.data.listing import read_dataset
@@ -73,11 +75,13 @@ class CorruptImageError(RuntimeError):
 # --------------------------------------------------------------------------------------------- keys
 
 
-def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, views: ViewConfig) -> dict[str, Any]:
+def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, views: ViewConfig,
+               context: MapleContext | None = None) -> dict[str, Any]:
     """KEY FIELDS: the backbone (model, weights id: tag or file sha256, quick_gelu, preprocessing: size, mean,
     std, interpolation, resize mode), the encoder precision (fp32 / amp_fp16), the dataset and a hash of its
     image list, and the view protocol (kind; for augmix and crops also count, seed, pipeline version, and
-    severity for augmix), so an AugMix and a crops view set of the same images are distinct entries."""
+    severity for augmix), so an AugMix and a crops view set of the same images are distinct entries; with a MaPLe
+    context, whose prompts enter the image encoder, its file's sha256."""
     return {
         "format": CACHE_FORMAT,
         "backbone": resolved.identity(),
@@ -85,6 +89,7 @@ def key_fields(resolved: ResolvedWeights, precision: str, images: ImageList, vie
         "dataset": images.name,
         "listing_sha256": images.fingerprint(),
         "views": views.identity(),
+        **({"context_sha256": context.sha256} if context is not None else {}),
     }
 
 
@@ -203,7 +208,7 @@ def default_workers() -> int:
 
 def _encode_entry(
     tmp: Path,
-    encoder: Backbone | AuxiliaryEncoder,
+    encoder: Backbone | PromptedEncoder | AuxiliaryEncoder,
     transform: ViewTransform,
     images: ImageList,
     views: ViewConfig,
@@ -307,13 +312,14 @@ class FeatureCache:
         force: bool = False,
         weights_dir: str | None = None,
         allow_download: bool = False,
+        context: MapleContext | None = None,
     ) -> CachedFeatures:
         """The entry for these arguments, encoding it first if no process has (at most once per key).
 
         backbone: a loaded Backbone, or a BackboneSpec (the model is loaded only on a miss).
         views: 'single' | 'augmix' | 'augmixN' | 'crops' | 'cropsN'; seed matters for augmix and crops only.
         batch_size counts views per encoder call. corrupt: 'skip' (recorded) or 'error'. force: re-encode even
-        if the entry exists.
+        if the entry exists. context: a MaPLe context the images are encoded through (`orchestrator.clip.maple`).
         """
         if corrupt not in CORRUPT_POLICIES:
             raise ValueError(f"corrupt must be one of {CORRUPT_POLICIES}; got {corrupt!r}")
@@ -325,12 +331,13 @@ class FeatureCache:
         else:
             resolved = resolve_weights(backbone, weights_dir=weights_dir, allow_download=allow_download)
             precision = precision_for(device)
-        fields = key_fields(resolved, precision, images, vc)
+        fields = key_fields(resolved, precision, images, vc, context)
 
-        def encoder() -> tuple[Backbone, ViewTransform]:
+        def encoder() -> tuple[Backbone | PromptedEncoder, ViewTransform]:
             model = backbone if isinstance(backbone, Backbone) else shared_backbone(
                 backbone, device, weights_dir=weights_dir, allow_download=allow_download)
-            return model, ViewTransform(vc, model.preprocess, model.resolved.preprocess)
+            transform = ViewTransform(vc, model.preprocess, model.resolved.preprocess)
+            return (model if context is None else PromptedEncoder(model, context)), transform
 
         return self._entry(fields, images, vc, encoder, force=force, batch_size=batch_size,
                            num_workers=num_workers, corrupt=corrupt, progress=progress)
@@ -373,7 +380,7 @@ class FeatureCache:
                            num_workers=num_workers, corrupt=corrupt, progress=progress)
 
     def _entry(self, fields: dict[str, Any], images: ImageList, vc: ViewConfig,
-               encoder: Callable[[], tuple[Backbone | AuxiliaryEncoder, ViewTransform]], *, force: bool,
+               encoder: Callable[[], tuple[Backbone | PromptedEncoder | AuxiliaryEncoder, ViewTransform]], *, force: bool,
                batch_size: int, num_workers: int | None, corrupt: str,
                progress: bool | Callable[[int, int], None]) -> CachedFeatures:
         """The entry of `fields`, encoded with `encoder()` (called only on a miss) at most once per key."""

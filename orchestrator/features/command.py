@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
+from orchestrator.clip.context import load_maple
 from orchestrator.clip.prompts import class_embeddings, console_progress
 from orchestrator.registry.views import DATASET_PROTOCOL, parse_views
 from orchestrator.data.datasets import DatasetLayoutError
@@ -27,6 +28,7 @@ class CacheJob:
     views: str
     seed: int
     templates: tuple[str, ...]
+    context: str | None = None  # a MaPLe file both towers are prompted with (its own entries)
 
 
 def jobs_from_args(
@@ -69,12 +71,15 @@ def run_jobs(
     load = {"weights_dir": weights_dir, "allow_download": allow_download}
     try:
         for n, job in enumerate(jobs, start=1):
+            context = None if job.context is None else load_maple(job.context)
             cached = FeatureCache(job.cache_dir).get_or_encode(
                 job.backbone, job.dataset, job.data_root, job.views, job.seed, device=device,
-                batch_size=batch_size, num_workers=num_workers, corrupt=corrupt, progress=True, force=force, **load)
+                batch_size=batch_size, num_workers=num_workers, corrupt=corrupt, progress=True, force=force,
+                context=context, **load)
             m = cached.manifest
             state = "encoded" if cached.encoded else "hit"
-            echo(f"[{n}/{len(jobs)}] {state:7s} {job.backbone.label} {job.dataset} views={job.views} "
+            prompted = "" if context is None else f" (MaPLe context {context.sha256[:8]})"
+            echo(f"[{n}/{len(jobs)}] {state:7s} {job.backbone.label}{prompted} {job.dataset} views={job.views} "
                  f"seed={m['seed']}: {m['count']} images ({m['skipped_count']} skipped), "
                  f"features {tuple(m['shape'])} -> {cached.path}")
             for skip in m["skipped"][:5]:
@@ -82,7 +87,8 @@ def run_jobs(
             for templates in job.templates:
                 emb, _ = class_embeddings(job.backbone, cached.class_names, templates, dataset=job.dataset,
                                           data_root=job.data_root, cache_dir=job.cache_dir, device=device,
-                                          progress=console_progress(f"text embeddings '{templates}'"), **load)
+                                          progress=console_progress(f"text embeddings '{templates}'"),
+                                          context=context, **load)
                 echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
     except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

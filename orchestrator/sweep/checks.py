@@ -365,24 +365,41 @@ def _tower_use(card: MethodCard) -> tuple[str, str] | None:
 
 
 def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tuple[str, str]]:
-    """A learned context: for a method that runs CLIP's text encoder, a CoOp file that fits each backbone."""
+    """A learned context: for a prompt-tuning method a CoOp file, for a frozen-feature method a MaPLe file (its
+    prompted encoders give the features), fitting each backbone; none for a method adapting the image encoder."""
     import open_clip
 
-    from orchestrator.clip.context import context_issue
+    from orchestrator.clip.context import MAPLE, context_issue, context_source, load_maple
+    from orchestrator.clip.maple import fit_issue
 
     where = f"methods[{i}].context"
-    if method_card(method).text_encoder is None:
-        return [(where, f"{method!r} does not run CLIP's text encoder at test time, so it has no context to start "
-                        f"from; a learned context is for the prompt-tuning methods (those whose card names a text "
-                        f"encoder: tpt, ctpt, rtpt, dynaprompt); for other methods give fine-tuned weights as the "
-                        f"backbone's checkpoint")]
+    card = method_card(method)
+    if card.image_encoder is not None:
+        return [(where, f"{method!r} adapts CLIP's image encoder at test time, which a learned context's prompts do "
+                        f"not enter; expected no context (for fine-tuned weights give the backbone's checkpoint)")]
+    maple = None
+    if card.text_encoder is None:
+        try:
+            if context_source(path) != MAPLE:
+                return [(where, f"context file {path} is CoOp's (a text context only); {method!r} reads frozen "
+                                f"features, so its context is MaPLe's, whose prompts give both towers' features: "
+                                f"expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch> (a CoOp context is "
+                                f"for the prompt-tuning methods: tpt, ctpt, rtpt, dynaprompt, ...)")]
+            maple = load_maple(path)
+        except ValueError as exc:
+            return [(where, str(exc))]
+        synthetic = [dataset_name(d) for d in entry_datasets(spec, spec.methods[i])
+                     if isinstance(d, SyntheticDataset)]
+        if synthetic:
+            return [(where, f"the synthetic dataset {synthetic[0]!r} has generated embeddings, no encoders for a "
+                            f"MaPLe context to prompt; expected real datasets for this entry (`datasets:`)")]
     for backbone in spec.backbones:
         cfg = open_clip.get_model_config(backbone.model.replace("/", "-"))
         if cfg is None:  # an unknown model: reported by the backbone's own check
             continue
         text = cfg.get("text_cfg", {})
-        problem = context_issue(path, backbone.model, int(text.get("width", 512)),
-                                int(text.get("context_length", 77)) - 2)
+        problem = fit_issue(maple, backbone.model, cfg) if maple is not None else context_issue(
+            path, backbone.model, int(text.get("width", 512)), int(text.get("context_length", 77)) - 2)
         if problem:
             return [(where, problem)]
     return []

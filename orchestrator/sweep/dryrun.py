@@ -83,7 +83,8 @@ def _cached(spec: SweepSpec, source: DataSource, manifests: list[dict]) -> bool:
     listing = dataset_listing(source.dataset, spec.data_root).fingerprint()
     return any(m.get("backbone") == label and m.get("dataset") == source.dataset and m.get("views") == views.name
                and m.get("num_views") == views.num_views and (views.num_views == 1 or m.get("seed") == views.seed)
-               and m.get("key_fields", {}).get("listing_sha256") == listing for m in manifests)
+               and m.get("key_fields", {}).get("listing_sha256") == listing
+               and m.get("key_fields", {}).get("context_sha256") == source.context_sha256 for m in manifests)
 
 
 def _text_encoder_lines(runs: list[Run]) -> list[str]:
@@ -187,7 +188,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         source = trial.source
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
-                                None if source.views == "single" else source.seed), source)
+                                None if source.views == "single" else source.seed, source.context_sha256), source)
     auxiliary: dict[tuple, tuple[dict, DataSource]] = {}  # the auxiliary encoders' entries, keyed alike
     for trial in trials:
         source = trial.source
@@ -209,7 +210,9 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                 from orchestrator.clip.views import parse_views
 
                 encode[source.model] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
-            lines.append(f"  {source.model} {source.weights or 'random weights'} {source.dataset} views={source.views}"
+            prompted = "" if source.context is None else f" (MaPLe context {source.context_sha256[:8]})"
+            lines.append(f"  {source.model} {source.weights or 'random weights'}{prompted} {source.dataset} "
+                         f"views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
     if auxiliary:
         manifests = [] if elsewhere else _cache_manifests(spec.cache_dir)

@@ -23,10 +23,10 @@ def jobs_from_spec(path: Path) -> list[CacheJob]:
         if source.model_config is not None:  # a custom architecture: trials register it the same way
             register_model_config(source.model_config)
         key = (source.model, source.weights, source.quick_gelu, source.dataset, source.views,
-               None if source.views == "single" else source.seed)
+               None if source.views == "single" else source.seed, source.context)
         job = jobs.get(key) or CacheJob(BackboneSpec(source.model, source.weights, source.quick_gelu),
                                         source.dataset, Path(spec.data_root), Path(spec.cache_dir), source.views,
-                                        source.seed, ())
+                                        source.seed, (), source.context)
         if source.templates not in job.templates:
             job = replace(job, templates=(*job.templates, source.templates))
         jobs[key] = job

@@ -140,8 +140,24 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
                           seed=source.seed, quick_gelu=source.quick_gelu, reduce_views=reduce_views,
                           logit_scale=selection_scale(source),
                           auxiliary=tuple(AuxiliarySpec(a["name"], a["arch"], a["checkpoint"]) for a in wanted),
+                          context=source_context(source),
                           progress=lambda done, total: progress("encoding", done, total),
                           text_progress=lambda done, total: progress(TEXT_STAGE, done, total))
+
+
+def source_context(source: DataSource) -> Any:
+    """The MaPLe context a source's encoders are prompted with (None: none), as planned: a file changed since is
+    refused, so that a run never records one file's hash beside another's features."""
+    if source.context is None:
+        return None
+    from orchestrator.clip.context import load_maple
+
+    context = load_maple(source.context)
+    if context.sha256 != source.context_sha256:
+        raise ValueError(f"context file {source.context} changed since the sweep was planned (sha256 "
+                         f"{context.sha256[:16]}, planned {str(source.context_sha256)[:16]}); expected the file the "
+                         f"run's config names")
+    return context
 
 
 def selection_scale(source: DataSource) -> float:

@@ -73,6 +73,8 @@ class DataSource:
     order_index: int = 0                  # which of `orders: N` (0: the seed's own order)
     others: tuple[str, ...] = ()          # a contaminated stream's pool dataset, a continual stream's next datasets
     auxiliary: str = ""                   # canonical JSON of the auxiliary encoders its runs read ("": none)
+    context: str | None = None            # a MaPLe file both towers are prompted with (`orchestrator.clip.maple`)
+    context_sha256: str | None = None     # its sha256 when planned (a trial refuses a file changed since)
 
     @property
     def is_synthetic(self) -> bool:
@@ -319,6 +321,15 @@ def _context_fields(entry: Any) -> dict[str, Any]:
     return {"context": entry.context, "context_sha256": file_sha256(entry.context)}
 
 
+def _with_context(entry: Any, source: DataSource) -> DataSource:
+    """A frozen-feature method's context (MaPLe's: the checks allow no other there) prompts the encoders its
+    features come from, so its runs read a source of their own; a prompt-tuning method's (CoOp's) is its text
+    side's starting point (`pieces.PromptTexts`), on the plain source."""
+    if entry.context is None or source.is_synthetic or method_card(entry.method).text_encoder is not None:
+        return source
+    return replace(source, **_context_fields(entry))
+
+
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
     """Run-config keys a backbone sets only when used: the activation override, a custom config's content, a
     checkpoint's content hash (its path alone would let two different fine-tunings read as one)."""
@@ -377,7 +388,8 @@ def data_sources(spec: SweepSpec) -> list[DataSource]:
             sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
             for seed in spec.seeds:
                 for source, fields in _sources(spec, dataset, seed, views, templates):
-                    out.update(dict.fromkeys(_at_batch(source, fields, b)[0] for b in sizes))
+                    out.update(dict.fromkeys(_with_context(entry, _at_batch(source, fields, b)[0])
+                                             for entry in entries for b in sizes))
     return list(out)
 
 
@@ -398,7 +410,7 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                         names = tuple(card.hparam_names)
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
                             source, fields = _with_auxiliary(spec, entry.method, *_at_batch(
-                                plain_source, plain_fields, batch_size, stream_batch))
+                                _with_context(entry, plain_source), plain_fields, batch_size, stream_batch))
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields,

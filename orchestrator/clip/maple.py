@@ -1,0 +1,149 @@
+"""MaPLe's deep-prompted forward of open_clip's CLIP towers (Khattak et al., CVPR 2023; muzairkhattak/
+multimodal-prompt-learning, trainers/maple.py and clip/model.py), for the prompts of a released file
+(`orchestrator.clip.context.MapleContext`).
+
+With n = n_ctx, depth D and the vision prompts P_0 = proj(ctx), P_j = proj_j(T_j) (T_j the text prompt of layer j):
+
+    text    class k's prompt "<prefix> <name_k>." tokenized (prefix: MaPLe's CTX_INIT "a photo of a" when n <= 4,
+            else "X" * n, as its prompt learner lays it out), its token embeddings at positions 1..n replaced by ctx,
+            plus the positional embedding; before block j (1 <= j < D) positions 1..n are replaced by T_j; then
+            ln_final, the end-of-text token, the text projection (TextEncoder.forward, ResidualAttentionBlock_MaPLe).
+    vision  the patch tokens with the class token and positional embedding, P_0 appended after them, then ln_pre;
+            before block j (1 <= j < D) the last n tokens are replaced by P_j; then ln_post of the class token and
+            the projection (VisionTransformer_MaPLe.forward).
+
+Every class and image shares the same prompts. Deeper prompts beyond the towers' layers are refused (MaPLe's code
+would leave them unused). The towers must be open_clip's CLIP layout: a ViT image tower pooled at its class token,
+and a text tower with a start token, pooled at the end-of-text token; `fit_issue` checks a model config for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator.clip.context import MapleContext
+
+CTX_INIT = "a photo of a"   # MaPLe's configs (configs/trainers/MaPLe/*.yaml: CTX_INIT), used when N_CTX <= 4
+
+
+def prompt_prefix(n_ctx: int) -> str:
+    """The words before a class name in MaPLe's prompts: its init when it has at least n_ctx words, else X's."""
+    return CTX_INIT if n_ctx <= 4 else " ".join(["X"] * n_ctx)
+
+
+def fit_issue(context: MapleContext, model: str, cfg: dict[str, Any]) -> str | None:
+    """What keeps a MaPLe file from prompting the open_clip model `model` of config `cfg`, or None."""
+    vision, text = cfg.get("vision_cfg", {}), cfg.get("text_cfg", {})
+    where = f"context file {context.path}"
+    if not isinstance(vision.get("layers", 12), int) or vision.get("timm_model_name") or vision.get("attentional_pool") \
+            or vision.get("pool_type", "tok") != "tok":
+        return (f"{where}: MaPLe prompts a ViT's tokens and reads its class token; {model}'s image tower is not "
+                f"open_clip's ViT pooled at the class token; expected a ViT backbone (MaPLe's are ViT-B/16)")
+    if cfg.get("custom_text") or text.get("hf_model_name") or text.get("pool_type", "argmax") != "argmax" \
+            or text.get("no_causal_mask"):
+        return (f"{where}: MaPLe's text prompts follow a start token and are read at the end-of-text token; "
+                f"{model}'s text tower is not open_clip's CLIP text tower (causal, pooled at the end-of-text token)")
+    widths = (int(text.get("width", 512)), int(vision.get("width", 768)))
+    if (context.text_width, context.vision_width) != widths:
+        return (f"{where}: its prompts are {context.text_width} wide in text and {context.vision_width} in vision; "
+                f"{model}'s towers are {widths[0]} and {widths[1]}; expected a file learnt on the same CLIP model")
+    layers = min(int(text.get("layers", 12)), int(vision.get("layers", 12)))
+    if context.depth > layers:
+        return (f"{where}: prompt depth {context.depth} (ctx and {context.depth - 1} compound prompts) exceeds "
+                f"{model}'s {layers} layers; expected at most {layers}")
+    if 1 + context.n_ctx + 2 > int(text.get("context_length", 77)):
+        return f"{where}: {context.n_ctx} context vectors leave no room for a class name"
+    return None
+
+
+def _blocks(transformer: torch.nn.Module, x: torch.Tensor, prompts: list[torch.Tensor],
+            splice: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+            attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """open_clip's Transformer.forward on batch-first x, `splice(x, prompts[j])` before block j (1 <= j < len)."""
+    if len(prompts) > len(transformer.resblocks):
+        raise ValueError(f"MaPLe prompt depth {len(prompts)} exceeds the tower's {len(transformer.resblocks)} layers")
+    lnd = not getattr(transformer, "batch_first", True)
+    for j, block in enumerate(transformer.resblocks):
+        if 1 <= j < len(prompts):
+            x = splice(x, prompts[j])
+        x = block(x.transpose(0, 1), attn_mask=attn_mask).transpose(0, 1) if lnd else block(x, attn_mask=attn_mask)
+    return x
+
+
+def image_features(visual: torch.nn.Module, pixels: torch.Tensor, prompts: list[torch.Tensor]) -> torch.Tensor:
+    """[B, 3, H, W] -> [B, d] (not normalised): open_clip's VisionTransformer with MaPLe's vision prompts
+    (`MapleContext.vision_prompts`, one [n, w_v] per prompted layer)."""
+    from open_clip.transformer import VisionTransformer
+
+    if not isinstance(visual, VisionTransformer) or visual.attn_pool is not None or visual.pool_type != "tok":
+        raise ValueError(f"MaPLe prompts a ViT pooled at its class token, got {type(visual).__name__}")
+    n = int(prompts[0].shape[0])
+    x = visual.conv1(pixels)
+    x = x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)
+    b = x.shape[0]
+    x = torch.cat([visual.class_embedding.view(1, 1, -1).expand(b, -1, -1).to(x.dtype), x], dim=1)
+    x = x + visual.positional_embedding.to(x.dtype)
+    x = torch.cat([x, prompts[0].to(x.dtype).expand(b, -1, -1)], dim=1)
+    x = visual.ln_pre(x)
+    x = _blocks(visual.transformer, x, prompts,
+                lambda x, p: torch.cat([x[:, :-n], p.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1))
+    pooled = visual.ln_post(x[:, 0])
+    return pooled @ visual.proj if visual.proj is not None else pooled
+
+
+def class_tokens(tokenizer: Any, class_names: list[str], n_ctx: int) -> torch.Tensor:
+    """[K, L] MaPLe's class prompts tokenized (underscores in names read as spaces, as its prompt learner does)."""
+    prefix = prompt_prefix(n_ctx)
+    return tokenizer([f"{prefix} {name.replace('_', ' ')}." for name in class_names])
+
+
+def text_features(clip: torch.nn.Module, tokens: torch.Tensor, context: MapleContext) -> torch.Tensor:
+    """[K, L] class prompts (`class_tokens`) -> [K, d] (not normalised): open_clip's CLIP.encode_text with MaPLe's
+    text context in the first layer and its compound prompts in the next."""
+    if getattr(clip, "text_pool_type", None) != "argmax" or not hasattr(clip, "token_embedding"):
+        raise ValueError(f"MaPLe's text prompts need open_clip's CLIP text tower pooled at the end-of-text token, got "
+                         f"{type(clip).__name__}")
+    n = context.n_ctx
+    x = clip.token_embedding(tokens)
+    k = x.shape[0]
+    prompts = [p.to(x.device) for p in (context.ctx, *context.text_deep)]
+
+    def splice(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:, :1], p.to(x.dtype).expand(k, -1, -1), x[:, 1 + n:]], dim=1)
+
+    x = splice(x, prompts[0]) + clip.positional_embedding.to(x.dtype)
+    x = _blocks(clip.transformer, x, prompts, splice, attn_mask=clip.attn_mask)
+    x = clip.ln_final(x)
+    x = x[torch.arange(k, device=x.device), tokens.argmax(dim=-1)]
+    if isinstance(clip.text_projection, torch.nn.Linear):
+        return clip.text_projection(x)
+    return x @ clip.text_projection
+
+
+class PromptedEncoder:
+    """A loaded backbone seen through MaPLe's prompts, as the feature cache encodes with one (`encode_images`,
+    `encode_texts`, `spec`, `device`, `embed_dim`): features L2-normalised, float32, on the CPU."""
+
+    def __init__(self, backbone: Any, context: MapleContext) -> None:
+        self.backbone, self.context = backbone, context
+        self.spec, self.device, self.embed_dim = backbone.spec, backbone.device, backbone.embed_dim
+        self._vision = [p.to(backbone.device) for p in context.vision_prompts()]
+
+    @torch.no_grad()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        self.backbone.encoder_calls += int(pixels.shape[0])
+        with self.backbone.autocast():
+            feats = image_features(self.backbone.model.visual, pixels.to(self.device, non_blocking=True),
+                                   self._vision)
+        return F.normalize(feats.float(), dim=-1).cpu()
+
+    @torch.no_grad()
+    def class_features(self, class_names: list[str]) -> torch.Tensor:
+        """[K, d] each class's MaPLe prompt through the prompted text tower."""
+        tokens = class_tokens(self.backbone.tokenizer, class_names, self.context.n_ctx).to(self.device)
+        with self.backbone.autocast():
+            feats = text_features(self.backbone.model, tokens, self.context)
+        return F.normalize(feats.float(), dim=-1).cpu()
