@@ -171,6 +171,8 @@ SIGMOID_RULES = {
                  "and takes no bias",
     "refuse": "refused (exit 2 when the spec is checked)",
 }
+
+
 @dataclass(frozen=True)
 class SigmoidRule:
     """What a method does on a backbone that scores with a sigmoid and a bias (SigLIP): rule, a key of SIGMOID_RULES;
