@@ -175,7 +175,8 @@ def prior_view(results_dir: str, run: pd.Series, names: Callable[[int], str], ke
         return
     k = state["V"].shape[1]
     top = st.slider("top classes (most prior updates)", 1, min(50, k), min(15, k), key=f"{key}_top")
-    count = registry.method_card(run["method"]).prior_count
+    learned = registry.method_card(run["method"]).prior
+    count = learned.count if learned else None
     n2 = run.get(count) if count else None  # the counter C2 starts from this hparam
     n2 = None if n2 is None or pd.isna(n2) else float(n2)
     classes = prior.top_classes(state, n2, top)

@@ -55,9 +55,10 @@ def _cost(card) -> str:
     """The card's cost prior: samples/s of one stream on one CPU core at K = M = 1000, d = 512 (its
     benchmarks.methods log), on one H100 where measured (`gpu_samples_per_s`), and the text encoder's memory per
     class where the method runs one."""
-    parts = [] if card.samples_per_s is None else [f"{card.samples_per_s:,.0f} samples/s"]
-    if card.gpu_samples_per_s is not None:
-        rate = card.gpu_samples_per_s
+    cost = card.cost
+    parts = [] if cost.samples_per_s is None else [f"{cost.samples_per_s:,.0f} samples/s"]
+    if cost.gpu_samples_per_s is not None:
+        rate = cost.gpu_samples_per_s
         parts.append(f"{rate:,.0f} on an H100" if rate >= 100 else f"{rate:.3g} samples/s on an H100")
     if card.text_encoder is not None:
         parts.append(f"{card.text_encoder.mb_per_class:g} MB per class a sample (text encoder, "
@@ -159,9 +160,9 @@ def sigmoid_rules_table() -> str:
     """One row per method: its rule on a sigmoid-scored backbone (its card's, else its family's) in words."""
     rows = ["| method | family | rule on a sigmoid backbone | from | why |", "|---|---|---|---|---|"]
     for card in method_cards():
-        rule, why = card.sigmoid_rule
+        rule = card.sigmoid_rule
         whose = "card" if card.sigmoid is not None else "family" if card.family in FAMILY_SIGMOID_RULES else "default"
-        rows.append(f"| `{card.name}` | {card.family} | `{rule}` | {whose} | {why or '—'} |")
+        rows.append(f"| `{card.name}` | {card.family} | `{rule.rule}` | {whose} | {rule.why or '—'} |")
     return "\n".join(rows)
 
 

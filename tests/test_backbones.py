@@ -22,7 +22,7 @@ from orchestrator.features import load_benchmark
 from orchestrator.registry import MethodCard, method_card, method_names
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.registry.backbones import BACKBONES, SIGMOID, SOFTMAX, head_of_config
-from orchestrator.registry.card import FAMILY_SIGMOID_RULES, TextEncoderUse
+from orchestrator.registry.card import FAMILY_SIGMOID_RULES, SigmoidRule, TextEncoderUse
 from orchestrator.results.db import ResultsDB
 from orchestrator.sweep import cost
 from orchestrator.sweep.catalog import backbone_issue
@@ -113,22 +113,24 @@ def test_a_card_without_a_rule_takes_its_familys_else_one_from_what_it_declares(
     def card(family="toy", hparams=(), **fields):
         return MethodCard("toy", "Toy", 999, family, "nothing", "toy:Toy", hparams, **fields)
 
-    assert card().sigmoid_rule == ("unchanged", "")
-    assert card(hparams=(LOGIT_SCALE,)).sigmoid_rule == ("backbone_scale", "")
-    assert card(hparams=(LOGIT_SCALE,), text_encoder=TextEncoderUse("any", 1.0)).sigmoid_rule[0] == "refuse"
+    assert card().sigmoid_rule == SigmoidRule("unchanged")
+    assert card(hparams=(LOGIT_SCALE,)).sigmoid_rule == SigmoidRule("backbone_scale")
+    assert card(hparams=(LOGIT_SCALE,), text_encoder=TextEncoderUse("any", 1.0)).sigmoid_rule.rule == "refuse"
     assert card("prompt", (LOGIT_SCALE,)).sigmoid_rule == FAMILY_SIGMOID_RULES["prompt"]
-    assert card(hparams=(LOGIT_SCALE,), sigmoid="unchanged").sigmoid_rule == ("unchanged", "")
-    with pytest.raises(ValueError, match="method 'toy': sigmoid 'refuse' needs sigmoid_why"):
-        card(sigmoid="refuse")
+    assert card(hparams=(LOGIT_SCALE,), sigmoid=SigmoidRule("unchanged")).sigmoid_rule == SigmoidRule("unchanged")
+    with pytest.raises(ValueError, match="sigmoid rule 'refuse' needs a why"):
+        SigmoidRule("refuse")
     with pytest.raises(ValueError, match="method 'toy': sigmoid rule 'backbone_scale' .* needs a logit_scale hparam"):
-        card(sigmoid="backbone_scale")
-    with pytest.raises(ValueError, match="method 'toy': sigmoid must be one of"):
-        card(sigmoid="sigmoid")
+        card(sigmoid=SigmoidRule("backbone_scale"))
+    with pytest.raises(ValueError, match="sigmoid rule must be one of"):
+        SigmoidRule("sigmoid")
+    with pytest.raises(ValueError, match="method 'toy': sigmoid must be a SigmoidRule or None, got 'unchanged'"):
+        card(sigmoid="unchanged")
 
 
 def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
     names = method_names()
-    runnable = [n for n in names if method_card(n).sigmoid_rule[0] != "refuse"]
+    runnable = [n for n in names if method_card(n).sigmoid_rule.rule != "refuse"]
     entries = [{"method": n} for n in runnable] + [{"method": "tda", "logit_scale": 30.0}]
     sig = {r.method: r for r in expand(load_spec(write_spec(tmp_path, data, models, entries)))
            if r.hparams.get("logit_scale") != 30.0}
@@ -141,11 +143,11 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
         assert run.config["sigmoid"]["logit_scale"] == pytest.approx(SCALE, rel=1e-6), name
         assert run.config["sigmoid"]["logit_bias"] == BIAS, name
         assert "sigmoid" not in clip[name].config, name
-        if card.sigmoid_rule[0] == "backbone_scale":
+        if card.sigmoid_rule.rule == "backbone_scale":
             assert run.hparams["logit_scale"] == run.config["sigmoid"]["logit_scale"], name
             assert clip[name].hparams["logit_scale"] == card.defaults()["logit_scale"], name
         else:
-            assert card.sigmoid_rule[0] == "unchanged" and "logit_scale" not in run.hparams, name
+            assert card.sigmoid_rule.rule == "unchanged" and "logit_scale" not in run.hparams, name
             assert run.hparams == clip[name].hparams, name
     # the data protocol's confident-view selection (AugMix datasets) runs at the backbone's scale too
     assert selection_scale(sig["clip"].source) == pytest.approx(SCALE, rel=1e-6)
@@ -158,7 +160,7 @@ def test_every_method_is_planned_by_its_sigmoid_rule(tmp_path, data, models):
     assert r.exit_code == 0, r.output
     assert (f"{TINY_SIGLIP} scores with a sigmoid: logit scale 50, bias -7 (read from its weights); clip run a "
             f"softmax at that scale (bias dropped: shared by every class); onzeta run unchanged") in r.output
-    refused = [n for n in names if method_card(n).sigmoid_rule[0] == "refuse"]
+    refused = [n for n in names if method_card(n).sigmoid_rule.rule == "refuse"]
     assert refused  # the prompt-tuning family
     r = bca("sweep", str(write_spec(tmp_path, data, models, [{"method": "clip"}, {"method": refused[0]}],
                                     name="refused")), "--dry-run")

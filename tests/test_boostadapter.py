@@ -198,7 +198,7 @@ def test_confident_query_needs_a_kept_view():
 
 def test_card_holds_the_official_configs():
     card = method_card("boostadapter")
-    assert card.takes_views and card.views == "crops"
+    assert card.takes_views and card.views.kind == "crops"
     assert card.defaults() == {"pos_alpha": 2.0, "pos_beta": 5.0, "neg_alpha": 0.117, "neg_beta": 1.0, "pos_shot": 3,
                                "neg_shot": 2, "delta": 0, "keep": 0.1, "query": "original", "logit_scale": 100.0}
     sketch = card.defaults("imagenet-sketch")

@@ -42,7 +42,7 @@ def test_every_method_on_cifar10c_and_its_continual_stream(tmp_path, monkeypatch
         model["config"] = str(write_model_config(backbone, tmp_path / "models"))
     # SigLIP: every method its rule runs; the tiny CLIP ViT: the ones SigLIP refuses (the text-tower methods); ViT-B/32,
     # a real tower's size on a CPU: zero-shot CLIP, a cache method and an encoder-updating one
-    refused = {n for n in method_names() if method_card(n).sigmoid_rule[0] == "refuse"}
+    refused = {n for n in method_names() if method_card(n).sigmoid_rule.rule == "refuse"}
     names = {TINY_SIGLIP: [n for n in method_names() if n not in refused], TINY_VIT: sorted(refused),
              "ViT-B-32": ["clip", "tda", "tent"]}[backbone]
     noise = {"name": "cifar10-c", "corruption": "gaussian_noise", "severity": 5}

@@ -78,7 +78,7 @@ def test_its_auxiliary_features_are_required_and_checked():
 
 def test_official_defaults_per_dataset():
     card = method_card("cosmic")
-    assert card.auxiliary == ("dinov2",) and card.view_count == 8
+    assert card.auxiliary == ("dinov2",) and card.views.count == 8
     imagenet, dtd = card.defaults("imagenet"), card.defaults("dtd")
     assert (imagenet["memory_size"], imagenet["dino_shot"], dtd["memory_size"], dtd["dino_shot"]) == (16, 16, 8, 8)
     assert (imagenet["clique_alpha"], imagenet["clique_beta"], dtd["clique_alpha"], dtd["clique_beta"]) == (2, 5, 2, 3)

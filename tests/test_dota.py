@@ -145,7 +145,7 @@ def test_the_card_carries_the_official_per_dataset_configs():
     assert card.defaults("imagenet-r")["rho"] == 0.0025 and card.defaults("eurosat") == {**EUROSAT, "keep": 0.1,
                                                                                         "logit_scale": 100.0}
     assert all(len(card.hparam(key).per_dataset) == len(paper_datasets()) for key in ("epsilon", "eta", "rho"))
-    assert card.takes_views and card.views == "augmix"
+    assert card.takes_views and card.views.kind == "augmix"
 
 
 @pytest.mark.parametrize("hp,message", [

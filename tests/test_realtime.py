@@ -46,7 +46,7 @@ def test_a_realtime_stream_is_its_base_order_and_checks_its_fields():
 
 def test_k_is_the_cost_over_clips_rounded_up_from_the_cards_measured_rates():
     def seconds(method: str, views: int, encoder: float) -> float:
-        return views * encoder + 1 / registry.method_card(method).gpu_samples_per_s
+        return views * encoder + 1 / registry.method_card(method).cost.gpu_samples_per_s
 
     assert realtime_k("clip", 1, None) == 1 and realtime_k("clip", 1, "ViT-B/16") == 1
     encoder = 1 / GPU_ENCODER_IMAGES_PER_S["ViT-B-16"]

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,42 @@ def test_cards_refuse_what_would_break_a_results_column():
         registry.register_method(registry.MethodCard(
             "clash", "Clash", 1, "x", "", "m:C", (registry.HParam("tau", "int", 1, "a gate", "threshold"),)))
     assert registry.method_card("bca") is card and registry.find_method("clash") is None
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda c: c.Views("rotations"), "views kind must be one of"),
+    (lambda c: c.Views("augmix", count=0), "views count must be an integer >= 1, got 0"),
+    (lambda c: c.Views(scope="some"), "views scope must be 'all' or 'protocol', got 'some'"),
+    (lambda c: c.Views(groups={"ood": "zoom"}), "views groups maps a dataset group"),
+    (lambda c: c.Views(datasets={"nowhere": "augmix"}), "views datasets maps a registered dataset"),
+    (lambda c: c.Views(single_datasets=("nowhere",)), "views single_datasets names registered datasets, got 'nowhere'"),
+    (lambda c: c.Cost(samples_per_s=0), "cost samples_per_s must be a number > 0 or None, got 0"),
+    (lambda c: c.Lockstep("m:f", inputs="pairs"), "lockstep inputs must be one of"),
+    (lambda c: c.SigmoidRule("refuse"), "sigmoid rule 'refuse' needs a why"),
+    # a card takes each record whole: a flat value where a record belongs is named
+    (lambda c: c.MethodCard("toy", "Toy", 1, "x", "", "m:C", views="augmix"),
+     "method 'toy': views must be a Views, got 'augmix'"),
+    (lambda c: c.MethodCard("toy", "Toy", 1, "x", "", "m:C", prior=True),
+     "method 'toy': prior must be a Prior or None, got True"),
+    (lambda c: c.MethodCard("toy", "Toy", 1, "x", "", "m:C", prior=c.Prior(count="n2")),
+     "method 'toy': prior count 'n2' is not one of its hparams"),
+    (lambda c: c.MethodCard("toy", "Toy", 1, "x", "", "m:C", views=c.Views(when={"x": (1,)})),
+     "method 'toy': views when needs inputs 'either' and its own hparams"),
+])
+def test_a_cards_records_refuse_bad_values_by_name(make, message):
+    from orchestrator.registry import card
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make(card)
+
+
+def test_a_card_reads_its_records():
+    card = registry.method_card("cosmic")
+    assert (card.views.kind, card.views.count, dict(card.views.groups)) == ("augmix", 8, {"ood": "crops"})
+    assert card.cost.state_words is not None and card.prior is None and card.lockstep is None
+    assert registry.method_card("bca").prior.count == "n2" and registry.method_card("bca").lockstep.inputs is None
+    assert registry.method_card("transclip").views.single_datasets == (
+        "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch")
 
 
 def test_one_range_for_the_spec_and_the_methods(tmp_path):

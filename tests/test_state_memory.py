@@ -89,7 +89,7 @@ def test_every_method_states_its_memory():
     # (a method adapting the image encoder holds the tower's adapted parameters and their optimiser state, which K
     # and d do not give: the methods table says so, and its memory plan is per image, `ImageEncoderUse.mb_per_image`)
     builtin = [c for c in method_cards() if str(c.impl).startswith("orchestrator.methods.") and not c.image_encoder]
-    assert len(builtin) > 20 and [c.name for c in builtin if c.state_words is None] == []
+    assert len(builtin) > 20 and [c.name for c in builtin if c.cost.state_words is None] == []
 
 
 # ECALP's buffers start at 64 rows and double: at n = 64 (and 128, 256, ...) they hold exactly n
@@ -110,13 +110,14 @@ def test_at_the_tables_shape(name, n):
                                               ("__import__('os')", "__import__")])
 def test_a_state_expression_other_than_arithmetic_on_its_names_is_refused(words, needle):
     from orchestrator.registry import HParam, MethodCard
+    from orchestrator.registry.card import Cost
 
     with pytest.raises(ValueError, match="state_words") as refused:
         MethodCard("toy", "Toy", 1, "x", "", "m:C", (HParam("shot", "int", 3, "cache size", "size", low=1),),
-                   state_words=words)
+                   cost=Cost(state_words=words))
     assert needle in str(refused.value)
     card = MethodCard("toy", "Toy", 1, "x", "", "m:C", (HParam("shot", "int", 3, "cache size", "size", low=1),),
-                      state_words="K*shot*d + K/4")
+                      cost=Cost(state_words="K*shot*d + K/4"))
     assert card.state_bytes(10, 4) == 4 * (10 * 3 * 4 + 2.5)
 
 

@@ -61,7 +61,7 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
     assert projected[3] == " and ".join(cost.GPU_RATES_LOGS) and projected[7] == cost.GPU_RATES_LOGS[0]
     # the methods with no H100 rate yet are named, not silently priced at the H100's
     spec_methods = {m["method"] for m in yaml.safe_load((REPO / "experiments/paper_study.yaml").read_text())["methods"]}
-    unrated = sorted(m for m in spec_methods if method_card(m).gpu_samples_per_s is None)
+    unrated = sorted(m for m in spec_methods if method_card(m).cost.gpu_samples_per_s is None)
     assert (projected[4] or "") == ", ".join(unrated)
     # the images to encode (none cached: the data is elsewhere) are priced at both backbones' measured rates
     views = int(re.search(r"([\d,]+) image views to encode", out)[1].replace(",", ""))
@@ -81,7 +81,7 @@ def test_the_documented_dry_run_plans_the_study_without_its_data(tmp_path):
                for m in entries}
     assert steps == sum(samples.values())
     # each method's samples at its H100 rate (every method of the spec has one)
-    rate = {m: method_card(m).gpu_samples_per_s or method_card(m).samples_per_s or cost.UNKNOWN_SAMPLES_PER_S
+    rate = {m: method_card(m).cost.gpu_samples_per_s or method_card(m).cost.samples_per_s or cost.UNKNOWN_SAMPLES_PER_S
             for m in samples}
     expected = sum(count / rate[m] for m, count in samples.items()) / 3600
     assert gpu == pytest.approx(expected, abs=0.05) and cpu > 0
@@ -133,7 +133,7 @@ def test_gpu_rates_are_the_h100_logs():
             prompt.setdefault(name_, round(1 / float(seconds), 2))
         found = re.search(r"32 bca configs x 2000 samples .*?, ([\d,]+) cfg-samples/s", log)
         pack = pack or (found and float(found[1].replace(",", "")))
-    rated = {c.name: c.gpu_samples_per_s for c in method_cards() if c.gpu_samples_per_s is not None}
+    rated = {c.name: c.cost.gpu_samples_per_s for c in method_cards() if c.cost.gpu_samples_per_s is not None}
     for method, rate in rated.items():
         expected = pack if method in ("clip", "la", "pa", "bca") else \
             prompt.get(method, table.get(method_card(method).label))

@@ -171,13 +171,34 @@ SIGMOID_RULES = {
                  "and takes no bias",
     "refuse": "refused (exit 2 when the spec is checked)",
 }
+
+
+@dataclass(frozen=True)
+class SigmoidRule:
+    """What a method does on a backbone that scores with a sigmoid and a bias (SigLIP): rule, a key of SIGMOID_RULES;
+    why: the reason, the refusal's message where the rule is 'refuse'."""
+
+    rule: str
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.rule not in SIGMOID_RULES:
+            raise ValueError(f"sigmoid rule must be one of {tuple(SIGMOID_RULES)}, got {self.rule!r}")
+        if self.rule == "refuse" and not self.why:
+            raise ValueError("sigmoid rule 'refuse' needs a why (the refusal's message)")
+
+    def text(self) -> str:
+        """The rule in words, for the docs and the refusal."""
+        return SIGMOID_RULES[self.rule] + (f": {self.why}" if self.why else "")
+
+
 # The rule of a card that gives none, by family; else 'refuse' where the trial hands it CLIP's text tower
 # (`orchestrator.methods.prompt.TextTower` follows CLIP's), 'backbone_scale' where it has a logit_scale hparam (the
 # official codes multiply the cosines by CLIP's learned scale, written 100 or read as logit_scale.exp(), whose
 # counterpart is the backbone's own), else 'unchanged'.
 TEXT_TOWER_WHY = ("it runs CLIP's text tower from token embeddings, pooled at the end-of-text token under a causal "
                   "mask; SigLIP's text tower pools the last token without one")
-FAMILY_SIGMOID_RULES = {"prompt": ("refuse", f"prompt tuning: {TEXT_TOWER_WHY}")}
+FAMILY_SIGMOID_RULES = {"prompt": SigmoidRule("refuse", f"prompt tuning: {TEXT_TOWER_WHY}")}
 
 
 @dataclass(frozen=True)
@@ -285,46 +306,134 @@ class ImageEncoderUse:
 
 
 @dataclass(frozen=True)
+class Views:
+    """The augmented views of a method's official protocol, where it takes views (the card's `inputs`), and when a
+    method taking either is handed them.
+
+    kind: the view kind ('augmix' or 'crops'; None: the dataset's own protocol) and count how many (the original
+    included); scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
+    has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1); groups: the views of its
+    official loader on a dataset group where they differ from the above ({"ood": "crops"}: TPT-derived code takes
+    crops on ImageNet and its variants, AugMix elsewhere; a kind takes `count` views, 'single' the original alone);
+    datasets: the same for single datasets where its loader differs within a group ({"imagenet-r": "augmix"}: DLAE's
+    loader picks the transform dataset by dataset); single_datasets: where its official protocol takes the single view
+    all the same (BoostAdapter on ImageNet; StatA's harness on ImageNet-A/-V2/-R/-Sketch, where a single-feature
+    method otherwise gets the dataset's own AugMix protocol); when: for inputs 'either', a run is handed a stream's
+    views only when its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views'
+    confident means (`MethodCard.wants_views`)."""
+
+    kind: str | None = None
+    count: int = 64
+    scope: str = "all"
+    groups: Mapping[str, str] = field(default_factory=dict)
+    datasets: Mapping[str, str] = field(default_factory=dict)
+    single_datasets: tuple[str, ...] = ()
+    when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in AUGMENTED_KINDS:
+            raise ValueError(f"views kind must be one of {AUGMENTED_KINDS} or None, got {self.kind!r}")
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ValueError(f"views count must be an integer >= 1, got {self.count!r}")
+        if self.scope not in ("all", "protocol"):
+            raise ValueError(f"views scope must be 'all' or 'protocol', got {self.scope!r}")
+        bad = {g: v for g, v in self.groups.items() if g not in GROUPS or v not in VIEW_KINDS}
+        if bad:
+            raise ValueError(f"views groups maps a dataset group ({GROUPS}) to one of {VIEW_KINDS}, got {bad}")
+        bad = {d: v for d, v in self.datasets.items() if dataset_key(d) is None or v not in VIEW_KINDS}
+        if bad:
+            raise ValueError(f"views datasets maps a registered dataset to one of {VIEW_KINDS}, got {bad}")
+        unknown = [d for d in self.single_datasets if dataset_key(d) is None]
+        if unknown:
+            raise ValueError(f"views single_datasets names registered datasets, got {unknown[0]!r}")
+        object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        object.__setattr__(self, "datasets", MappingProxyType(
+            {canonical_dataset(d): v for d, v in self.datasets.items()}))
+        object.__setattr__(self, "single_datasets", tuple(canonical_dataset(d) for d in self.single_datasets))
+        object.__setattr__(self, "when", MappingProxyType(dict(self.when)))
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A method that learns a prior V, saved with the run (state.npz: V, C2, ...) for the dashboard's prior view;
+    count: the hparam its counter C2 starts from (None: none)."""
+
+    count: str | None = None
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a method costs, for a sweep's cost model, memory plan and the methods table.
+
+    samples_per_s: single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
+    benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown.
+    gpu_samples_per_s: config-samples/s on one H100 at the same shapes (view methods: 8 views a sample): lockstep at
+    G = 32 configs a pass where the method has a runner (the BCA family: its 32-config pack), else single-stream (a
+    batch method at its official size; prompt tuning: a sample's step through the ViT-B/16 text tower at K = 1000);
+    from `orchestrator.sweep.cost.GPU_RATES_LOGS`, which a test holds them to; the dry run's projected GPU-hours;
+    None: not measured on a GPU (CPU rate used, and named).
+    state_words: the memory its state holds, in 4-byte words (an int64 counts 2, a bool 1/4), as an expression in K
+    (classes), d (embedding width), n (samples seen), w (a text tower's token width, d unless given), a (an auxiliary
+    encoder's width, d unless given) and its hparams (at their defaults): what its method object keeps from sample
+    to sample (tests/test_state_memory.py holds it to a real run's tensors); `MethodCard.state_bytes` evaluates it
+    for the cost model's memory plan of a GPU pack and for the methods table; None: unknown (a plugin)."""
+
+    samples_per_s: float | None = None
+    gpu_samples_per_s: float | None = None
+    state_words: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("samples_per_s", "gpu_samples_per_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, numbers.Real) and value > 0):
+                raise ValueError(f"cost {name} must be a number > 0 or None, got {value!r}")
+        if self.state_words is not None and not isinstance(self.state_words, str):
+            raise ValueError(f"cost state_words must be an arithmetic expression (a string) or None, "
+                             f"got {self.state_words!r}")
+
+
+@dataclass(frozen=True)
+class Lockstep:
+    """A method's lockstep runner: runner, "module:function" (or the function), `run(methods, features) ->
+    list[Trace]`: every config of a pack whose card names the same runner goes to it in one call, so a runner that
+    several cards name takes a mix of their methods (the BCA family's engine) or splits them
+    (`orchestrator.methods.lockstep.per_card`); inputs: the features it takes ('single', 'views', 'either'; None:
+    as the card's `inputs`), other features run each config on its own."""
+
+    runner: Any
+    inputs: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.inputs is not None and self.inputs not in INPUTS:
+            raise ValueError(f"lockstep inputs must be one of {INPUTS} or None, got {self.inputs!r}")
+
+
+@dataclass(frozen=True)
 class MethodCard:
-    """One method.
+    """One method: its identity and hyperparameters, composed with focused records for the rest (each with its own
+    validation; a card leaves out a record that holds only defaults).
 
     name: the spec's and the results' key; label: as tables write it; order: display order (tables, legends);
     family: methods that share a colour family in charts; summary: what adapts (the README's table);
-    impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); inputs: 'single'
-    (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both; augmented views
-    used as its official code uses them); views_when: for 'either', a run is handed a stream's views only when
-    its hparams take these values ({"view_selection": ("adaptive",)}; empty: always), else the views' confident
-    means; views: the view kind of its official protocol where it takes views ('augmix' or 'crops') and
-    view_count how many (the original included);
-    view_scope: 'all' (its protocol augments every dataset) or 'protocol' (only the datasets whose own protocol
-    has views, ImageNet-A/-V2/-R/-Sketch: on the others it gets the single view as V = 1);
-    group_views: the views of its official loader on a dataset group where they differ from the above
-    ({"ood": "crops"}: TPT-derived code takes crops on ImageNet and its variants, AugMix elsewhere; a kind
-    takes `view_count` views, 'single' the original alone); dataset_views: the same for single datasets where its
-    loader differs within a group ({"imagenet-r": "augmix"}: DLAE's loader picks the transform dataset by dataset);
-    single_view_datasets: where its official protocol takes the single view all the same (BoostAdapter on
-    ImageNet; StatA's harness on ImageNet-A/-V2/-R/-Sketch, where a single-feature method otherwise gets the
-    dataset's own AugMix protocol); prior: it learns a prior V saved with the run (state.npz: V, C2, ...) and `prior_count` names the
-    hparam its counter C2 starts from; baseline: zero-shot
-    CLIP, which gains are measured against; state: names of the state tensors its trace exposes; stream_length:
-    the hparam a sweep sets to the stream's length where it is null (a schedule over the whole stream, while
-    the trial feeds it in parts); source: the official code it follows; lockstep: "module:function" (or the
-    function) of its lockstep runner, `run(methods, features) -> list[Trace]`, or None (each config runs on its
-    own): every config of a pack whose card names the same runner goes to it in one call, so a runner that
-    several cards name takes a mix of their methods (the BCA family's engine) or splits them
-    (`orchestrator.methods.lockstep.per_card`); lockstep_inputs: the features it takes ('single', 'views',
-    'either'; None: as `inputs`), other features run each config on its own; text_encoder: a `TextEncoderUse`
-    where the method runs CLIP's text encoder at test time (the trial gives it the text tower: real datasets
-    only), else None; templates: the template set its official run embeds (`orchestrator.clip.prompts`) where
-    that is not the dataset's own, what a spec's default `templates: protocol` gives its runs (None: the
-    dataset's own templates); image_encoder: an `ImageEncoderUse` where the method adapts CLIP's image encoder
-    on the images (the trial gives it the vision tower and the stream's images: real datasets only), else None;
-    sigmoid: what it does on a backbone scoring with a sigmoid and a bias (a key of SIGMOID_RULES; None: its
-    family's rule, FAMILY_SIGMOID_RULES, else 'refuse' for a method handed CLIP's text tower, 'backbone_scale' with
-    a logit_scale hparam, 'unchanged' without) and sigmoid_why: why, where it is refused.
+    impl: "module:Class" of its `orchestrator.methods.Method` subclass (or the class); hparams: its `HParam`s;
+    inputs: 'single' (features [n, d]), 'views' (features [n, V, d], view 0 the original) or 'either' (both;
+    augmented views used as its official code uses them); views: the views of its official protocol (`Views`);
+    batch_size: the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees
+    the stream a batch at a time; None: a per-sample method, which runs at batch size 1); stream_length: the hparam a
+    sweep sets to the stream's length where it is null (a schedule over the whole stream, while the trial feeds it in
+    parts); templates: the template set its official run embeds (`orchestrator.clip.prompts`) where that is not the
+    dataset's own, what a spec's default `templates: protocol` gives its runs (None: the dataset's own templates);
     auxiliary: the auxiliary encoders (AUXILIARY_ENCODERS) whose features it reads beside CLIP's: its method's
-    `_run(features, auxiliary)` gets each one's [n, d'] features of the original view, in stream order (the
-    backbone names the encoder; a synthetic dataset simulates it, `orchestrator.data.synthetic`).
+    `_run(features, auxiliary)` gets each one's [n, d'] features of the original view, in stream order (the backbone
+    names the encoder; a synthetic dataset simulates it, `orchestrator.data.synthetic`); baseline: zero-shot CLIP,
+    which gains are measured against; state: names of the state tensors its trace exposes; prior: a `Prior` where it
+    learns one; cost: its `Cost` (rates and state memory); lockstep: its `Lockstep` runner, or None (each config runs
+    on its own); text_encoder: a `TextEncoderUse` where the method runs CLIP's text encoder at test time (the trial
+    gives it the text tower: real datasets only), else None; image_encoder: an `ImageEncoderUse` where the method
+    adapts CLIP's image encoder on the images (the trial gives it the vision tower and the stream's images: real
+    datasets only), else None; sigmoid: its `SigmoidRule` on a backbone scoring with a sigmoid and a bias (None: its
+    family's, FAMILY_SIGMOID_RULES, else 'refuse' for a method handed CLIP's text tower, 'backbone_scale' with a
+    logit_scale hparam, 'unchanged' without: `sigmoid_rule`); source: the official code it follows.
     """
 
     name: str
@@ -335,89 +444,44 @@ class MethodCard:
     impl: Any
     hparams: tuple[HParam, ...] = ()
     inputs: str = "single"
-    views_when: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
-    views: str | None = None
-    view_count: int = 64
-    view_scope: str = "all"
-    group_views: Mapping[str, str] = field(default_factory=dict)
-    dataset_views: Mapping[str, str] = field(default_factory=dict)
-    single_view_datasets: tuple[str, ...] = ()
-    prior: bool = False
-    prior_count: str | None = None
+    views: Views = field(default_factory=Views)
+    batch_size: int | None = None
+    stream_length: str | None = None
+    templates: str | None = None
+    auxiliary: tuple[str, ...] = ()
     baseline: bool = False
     state: tuple[str, ...] = ()
-    stream_length: str | None = None
-    source: str = ""
-    lockstep: Any = None
-    lockstep_inputs: str | None = None
-    # single-stream samples/s on one CPU core at K = M = 1000, d = 512 (benchmarks.methods, its log in
-    # benchmarks/logs): the prior of a sweep's cost model before any run of it has finished; None: unknown
-    samples_per_s: float | None = None
-    # config-samples/s on one H100 at the same shapes (view methods: 8 views a sample): lockstep at G = 32 configs a
-    # pass where the method has a runner (the BCA family: its 32-config pack), else single-stream (a batch method at
-    # its official size; prompt tuning: a sample's step through the ViT-B/16 text tower at K = 1000); from
-    # `orchestrator.sweep.cost.GPU_RATES_LOGS`, which a test holds them to; the dry run's projected GPU-hours; None:
-    # not measured on a GPU (CPU rate used, and named)
-    gpu_samples_per_s: float | None = None
-    # the memory its state holds, in 4-byte words (an int64 counts 2, a bool 1/4), as an expression in K (classes),
-    # d (embedding width), n (samples seen), w (a text tower's token width, d unless given), a (an auxiliary
-    # encoder's width, d unless given) and its hparams (at
-    # their defaults): what its method object keeps from
-    # sample to sample (tests/test_state_memory.py holds it to a real run's tensors); `state_bytes` evaluates it for
-    # the cost model's memory plan of a GPU pack and for the methods table; None: unknown (a plugin)
-    state_words: str | None = None
-    # the batch size its official code adapts on (`orchestrator.methods.base.BatchMethod`: the method sees the
-    # stream a batch at a time); None: a per-sample method, which runs at batch size 1
-    batch_size: int | None = None
+    prior: Prior | None = None
+    cost: Cost = field(default_factory=Cost)
+    lockstep: Lockstep | None = None
     text_encoder: TextEncoderUse | None = None
-    templates: str | None = None
     image_encoder: ImageEncoderUse | None = None
-    sigmoid: str | None = None
-    sigmoid_why: str = ""
-    auxiliary: tuple[str, ...] = ()
+    sigmoid: SigmoidRule | None = None
+    source: str = ""
 
     def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
+        for name, kind in (("views", Views), ("prior", Prior), ("cost", Cost), ("lockstep", Lockstep),
+                           ("text_encoder", TextEncoderUse), ("image_encoder", ImageEncoderUse),
+                           ("sigmoid", SigmoidRule)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) and (value is not None or name in ("views", "cost")):
+                optional = "" if name in ("views", "cost") else " or None"
+                raise ValueError(f"method {self.name!r}: {name} must be a {kind.__name__}{optional}, got {value!r}")
         unknown = [a for a in self.auxiliary if a not in AUXILIARY_ENCODERS]
         if unknown:
             raise ValueError(f"method {self.name!r}: auxiliary encoder {unknown[0]!r} is not one of "
                              f"{AUXILIARY_ENCODERS}")
-        if not _NAME_RE.match(self.name):
-            raise ValueError(f"method name {self.name!r}: expected lower-case letters, digits and _")
         if self.inputs not in INPUTS:
             raise ValueError(f"method {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
-        if self.views is not None and self.views not in AUGMENTED_KINDS:
-            raise ValueError(f"method {self.name!r}: views must be one of {AUGMENTED_KINDS} or None, "
-                             f"got {self.views!r}")
-        if self.lockstep_inputs is not None and self.lockstep_inputs not in INPUTS:
-            raise ValueError(f"method {self.name!r}: lockstep_inputs must be one of {INPUTS} or None, "
-                             f"got {self.lockstep_inputs!r}")
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"method {self.name!r}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
         if self.templates is not None and self.templates not in TEMPLATE_SET_NAMES:
             raise ValueError(f"method {self.name!r}: templates must be one of {TEMPLATE_SET_NAMES} or None, "
                              f"got {self.templates!r}")
-        if self.view_scope not in ("all", "protocol"):
-            raise ValueError(f"method {self.name!r}: view_scope must be 'all' or 'protocol', got {self.view_scope!r}")
-        bad = {g: v for g, v in self.group_views.items() if g not in GROUPS or v not in VIEW_KINDS}
-        if bad:
-            raise ValueError(f"method {self.name!r}: group_views maps a dataset group ({GROUPS}) to one of "
-                             f"{VIEW_KINDS}, got {bad}")
-        object.__setattr__(self, "group_views", MappingProxyType(dict(self.group_views)))
-        bad = {d: v for d, v in self.dataset_views.items()
-               if dataset_key(d) is None or v not in VIEW_KINDS}
-        if bad:
-            raise ValueError(f"method {self.name!r}: dataset_views maps a registered dataset to one of "
-                             f"{VIEW_KINDS}, got {bad}")
-        object.__setattr__(self, "dataset_views", MappingProxyType(
-            {canonical_dataset(d): v for d, v in self.dataset_views.items()}))
-        if self.text_encoder is not None and not isinstance(self.text_encoder, TextEncoderUse):
-            raise ValueError(f"method {self.name!r}: text_encoder must be a TextEncoderUse or None, "
-                             f"got {self.text_encoder!r}")
         names = [h.name for h in self.hparams]
         if self.image_encoder is not None:
-            if not isinstance(self.image_encoder, ImageEncoderUse):
-                raise ValueError(f"method {self.name!r}: image_encoder must be an ImageEncoderUse or None, "
-                                 f"got {self.image_encoder!r}")
             chooser = self.image_encoder.episodic
             if isinstance(chooser, str) and not any(h.name == chooser and h.kind == "bool" for h in self.hparams):
                 raise ValueError(f"method {self.name!r}: image_encoder episodic {chooser!r} is not one of its bool "
@@ -434,55 +498,43 @@ class MethodCard:
             if h.null_means is not None and h.null_means not in names:
                 raise ValueError(f"method {self.name!r}: hparam {h.name!r}: null_means {h.null_means!r} is not one "
                                  f"of its hparams")
-        unknown = set(self.views_when) - set(names)
-        if unknown or (self.views_when and self.inputs != "either"):
-            raise ValueError(f"method {self.name!r}: views_when needs inputs 'either' and its own hparams, got "
-                             f"inputs {self.inputs!r} and {sorted(self.views_when)}")
-        object.__setattr__(self, "views_when", MappingProxyType(dict(self.views_when)))
-        for field_name in ("prior_count", "stream_length"):
-            value = getattr(self, field_name)
+        unknown = set(self.views.when) - set(names)
+        if unknown or (self.views.when and self.inputs != "either"):
+            raise ValueError(f"method {self.name!r}: views when needs inputs 'either' and its own hparams, got "
+                             f"inputs {self.inputs!r} and {sorted(self.views.when)}")
+        for what, value in (("prior count", self.prior and self.prior.count), ("stream_length", self.stream_length)):
             if value is not None and value not in names:
-                raise ValueError(f"method {self.name!r}: {field_name} {value!r} is not one of its hparams")
-        rule, why = self.sigmoid_rule
-        if rule not in SIGMOID_RULES:
-            raise ValueError(f"method {self.name!r}: sigmoid must be one of {tuple(SIGMOID_RULES)} or None, "
-                             f"got {rule!r}")
+                raise ValueError(f"method {self.name!r}: {what} {value!r} is not one of its hparams")
+        rule = self.sigmoid_rule.rule
         if rule == "backbone_scale" and "logit_scale" not in names:
             raise ValueError(f"method {self.name!r}: sigmoid rule 'backbone_scale' (its card's or its family's) needs "
-                             f"a logit_scale hparam; expected sigmoid 'unchanged' or 'refuse' on its card")
-        if rule == "refuse" and not why:
-            raise ValueError(f"method {self.name!r}: sigmoid 'refuse' needs sigmoid_why (the refusal's message)")
-        if self.state_words is not None:
+                             f"a logit_scale hparam; expected SigmoidRule 'unchanged' or 'refuse' on its card")
+        if self.cost.state_words is not None:
             self.state_bytes(1, 1)  # an expression naming anything but K, d, n, w, a and its hparams is refused here
 
     def state_bytes(self, num_classes: int, dim: int, samples: int = 0, text_width: int | None = None,
                     aux_width: int | None = None) -> int:
-        """Bytes of its state (`state_words`) at K = num_classes, d = dim after `samples` samples, w = text_width
+        """Bytes of its state (`Cost.state_words`) at K = num_classes, d = dim after `samples` samples, w = text_width
         (its text tower's token width; None: d, as in ViT-B/16), a = aux_width (an auxiliary encoder's width;
         None: d), hparams at their defaults; a ValueError where it has no state_words or they are not such an
         expression."""
-        if self.state_words is None:
-            raise ValueError(f"method {self.name!r}: its card gives no state_words")
+        if self.cost.state_words is None:
+            raise ValueError(f"method {self.name!r}: its card gives no cost state_words")
         names = {**self.defaults(), "K": num_classes, "d": dim, "n": samples,
                  "w": dim if text_width is None else text_width, "a": dim if aux_width is None else aux_width}
-        return int(math.ceil(4 * _arithmetic(self.state_words, names, f"method {self.name!r} state_words")))
+        return int(math.ceil(4 * _arithmetic(self.cost.state_words, names, f"method {self.name!r} state_words")))
 
     @property
-    def sigmoid_rule(self) -> tuple[str, str]:
-        """(rule, why) on a sigmoid-scored backbone: the card's own, else refused where the run is handed CLIP's text
+    def sigmoid_rule(self) -> SigmoidRule:
+        """Its rule on a sigmoid-scored backbone: the card's own, else refused where the run is handed CLIP's text
         tower, else its family's, else the default."""
         if self.sigmoid is not None:
-            return self.sigmoid, self.sigmoid_why
+            return self.sigmoid
         if self.takes_text:  # before the family's: an encoder-family method that runs the text tower too
-            return "refuse", TEXT_TOWER_WHY
+            return SigmoidRule("refuse", TEXT_TOWER_WHY)
         if self.family in FAMILY_SIGMOID_RULES:
             return FAMILY_SIGMOID_RULES[self.family]
-        return ("backbone_scale" if any(h.name == "logit_scale" for h in self.hparams) else "unchanged"), ""
-
-    def sigmoid_text(self) -> str:
-        """The rule in words, for the docs and the refusal."""
-        rule, why = self.sigmoid_rule
-        return SIGMOID_RULES[rule] + (f": {why}" if why else "")
+        return SigmoidRule("backbone_scale" if any(h.name == "logit_scale" for h in self.hparams) else "unchanged")
 
     @property
     def takes_views(self) -> bool:
@@ -491,13 +543,14 @@ class MethodCard:
     @property
     def views_everywhere(self) -> bool:
         """Whether its protocol gives it augmented views on every dataset (it cannot run on single-view data)."""
-        return (self.takes_views and self.view_scope == "all" and not self.single_view_datasets
-                and "single" not in (*self.group_views.values(), *self.dataset_views.values()))
+        views = self.views
+        return (self.takes_views and views.scope == "all" and not views.single_datasets
+                and "single" not in (*views.groups.values(), *views.datasets.values()))
 
     def protocol_views(self, dataset: str) -> ViewConfig:
         """The views of this method's official protocol on a benchmark dataset (a sweep's `views: protocol`,
-        `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `view_count` says
-        otherwise), its `dataset_views` or `group_views` for the dataset, or the single view. Methods taking one
+        `registry.views.METHOD_PROTOCOL`): its view kind (63 views + the original unless `Views.count` says
+        otherwise), its `Views.datasets` or `Views.groups` for the dataset, or the single view. Methods taking one
         feature get the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident
         views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
@@ -505,18 +558,19 @@ class MethodCard:
             return parse_views("single")
         card = dataset_card(dataset)
         own = parse_views(card.views)
-        if card.name in {canonical_dataset(d) for d in self.single_view_datasets}:
+        views = self.views
+        if card.name in views.single_datasets:
             return parse_views("single")
         if not self.takes_views:
             return own
-        kind = self.dataset_views.get(card.name, self.group_views.get(card.group))
+        kind = views.datasets.get(card.name, views.groups.get(card.group))
         if kind is None:
-            if self.views is None or (self.view_scope == "protocol" and own.kind == "single"):
+            if views.kind is None or (views.scope == "protocol" and own.kind == "single"):
                 return own
-            kind = self.views
+            kind = views.kind
         if kind == "single":
             return parse_views("single")
-        return ViewConfig(kind, n_aug=self.view_count - 1, seed=1)
+        return ViewConfig(kind, n_aug=views.count - 1, seed=1)
 
     def wants_views(self, hparams: Mapping[str, Any]) -> bool:
         """Whether a run with these hparams (unset ones at their defaults) is handed a stream's augmented views
@@ -524,7 +578,7 @@ class MethodCard:
         if self.inputs != "either":
             return self.takes_views
         merged = {**self.defaults(), **hparams}
-        return all(merged.get(name) in allowed for name, allowed in self.views_when.items())
+        return all(merged.get(name) in allowed for name, allowed in self.views.when.items())
 
     def hparam(self, name: str) -> HParam:
         for h in self.hparams:
@@ -621,10 +675,10 @@ class MethodCard:
         """The lockstep runner for features [n, V, d] (view_features) or [n, d], or None where it has none."""
         if self.lockstep is None:
             return None
-        inputs = self.lockstep_inputs or self.inputs
+        inputs = self.lockstep.inputs or self.inputs
         if inputs != "either" and (inputs == "views") != view_features:
             return None
-        return _load(self.lockstep)
+        return _load(self.lockstep.runner)
 
 
 def _load(target: Any) -> Any:

@@ -3,11 +3,11 @@
 A card is plain data (no torch): its label and display order, each hyperparameter (type, range, default, doc,
 role, per-dataset defaults, when it matters), the inputs it needs (a single feature or augmented views, and
 which view kind its official protocol uses), the state it exposes (a prior to draw, caches, ...), and where
-its implementation lives (`impl`, "module:Class", and its optional lockstep runner, `lockstep`,
-"module:function", each imported only when a run needs it). Spec validation, the results schema's
-hyperparameter columns, the report's and dashboard's labels, filters and prior view, the routing of a pack's
-configs (`orchestrator.methods.many`) and the methods table of docs/methods.md all derive from the cards;
-`orchestrator.methods` checks hparams through them.
+its implementation lives (`impl`, "module:Class", and its optional lockstep runner, `Lockstep("module:function")`,
+each imported only when a run needs it), composed of focused records (`orchestrator.registry.card`). Spec
+validation, the results schema's hyperparameter columns, the report's and dashboard's labels, filters and prior
+view, the routing of a pack's configs (`orchestrator.methods.many`) and the methods table of docs/methods.md all
+derive from the cards; `orchestrator.methods` checks hparams through them.
 
 A method is one folder: `card.py` (plain data: `CARDS`, a tuple of `MethodCard`s, importing only
 `orchestrator.registry.card`), `method.py` (the single-stream method), optionally `lockstep.py` (its lockstep

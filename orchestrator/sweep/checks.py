@@ -181,9 +181,9 @@ def _sigmoid_issues(spec: SweepSpec, i: int, backbone, tag: str | None) -> list[
     issues = []
     for j, entry in enumerate(spec.methods):
         card = method_card(entry.method)
-        if card.sigmoid_rule[0] == "refuse":
+        if card.sigmoid_rule.rule == "refuse":
             issues.append((f"methods[{j}]", f"{entry.method} does not run on {backbone.model} (backbones[{i}]), "
-                                            f"which scores with a sigmoid and a bias: {card.sigmoid_text()}; expected "
+                                            f"which scores with a sigmoid and a bias: {card.sigmoid_rule.text()}; expected "
                                             f"a softmax-scored backbone (CLIP) for it, or another method"))
     return issues
 
@@ -529,7 +529,7 @@ def _realtime_issues(spec: SweepSpec, i: int, entry: Any) -> list[tuple[str, str
     if all(p.k is not None for p in realtime):
         return []
     give = "expected the stream to give k, e.g. {realtime: {base: iid, k: 2}}"
-    if card.gpu_samples_per_s is None:
+    if card.cost.gpu_samples_per_s is None:
         return [(where, f"{entry.method!r} has no measured GPU cost (its card's gpu_samples_per_s) to derive the "
                         f"realtime stream's k from; {give}")]
     real = any(isinstance(d, RealDataset) for d in entry_datasets(spec, entry))

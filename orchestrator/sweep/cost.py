@@ -66,7 +66,7 @@ def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None 
         per_sample = measured.get(run.method)
         if per_sample is None:
             card = find_method(run.method)
-            per_sample = 1.0 / ((card.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
+            per_sample = 1.0 / ((card.cost.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
         if run.source not in memo:
             memo[run.source] = lengths(run.source)
         return per_sample * memo[run.source]
@@ -111,10 +111,10 @@ def projected_hours(runs: list[RunLike], length: Callable[[Any], int], encode: d
     missing = []
     for method, count in samples.items():
         card = find_method(method)
-        seconds = count / ((card.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
+        seconds = count / ((card.cost.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
         cpu += seconds
-        if card is not None and card.gpu_samples_per_s:
-            gpu += count / card.gpu_samples_per_s
+        if card is not None and card.cost.gpu_samples_per_s:
+            gpu += count / card.cost.gpu_samples_per_s
         else:
             gpu += seconds
             missing.append(method)
@@ -170,10 +170,10 @@ def config_bytes(method: str, num_classes: int, dim: int, length: int) -> int:
 
 
 def state_bytes(method: str, num_classes: int, dim: int, length: int = 0) -> int:
-    """A config's state after `length` samples: its card's `state_words` (the methods table's memory column); a
+    """A config's state after `length` samples: its card's `Cost.state_words` (the methods table's memory column); a
     card without them (a plugin), rows of d + K per class (U and V, a cache's keys and values), float32."""
     card = find_method(method)
-    if card is not None and card.state_words is not None:
+    if card is not None and card.cost.state_words is not None:
         return card.state_bytes(num_classes, dim, length)
     return 4 * num_classes * (dim + num_classes)
 
@@ -265,7 +265,7 @@ def realtime_k(method: str, views: int, model: str | None) -> int:
         encoder = 1.0 / rate
 
     def step(name: str) -> float:
-        rate = method_card(name).gpu_samples_per_s
+        rate = method_card(name).cost.gpu_samples_per_s
         if rate is None:
             raise ValueError(f"method {name!r} has no measured GPU cost (its card's gpu_samples_per_s) to derive a "
                              f"realtime k from; give the stream's k (e.g. {{realtime: {{base: iid, k: 2}}}})")

@@ -131,7 +131,7 @@ def _sigmoid_lines(spec: SweepSpec, runs: list[Run]) -> list[str]:
         logits = sigmoid_logits(backbone.model, tag, backbone.checkpoint)
         if logits is None:
             continue
-        scaled = [m for m in methods if method_card(m).sigmoid_rule[0] == "backbone_scale"]
+        scaled = [m for m in methods if method_card(m).sigmoid_rule.rule == "backbone_scale"]
         same = [m for m in methods if m not in scaled]
         lines.append(f"{backbone.model} scores with a sigmoid: logit scale {logits[0]:.4g}, bias {logits[1]:.4g} (read "
                      f"from its weights); " + (f"{', '.join(scaled)} run a softmax at that scale (bias dropped: shared "

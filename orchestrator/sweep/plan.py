@@ -351,7 +351,7 @@ def _grid_on(entry: Any, fields: dict[str, Any]) -> dict[str, list[Any]]:
     (`orchestrator.registry.card.SIGMOID_RULES`; a 'refuse' method never gets here: the checks refuse it)."""
     grid = method_grid(entry)
     head = fields.get("sigmoid")
-    if head is not None and "logit_scale" not in grid and method_card(entry.method).sigmoid_rule[0] == "backbone_scale":
+    if head is not None and "logit_scale" not in grid and method_card(entry.method).sigmoid_rule.rule == "backbone_scale":
         grid["logit_scale"] = [head["logit_scale"]]
     return grid
 

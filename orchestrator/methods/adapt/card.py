@@ -4,7 +4,7 @@ with CLIP's logits; its per-dataset fusion scale (data/cls_to_names.py custom_sc
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 # AIM-SKKU/ADAPT data/cls_to_names.py custom_scale, keyed by the project's dataset names
 _SCALE = {
@@ -29,11 +29,12 @@ CARDS = (
                    low=0.0, high=1.0, low_open=True),
             LOGIT_SCALE,
         ),
-        inputs="views", views="crops", view_scope="protocol",
+        inputs="views", views=Views("crops", scope="protocol"),
         state=("bank_keys", "bank_labels", "bank_probs", "bank_loss", "means", "weights", "bias"),
         # the banks [K L, d], int64 labels [K L], their probabilities [K L, K] and losses [K L]; the means [K, d], the
         # text [K, d], the GDA weights [d, K] and bias [K]; the last update's similarities [K L]
-        state_words="K*bank_size*d + 2*K*bank_size + K*bank_size*K + K*bank_size + 2*K*d + d*K + K + K*bank_size",
+        cost=Cost(state_words="K*bank_size*d + 2*K*bank_size + K*bank_size*K + K*bank_size + 2*K*d + d*K + K "
+                              "+ K*bank_size"),
         source="AIM-SKKU/ADAPT@68481c0 ADAPT_online.py (evaluation, update_knowledge_banks, param_estimation, "
                "compute_final_prediction, get_clip_feature_logits), data/cls_to_names.py (custom_scale), "
                "scripts/ADAPT_online_TTA.sh (bank_size 16, alpha 0.9); views: data/datautils.py:33-50 "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -25,10 +25,10 @@ CARDS = (
                 "which the fine-grained script runs, adds the term with the opposite sign)", "choice",
                 choices=("maximise", "minimise")),
          LOGIT_SCALE),
-        inputs="views", views="augmix", text_encoder=TEXT, state_words=PROMPT_WORDS,
+        inputs="views", views=Views("augmix"), text_encoder=TEXT, cost=Cost(state_words=PROMPT_WORDS),
         source="MB-Shihab-Aaqil-Ahamed/A-TPT@d76ecf6 tpt_classification.py and atpt_classification.py "
                "(test_time_tuning, run_type tpt_atpt), clip/custom_clip.py (ang_norm_cal); "
                "scripts/test_tpt_atpt_fg.sh (lambda 80) and test_tpt_atpt_ds.sh (lambda 10, --I_augmix: AugMix views "
                "on ImageNet and its variants too); tau_term 0.99999 in both",
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

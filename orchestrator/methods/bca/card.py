@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.registry.datasets import CROSS_DOMAIN, group_datasets
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Prior, Views
 
 _CROSS_DOMAIN = group_datasets(CROSS_DOMAIN)
 
@@ -42,29 +42,35 @@ _OPTIONS = (
 )
 # The BCA family takes a stream's augmented views only to re-select them as it adapts; its lockstep runner takes
 # both (the blocked engine on one feature per sample, the adaptive view path on views).
-_BCA_VIEWS = {"inputs": "either", "views_when": {"view_selection": ("adaptive",)}, "views": "augmix",
-              "lockstep": "orchestrator.methods.bca.lockstep:run_bca_lockstep"}
+_BCA_VIEWS = Views("augmix", when={"view_selection": ("adaptive",)})
+_BCA_LOCKSTEP = Lockstep("orchestrator.methods.bca.lockstep:run_bca_lockstep")
 
 _BCA_SOURCE = "BCA, CVPR 2025 (paper Algorithm 1; public code's two thresholds)"
 # U [M, d], V [M, K], C1 and C2 [M], at M = K (CLIP holds the same, unadapted)
 _BCA_WORDS = "K*d + K*K + 2*K"
+_BCA_STATE = ("U", "V", "C1", "C2")
 
 CARDS = (
     MethodCard(
         "clip", "CLIP", 0, "clip", "nothing: softmax(logit_scale · U f) summed into the K classes",
-        "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"), state_words=_BCA_WORDS,
-        source="CLIP zero-shot classification", lockstep=_BCA_VIEWS["lockstep"], samples_per_s=27783.0, gpu_samples_per_s=36826.0),
+        "orchestrator.methods.bca.method:Clip", (LOGIT_SCALE,), baseline=True, state=("U", "V"),
+        cost=Cost(samples_per_s=27783.0, gpu_samples_per_s=36826.0, state_words=_BCA_WORDS),
+        lockstep=_BCA_LOCKSTEP, source="CLIP zero-shot classification"),
     MethodCard(
         "la", "CLIP+LA", 10, "bca", "class embeddings U only (CLIP with LA)",
-        "orchestrator.methods.bca.method:LikelihoodAdaptation",
-        (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS), state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS, source=_BCA_SOURCE,
-        **_BCA_VIEWS, samples_per_s=25731.0, gpu_samples_per_s=36826.0),
+        "orchestrator.methods.bca.method:LikelihoodAdaptation", (TAU, TAU_LIKELIHOOD, N1, LOGIT_SCALE, *_OPTIONS),
+        inputs="either", views=_BCA_VIEWS, state=_BCA_STATE,
+        cost=Cost(samples_per_s=25731.0, gpu_samples_per_s=36826.0, state_words=_BCA_WORDS),
+        lockstep=_BCA_LOCKSTEP, source=_BCA_SOURCE),
     MethodCard(
         "pa", "CLIP+PA", 20, "bca", "prior V only (CLIP with PA)", "orchestrator.methods.bca.method:PriorAdaptation",
-        (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2", state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS,
-        source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=22292.0, gpu_samples_per_s=36826.0),
+        (TAU, TAU_PRIOR, N2, LOGIT_SCALE, *_OPTIONS), inputs="either", views=_BCA_VIEWS, state=_BCA_STATE,
+        prior=Prior(count="n2"), cost=Cost(samples_per_s=22292.0, gpu_samples_per_s=36826.0, state_words=_BCA_WORDS),
+        lockstep=_BCA_LOCKSTEP, source=_BCA_SOURCE),
     MethodCard(
         "bca", "BCA", 30, "bca", "both U and V (Algorithm 1)", "orchestrator.methods.bca.method:BCA",
-        (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), prior=True, prior_count="n2",
-        state=("U", "V", "C1", "C2"), state_words=_BCA_WORDS, source=_BCA_SOURCE, **_BCA_VIEWS, samples_per_s=19314.0, gpu_samples_per_s=36826.0),
+        (TAU, TAU_LIKELIHOOD, TAU_PRIOR, N1, N2, LOGIT_SCALE, *_OPTIONS), inputs="either", views=_BCA_VIEWS,
+        state=_BCA_STATE, prior=Prior(count="n2"),
+        cost=Cost(samples_per_s=19314.0, gpu_samples_per_s=36826.0, state_words=_BCA_WORDS),
+        lockstep=_BCA_LOCKSTEP, source=_BCA_SOURCE),
 )

@@ -17,7 +17,7 @@ Augmented views [n, V, d] (view 0 the original; la, pa and bca), by `view_select
 - 'fixed' (TDA's rule): the views are selected once, against the prompt embeddings, exactly as
   `orchestrator.clip.select_views` selects them for every single-view method (class-summed posteriors at
   CLIP's logit scale 100, which TDA's pipeline hard-codes), then the blocked engine runs on their means.
-  The trial hands such runs those means directly (the card's views_when).
+  The trial hands such runs those means directly (the card's `Views.when`).
 The two agree while U has not moved. A single view ([n, 1, d]) is the single-view path.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.methods.tda.card import FAMILY, TDA_STATE, TDA_WORDS
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 # BoostAdapter's configs/*.yaml: positive cache (alpha, beta) and delta (imagenet.yaml has no delta: unused
 # there, ImageNet runs with one view); the cache query is view 0 on the cross-domain sets (`infer_ori_image`)
@@ -39,8 +39,9 @@ CARDS = (
                    per_dataset=dict.fromkeys(("imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"), 'confident')),
             LOGIT_SCALE,
         ),
-        inputs='views', views='crops', single_view_datasets=('imagenet',), state=TDA_STATE, state_words=TDA_WORDS + ' + K*d',
+        inputs='views', views=Views('crops', single_datasets=('imagenet',)), state=TDA_STATE,
+        cost=Cost(samples_per_s=780.0, gpu_samples_per_s=9594.0, state_words=TDA_WORDS + ' + K*d'),
         source='taolinzhang/BoostAdapter@9983e1a runner.py (run_test_tda, boostadapter mode), utils.py, configs/; views: '
                'utils.py:155-168 build_test_data_loader, AugMixAugmenter(augmix=False) (utils.py:122, 131) on all but ImageNet',
-        lockstep="orchestrator.methods.boostadapter.lockstep:run_boostadapter_lockstep", samples_per_s=780.0, gpu_samples_per_s=9594.0),
+        lockstep=Lockstep("orchestrator.methods.boostadapter.lockstep:run_boostadapter_lockstep")),
 )

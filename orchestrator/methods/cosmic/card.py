@@ -4,7 +4,7 @@ dataset and its scripts' shots (16 on ImageNet and its variants, 8 on the cross-
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 # hf618/COSMIC configs_l/<dataset>.yaml positive: (alpha, beta), the clique logits' weight and sharpness
 _CLIQUE = {
@@ -50,14 +50,14 @@ CARDS = (
                    low=0.0),
             LOGIT_SCALE,
         ),
-        inputs="views", views="augmix", group_views={"ood": "crops"}, view_count=8,
+        inputs="views", views=Views("augmix", count=8, groups={"ood": "crops"}),
         state=("memory", "memory_entropy", "memory_count", "dino_keys", "dino_loss", "dino_count"),
         # the CLIP memory [K, memory_size, d], its entropies and int64 counts, the text prototypes; the DINOv2 cache's
         # keys [K, dino_shot, a], losses and int64 counts (a: the auxiliary encoder's width). Besides these, the two
         # graphs' cliques and anchors, whose number the data decide (about one clique per node: 2K of width d for
         # CLIP's graph, K of width a for DINOv2's), are counted at that estimate.
-        state_words="K*memory_size*d + K*memory_size + K*d + 2*K + K*dino_shot*a + K*dino_shot + 2*K "
-                    "+ 2*K*d + K*a",
+        cost=Cost(state_words="K*memory_size*d + K*memory_size + K*d + 2*K + K*dino_shot*a + K*dino_shot + 2*K "
+                              "+ 2*K*d + K*a"),
         auxiliary=("dinov2",),
         source="hf618/COSMIC@34fde07 cosmic_main.py (direct_inference), utils/DualMems.py (update_memory_bank, "
                "get_image_pred with center_type_clip attn, position all), utils/utils_cosmic.py (update_cache, "

@@ -5,7 +5,7 @@ per dataset (the ViT-B/16 entries)."""
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 # whynotcooper/dlae configs/<dataset>.yaml, as main_dlae.py reads them for ViT-B/16: positive alpha, beta,
 # learning_rate text (both residuals' rate) and align, belta[0] (the logit adjustment), alpha1[1] (the
@@ -67,14 +67,14 @@ CARDS = (
                    choices=("original", "confident"), per_dataset={"imagenet-a": "confident"}),
             LOGIT_SCALE,
         ),
-        inputs="views", views="crops",
-        dataset_views={"imagenet-r": "augmix", "dtd": "augmix", "aircraft": "augmix", "cars": "augmix",
-                       "sun397": "augmix", "food101": "augmix", "eurosat": "single", "pets": "single",
-                       "flowers102": "single", "caltech101": "single"},
+        inputs="views",
+        views=Views("crops", datasets={"imagenet-r": "augmix", "dtd": "augmix", "aircraft": "augmix", "cars": "augmix",
+                                       "sun397": "augmix", "food101": "augmix", "eurosat": "single", "pets": "single",
+                                       "flowers102": "single", "caltech101": "single"}),
         state=("text", "text_updates", "counter", "confidence", "cache_keys", "cache_loss", "cache_time"),
         # the initial and the global prototypes [K, d], the cache's keys [K, shot, d], losses, int64 times and
         # counts, the class counters (int64 pseudo-labels, float mean confidence, int64 confidence counts)
-        state_words="2*K*d + K*shot*d + 3*K*shot + 7*K",
+        cost=Cost(state_words="2*K*d + K*shot*d + 3*K*shot + 7*K"),
         source="whynotcooper/dlae@253163b main_dlae.py (run_test_dlae, update_cache, cache_key_value), utils.py "
                "(get_clip_logits_2, get_clip_logits_3, logits_adjustment), configs/ (ViT-B/16 entries); views: "
                "utils.py build_test_data_loader: 63 crops on ImageNet, -A, -V2, -Sketch and UCF101, 63 AugMix views "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -16,8 +16,11 @@ CARDS = (
             HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views that choose the pseudo-label', 'threshold', low=0.0, high=1.0, low_open=True),
             LOGIT_SCALE,
         ),
-        inputs='views', views='augmix', group_views={'ood': 'crops'}, view_count=32, state=('memory', 'memory_entropy', 'memory_count'),
-        state_words='K*memory_size*d + K*memory_size + K*d + 2*K',  # memory, its entropies, prototypes, int64 counts
+        inputs='views', views=Views('augmix', count=32, groups={'ood': 'crops'}),
+        state=('memory', 'memory_entropy', 'memory_count'),
+        # memory, its entropies, prototypes, int64 counts
+        cost=Cost(samples_per_s=325.0, gpu_samples_per_s=8658.0,
+                  state_words='K*memory_size*d + K*memory_size + K*d + 2*K'),
         source='YBZh/DMN@c6c218c70ebbc701b31cc3d7f7b9597117daad8e dmn_main.py (DualMem, direct_inference); views: dmn_main.py:419-420 AugMixAugmenter(n_views=batch_size - 1, augmix=len(set_id) > 1) with bs=32 (scripts/run.sh:12): 31 crops on ImageNet and its variants, 31 AugMix views on the cross-domain sets',
-        lockstep="orchestrator.methods.dmn_zs.lockstep:run_dmn_lockstep", samples_per_s=325.0, gpu_samples_per_s=8658.0),
+        lockstep=Lockstep("orchestrator.methods.dmn_zs.lockstep:run_dmn_lockstep")),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 _DOTA = {
     "imagenet": (1e-4, 0.2, 0.005), "imagenet-a": (1e-4, 0.5, 0.02), "imagenet-v2": (1e-4, 0.1, 0.01),
@@ -27,11 +27,11 @@ CARDS = (
          HParam("keep", "float", 0.1, "fraction of the views kept (lowest entropy; at least one)", "rate", low=0.0,
                 high=1.0, low_open=True),
          LOGIT_SCALE),
-        inputs="views", views="augmix", view_scope="protocol", state=("mu", "sigma", "counts", "precision"),
-        source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); views: utils.py:156-168 build_test_data_loader, 64 "
-               "AugMix views on ImageNet-A/-V2/-R/-Sketch, the original view elsewhere",
-        lockstep="orchestrator.methods.dota.lockstep:run_dota_lockstep", samples_per_s=5.0, gpu_samples_per_s=4664.0,
+        inputs="views", views=Views("augmix", scope="protocol"), state=("mu", "sigma", "counts", "precision"),
         # text, mu [K, d], scatter [K, d, d], the shared precision's factor and an identity [d, d], counts [K], two
         # float64 scalars
-        state_words="K*d*d + 2*d*d + 2*K*d + K + 4"),
+        cost=Cost(samples_per_s=5.0, gpu_samples_per_s=4664.0, state_words="K*d*d + 2*d*d + 2*K*d + K + 4"),
+        lockstep=Lockstep("orchestrator.methods.dota.lockstep:run_dota_lockstep"),
+        source="skylineeeeen/DOTA@bc67d44 (dota.py, configs/vit/); views: utils.py:156-168 build_test_data_loader, 64 "
+               "AugMix views on ImageNet-A/-V2/-R/-Sketch, the original view elsewhere"),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -22,10 +22,11 @@ CARDS = (
             HParam('state_dtype', 'str', 'float32', 'dtype of the residuals and their AdamW step: float32 (default: float16\'s underflow belongs to the dtype, not the method) or float16 as the official code (main_dpe.py:163, 171, 177; its AdamW second moment underflows, a step reaches about 5 lr)', 'choice', choices=('float32', 'float16')),
             HParam('predict_views', 'str', 'original', 'predict on the original view or on the re-selected confident views', 'choice', choices=('original', 'confident'), per_dataset={'imagenet-a': 'confident'}),
         ),
-        inputs='views', views='augmix', view_scope='protocol', group_views={'ood': 'augmix'}, state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
+        inputs='views', views=Views('augmix', scope='protocol', groups={'ood': 'augmix'}),
+        state=('text', 'text_updates', 'cache_keys', 'cache_entropy'),
         # prototypes and the cache mean [K, d], cache keys [K, shot, d] with their flat copy, its int64 classes and
         # entropies, bool flags [K]
-        state_words='2*K*shot*d + 2*K*d + 3*K*shot + K/4',
+        cost=Cost(samples_per_s=106.0, gpu_samples_per_s=5551.0, state_words='2*K*shot*d + 2*K*d + 3*K*shot + K/4'),
         source='zhangce01/DPE-CLIP@fecae5a50d7dc39fb944221be390201a56948416 main_dpe.py, utils.py, configs/; views: utils.py:201-210 build_test_data_loader gives ImageNet and its variants get_preprocess() (utils.py:177, 63 AugMix views + the original), the cross-domain sets the plain preprocess (utils.py:212-215)',
-        lockstep="orchestrator.methods.dpe.lockstep:run_dpe_lockstep", samples_per_s=106.0, gpu_samples_per_s=5551.0),
+        lockstep=Lockstep("orchestrator.methods.dpe.lockstep:run_dpe_lockstep")),
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -19,10 +19,10 @@ CARDS = (
                 "(it indexes the entropy ranking by prompt ids), intended = the prompts whose entropy is below and "
                 "whose probability difference is above the fresh prompt's", "choice", choices=("code", "intended")),
          LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"},
+        inputs="views", views=Views("augmix", groups={"ood": "crops"}),
         # its step backpropagates through the chosen prompts a block at a time, from one prompt up: TPT's memory;
         # its state: TPT's class prompts and the buffer's context offsets [prompts, 4, w]
-        text_encoder=TEXT, state_words=PROMPT_WORDS + " + prompts*4*w",
+        text_encoder=TEXT, cost=Cost(state_words=PROMPT_WORDS + " + prompts*4*w"),
         source="zzzx1224/DynaPrompt@acd33cf dynap_classification.py (test_time_tuning, test_time_adapt_eval), "
                "clip/custom_clip_lessctx.py (PromptLearner with num_p prompts, ctx_order, ctx_use), run_dynap.sh and "
                "scripts/test_dynap.sh (num_p 12, lr 5e-3, 64 views, --selection_p 0.1); views: AugMixAugmenter("

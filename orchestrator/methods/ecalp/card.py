@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard
 
 CARDS = (
     MethodCard(
@@ -25,5 +25,6 @@ CARDS = (
         # per sample seen: its two d-vectors, k-NN list and text neighbours (similarities and int64 indices), a
         # carried value and class; its buffers grow by doubling (up to twice this); the texts [K, d]. graph:
         # official keeps k_image + 2 list entries, 6 words a sample more than this
-        state_words="n*(2*d + 3*k_image + 3*k_text + 3) + K*d + d", samples_per_s=18.0, gpu_samples_per_s=295.0),
+        cost=Cost(samples_per_s=18.0, gpu_samples_per_s=295.0,
+                  state_words="n*(2*d + 3*k_image + 3*k_text + 3) + K*d + d")),
 )

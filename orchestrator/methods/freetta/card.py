@@ -4,7 +4,7 @@ E-step takes CLIP's zero-shot prediction as the prior; written from the paper (n
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard
 
 # The paper tunes alpha and beta per dataset in its supplementary, which was not at hand: these defaults are not
 # the paper's. They are set by the scales the two act on: alpha = 0.1 lets the discriminant's logits, which grow
@@ -27,7 +27,7 @@ CARDS = (
         ),
         state=("means", "counts", "total", "covariance"),
         # the means [K, d], counts [K], the total weight t and the shared covariance [d, d]; the text [K, d]
-        state_words="2*K*d + K + 1 + d*d",
+        cost=Cost(state_words="2*K*d + K + 1 + d*d"),
         source="from the paper: Dai & Yang, CVPR 2025, \"Free on the Fly: Enhancing Flexibility in Test-Time "
                "Adaptation with Online EM\" (arXiv 2507.06973), reconstructed from its abstract (Gaussian "
                "discriminant analysis, online EM with the zero-shot prior, entropy weighting, fusion): its method "

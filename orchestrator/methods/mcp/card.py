@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 # CenturyChen/MCP configs/<dataset>.yaml: the positive caches' (alpha, beta); every config has align_shot 10,
 # entropy_shot 10, negative shot_capacity 3, alpha 0.117, beta 1.0 and TDA's entropy / mask thresholds.
@@ -47,14 +47,14 @@ _MCP_HPARAMS = (
     LOGIT_SCALE,
 )
 _VIEWS_AND_STATE = dict(
-    inputs="views", views="augmix", group_views={"ood": "crops"}, view_count=32,
+    inputs="views", views=Views("augmix", count=32, groups={"ood": "crops"}),
     state=("entropy_keys", "entropy_loss", "align_keys", "align_loss", "neg_keys", "neg_loss", "neg_values",
            "memory", "prototypes"),
     # caches' keys [K, shot, d] and losses [K, shot], the negative masks [K, neg_shot, K], their int64 counts;
     # the cached features [K, entropy_shot + align_shot, d], the prototypes [K, d] with their bool flags, the
     # text [K, d]
-    state_words="2*K*(entropy_shot + align_shot)*d + K*neg_shot*d + K*(entropy_shot + align_shot + neg_shot) "
-                "+ K*neg_shot*K + 6*K + 2*K*d + K/4",
+    cost=Cost(state_words="2*K*(entropy_shot + align_shot)*d + K*neg_shot*d "
+                          "+ K*(entropy_shot + align_shot + neg_shot) + K*neg_shot*K + 6*K + 2*K*d + K/4"),
     source="CenturyChen/MCP@f9d063f mcp_runner.py (run_test_mcp with --res False, update_cache, "
            "update_align_cache, update_cache_joint, get_cache_pred), utils.py (get_clip_logits, "
            "select_confident_samples), configs/; views: utils.py build_test_data_loader, AugMixAugmenter "

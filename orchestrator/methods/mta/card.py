@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -16,10 +16,11 @@ CARDS = (
                    low=0.0),
             LOGIT_SCALE,
         ),
-        inputs='views', views='crops', state=(), state_words='K*d',
+        inputs='views', views=Views('crops'), state=(),
+        cost=Cost(samples_per_s=5914.0, gpu_samples_per_s=70152.0, state_words='K*d'),
         source='MaxZanella/MTA@cafafdf mta.py (solve_mta), main.py; views: main.py:172-173 AugMixAugmenter(n_views=batch_size - 1, '
                'augmix=len(set_id) > 1 and args.tpt): crops on every dataset (AugMix only with --tpt)',
         # the official run embeds one prompt per class, "a photo of a {}." (main.py:113, 339; custom_clip.py:300-307)
         templates='tpt1',
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=5914.0, gpu_samples_per_s=70152.0),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

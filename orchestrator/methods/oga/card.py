@@ -4,7 +4,7 @@ low-entropy samples, updated on batches of 32 before each batch is predicted."""
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard
 
 # The official estimators of the inverse covariance (OGA_core.py GaussAdapt sig_type), in its spelling's order.
 COV_ESTIMATORS = ("ridge_moore_penrose", "ridge", "moore_penrose")
@@ -30,9 +30,9 @@ CARDS = (
         state=("mus", "inv_sigma", "memory_filled", "memory_entropy"),
         # memory [K, slots, d] with its entropies and bool fill flags, the inverse covariance [d, d], means and
         # prototypes [K, d] (float16: the memory and its entropies take half of this)
-        state_words="K*shot_capacity*d + 1.25*K*shot_capacity + d*d + 2*K*d",
+        cost=Cost(samples_per_s=201.0, gpu_samples_per_s=11896.0,
+                  state_words="K*shot_capacity*d + 1.25*K*shot_capacity + d*d + 2*K*d"),
         source="cfuchs2023/OGA@26b6010 (OGA/OGA_core.py GaussAdapt; runner.py: update_memory on the batch, then "
                "get_log_probs and get_MAP with simplex_p=True; main.py defaults: batch 32, shot_capacity 8, tau 0.05, "
-               "RidgeMoorePenrose, normalize_mu False, the same for every dataset)",
-        samples_per_s=201.0, gpu_samples_per_s=11896.0, batch_size=32),
+               "RidgeMoorePenrose, normalize_mu False, the same for every dataset)", batch_size=32),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard
 
 CARDS = (
     MethodCard(
@@ -21,7 +21,9 @@ CARDS = (
                 low=0.0, high=1.0),
          HParam("n_total", "int", None, "stream length N of the mixing weight's schedule; null: the first run "
                 "call's length", "size", low=1, nullable=True)),
-        state=("W", "rho", "step"), state_words="2*K*d + K", stream_length="n_total",
+        state=("W", "rho", "step"),
+        cost=Cost(samples_per_s=2522.0, gpu_samples_per_s=110222.0, state_words="2*K*d + K"),
+        stream_length="n_total",
         source="idstcv/OnZeta@befef06 (main_online.py); ImageNet only, no per-dataset configs",
-        lockstep="orchestrator.methods.onzeta.lockstep:run_onzeta_lockstep", samples_per_s=2522.0, gpu_samples_per_s=110222.0),
+        lockstep=Lockstep("orchestrator.methods.onzeta.lockstep:run_onzeta_lockstep")),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -18,10 +18,10 @@ CARDS = (
                 per_dataset=dict.fromkeys(("imagenet", "imagenet-a", "imagenet-v2", "imagenet-r", "imagenet-sketch"),
                                           2.0)),
          LOGIT_SCALE),
-        inputs="views", views="augmix", text_encoder=TEXT, state_words=PROMPT_WORDS,
+        inputs="views", views=Views("augmix"), text_encoder=TEXT, cost=Cost(state_words=PROMPT_WORDS),
         source="ashshaksharifdeen/O-TPT@a09933f otpt_classification.py (test_time_tuning, run_type tpt_otpt: the "
                "Householder term), clip/custom_clip_iptp_bas.py (get_text_features, textfeatures_); "
                "scripts/test_tpt_otpt_fg.sh (lambda 18) and test_tpt_otpt_ds.sh (lambda 2, --I_augmix: AugMix views "
                "on ImageNet and its variants too)",
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -22,10 +22,10 @@ CARDS = (
                 "the code's evident intent), code = similarities >= 1.0 (the code's literal mask, which keeps a view's "
                 "own similarity wherever rounding puts it below 1)", "choice", choices=("self", "code")),
          LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT, state_words=PROMPT_WORDS,
-        gpu_samples_per_s=1.93,
+        inputs="views", views=Views("augmix", groups={"ood": "crops"}), text_encoder=TEXT,
+        cost=Cost(gpu_samples_per_s=1.93, state_words=PROMPT_WORDS),
         source="TomSheng21/R-TPT@961483d rtpt.py (test_time_tuning, entropy_avg, get_top_sim, test_time_adapt_eval); "
                "views: AugMixAugmenter(n_views=batch_size - 1, augmix=len(dset) > 1): crops on ImageNet and its "
                "variants, AugMix on the cross-domain sets",
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.methods.transclip.card import PER_BATCH, TRANSDUCTIVE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.methods.transclip.card import PER_BATCH, PER_BATCH_WORDS, TRANSDUCTIVE
+from orchestrator.registry.card import Cost, HParam, MethodCard
 
 CARDS = (
     MethodCard(
@@ -15,7 +15,7 @@ CARDS = (
          HParam("soft_beta", "bool", False, "n_k as the soft mass sum_i z_ik instead of the count of samples "
                 "predicted k (official default: counts)", "flag"),
          *TRANSDUCTIVE),
-        **PER_BATCH, samples_per_s=117.0, gpu_samples_per_s=6152.0,
+        **PER_BATCH, cost=Cost(samples_per_s=117.0, gpu_samples_per_s=6152.0, state_words=PER_BATCH_WORDS),
         source="MaxZanella/StatA@eea8637 solvers/StatA.py, main.py (--online, get_hp); every dataset alike "
                "(script/StatA_online.sh); batch 128 from the README's table and script/StatA_online.sh (main.py's "
                "--batch_size default and one README command say 64)"),

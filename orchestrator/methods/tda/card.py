@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.methods.bca.card import N2, TAU
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Prior, Views
 
 # TDA's positive cache per dataset (pos_alpha, pos_beta), from its public configs.
 _TDA_POSITIVE = {
@@ -39,16 +39,19 @@ _TDA_SOURCE = ("kdiAAA/TDA@e697fb0 (tda_runner.py, utils.py, configs/); views: u
 _STATE_DTYPE = HParam("state_dtype", "str", "float32", "dtype of the features, logits, caches and cache logits: "
                       "float32 (default: float16's rounding belongs to the dtype, not the method) or float16 as the "
                       "official code", "choice", choices=("float32", "float16"))
-_TDA_LOCKSTEP = "orchestrator.methods.tda.lockstep:run_tda_lockstep"
+_TDA_LOCKSTEP = Lockstep("orchestrator.methods.tda.lockstep:run_tda_lockstep")
 FAMILY = "tda"  # the chart colour family of TDA and the methods built on its caches
 
 CARDS = (
     MethodCard(
-        "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA", (*_TDA, _STATE_DTYPE),
-        state=TDA_STATE, state_words=TDA_WORDS, source=_TDA_SOURCE, inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=2816.0, gpu_samples_per_s=19119.0),
+        "tda", "TDA", 40, FAMILY, "positive / negative feature caches", "orchestrator.methods.tda.method:TDA",
+        (*_TDA, _STATE_DTYPE), inputs="either", views=Views("augmix"), state=TDA_STATE,
+        cost=Cost(samples_per_s=2816.0, gpu_samples_per_s=19119.0, state_words=TDA_WORDS), lockstep=_TDA_LOCKSTEP,
+        source=_TDA_SOURCE),
     MethodCard(
         "tda_pa", "TDA+PA", 50, FAMILY, "TDA's caches + BCA's prior", "orchestrator.methods.tda.method:TDAWithPrior",
-        (*_TDA, TAU, N2), prior=True, prior_count="n2", state=(*TDA_STATE, "V", "C2"),
-        state_words=TDA_WORDS + " + K*K + K",
-        source=_TDA_SOURCE + "; BCA's Eq. 9", inputs="either", views="augmix", lockstep=_TDA_LOCKSTEP, samples_per_s=1471.0, gpu_samples_per_s=12071.0),
+        (*_TDA, TAU, N2), inputs="either", views=Views("augmix"), state=(*TDA_STATE, "V", "C2"),
+        prior=Prior(count="n2"),
+        cost=Cost(samples_per_s=1471.0, gpu_samples_per_s=12071.0, state_words=TDA_WORDS + " + K*K + K"),
+        lockstep=_TDA_LOCKSTEP, source=_TDA_SOURCE + "; BCA's Eq. 9"),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -14,7 +14,8 @@ CARDS = (
             HParam('keep', 'float', 0.1, 'fraction of lowest-entropy views in the loss', 'threshold', low=0.0, high=1.0, low_open=True),
             LOGIT_SCALE,
         ),
-        inputs='views', views='augmix', group_views={'ood': 'crops'}, state=(), state_words='2*K*d + 2*K',
+        inputs='views', views=Views('augmix', groups={'ood': 'crops'}), state=(),
+        cost=Cost(samples_per_s=589.0, gpu_samples_per_s=56566.0, state_words='2*K*d + 2*K'),
         source='elaine-sui/TPS@556db0fe310f029fc7b796ffa83eaa64c578b505 shift_classification.py, model/shifter.py; views: shift_classification.py:98-99 AugMixAugmenter(n_views=batch_size - 1, augmix=len(set_id) > 1): crops on ImageNet and its variants (one-letter set ids), AugMix on the cross-domain sets',
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=589.0, gpu_samples_per_s=56566.0),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard, TextEncoderUse
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, TextEncoderUse, Views
 
 # The hparams TPT, C-TPT and R-TPT share (their official scripts' defaults: tpt_classification.py's argparse).
 LR = HParam("lr", "float", 5e-3, "AdamW learning rate of the context tokens (--lr)", "rate", low=0.0, low_open=True,
@@ -25,10 +25,10 @@ CARDS = (
         "tpt", "TPT", 140, "prompt", "the prompt's 4 context tokens, one AdamW step per sample on the confident "
         "views' entropy, reset every sample (episodic; CLIP's text encoder runs at test time)",
         "orchestrator.methods.tpt.method:TPT", (LR, STEPS, KEEP, LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT, state_words=PROMPT_WORDS,
-        gpu_samples_per_s=1.91,
+        inputs="views", views=Views("augmix", groups={"ood": "crops"}), text_encoder=TEXT,
+        cost=Cost(gpu_samples_per_s=1.91, state_words=PROMPT_WORDS),
         source="azshue/TPT@16e2967 tpt_classification.py (test_time_tuning, test_time_adapt_eval), "
                "clip/custom_clip.py (PromptLearner, TextEncoder); views: AugMixAugmenter(n_views=batch_size - 1, "
                "augmix=len(set_id) > 1): crops on ImageNet and its variants, AugMix on the cross-domain sets",
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep"),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 # StatA's online comparison: batches of 128 in its README's table and script/StatA_online.sh, the default here;
 # upstream is ambiguous, main.py's --batch_size default and one README command say 64
@@ -23,7 +23,8 @@ TRANSDUCTIVE = (
 )
 # what every per-batch card of StatA's comparison shares: no state between batches but the text embeddings, batches
 # of 128, StatA's single-view datasets
-PER_BATCH = dict(state=(), state_words="K*d", batch_size=STATA_BATCH, single_view_datasets=STATA_SINGLE_VIEW)
+PER_BATCH = dict(views=Views(single_datasets=STATA_SINGLE_VIEW), batch_size=STATA_BATCH, state=())
+PER_BATCH_WORDS = "K*d"
 
 CARDS = (
     MethodCard(
@@ -33,7 +34,7 @@ CARDS = (
         (HParam("mu_init", "str", "text", "initial class means: text (the text embeddings, StatA's solver) or "
                 "confident (each class's 8 most confident samples, TransCLIP's own code)", "choice",
                 choices=("text", "confident")), *TRANSDUCTIVE),
-        **PER_BATCH, samples_per_s=138.0, gpu_samples_per_s=8012.0,
+        **PER_BATCH, cost=Cost(samples_per_s=138.0, gpu_samples_per_s=8012.0, state_words=PER_BATCH_WORDS),
         source="MaxZanella/StatA@eea8637 solvers/TransCLIP.py, main.py get_hp (as StatA compares it; "
                "MaxZanella/transduction-for-vlms@6a9e8f3 TransCLIP_solver is the original, means from confident "
                "samples)"),

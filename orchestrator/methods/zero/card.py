@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -18,8 +18,9 @@ CARDS = (
          HParam("state_dtype", "str", "float32", "dtype of the features and logits: float32 (default: float16's "
                 "rounding belongs to the dtype, not the method) or float16 as the official code (half CLIP under "
                 "autocast, its zero temperature float16's eps: soft votes)", "choice", choices=("float32", "float16"))),
-        inputs="views", views="crops", state_words="0",
+        inputs="views", views=Views("crops"),
+        cost=Cost(samples_per_s=6064.0, gpu_samples_per_s=83128.0, state_words="0"),
         source="FarinaMatteo/zero (ttas/zero.py); views: data/augs.py:57-67 get_transforms gives every dataset "
                "MultiViewCropAndFlip (data/augs.py:43, 63 random resized crops + flips and the original)",
-        lockstep="orchestrator.methods.episodic:run_episodic_lockstep", samples_per_s=6064.0, gpu_samples_per_s=83128.0),
+        lockstep=Lockstep("orchestrator.methods.episodic:run_episodic_lockstep")),
 )

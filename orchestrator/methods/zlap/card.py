@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.methods.transclip.card import PER_BATCH
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.methods.transclip.card import PER_BATCH, PER_BATCH_WORDS
+from orchestrator.registry.card import Cost, HParam, MethodCard
 
 CARDS = (
     MethodCard(
@@ -18,7 +18,7 @@ CARDS = (
                 "weight", low=0.0, high=1.0, high_open=True),
          HParam("solver", "str", "cg", "cg: the official conjugate gradients (stop at residual 1e-6, 50 steps); "
                 "exact: the linear system solved (the paper's L^-1)", "choice", choices=("cg", "exact"))),
-        **PER_BATCH, samples_per_s=1444.0, gpu_samples_per_s=29295.0,
+        **PER_BATCH, cost=Cost(samples_per_s=1444.0, gpu_samples_per_s=29295.0, state_words=PER_BATCH_WORDS),
         source="MaxZanella/StatA@eea8637 solvers/ZLaP.py, main.py get_hp (k 5, gamma 5, alpha 0.3, scale_sim off), "
                "from vladan-stojnic/ZLaP@89ab14b zlap.py do_transductive_lp; no per-dataset values"),
 )
