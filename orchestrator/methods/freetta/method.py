@@ -23,9 +23,9 @@ Trace: selected = argmax gamma, gated always True (every sample updates, by its 
 What the paper leaves open and this chooses: the posterior that drives the M-step is the fused one (step 3, the
 zero-shot prior times the likelihood), not the GDA's alone; the covariance is the weighted average of the initial
 I and the samples' scatter about the updated means, normalised by the total weight, so it stays positive definite
-and the initial I fades as 1/t; the means are not renormalised. The paper's supplementary gives a trace-regularised
-inverse and its per-dataset alpha and beta; neither was at hand, so the plain inverse is used and the defaults are
-not the paper's (the card says so). S^-1 mu is solved through S's Cholesky factor in float32. Cost per sample: a
+and the initial I fades as 1/t; the means are not renormalised. Reimplementations mention a trace-regularised
+inverse, and the paper's alpha and beta were not at hand; the plain inverse is used and the defaults are not the
+paper's (the card says why). S^-1 mu is solved through S's Cholesky factor in float32. Cost per sample: a
 d x d Cholesky factorisation and K solves against it, and the K-term scatter (O(K d^2)).
 """
 
