@@ -9,7 +9,8 @@ images at its official batch size (`--batch` overrides it), after one warm-up ba
 - images/s over `--batches` timed batches (each batch adapted, then predicted, as a sweep's trial runs it);
 - peak memory: the device's peak allocation on a GPU (reset per method), the process's peak resident set on a CPU
   (which only grows, so read it per method on a GPU);
-- the card's `mb_per_image` times the batch, the memory plan's figure, beside it.
+- the card's `mb_per_image` times the batch (plus `text_mb_per_class` times K where the method adapts the text
+  tower too, BATCLIP), the memory plan's figure, beside it.
 
 A method its card refuses on a tower (WATT on RN50: it adapts LayerNorms only) says so. Timings are wall-clock on a
 possibly shared machine: compare within one run. `docs/performance.md` says what bounds each.
@@ -73,10 +74,12 @@ def measure(card, tower: str, K: int, batch: int | None, batches: int, device: s
     method.run(images[b:])
     _sync(device)
     rate = batches * b / (time.perf_counter() - start)
-    plan = card.image_encoder.mb_per_image * b
+    use = card.image_encoder
+    plan = use.mb_per_image * b + (use.text_mb_per_class or 0) * K
+    text = f" + {use.text_mb_per_class:g} MB per class for the text tower" if use.text_mb_per_class else ""
     kind = "GPU peak" if device.startswith("cuda") else "process peak RSS"
     return (f"  {card.name:<9} {tower:<13} batch {b:>3}: {rate:,.1f} images/s, {_peak_mb(device):,.0f} MB ({kind}); "
-            f"card's plan {plan:,.0f} MB ({card.image_encoder.mb_per_image:g} MB per image, ViT-B/16)")
+            f"card's plan {plan:,.0f} MB ({use.mb_per_image:g} MB per image{text}, ViT-B/16)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,7 +65,9 @@ def _cost(card) -> str:
                      f"{card.text_encoder.device})")
     if card.image_encoder is not None:
         parts.append(f"a forward and backward of the image encoder per image per step, "
-                     f"{card.image_encoder.mb_per_image:g} MB per image (ViT-B/16, {card.image_encoder.device})")
+                     f"{card.image_encoder.mb_per_image:g} MB per image (ViT-B/16, {card.image_encoder.device})"
+                     + (f", its text tower's {card.image_encoder.text_mb_per_class:g} MB per class"
+                        if card.image_encoder.text_mb_per_class is not None else ""))
     return "; ".join(parts) or "-"
 
 

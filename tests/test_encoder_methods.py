@@ -157,16 +157,21 @@ def test_what_the_methods_refuse():
 
 
 def test_the_cards_memory_per_image_is_the_measured_one():
-    """The cards' mb_per_image is the activation memory one image's step keeps through ViT-B/16's vision tower."""
+    """The cards' mb_per_image is the activation memory one image's step keeps through ViT-B/16's vision tower;
+    BATCLIP's text_mb_per_class, one class prompt's through its text tower with the norm layers trainable."""
     import open_clip
 
     from orchestrator.methods.encoder import saved_bytes_per_image
-    from orchestrator.registry import method_card
+    from orchestrator.methods.prompt import TextTower
+    from orchestrator.registry import method_card, method_cards
 
-    visual = open_clip.create_model("ViT-B-16", pretrained=None).visual
-    measured = saved_bytes_per_image(visual, 224) / 2**20
+    model = open_clip.create_model("ViT-B-16", pretrained=None)
+    measured = saved_bytes_per_image(model.visual, 224) / 2**20
     for name in ("tent", "sar", "deyo", "watt"):
         assert method_card(name).image_encoder.mb_per_image == round(measured, 1)
+    per_class = TextTower(model).saved_bytes_per_prompt(77, norm=True) / 2**20
+    assert method_card("batclip").image_encoder.text_mb_per_class == round(per_class, 1)
+    assert [c.name for c in method_cards() if c.image_encoder and c.image_encoder.text_mb_per_class] == ["batclip"]
 
 
 def lora_tent(lora):

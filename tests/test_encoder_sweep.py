@@ -133,8 +133,9 @@ def test_the_dry_run_says_what_the_encoder_methods_need(tmp_path, data):
     assert "methods adapting CLIP's image encoder on the images (one trial per run, never packed" in r.stdout
     assert "  sar at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine parameters), " \
            "wants any device, 396.2 MB per image (~24.8 GB at batch size 64)" in r.stdout
-    assert "  batclip at batch size 64: CLIP's image encoder adapted at test time (its norm layers' affine " \
-           "parameters), running its text tower too, wants any device" in r.stdout
+    assert "  batclip at batch size 64 on 47 classes: CLIP's image encoder adapted at test time (its norm layers' " \
+           "affine parameters), running its text tower too, wants any device, 396.2 MB per image (~24.8 GB at batch " \
+           "size 64) and 18.1 MB per class for its text tower (~0.8 GB at K = 47)" in r.stdout
 
 
 def test_the_spec_refuses_shards_of_a_continual_run_fp16_on_a_cpu_and_synthetic_data(tmp_path, data):

@@ -27,6 +27,7 @@ the plain per-sample loop the tests compare with.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.methods.base import Trace
+from orchestrator.methods.encoder import norm_parameters
 from orchestrator.methods.episodic import Episodic
 
 CTX_INIT = "a photo of a"  # the official scripts' --ctx_init a_photo_of_a (TPT, C-TPT, R-TPT, DynaPrompt)
@@ -80,9 +82,15 @@ class TextTower(torch.nn.Module):
             return self.text_projection(x)
         return x @ self.text_projection
 
-    def saved_bytes_per_prompt(self, length: int) -> int:
+    def saved_bytes_per_prompt(self, length: int, norm: bool = False) -> int:
         """Bytes autograd keeps for one prompt of `length` tokens through this tower (its activation memory per
-        class in a tuning step), counted on a one-prompt pass."""
+        class in a tuning step), counted on a one-prompt pass; `norm`: with the tower's norm layers' affine
+        parameters trainable instead of the tokens' embeddings (BATCLIP adapts them)."""
+        tower = self
+        if norm:
+            tower = copy.deepcopy(self)
+            for _, p in norm_parameters(tower):
+                p.requires_grad_(True)
         total = 0
 
         def keep(t: torch.Tensor) -> torch.Tensor:
@@ -91,9 +99,9 @@ class TextTower(torch.nn.Module):
                 total += t.numel() * t.element_size()
             return t
 
-        x = torch.zeros(1, length, self.width, device=self.positional_embedding.device, requires_grad=True)
+        x = torch.zeros(1, length, self.width, device=self.positional_embedding.device, requires_grad=not norm)
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            self(x, torch.zeros(1, dtype=torch.int64, device=x.device)).sum()
+            tower(x, torch.zeros(1, dtype=torch.int64, device=x.device)).sum()
         return total
 
 

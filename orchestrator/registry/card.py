@@ -263,7 +263,9 @@ class ImageEncoderUse:
     'any'; mb_per_image: activation memory one image's adaptation step keeps, float32, at the ViT-B/16 vision
     tower (a sweep's memory plan: a batch of B images needs about B times it); text_tower: the method also runs
     CLIP's text tower at test time (BATCLIP adapts its norm layers too, CLIPArTT encodes pseudo-captions), so a run
-    is handed it and the class prompts as prompt tuning is (`orchestrator.methods.prompt.PromptText`). Its batch
+    is handed it and the class prompts as prompt tuning is (`orchestrator.methods.prompt.PromptText`);
+    text_mb_per_class: where the method adapts the text tower too (BATCLIP), the activation memory its step keeps per
+    class prompt, float32, at the ViT-B/16 text tower (a step over K classes needs about K times it). Its batch
     size is the card's `batch_size` (None: one image a step), its views the card's `inputs` / `views`."""
 
     params: str
@@ -272,6 +274,7 @@ class ImageEncoderUse:
     device: str = "any"
     text_tower: bool = False
     lora: LoRA | None = None
+    text_mb_per_class: float | None = None
 
     def __post_init__(self) -> None:
         if self.params not in ENCODER_PARAMS:
@@ -284,6 +287,9 @@ class ImageEncoderUse:
             raise ValueError(f"image encoder device must be one of {DEVICES}, got {self.device!r}")
         if not self.mb_per_image > 0:
             raise ValueError(f"image encoder mb_per_image must be > 0, got {self.mb_per_image!r}")
+        if self.text_mb_per_class is not None and not (self.text_tower and self.text_mb_per_class > 0):
+            raise ValueError(f"image encoder text_mb_per_class must be > 0 and needs text_tower, got "
+                             f"{self.text_mb_per_class!r} with text_tower {self.text_tower}")
         if not isinstance(self.episodic, (bool, str)):
             raise ValueError(f"image encoder episodic must be true, false or a bool hparam's name, "
                              f"got {self.episodic!r}")
@@ -292,11 +298,15 @@ class ImageEncoderUse:
         """Whether a run with these (resolved) hparams resets the encoder before every batch."""
         return self.episodic if isinstance(self.episodic, bool) else bool(hparams[self.episodic])
 
-    def describe(self, batch_size: int | None = None) -> str:
+    def describe(self, batch_size: int | None = None, num_classes: int | None = None) -> str:
         """In words, for the plan and the docs."""
         need = f"{self.mb_per_image:g} MB per image"
         if batch_size:
             need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
+        if self.text_mb_per_class is not None:
+            need += f" and {self.text_mb_per_class:g} MB per class for its text tower"
+            if num_classes:
+                need += f" (~{self.text_mb_per_class * num_classes / 1024:,.1f} GB at K = {num_classes})"
         what = {"norm": "its norm layers' affine parameters", "all": "all its parameters",
                 "lora": self.lora and f"LoRA on its attention's {'/'.join(self.lora.targets)} projections, rank "
                                       f"{self.lora.rank}, alpha {self.lora.alpha:g}"}[self.params]

@@ -105,14 +105,22 @@ def _text_encoder_lines(runs: list[Run]) -> list[str]:
 
 def _image_encoder_lines(runs: list[Run]) -> list[str]:
     """The methods that adapt CLIP's image encoder on the images, one trial per run (never packed: each adapts its
-    own copy), with the device they want and their activation memory at each run's batch size."""
+    own copy), with the device they want and their activation memory at each run's batch size (and classes, for a
+    method adapting the text tower too)."""
     from orchestrator.registry import method_card
+    from orchestrator.registry.datasets import DATASETS, dataset_key
 
-    pairs = dict.fromkeys((r.method, r.batch_size) for r in runs if method_card(r.method).image_encoder)
+    def classes(run: Run) -> int | None:
+        key = dataset_key(run.source.dataset)
+        return DATASETS[key].num_classes if key in DATASETS else None
+
+    keys = dict.fromkeys((r.method, r.batch_size, classes(r) if method_card(r.method).image_encoder.text_mb_per_class
+                          else None) for r in runs if method_card(r.method).image_encoder)
     lines = ["methods adapting CLIP's image encoder on the images (one trial per run, never packed; the trial "
-             "decodes the stream's images and loads the backbone's vision tower):"] if pairs else []
-    for method, batch in pairs:
-        lines.append(f"  {method} at batch size {batch}: {method_card(method).image_encoder.describe(batch)}")
+             "decodes the stream's images and loads the backbone's vision tower):"] if keys else []
+    for method, batch, k in keys:
+        at = f" on {k} classes" if k else ""
+        lines.append(f"  {method} at batch size {batch}{at}: {method_card(method).image_encoder.describe(batch, k)}")
     return lines
 
 

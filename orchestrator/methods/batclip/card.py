@@ -22,7 +22,7 @@ CARDS = (
                 "term in Adam)", "rate", low=0.0),
          STEPS, EPISODIC, PRECISION, LOGIT_SCALE),
         batch_size=64, templates="tpt1",
-        image_encoder=ImageEncoderUse("norm", "episodic", NORM_STEP, text_tower=True),
+        image_encoder=ImageEncoderUse("norm", "episodic", NORM_STEP, text_tower=True, text_mb_per_class=18.1),
         source="sarthaxxxxx/BATCLIP@7a3b716 classification/methods/ours.py (OURS.forward_and_adapt, configure_model, "
                "collect_params), utils/losses.py (Entropy, I2TLoss, InterMeanLoss), models/model.py (ZeroShotCLIP: "
                "the text encoder run on the prompts every step), methods/base.py (setup_optimizer, episodic reset), "
