@@ -85,3 +85,22 @@ def test_histpt_refuses_a_hard_top_larger_than_its_memory(text, stream):
     emb, _ = stream
     with pytest.raises(ValueError, match=r"^histpt: hard_top \(5\) must be at most memory_size \(4\)"):
         make_method("histpt", emb, torch.arange(K), K, text=text, memory_size=4, hard_top=5)
+
+
+def test_bca_compare_refuses_histpt_on_the_synthetic_suite_and_fields_it_on_real_datasets(tmp_path):
+    """`bca compare histpt` on the synthetic presets (one generated feature a sample, no text tower) exits 2 saying
+    what to do; on real datasets every comparison's field includes it."""
+    from typer.testing import CliRunner
+
+    from orchestrator import registry
+    from orchestrator.cli import app
+    from orchestrator.compare import suite_spec
+
+    r = CliRunner().invoke(app, ["compare", "histpt", "--results", str(tmp_path / "results")],
+                           env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert r.exit_code == 2, r.output
+    assert "METHOD 'histpt' takes augmented views on every dataset" in " ".join(r.stderr.split())
+    assert not (tmp_path / "results").exists()
+    spec = suite_spec("bca", [], registry.method_names(), results_dir=tmp_path, data_root=tmp_path,
+                      datasets=["dtd"], cache_dir=tmp_path / "cache")
+    assert {"method": "histpt"} in spec["methods"]
