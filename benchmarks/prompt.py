@@ -1,8 +1,8 @@
 """Prompt tuning's cost per sample: `python -m benchmarks.prompt` (`--quick`: the tiny test tower, a smoke run).
 
-TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT run CLIP's text tower forward and backward over K class prompts per sample
-(`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on them) and
-method, on random unit view features near the class text features (64 views, view 0 the original):
+TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT run CLIP's text tower forward and backward over K class
+prompts per sample (`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on
+them) and method, on random unit view features near the class text features (64 views, view 0 the original):
 
 - chunked s/sample: the episodic method as a sweep runs it, several samples' contexts in one text-tower pass;
 - one-by-one s/sample: the same method with one sample per pass (its chunk forced to 1);

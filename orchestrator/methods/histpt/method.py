@@ -30,11 +30,11 @@ lockstep; a resumed run replays its stream from the start.
 
 Where the official code, the paper and TTABC (walawalagoose/TTABC ttabc/model_selection/histpt.py, a CLIP port)
 differ, and what this follows:
-- The official code is the segmentation port only (SEEM: a mask's 101 query logits where CLIP has a sample's
-  views); no classification code was released. The classification path is TPT's (the paper evaluates HisTPT on
-  TPT's benchmark): views as TPT's loader gives them, 4 context tokens from "a photo of a", AdamW at TPT's lr,
-  the confident views (as TTABC); the entropy a sample is stored with is that of the views the loss reads (the
-  official code: all of the logits its loss reads; TTABC: the confident views).
+- The official code is the segmentation port only (SEEM: an image's 101 query logits where CLIP has a sample's
+  views); no classification code was released. The classification path is TPT's (the paper reports HisTPT on CLIP
+  image classification beside TPT): views as TPT's loader gives them, 4 context tokens from "a photo of a", AdamW at
+  TPT's lr, the confident views (as TTABC); the entropy a sample is stored with is that of the views the loss reads
+  (the official code: all of the logits its loss reads; TTABC: the confident views).
 - That entropy is the softmax entropy (the paper; TTABC). The official code computes -sum z exp(z) on the raw
   logits, TPT's avg_entropy without its log-softmax, which is not an entropy; it only ranks the local entries
   for the hard memory.
@@ -47,6 +47,9 @@ differ, and what this follows:
   fuses their probabilities into a soft label and renormalises the memories' means.
 - The official code runs one optimiser step per image; `steps` > 1 repeats the step on the same pseudo-label
   (TTABC: the memory does not change between steps, so its label does not either).
+- Defaults: the official memory sizes and momentum (32, 16, 0.99) are written into its code, the same for every
+  dataset; lr, steps and keep are TPT's (5e-3, 1, 0.1), the arguments TTABC's port shares with its TPT family
+  (its optimiser's lr, --tta_steps, --selection_p). No per-dataset defaults.
 - Precision: float32 throughout (the official code's fp16 autocast is left out, as TPT's). s is the logit_scale
   hparam.
 The class embeddings a sweep passes are not used: the class text features are the prompt's own, from the text
