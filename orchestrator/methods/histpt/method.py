@@ -31,13 +31,13 @@ lockstep; a resumed run replays its stream from the start.
 Where the official code, the paper and TTABC (walawalagoose/TTABC ttabc/model_selection/histpt.py, a CLIP port)
 differ, and what this follows:
 - The official code is the segmentation port only (SEEM: an image's 101 query logits where CLIP has a sample's
-  views); no classification code was released. The classification path is TPT's (the paper reports HisTPT on CLIP
-  image classification beside TPT): views as TPT's loader gives them, 4 context tokens from "a photo of a", AdamW at
-  TPT's lr, the confident views (as TTABC); the entropy a sample is stored with is that of the views the loss reads
-  (the official code: all of the logits its loss reads; TTABC: the confident views).
-- That entropy is the softmax entropy (the paper; TTABC). The official code computes -sum z exp(z) on the raw
-  logits, TPT's avg_entropy without its log-softmax, which is not an entropy; it only ranks the local entries
-  for the hard memory.
+  views); no classification code was released. The classification path is TPT's (the paper reports HisTPT on image
+  classification too): views as TPT's loader gives them, 4 context tokens from "a photo of a", AdamW at TPT's lr,
+  the confident views (as TTABC); the entropy a sample is stored with is that of the views the loss reads (the
+  official code: all of the logits its loss reads; TTABC: the confident views).
+- That entropy is the softmax entropy (TTABC's; the paper's method section was not at hand to check its equation).
+  The official code computes -sum z exp(z) on the raw logits, TPT's avg_entropy without its log-softmax, which is
+  not an entropy; it only ranks the local entries for the hard memory.
 - The memory takes the prompt's text features from the sample's forward, before its step, and the pseudo-label
   is taken after that update (the official order); TTABC updates the memory after tuning, with the tuned
   features.
