@@ -1,14 +1,15 @@
 """Prompt tuning's cost per sample: `python -m benchmarks.prompt` (`--quick`: the tiny test tower, a smoke run).
 
-TPT, C-TPT, R-TPT and DynaPrompt run CLIP's text tower forward and backward over K class prompts per sample
-(`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on them) and
-method, on random unit view features near the class text features (64 views, view 0 the original):
+TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT run CLIP's text tower forward and backward over K class
+prompts per sample (`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on
+them) and method, on random unit view features near the class text features (64 views, view 0 the original):
 
 - chunked s/sample: the episodic method as a sweep runs it, several samples' contexts in one text-tower pass;
 - one-by-one s/sample: the same method with one sample per pass (its chunk forced to 1);
-- stream s/sample: DynaPrompt (online, no chunks) over the samples in order, its buffer of 12 prompts filling;
+- stream s/sample: the online methods (no chunks) over the samples in order: DynaPrompt, its buffer of 12 prompts
+  filling, and HisTPT, its memories filling;
 - reference s/sample (`--reference`): the plain per-sample transcription of the official loop
-  (`orchestrator.methods.tpt.reference`, `orchestrator.methods.dynaprompt.reference`), TPT and DynaPrompt;
+  (`orchestrator.methods.tpt.reference`, and each online method's `reference.py`), TPT, DynaPrompt and HisTPT;
 - MB per class: the activations autograd keeps per class prompt in one step (`TextTower.saved_bytes_per_prompt`,
   float32; the card's `text_encoder.mb_per_class` is this at the ViT-B/16 and RN50 towers);
 - peak memory: the device's peak allocation on a GPU, the process's peak resident set on a CPU.
@@ -115,16 +116,19 @@ def _agreement(post: torch.Tensor, ref: torch.Tensor, seconds: float) -> str:
 def _stream_line(name: str, text, emb: torch.Tensor, ids: torch.Tensor, x: torch.Tensor, device: str,
                  reference: bool) -> str:
     """An online method's cost: one run over the samples in order (its state carries, so no chunks)."""
+    import importlib
+
     from orchestrator.methods import make_method
-    from orchestrator.methods.dynaprompt.reference import run_reference
 
     method = make_method(name, emb, ids, len(ids), text=text)
     _sync(device)
     start = time.perf_counter()
     post = method.run(x).posteriors
     _sync(device)
-    line = f"    {name:<5} stream {(time.perf_counter() - start) / len(x):.3f} s/sample ({method.hp['prompts']} prompts)"
+    line = f"    {name:<5} stream {(time.perf_counter() - start) / len(x):.3f} s/sample"
     if reference:
+        # each online method's reference.py: run_reference(views, text, **hparams) -> (posteriors, log)
+        run_reference = importlib.import_module(f"orchestrator.methods.{name}.reference").run_reference
         start = time.perf_counter()
         ref, _ = run_reference(x, text, **method.hp)
         _sync(device)
@@ -138,9 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--towers", nargs="+", help="open_clip model names (default: ViT-B-16 RN50; quick: tiny)")
     parser.add_argument("--K", type=int, help="classes (default 1000; quick 20)")
     parser.add_argument("--n", type=int, help="samples per measurement (default 4)")
-    parser.add_argument("--methods", nargs="+", default=["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"])
+    parser.add_argument("--methods", nargs="+",
+                        default=["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"])
     parser.add_argument("--reference", action="store_true",
-                        help="also time TPT's and DynaPrompt's per-sample reference loops")
+                        help="also time TPT's, DynaPrompt's and HisTPT's per-sample reference loops")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on a CPU")
     args = parser.parse_args(argv)

@@ -79,6 +79,10 @@ OFFICIAL = {
     # DynaPrompt: dynap_classification.py:252-253, TPT's rule with batch_size 64 (scripts/test_dynap.sh).
     "dynaprompt": ("zzzx1224/DynaPrompt@acd33cf dynap_classification.py:252-253 AugMixAugmenter(augmix=len(set_id) > 1)",
                    _by_group("crops", "crops", "augmix")),
+    # HisTPT: its official code is the segmentation port (no classification loader); TTABC's CLIP port and this one
+    # run it on TPT's path, TPT's rule with batch_size 64.
+    "histpt": ("azshue/TPT@16e2967 tpt_classification.py AugMixAugmenter(augmix=len(set_id) > 1) (HisTPT's official "
+               "code has no classification loader)", _by_group("crops", "crops", "augmix")),
     # DMN: dmn_main.py:419-420, TPT's rule with batch_size 32 (scripts/run.sh:12).
     "dmn_zs": ("YBZh/DMN@c6c218c dmn_main.py:419-420, scripts/run.sh:12", _by_group("crops31", "crops31", "augmix31")),
     # MCP: utils.py build_test_data_loader, 'I' and 'A'/'V'/'R'/'S' get_ood_preprocess() (AugMixAugmenter

@@ -125,8 +125,8 @@ def test_store_evaluation_runs_every_backend(capsys):
 
 def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
     """`python -m benchmarks.prompt --quick` (the tiny tower) prints each episodic method's chunked and one-by-one
-    cost, DynaPrompt's stream cost, and TPT's and DynaPrompt's agreement with their references; `benchmarks.gpu`'s
-    prompt-tuning section runs its quick preset on a CPU."""
+    cost, the online DynaPrompt's and HisTPT's stream cost, and TPT's, DynaPrompt's and HisTPT's agreement with their
+    references; `benchmarks.gpu`'s prompt-tuning section runs its quick preset on a CPU."""
     from benchmarks import gpu
     from benchmarks import prompt as prompt_benchmark
 
@@ -134,8 +134,9 @@ def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
     out = capsys.readouterr().out
     for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt"):
         assert f"    {name:<5} chunked " in out, out
-    assert "    dynaprompt stream " in out, out  # online: one run over the samples in order
-    assert out.count("(predictions identical, max dpost") == 2 and "MB of activations per class" in out
+    for name in ("dynaprompt", "histpt"):  # online: one run over the samples in order
+        assert f"    {name:<5} stream " in out, out
+    assert out.count("(predictions identical, max dpost") == 3 and "MB of activations per class" in out
     gpu.prompt_tuning("cpu", quick=True)
     out = capsys.readouterr().out
     assert "bca-tiny-vit text tower" in out and "    tpt   chunked " in out, out

@@ -123,8 +123,9 @@ def test_a_state_expression_other_than_arithmetic_on_its_names_is_refused(words,
 
 @pytest.mark.parametrize("model", ["bca-tiny-vit", "bca-tiny-rn"])
 def test_the_prompt_tuning_state_is_what_a_run_holds(model):
-    """TPT, C-TPT, R-TPT and DynaPrompt on the tiny test backbones' text towers (token width w = 128, d = 64): the
-    prompts' token embeddings, the initial text features and DynaPrompt's buffer of contexts their cards count."""
+    """TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT on the tiny test backbones' text towers (token width
+    w = 128, d = 64): the prompts' token embeddings, the initial text features, DynaPrompt's buffer of contexts and
+    HisTPT's context, AdamW moments and memories their cards count."""
     from orchestrator.clip.backbone import load_backbone
     from orchestrator.clip.prompts import prompt_text
     from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
@@ -138,7 +139,7 @@ def test_the_prompt_tuning_state_is_what_a_run_holds(model):
     (num_classes, dim), width = embeddings.shape, embedded.shape[-1]
     # 10 views: the fewest whose int(V * keep) selects one at keep 0.1 (fewer are refused)
     views = F.normalize(torch.randn(4, 10, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
-    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"):
         ids = torch.arange(num_classes)
         method = make_method(name, embeddings, ids, num_classes, text=text)
         method.run(views)

@@ -235,7 +235,7 @@ def test_atpts_loss_is_each_official_entry_points(text, stream, direction, sign)
     assert not torch.isclose(flipped.loss(100.0 * views[:2, :4] @ feats.transpose(1, 2), feats).sum(), ours.detach())
 
 
-@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"])
+@pytest.mark.parametrize("method", ["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"])
 def test_defaults_on_an_empty_stream_and_on_the_fewest_views(text, stream, method):
     """At keep 0.1, 10 views select one; fewer select none and are refused, an empty stream of them too."""
     emb, views = stream
@@ -306,5 +306,5 @@ def test_the_cards_memory_per_class_is_the_measured_one():
     tower = TextTower(load_backbone("ViT-B-16", None, "cpu").model)
     measured = tower.saved_bytes_per_prompt(77) / 2**20
     # DynaPrompt backpropagates a block of prompts, from one up
-    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"):
         assert method_card(name).text_encoder.mb_per_class == round(measured, 1)

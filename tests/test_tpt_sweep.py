@@ -1,8 +1,8 @@
 """Prompt tuning in a sweep as a user meets it: the dry run says which methods run CLIP's text encoder at test time
 and what they need, a synthetic dataset is refused for them (exit 2, naming the method and why), and TPT, C-TPT and
 R-TPT run in a Ray sweep on a real-layout image dataset with the tiny open_clip model, their rows in `bca report`
-and the dashboard beside zero-shot CLIP, and DynaPrompt (online) with them; DynaPrompt's stream is refused
-shards."""
+and the dashboard beside zero-shot CLIP, and DynaPrompt and HisTPT (online) with them; the online methods' streams
+are refused shards."""
 
 from __future__ import annotations
 
@@ -74,12 +74,15 @@ def test_views_whose_selection_is_empty_are_refused(tmp_path):
     assert bca("sweep", str(real_spec(tmp_path, methods=[{"method": "tpt"}])), "--dry-run").exit_code == 0
 
 
-def test_dynaprompts_stream_is_refused_shards(tmp_path):
-    """DynaPrompt's buffer carries from sample to sample: `shards: 2` exits 2 naming the entry; TPT's is planned."""
+def test_the_online_methods_streams_are_refused_shards(tmp_path):
+    """DynaPrompt's buffer and HisTPT's prompt and memories carry from sample to sample: `shards: 2` exits 2 naming
+    the entry; TPT's is planned."""
     r = bca("sweep", str(real_spec(tmp_path, methods=[{"method": "tpt", "shards": 2},
-                                                      {"method": "dynaprompt", "shards": 2}])), "--dry-run")
+                                                      {"method": "dynaprompt", "shards": 2},
+                                                      {"method": "histpt", "shards": 2}])), "--dry-run")
     assert r.exit_code == 2, r.output
     assert "methods[1].shards: 'dynaprompt' carries its state from sample to sample" in r.stderr
+    assert "methods[2].shards: 'histpt' carries its state from sample to sample" in r.stderr
     assert "methods[0].shards" not in r.stderr
 
 
@@ -92,21 +95,22 @@ def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_pat
     from dashboard import APP_PATH, RESULTS_ENV
 
     path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt", "otpt", "atpt",
-                                                                  "dynaprompt")])
+                                                                  "dynaprompt", "histpt")])
     r = bca("sweep", str(path), "--yes")
     assert r.exit_code == 0, r.output
-    assert "7/7 runs finished, 0 failed" in r.stdout
+    assert "8/8 runs finished, 0 failed" in r.stdout
     results = str(tmp_path / "results")
     report = bca("report", "--results", results)
     assert report.exit_code == 0, report.output
-    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt"))
+    assert all(label in report.stdout for label in ("CLIP", "TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt",
+                                                    "HisTPT"))
     rows = bca("query", "--results", results, "SELECT method, count(*) AS n FROM samples GROUP BY method ORDER BY method")
     assert rows.exit_code == 0, rows.output
     cells = [[c.strip() for c in ln.split("│")[1:3]] for ln in rows.stdout.splitlines() if ln.startswith("│")]
     assert [c for c in cells if c[0] != "method"] == [["atpt", "9"], ["clip", "9"], ["ctpt", "9"], ["dynaprompt", "9"],
-                                                      ["otpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
+                                                      ["histpt", "9"], ["otpt", "9"], ["rtpt", "9"], ["tpt", "9"]]
     monkeypatch.setenv(RESULTS_ENV, results)
     at = AppTest.from_file(str(APP_PATH), default_timeout=300).run()
     assert not at.exception, [e.value for e in at.exception]
     shown = " ".join(str(v) for t in at.table for v in t.value.to_numpy().ravel())
-    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt"))
+    assert all(label in shown for label in ("TPT", "C-TPT", "R-TPT", "O-TPT", "A-TPT", "DynaPrompt", "HisTPT"))
