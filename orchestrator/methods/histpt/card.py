@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.methods.tpt.card import KEEP, LR, PROMPT_WORDS, STEPS, TEXT
-from orchestrator.registry.card import HParam, MethodCard
+from orchestrator.registry.card import Cost, HParam, MethodCard, Views
 
 CARDS = (
     MethodCard(
@@ -21,10 +21,11 @@ CARDS = (
          HParam("ema_momentum", "float", 0.99, "momentum of the global memory's moving average (the official 0.99)",
                 "rate", low=0.0, high=1.0),
          LOGIT_SCALE),
-        inputs="views", views="augmix", group_views={"ood": "crops"},
+        inputs="views", views=Views("augmix", groups={"ood": "crops"}),
         # TPT's class prompts; the context, AdamW's two moments [4, w] and step; the local and hard memories
         # [memory_size, K, d], the global one [K, d] and the local entries' entropies; a step's activations are TEXT's
-        text_encoder=TEXT, state_words=PROMPT_WORDS + " + 3*4*w + 1 + (2*memory_size + 1)*K*d + memory_size",
+        text_encoder=TEXT,
+        cost=Cost(state_words=PROMPT_WORDS + " + 3*4*w + 1 + (2*memory_size + 1)*K*d + memory_size"),
         source="jingyi0000/HisTPT@aaf5479 (the segmentation port: modeling/language/vlpencoder.py update_st_memory, "
                "update_hard_memory, update_ema_prompt; modeling/architectures/seem_model_v1.py forward_seg_coop: the "
                "memories, their sizes and momentum, the update order and the fused pseudo-label; no classification "
