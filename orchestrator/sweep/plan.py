@@ -19,8 +19,8 @@ Hyperparameters a run cannot feel (their card's `when` is not met, e.g. `decay` 
 their default in its config, so a grid over them gives one run, not several identical ones, and a run that
 already used the default keeps its run_id.
 
-A method entry's grid points come resolved from its card (`MethodCard.grid_points`: checked values, defaults,
-the `when` and `null_means` rules); the plan only hashes each run's config (`results.schema.run_ids`).
+A method entry's grid points come resolved from its card (`MethodCard.grid_axes`: checked values, defaults,
+the `when` and `null_means` rules); the plan only hashes each run's config (`results.schema.grid_run_ids`).
 Big grids: a run holds its run_id, its data source, a group shared by the runs of one (source, method entry)
 and a tuple of hparam values; its config dict is built only when asked for.
 """
@@ -42,7 +42,7 @@ from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual
 from orchestrator.registry import baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
-from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, normalize_config, run_ids
+from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, grid_run_ids, normalize_config
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -125,6 +125,10 @@ class Run:
         return self._group.base["method"]
 
     @property
+    def backbone(self) -> str:
+        return self._group.base["backbone"]
+
+    @property
     def batch_size(self) -> int:
         return batch_size_of(self._group.base)
 
@@ -139,7 +143,7 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
-        return RunConfig({**self._group.base, "hparams": self.hparams})
+        return RunConfig.of_normal({**self._group.base, "hparams": self.hparams})
 
     @property
     def label(self) -> str:
@@ -393,9 +397,8 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
                         card = method_card(entry.method)
-                        points = list(card.grid_points(_grid_on(entry, plain_fields), None if plain_source.is_synthetic
-                                                       else plain_source.dataset))
-                        names = tuple(card.hparam_names)
+                        names, grids = card.grid_axes(_grid_on(entry, plain_fields), None if plain_source.is_synthetic
+                                                      else plain_source.dataset)
                         for batch_size, stream_batch in _steps(spec, entry, sizes):
                             source, fields = _with_auxiliary(spec, entry.method, *_at_batch(
                                 plain_source, plain_fields, batch_size, stream_batch))
@@ -405,10 +408,11 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
                                                      **_context_fields(entry)})
                             del base["hparams"]
                             group = _Group(base, names, entry.shards or 1)
-                            for run_id, point in zip(run_ids(base, points), points):
+                            # a point two sub-grids share (the card's `grid_points` gives it once) is one run
+                            for run_id, values in grid_run_ids(base, names, grids):
                                 if run_id not in seen:
                                     seen.add(run_id)
-                                    yield Run(run_id, source, group, tuple(point.values()))
+                                    yield Run(run_id, source, group, values)
 
 
 @contextlib.contextmanager
@@ -473,9 +477,12 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
             continue
-        card = method_card(run.method)
-        if alone.setdefault(id(run._group), card.image_encoder is not None or bool(card.auxiliary)
-                            or "realtime_k" in run._group.base):
+        single = alone.get(id(run._group))
+        if single is None:
+            card = method_card(run.method)
+            single = alone[id(run._group)] = (card.image_encoder is not None or bool(card.auxiliary)
+                                              or "realtime_k" in run._group.base)
+        if single:
             # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
             # interleaves adapting and frozen steps (a realtime stream)
             trials.append(Trial(run.run_id, run.source, (run,)))
