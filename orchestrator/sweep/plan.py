@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
                                        derive_order_seeds, protocol_from_spec, stream_for_batch, stream_value)
-from orchestrator.registry import baseline_method, method_card
+from orchestrator.registry import MethodCard, baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
 from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, grid_run_ids, normalize_config
@@ -469,7 +469,9 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
-    keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
+    # per run group (one source, one method entry): its source's first order, its card, and whether it takes views
+    # (None: its hparams decide, per run), made and hashed once
+    keys: dict[int, tuple[DataSource, MethodCard, bool | None]] = {}
     trials: list[Trial] = []
     alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder or reads auxiliary features
     for run in runs:
@@ -487,17 +489,17 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
             # interleaves adapting and frozen steps (a realtime stream)
             trials.append(Trial(run.run_id, run.source, (run,)))
             continue
-        key = keys.get(id(run._group), False)
-        if key is False:
+        known = keys.get(id(run._group))
+        if known is None:
             card = method_card(run.method)
             # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
             # it (inputs 'either') per run
-            key = keys[id(run._group)] = None if card.inputs == "either" else (
-                replace(run.source, order_index=0), run.source.views != "single" and card.takes_views)
-        if key is None:
-            key = (replace(run.source, order_index=0),
-                   run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
-        groups.setdefault(key, []).append(run)
+            known = keys[id(run._group)] = (replace(run.source, order_index=0), card, None if card.inputs == "either"
+                                            else run.source.views != "single" and card.takes_views)
+        first, card, views = known
+        if views is None:
+            views = run.source.views != "single" and card.wants_views(run.hparams)
+        groups.setdefault((first, views), []).append(run)
     for group in groups.values():
         trials += _order_trials(group, chunk)
     return trials
