@@ -316,6 +316,12 @@ def grid_run_ids(base: Mapping[str, Any], names: tuple[str, ...], grids: Iterabl
     head = hashlib.sha256(prefix.encode("utf-8"))
     keys = [canonical_json(name) + ":" for name in names]
     for grid in grids:
+        if all(len(values) == 1 for values in grid):  # one point (a study's usual group): one JSON call, not one a name
+            point = tuple(values[0] for values in grid)
+            digest = head.copy()
+            digest.update((canonical_json(dict(zip(names, point))) + suffix).encode("utf-8"))
+            yield digest.hexdigest()[:16], point
+            continue
         fragments = [[key + canonical_json(value) for value in values] for key, values in zip(keys, grid)]
         for values, parts in zip(itertools.product(*grid), itertools.product(*fragments)):
             digest = head.copy()

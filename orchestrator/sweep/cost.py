@@ -237,11 +237,17 @@ def local_device_bytes() -> int | None:
 def memory_of(spec: Any) -> Callable[[RunLike], int]:
     """A run's `config_bytes` from its source's shape and stream length."""
     memo: dict[Any, tuple[int, int, int]] = {}
+    sizes: dict[tuple[str, int, int, int], int] = {}  # a card's expression evaluated once per method and shape
 
     def bytes_of(run: RunLike) -> int:
-        if run.source not in memo:
-            memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
-        return config_bytes(run.method, *memo[run.source])
+        shape = memo.get(run.source)
+        if shape is None:
+            shape = memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
+        key = (run.method, *shape)
+        size = sizes.get(key)
+        if size is None:
+            size = sizes[key] = config_bytes(*key)
+        return size
 
     return bytes_of
 

@@ -391,21 +391,30 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
     seen: set[str] = set()
     for dataset in spec.datasets:
         groups = _entries_by_inputs(spec, dataset)
+        # what depends on the entry (and a sigmoid backbone's scale) but not on the seed, order or stream: made
+        # once, as a study's 10^5 runs are mostly groups of one run (one per order)
+        axes: dict[tuple[int, str], tuple[tuple[str, ...], list]] = {}
+        steps = {id(entry): _steps(spec, entry, list(dict.fromkeys(
+            b for other in entries for b in spec.entry_batch_sizes(other))))
+            for entries in groups.values() for entry in entries}
+        context = {id(entry): _context_fields(entry) for entries in groups.values() for entry in entries}
         for seed in spec.seeds:
             for (views, templates), entries in groups.items():
-                sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
-                        card = method_card(entry.method)
-                        names, grids = card.grid_axes(_grid_on(entry, plain_fields), None if plain_source.is_synthetic
-                                                      else plain_source.dataset)
-                        for batch_size, stream_batch in _steps(spec, entry, sizes):
+                        key = (id(entry), repr(plain_fields.get("sigmoid")))
+                        if key not in axes:
+                            axes[key] = method_card(entry.method).grid_axes(
+                                _grid_on(entry, plain_fields), None if plain_source.is_synthetic
+                                else plain_source.dataset)
+                        names, grids = axes[key]
+                        for batch_size, stream_batch in steps[id(entry)]:
                             source, fields = _with_auxiliary(spec, entry.method, *_at_batch(
                                 plain_source, plain_fields, batch_size, stream_batch))
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields,
-                                                     **_context_fields(entry)})
+                                                     **context[id(entry)]})
                             del base["hparams"]
                             group = _Group(base, names, entry.shards or 1)
                             # a point two sub-grids share (the card's `grid_points` gives it once) is one run
@@ -469,33 +478,28 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
-    # per run group (one source, one method entry): its source's first order, its card, and whether it takes views
-    # (None: its hparams decide, per run), made and hashed once
-    keys: dict[int, tuple[DataSource, MethodCard, bool | None]] = {}
+    # per run group (one source, one method entry), made and hashed once: None where its runs are never packed,
+    # else its source's first order, its card, and whether it takes views (None: its hparams decide, per run)
+    keys: dict[int, tuple[DataSource, MethodCard, bool | None] | None] = {}
     trials: list[Trial] = []
-    alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder or reads auxiliary features
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
             continue
-        single = alone.get(id(run._group))
-        if single is None:
+        known = keys.get(id(run._group), False)
+        if known is False:
             card = method_card(run.method)
-            single = alone[id(run._group)] = (card.image_encoder is not None or bool(card.auxiliary)
-                                              or "realtime_k" in run._group.base)
-        if single:
             # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
-            # interleaves adapting and frozen steps (a realtime stream)
+            # interleaves adapting and frozen steps (a realtime stream); a method taking views or not whatever its
+            # hparams decides once per group, one whose hparams decide it (inputs 'either') per run
+            known = keys[id(run._group)] = None if (
+                card.image_encoder is not None or bool(card.auxiliary) or "realtime_k" in run._group.base) else (
+                replace(run.source, order_index=0), card,
+                None if card.inputs == "either" else run.source.views != "single" and card.takes_views)
+        if known is None:
             trials.append(Trial(run.run_id, run.source, (run,)))
             continue
-        known = keys.get(id(run._group))
-        if known is None:
-            card = method_card(run.method)
-            # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
-            # it (inputs 'either') per run
-            known = keys[id(run._group)] = (replace(run.source, order_index=0), card, None if card.inputs == "either"
-                                            else run.source.views != "single" and card.takes_views)
         first, card, views = known
         if views is None:
             views = run.source.views != "single" and card.wants_views(run.hparams)
