@@ -10,8 +10,10 @@ trials cost with and without automatic packing.
    take hours here. Rows are generated (a BCA-like study: per dataset and seed one CLIP run and a tau x n2 grid
    of BCA runs, K = 1000), not copied. Each run also gets `bca verify`-checkable metrics.
 2. Reads, each in a fresh process (its time, and its peak resident memory): open (ResultsDB()), a count over
-   samples, aggregates over the accuracy, summary and paired views (the last: every run's interval and
-   p-value), `bca report` end to end, the dashboard's first page
+   samples, aggregates over the accuracy, summary (every metric's mean and each configuration's two-level
+   interval and p-value) and paired views (every run's interval and p-value), the same statistics against
+   another baseline (`gains_against`), the `tuned` view on about half the runs (`READS`); `bca report` end to end
+   (its default table, `--metric macro_f1`, `--tune-on` half the runs), the dashboard's first page
    and one run's page (Streamlit AppTest: the page's script run in a fresh process, its imports of the dashboard
    and orchestrator included; streamlit's own import and its scan for custom components not, as a running
    `bca dashboard` has done both when it started).
@@ -147,6 +149,28 @@ def build(root: Path, runs: int, n: int, live_runs: int) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------- measured in children
+# The read steps' queries, each timed in a fresh process. `summary` reads every metric's mean (the newer
+# macro-F1, balanced accuracy and 20-bin ECE among them) and the two-level statistics of each configuration's
+# gain; `gains` is the same statistics against another baseline (here CLIP, through its pairing macro);
+# `tuned` the honest-tuning view with about half the runs as tuning runs.
+TUNE_ON = "run_id < '8'"  # about half the runs, whatever their seeds
+READS = {
+    "count": "SELECT count(*) AS n FROM samples",
+    "accuracy": "SELECT method, count(*) AS runs, avg(accuracy) AS acc, avg(ece) AS ece FROM accuracy GROUP BY 1",
+    "summary": "SELECT method, count(*) AS configs, avg(mean) AS acc, avg(gain) AS gain, avg(macro_f1_mean) AS f1, "
+               "avg(balanced_accuracy_mean) AS bacc, avg(ece20_mean) AS ece20, avg(paired_gain) AS paired, "
+               "avg(gain_ci_low) AS low, avg(gain_ci_high) AS high, avg(gain_p) AS p, min(gain_test) AS test "
+               "FROM summary GROUP BY 1 ORDER BY 1",
+    "paired": "SELECT count(*) AS runs, avg(gain) AS gain, avg(gain_ci_low) AS low, avg(gain_ci_high) AS high, "
+              "avg(p_mcnemar) AS p FROM paired",
+    "gains": "SELECT count(*) AS configs, avg(paired_gain) AS gain, avg(gain_ci_low) AS low, "
+             "avg(gain_ci_high) AS high, avg(gain_p) AS p FROM gains_against('clip')",
+    "tuned": "SELECT method, count(DISTINCT group_id) AS chosen, count(*) AS runs, avg(accuracy) AS acc, "
+             "avg(macro_f1) AS f1 FROM tuned((SELECT list(run_id) FROM runs WHERE " + TUNE_ON + ")) GROUP BY 1 "
+             "ORDER BY 1",
+}
+
+
 def _measure(kind: str, root: str) -> dict:
     """One step in this process: `seconds` from after the imports (open + query), peak resident memory."""
     from orchestrator.results.db import ResultsDB
@@ -157,14 +181,8 @@ def _measure(kind: str, root: str) -> dict:
         db = ResultsDB(root)
         out["seconds"] = time.perf_counter() - t0
         db.close()
-    elif kind in ("count", "accuracy", "summary", "paired"):
-        sql = {"count": "SELECT count(*) AS n FROM samples",
-               "accuracy": "SELECT method, count(*) AS runs, avg(accuracy) AS acc, avg(ece) AS ece FROM accuracy "
-                           "GROUP BY 1",
-               "summary": "SELECT method, count(*) AS configs, avg(mean) AS acc, avg(gain) AS gain FROM summary "
-                          "GROUP BY 1",
-               "paired": "SELECT count(*) AS runs, avg(gain) AS gain, avg(gain_ci_low) AS low, "
-                         "avg(gain_ci_high) AS high, avg(p_mcnemar) AS p FROM paired"}[kind]
+    elif kind in READS:
+        sql = READS[kind]
         with ResultsDB(root) as db:
             t1 = time.perf_counter()
             out["result"] = str(db.sql(sql).to_pylist())[:200]
@@ -226,15 +244,16 @@ def _child(args: list[str], code: Path = ROOT, output: bool = False) -> dict:
             **({"printed": done.stdout} if output else {})}
 
 
-def _report_child(root: str, code: Path = ROOT, output: bool = False) -> dict:
-    """`bca report` end to end, its own peak memory read back through a wrapper."""
+def _report_child(root: str, code: Path = ROOT, output: bool = False, options: tuple[str, ...] = ()) -> dict:
+    """`bca report [OPTIONS]` end to end, its exit code and its own peak memory read back through a wrapper."""
     script = ("import sys, json\n"
               "from benchmarks.scale import peak_mb\n"
               "from orchestrator.cli import app\n"
-              "try:\n    app(['report', '--results', sys.argv[1]])\n"
+              "code = 0\n"
+              "try:\n    app(['report', '--results', *sys.argv[1:]])\n"
               "except SystemExit as e:\n    code = e.code\n"
-              "print(json.dumps({'peak_mb': peak_mb()}))\n")
-    out = _child(["-c", script, root], code, output)
+              "print(json.dumps({'peak_mb': peak_mb(), 'rc': code}))\n")
+    out = _child(["-c", script, root, *options], code, output)
     out["seconds"] = out.get("wall_s")
     return out
 
@@ -329,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# `bca report` end to end: the default table, a newer metric's, and tuned on about half the runs.
+REPORTS = {"report": (), "report_macro_f1": ("--metric", "macro_f1"), "report_tune_on": ("--tune-on", TUNE_ON)}
+
+
 def _reads(args: argparse.Namespace, root: Path) -> None:
     """Build the results dir unless it exists, then measure every read step in a fresh process."""
     built = {}
@@ -340,28 +363,33 @@ def _reads(args: argparse.Namespace, root: Path) -> None:
     print(f"results dir: {files:,} files, {size / 2**20:,.0f} MiB; build: "
           + ", ".join(f"{k} {v:.1f}" for k, v in built.items()), flush=True)
     results = {}
-    for kind in ("open", "count", "accuracy", "summary", "paired"):
+    for kind in ("open", *READS):
         results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
         print(f"  {kind}: {results[kind]}", flush=True)
-    results["report"] = _report_child(str(root))
-    print(f"  report: {results['report']}", flush=True)
+    for name, options in REPORTS.items():
+        results[name] = _report_child(str(root), options=options)
+        print(f"  {name}: {results[name]}", flush=True)
     for kind in ("dashboard", "run_page"):
         results[kind] = _child(["-m", "benchmarks.scale", "--measure", kind, "--dir", str(root)])
         print(f"  {kind}: {results[kind]}", flush=True)
-    targets = {"open": 2, "count": 10, "accuracy": 10, "summary": 10, "paired": 10, "report": 10, "dashboard": 5,
+    targets = {"open": 2, **{kind: 10 for kind in READS}, **{name: 10 for name in REPORTS}, "dashboard": 5,
                "run_page": None}
-    print(f"\n{results['count'].get('result')} rows in the store (asked for {args.runs:,} runs x "
-          f"{args.rows_per_run:,} rows)")
-    print("| step | seconds | peak MB | target |")
-    print("|---|---:|---:|---|")
+    asked = f"asked for {args.runs:,} runs x {args.rows_per_run:,} rows" if built else "the store in --dir, not rebuilt"
+    print(f"\n{results['count'].get('result')} rows in the store ({asked})")
+    # the process's CPU seconds (its start and imports included) move far less with the machine's load than wall
+    print("| step | seconds | process CPU s | peak MB | target |")
+    print("|---|---:|---:|---:|---|")
     for kind, target in targets.items():
         r = results[kind]
         secs = r.get("seconds")
         met = "-" if target is None or secs is None else ("met" if secs < target else "NOT met") + f" (< {target} s)"
+        if r.get("rc"):
+            met = f"exit code {r['rc']}"
         mem = r.get("peak_mb")
         memory = "" if mem is None else f"; < 2 GB {'met' if mem < 2048 else 'NOT met'}"
-        print(f"| {kind} | {secs if secs is None else round(secs, 2)} | {mem if mem is None else round(mem)} | "
-              f"{met}{memory} |")
+        cpu = r.get("process_cpu_s")
+        print(f"| {kind} | {secs if secs is None else round(secs, 2)} | {cpu if cpu is None else round(cpu, 2)} | "
+              f"{mem if mem is None else round(mem)} | {met}{memory} |")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,17 @@ def test_gpu_check_prints_the_wheels_to_carry(capsys):
     assert install.endswith("PYTHONPATH=/tmp/site python -m benchmarks.gpu")
 
 
+def test_plan_benchmark_small_run_plans_a_realtime_grid(capsys):
+    """`python -m benchmarks.plan` on a small grid streamed realtime: every run its own trial, each step timed, the
+    dry run's first line printed."""
+    from benchmarks import plan
+
+    plan.main(["--runs-per-seed", "16", "--seeds", "2", "--stream", '{"realtime": {"base": "iid"}}'])
+    out = capsys.readouterr().out
+    assert "32 runs, 32 trials" in out and "32 to run in 32 trials" in out, out
+    assert all(f"{step} " in out for step in ("validate", "expand", "trials", "dry run")), out
+
+
 def test_scale_benchmark_small_run_builds_reads_and_sweeps(tmp_path, capsys):
     """`python -m benchmarks.scale` with small sizes: every read step answers in a fresh process (no errors, the
     rows it built counted), and both sweeps finish every run."""
@@ -89,7 +100,9 @@ def test_scale_benchmark_small_run_builds_reads_and_sweeps(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[{'n': 6000}] rows in the store" in out, out
     steps = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert set(steps) >= {"open", "count", "accuracy", "summary", "paired", "report", "dashboard", "run_page"}, out
+    assert set(steps) >= {"open", "count", "accuracy", "summary", "paired", "gains", "tuned", "report",
+                          "report_macro_f1", "report_tune_on", "dashboard", "run_page"}, out
+    assert "exit code" not in out, out
     assert "'error':" not in out and "'errors': []" in out, out
     sweeps = [line for line in out.splitlines() if line.startswith("sweep ")]
     assert len(sweeps) == 2 and all("98 runs of 300 samples" in s and "rc 0" in s for s in sweeps), out

@@ -241,7 +241,11 @@ def test_a_damaged_manifest_is_named(tmp_path):
 
 def test_paired_view_mixes_materialised_and_row_pairings_exactly(tmp_path):
     """Pairings materialised at compaction, of a run compacted before its baseline existed, and of a live run
-    against a compacted baseline: the paired view equals paired_against (every pair from the rows)."""
+    against a compacted baseline: the paired view, and paired_against('clip') which reads it, equal every pair
+    computed from the rows (the plain SQL of orchestrator.results.sql); paired_against another method pairs the
+    rows."""
+    from orchestrator.results.sql import baseline_pairs_sql, paired_rows_sql, paired_statistics_sql
+
     for seed in (1, 2):
         write_fake_run(tmp_path, _config(seed, method="clip"), n=80)
         write_fake_run(tmp_path, _config(seed), n=80)
@@ -252,9 +256,18 @@ def test_paired_view_mixes_materialised_and_row_pairings_exactly(tmp_path):
     with ResultsDB(tmp_path) as db:
         unpaired = db.df("SELECT run_id FROM unpaired_pairs")["run_id"]
         view = db.df("SELECT * FROM paired ORDER BY run_id")
-        rows = db.df("SELECT * EXCLUDE (baseline) FROM paired_against('clip') ORDER BY run_id")
+        against = db.df("SELECT * FROM paired_against('clip') ORDER BY run_id")
+        plain = paired_statistics_sql(paired_rows_sql(f"({baseline_pairs_sql('runs', repr('clip'))})", "samples",
+                                                      "samples"), repr("clip"))
+        rows = db.df(f"SELECT * FROM ({plain}) ORDER BY run_id")
+        other = db.df("SELECT run_id, baseline_run, helped, hurt FROM paired_against('bca') ORDER BY run_id")
+        pairs = paired_rows_sql(f"({baseline_pairs_sql('runs', repr('bca'))})", "samples", "samples")
+        other_plain = db.df(f"SELECT run_id, baseline_run, helped, hurt FROM ({pairs}) ORDER BY run_id")
     assert len(unpaired) == 2 and len(view) == 4
-    pd.testing.assert_frame_equal(view.drop(columns="baseline"), rows, check_dtype=False)
+    pd.testing.assert_frame_equal(view, rows, check_dtype=False)
+    pd.testing.assert_frame_equal(against, rows, check_dtype=False)
+    assert len(other) == 3 and set(other["baseline_run"]) <= set(view["run_id"])  # each seed's CLIP run against BCA
+    pd.testing.assert_frame_equal(other, other_plain, check_dtype=False)
 
 
 def _curves(root, window=None, extra=()):

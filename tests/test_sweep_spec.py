@@ -218,6 +218,30 @@ def test_expansion_is_the_cartesian_product_with_stable_run_ids(tmp_path):
     assert synthetic["synthetic"]["n"] == 50 and "noise" in synthetic["synthetic"]  # defaults pinned
 
 
+def test_the_plans_fast_paths_give_the_plain_configs_and_run_ids(tmp_path):
+    """The plan hashes a grid's products without building each point's config (schema.grid_run_ids) and hands each
+    run its config as stored (RunConfig.of_normal, not normalised again): the same run_ids, configs and order as
+    the plain path, normalize_config and run_id_of over the card's grid_points, on a grid whose sub-grids overlap
+    (an inert decay with update count, a null tau_prior and its explicit equal) and a realtime stream."""
+    from orchestrator.registry import method_card
+    from orchestrator.results.schema import normalize_config, run_id_of
+
+    grid = {"tau": [0.2, 0.5], "tau_prior": [None, 0.5], "update": ["count", "decay"], "decay": [0.9, 0.99],
+            "n2": [1, 5]}
+    spec = validate_spec({**copy.deepcopy(BASE), "methods": [{"method": "bca", **grid}, {"method": "tda"}],
+                          "stream": {"realtime": {"base": "iid", "k": 3}}}, base_dir=tmp_path)
+    runs = expand(spec)
+    for source in dict.fromkeys(r.source for r in runs):
+        for method, method_grid in (("bca", grid), ("tda", {})):  # tda at its defaults: a grid of one point
+            mine = [r for r in runs if r.source == source and r.method == method]
+            base = {k: v for k, v in mine[0].config.items() if k != "hparams"}
+            plain = [normalize_config({**base, "hparams": point})
+                     for point in method_card(method).grid_points(method_grid)]
+            assert [r.run_id for r in mine] == [run_id_of(c) for c in plain]
+            assert [dict(r.config) for r in mine] == plain and mine[0].config.realtime_k == 3
+    assert len(runs) == 2 * 2 * (2 * 3 * (1 + 2) + 1)
+
+
 def test_runs_sharing_a_source_are_packed_together(tmp_path):
     spec = validate_spec({**copy.deepcopy(BASE), "pack": 3}, base_dir=tmp_path)
     runs = expand(spec)

@@ -644,19 +644,34 @@ class MethodCard:
         cannot affect the run, so a grid over it gives one run), a null that means another hparam that one's
         value (null and the equal explicit value are one run). The order is fixed: per combination of the
         values of the hparams that `when` and `null_means` name (sorted by name, each in grid order), the
-        product of the others in name order."""
+        product of the others in name order (`grid_axes`)."""
+        names, grids = self.grid_axes(grid, dataset)
+        seen: set[tuple[Any, ...]] = set()
+        for sub in grids:
+            for point in itertools.product(*sub):
+                if len(grids) > 1:  # sub-grids overlap (an inert hparam at its default, a null resolved)
+                    if point in seen:
+                        continue
+                    seen.add(point)
+                yield dict(zip(names, point))
+
+    def grid_axes(self, grid: Mapping[str, Any], dataset: str | None = None
+                  ) -> tuple[tuple[str, ...], list[tuple[tuple[Any, ...], ...]]]:
+        """A grid's hparam names (sorted) and its sub-grids, each one tuple of values per name: their products in
+        turn, with the points an earlier sub-grid gave dropped, are `grid_points` (a plan hashes the products
+        without building each point's dict). One sub-grid per combination of the values of the hparams that
+        `when` and `null_means` name (a single one where none does)."""
         unknown = sorted(set(grid) - {h.name for h in self.hparams})
         if unknown:
             raise ValueError(f"unknown hparam {unknown[0]!r} for method {self.name!r}; "
                              f"valid hparams: {self.hparam_names}")
         defaults = self.defaults(dataset)
         hps = sorted(self.hparams, key=lambda h: h.name)
-        names = [h.name for h in hps]
         axes = {h.name: tuple(dict.fromkeys(h.check(self.name, v) for v in grid.get(h.name, [defaults[h.name]])))
                 for h in hps}
         controllers = sorted({other for h in hps for other in h.when}
                              | {h.null_means for h in hps if h.null_means is not None})
-        seen: set[tuple[Any, ...]] = set()
+        grids = []
         for combo in itertools.product(*(axes[name] for name in controllers)):
             chosen = dict(zip(controllers, combo))
             sub = []
@@ -670,12 +685,8 @@ class MethodCard:
                 if h.null_means is not None and h.name not in chosen:
                     values = tuple(dict.fromkeys(chosen[h.null_means] if v is None else v for v in values))
                 sub.append(values)
-            for point in itertools.product(*sub):
-                if controllers:  # sub-grids overlap (an inert hparam at its default, a null resolved); else distinct
-                    if point in seen:
-                        continue
-                    seen.add(point)
-                yield dict(zip(names, point))
+            grids.append(tuple(sub))
+        return tuple(h.name for h in hps), grids
 
     def implementation(self) -> type:
         """The Method subclass (imported on first use: the card itself needs no torch)."""

@@ -28,6 +28,7 @@ batch_size with its default, stream, ...), and as a Mapping the dict above.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -280,7 +281,7 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in `run_ids`
+_HPARAMS_SLOT = "\x00hparams\x00"  # stands for the hparams object in `grid_run_ids`
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -302,16 +303,31 @@ def run_id_of(normalized: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(normalized).encode("utf-8")).hexdigest()[:16]
 
 
-def run_ids(base: Mapping[str, Any], points: Iterable[Mapping[str, Any]]) -> Iterator[str]:
-    """`run_id_of({**base, "hparams": point})` for each point (a plan's runs that differ by hparams alone): the
-    canonical JSON around the hparams object is written and hashed once, since sorted keys put that object in
-    the same place whatever it holds (a big grid's plan spends most of its time writing JSON otherwise)."""
+def grid_run_ids(base: Mapping[str, Any], names: tuple[str, ...], grids: Iterable[tuple[tuple[Any, ...], ...]]
+                 ) -> Iterator[tuple[str, tuple[Any, ...]]]:
+    """(`run_id_of({**base, "hparams": dict(zip(names, values))})`, values) for the values of each grid's product
+    in turn (a grid: one tuple of values per name; `names` sorted, values in normal form: a card's `grid_axes`),
+    a point that two grids share once per grid. A big grid's plan would spend most of its time writing JSON, so
+    what is written once is: the canonical JSON around the hparams object (sorted keys put that object in the
+    same place whatever it holds), hashed once, and each name's and value's JSON, once per grid; a point's is
+    their product, joined."""
+    if list(names) != sorted(names):
+        raise ValueError(f"grid_run_ids: names must be sorted as the canonical JSON sorts them, got {names!r}")
     prefix, suffix = canonical_json({**base, "hparams": _HPARAMS_SLOT}).split(json.dumps(_HPARAMS_SLOT), 1)
     head = hashlib.sha256(prefix.encode("utf-8"))
-    for point in points:
-        digest = head.copy()
-        digest.update((canonical_json(point) + suffix).encode("utf-8"))
-        yield digest.hexdigest()[:16]
+    keys = [canonical_json(name) + ":" for name in names]
+    for grid in grids:
+        if all(len(values) == 1 for values in grid):  # one point (a study's usual group): one JSON call, not one a name
+            point = tuple(values[0] for values in grid)
+            digest = head.copy()
+            digest.update((canonical_json(dict(zip(names, point))) + suffix).encode("utf-8"))
+            yield digest.hexdigest()[:16], point
+            continue
+        fragments = [[key + canonical_json(value) for value in values] for key, values in zip(keys, grid)]
+        for values, parts in zip(itertools.product(*grid), itertools.product(*fragments)):
+            digest = head.copy()
+            digest.update(("{" + ",".join(parts) + "}" + suffix).encode("utf-8"))
+            yield digest.hexdigest()[:16], values
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -346,6 +362,15 @@ class RunConfig(Mapping[str, Any]):
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self._data = config._data if isinstance(config, RunConfig) else normalize_config(config)
+
+    @classmethod
+    def of_normal(cls, normalized: dict[str, Any]) -> RunConfig:
+        """One taken as it is, from a config already in normal form (the plan's: a normalised base and the hparams
+        its card resolved, what `run_id_of` hashes): validating 10^5 planned runs' configs again would be most of
+        a big dry run."""
+        config = cls.__new__(cls)
+        config._data = normalized
+        return config
 
     def __getitem__(self, key: str) -> Any:
         return self._data[key]

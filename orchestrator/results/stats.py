@@ -149,17 +149,23 @@ def _t_pdf(t: float, df: float) -> float:
 def t_quantile(q: float, df: float) -> float:
     """The q quantile (q > 1/2) of Student's t (the normal's from NORMAL_DF on). Newton's method on the log of the
     two-sided tail, which is convex and decreasing in t, from the normal quantile, which lies below: every step
-    stays below the root and approaches it (a handful of steps at any df)."""
+    stays below the root and approaches it (a handful of steps at any df). Close to it (a step under 1e-6 of t)
+    each exact step is far smaller than the last, so one that is not is the tail's own rounding (at a large df
+    lgamma's large terms leave the tail about 1e-10 relative): it stops there, where more steps would only wander
+    in that noise (they did, to the limit of 100 steps: most of a big report's time)."""
     z = NormalDist().inv_cdf(q)
     if df >= NORMAL_DF:
         return z
-    target, t = math.log(2 * (1 - q)), z
+    target, t, last = math.log(2 * (1 - q)), z, math.inf
     for _ in range(100):
         tail = t_two_sided_p(t, df)
         step = (math.log(tail) - target) * tail / (2 * _t_pdf(t, df))
+        if abs(last) < 1e-6 * t and abs(step) >= abs(last):
+            break
         t += step
         if abs(step) <= 1e-13 * t:
             break
+        last = step
     return t
 
 

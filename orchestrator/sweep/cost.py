@@ -59,17 +59,19 @@ def measured_sample_seconds(rows: dict[str, dict[str, Any]]) -> dict[str, float]
 
 def cost_model(lengths: Callable[[Any], int], measured: dict[str, float] | None = None) -> Callable[[RunLike], float]:
     """Seconds a run is expected to take: measured (or prior) seconds per sample times `lengths(run.source)`."""
-    measured = measured or {}
+    per_sample_of = dict(measured or {})  # per method, looked up once
     memo: dict[Any, int] = {}
 
     def cost(run: RunLike) -> float:
-        per_sample = measured.get(run.method)
+        per_sample = per_sample_of.get(run.method)
         if per_sample is None:
             card = find_method(run.method)
-            per_sample = 1.0 / ((card.cost.samples_per_s if card else None) or UNKNOWN_SAMPLES_PER_S)
-        if run.source not in memo:
-            memo[run.source] = lengths(run.source)
-        return per_sample * memo[run.source]
+            per_sample = per_sample_of[run.method] = 1.0 / ((card.cost.samples_per_s if card else None)
+                                                             or UNKNOWN_SAMPLES_PER_S)
+        length = memo.get(run.source)
+        if length is None:
+            length = memo[run.source] = lengths(run.source)
+        return per_sample * length
 
     return cost
 
@@ -235,11 +237,17 @@ def local_device_bytes() -> int | None:
 def memory_of(spec: Any) -> Callable[[RunLike], int]:
     """A run's `config_bytes` from its source's shape and stream length."""
     memo: dict[Any, tuple[int, int, int]] = {}
+    sizes: dict[tuple[str, int, int, int], int] = {}  # a card's expression evaluated once per method and shape
 
     def bytes_of(run: RunLike) -> int:
-        if run.source not in memo:
-            memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
-        return config_bytes(run.method, *memo[run.source])
+        shape = memo.get(run.source)
+        if shape is None:
+            shape = memo[run.source] = (*source_shape(run.source), stream_length(spec, run.source))
+        key = (run.method, *shape)
+        size = sizes.get(key)
+        if size is None:
+            size = sizes[key] = config_bytes(*key)
+        return size
 
     return bytes_of
 

@@ -24,11 +24,12 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from orchestrator.sweep.load import SpecError
 from orchestrator.sweep.plan import DataSource, Run, Trial, computed_runs, make_trials
 from orchestrator.sweep.record import check_sweep_record
-from orchestrator.registry import method_card
+from orchestrator.registry import MethodCard, method_card
 from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
 from orchestrator.sweep.cost import (projected_hours, registry_length, sweep_cost, sweep_memory, trial_device_bytes,
                                      unknown_device_note)
@@ -93,7 +94,8 @@ def _text_encoder_lines(runs: list[Run]) -> list[str]:
     from orchestrator.registry import method_card
     from orchestrator.registry.datasets import DATASETS, dataset_key
 
-    pairs = dict.fromkeys((r.method, r.source.dataset) for r in runs if method_card(r.method).text_encoder)
+    uses = {m: method_card(m).text_encoder is not None for m in {r.method for r in runs}}  # a card per method
+    pairs = dict.fromkeys((r.method, r.source.dataset) for r in runs if uses[r.method])
     lines = ["methods running CLIP's text encoder at test time (the trial loads the backbone's text tower):"] if pairs \
         else []
     for method, dataset in pairs:
@@ -110,15 +112,17 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     from orchestrator.registry import method_card
     from orchestrator.registry.datasets import DATASETS, dataset_key
 
-    def classes(run: Run) -> int | None:
-        key = dataset_key(run.source.dataset)
+    def classes(dataset: Any) -> int | None:
+        key = dataset_key(dataset)
         return DATASETS[key].num_classes if key in DATASETS else None
 
-    keys = dict.fromkeys((r.method, r.batch_size, classes(r) if method_card(r.method).image_encoder.text_mb_per_class
-                          else None) for r in runs if method_card(r.method).image_encoder)
+    uses = {m: method_card(m).image_encoder for m in {r.method for r in runs}}
+    keys = dict.fromkeys((r.method, r.batch_size, r.source.dataset if uses[r.method].text_mb_per_class else None)
+                         for r in runs if uses[r.method])
     lines = ["methods adapting CLIP's image encoder on the images (one trial per run, never packed; the trial "
              "decodes the stream's images and loads the backbone's vision tower):"] if keys else []
-    for method, batch, k in keys:
+    for method, batch, dataset in keys:
+        k = None if dataset is None else classes(dataset)
         at = f" on {k} classes" if k else ""
         lines.append(f"  {method} at batch size {batch}{at}: {method_card(method).image_encoder.describe(batch, k)}")
     return lines
@@ -158,7 +162,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
     batched = any(r.batch_size != 1 for r in runs)
 
     def key(run: Run) -> tuple:
-        return (run.config.backbone, run.source.dataset, run.method) + ((run.batch_size,) if batched else ())
+        return (run.backbone, run.source.dataset, run.method) + ((run.batch_size,) if batched else ())
 
     by_key = Counter(key(r) for r in runs)
     done = Counter(key(r) for r in runs if r.run_id in finished)
@@ -259,18 +263,24 @@ def stepping_alone(trials: list[Trial]) -> Counter:
     from orchestrator.methods.lockstep import steps_orders
 
     alone: Counter = Counter()
+    cards: dict[str, MethodCard] = {}
+    runners: dict[tuple[str, bool], tuple[Any, bool]] = {}  # (method, views) -> its runner, steps orders together
     for trial in trials:
         if trial.replay or trial.shard is not None:
             continue
         passes: dict[tuple, list[Run]] = {}
         for run in trial.runs:
-            card = method_card(run.method)
+            card = cards.get(run.method) or cards.setdefault(run.method, method_card(run.method))
             # as the trial feeds it (pieces.feature_kind): views, one view [n, 1, d] for a view method on a
             # single-view stream, else one feature per sample
             views = run.source.views != "single" and card.wants_views(run.hparams)
-            runner = card.lockstep_runner(views or card.takes_views)
+            found = runners.get((run.method, views))
+            if found is None:
+                runner = card.lockstep_runner(views or card.takes_views)
+                found = runners[run.method, views] = (runner, runner is not None and steps_orders(runner, views))
+            runner, together = found
             if runner is not None:  # a card without one states its single-stream rate
-                order = None if steps_orders(runner, views) else run.source
+                order = None if together else run.source
                 passes.setdefault((id(runner), run.batch_size, order), []).append(run)
         for runs in passes.values():
             if len(runs) == 1:

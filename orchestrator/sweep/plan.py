@@ -19,8 +19,8 @@ Hyperparameters a run cannot feel (their card's `when` is not met, e.g. `decay` 
 their default in its config, so a grid over them gives one run, not several identical ones, and a run that
 already used the default keeps its run_id.
 
-A method entry's grid points come resolved from its card (`MethodCard.grid_points`: checked values, defaults,
-the `when` and `null_means` rules); the plan only hashes each run's config (`results.schema.run_ids`).
+A method entry's grid points come resolved from its card (`MethodCard.grid_axes`: checked values, defaults,
+the `when` and `null_means` rules); the plan only hashes each run's config (`results.schema.grid_run_ids`).
 Big grids: a run holds its run_id, its data source, a group shared by the runs of one (source, method entry)
 and a tuple of hparam values; its config dict is built only when asked for.
 """
@@ -39,10 +39,10 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
                                        derive_order_seeds, protocol_from_spec, stream_for_batch, stream_value)
-from orchestrator.registry import baseline_method, method_card
+from orchestrator.registry import MethodCard, baseline_method, method_card
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
-from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, normalize_config, run_ids
+from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, grid_run_ids, normalize_config
 from orchestrator.sweep import cost as costs
 from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
                                      dataset_views, entry_datasets, method_grid, method_templates)
@@ -127,6 +127,10 @@ class Run:
         return self._group.base["method"]
 
     @property
+    def backbone(self) -> str:
+        return self._group.base["backbone"]
+
+    @property
     def batch_size(self) -> int:
         return batch_size_of(self._group.base)
 
@@ -141,7 +145,7 @@ class Run:
 
     @property
     def config(self) -> RunConfig:
-        return RunConfig({**self._group.base, "hparams": self.hparams})
+        return RunConfig.of_normal({**self._group.base, "hparams": self.hparams})
 
     @property
     def label(self) -> str:
@@ -399,28 +403,37 @@ def iter_runs(spec: SweepSpec) -> Iterator[Run]:
     seen: set[str] = set()
     for dataset in spec.datasets:
         groups = _entries_by_inputs(spec, dataset)
+        # what depends on the entry (and a sigmoid backbone's scale) but not on the seed, order or stream: made
+        # once, as a study's 10^5 runs are mostly groups of one run (one per order)
+        axes: dict[tuple[int, str], tuple[tuple[str, ...], list]] = {}
+        steps = {id(entry): _steps(spec, entry, list(dict.fromkeys(
+            b for other in entries for b in spec.entry_batch_sizes(other))))
+            for entries in groups.values() for entry in entries}
+        context = {id(entry): _context_fields(entry) for entries in groups.values() for entry in entries}
         for seed in spec.seeds:
             for (views, templates), entries in groups.items():
-                sizes = list(dict.fromkeys(b for entry in entries for b in spec.entry_batch_sizes(entry)))
                 for plain_source, plain_fields in _sources(spec, dataset, seed, views, templates):
                     for entry in entries:
-                        card = method_card(entry.method)
-                        points = list(card.grid_points(_grid_on(entry, plain_fields), None if plain_source.is_synthetic
-                                                       else plain_source.dataset))
-                        names = tuple(card.hparam_names)
-                        for batch_size, stream_batch in _steps(spec, entry, sizes):
+                        key = (id(entry), repr(plain_fields.get("sigmoid")))
+                        if key not in axes:
+                            axes[key] = method_card(entry.method).grid_axes(
+                                _grid_on(entry, plain_fields), None if plain_source.is_synthetic
+                                else plain_source.dataset)
+                        names, grids = axes[key]
+                        for batch_size, stream_batch in steps[id(entry)]:
                             source, fields = _with_auxiliary(spec, entry.method, *_at_batch(
                                 _with_context(entry, plain_source), plain_fields, batch_size, stream_batch))
                             fields = _realtime(fields, source, entry.method)
                             base = normalize_config({"sweep": spec.name, "dataset": source.dataset,
                                                      "method": entry.method, "seed": seed, **fields,
-                                                     **_context_fields(entry)})
+                                                     **context[id(entry)]})
                             del base["hparams"]
                             group = _Group(base, names, entry.shards or 1)
-                            for run_id, point in zip(run_ids(base, points), points):
+                            # a point two sub-grids share (the card's `grid_points` gives it once) is one run
+                            for run_id, values in grid_run_ids(base, names, grids):
                                 if run_id not in seen:
                                     seen.add(run_id)
-                                    yield Run(run_id, source, group, tuple(point.values()))
+                                    yield Run(run_id, source, group, values)
 
 
 @contextlib.contextmanager
@@ -477,32 +490,32 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
 
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
-    keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
+    # per run group (one source, one method entry), made and hashed once: None where its runs are never packed,
+    # else its source's first order, its card, and whether it takes views (None: its hparams decide, per run)
+    keys: dict[int, tuple[DataSource, MethodCard, bool | None] | None] = {}
     trials: list[Trial] = []
-    alone: dict[int, bool] = {}  # per run group: its method adapts the image encoder or reads auxiliary features
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
                        for k in range(run.shards)]
             continue
-        card = method_card(run.method)
-        if alone.setdefault(id(run._group), card.image_encoder is not None or bool(card.auxiliary)
-                            or "realtime_k" in run._group.base):
+        known = keys.get(id(run._group), False)
+        if known is False:
+            card = method_card(run.method)
             # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
-            # interleaves adapting and frozen steps (a realtime stream)
+            # interleaves adapting and frozen steps (a realtime stream); a method taking views or not whatever its
+            # hparams decides once per group, one whose hparams decide it (inputs 'either') per run
+            known = keys[id(run._group)] = None if (
+                card.image_encoder is not None or bool(card.auxiliary) or "realtime_k" in run._group.base) else (
+                replace(run.source, order_index=0), card,
+                None if card.inputs == "either" else run.source.views != "single" and card.takes_views)
+        if known is None:
             trials.append(Trial(run.run_id, run.source, (run,)))
             continue
-        key = keys.get(id(run._group), False)
-        if key is False:
-            card = method_card(run.method)
-            # a method taking views or not whatever its hparams decides once per group; one whose hparams decide
-            # it (inputs 'either') per run
-            key = keys[id(run._group)] = None if card.inputs == "either" else (
-                replace(run.source, order_index=0), run.source.views != "single" and card.takes_views)
-        if key is None:
-            key = (replace(run.source, order_index=0),
-                   run.source.views != "single" and method_card(run.method).wants_views(run.hparams))
-        groups.setdefault(key, []).append(run)
+        first, card, views = known
+        if views is None:
+            views = run.source.views != "single" and card.wants_views(run.hparams)
+        groups.setdefault((first, views), []).append(run)
     for group in groups.values():
         trials += _order_trials(group, chunk)
     return trials
