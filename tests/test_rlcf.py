@@ -17,6 +17,8 @@ from orchestrator.methods.prompt import TEACHER_CLASSES, TEACHER_VIEWS
 from orchestrator.methods.rlcf.reference import run_rlcf_reference
 from orchestrator.registry import method_card
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 NAMES = ["dog", "cat", "golden retriever", "tabby_cat", "airplane"]
 K = len(NAMES)
 
@@ -46,11 +48,11 @@ def setup():
 DEFAULTS = {"lr": 7e-3, "weight_decay": 5e-4, "steps": 3, "keep": 0.1, "sample_k": 3, "logit_scale": 100.0}
 
 
-# float32 against float64: the logits are 100 cosines whose float32 rounding is a few eps each (a 2-layer tower, unit
-# vectors); AdamW steps each context entry by about lr * m / sqrt(v), which is smooth in the gradient away from zero, so
-# each step carries the logits' rounding over; a posterior moves by at most half a logit's error.
+# float32 against float64: a logit is 100 cosines of unit vectors in d = 64, whose float32 rounding is about sqrt(d)
+# eps; AdamW steps each context entry by about lr * m / sqrt(v), smooth in the gradient away from zero, so each of
+# the steps and the prediction carries the logits' rounding over, and a posterior moves by at most half a logit's error.
 def tolerance(steps: int) -> float:
-    return DEFAULTS["logit_scale"] * (steps + 1) * 64 * torch.finfo(torch.float32).eps
+    return DEFAULTS["logit_scale"] * (steps + 1) * 8 * torch.finfo(torch.float32).eps
 
 
 @pytest.mark.parametrize("hp", [{}, {"steps": 5, "sample_k": 2, "keep": 0.25}, {"sample_k": K, "lr": 2e-3}])
@@ -65,6 +67,8 @@ def test_rlcf_equals_the_per_sample_float64_reference_and_the_reward_moves_predi
     assert (post.double() - ref).abs().max() <= tolerance(hp_all["steps"])
     zero_shot = torch.softmax(100.0 * views[:, 0] @ emb.T, dim=-1)
     assert (post.argmax(1) != zero_shot.argmax(1)).sum() >= 2  # the reward acts on this stream
+    if hp:
+        return
     # chunks of one sample, and the stream in two parts, give the same rows
     one = make_method("rlcf", emb, torch.arange(K), K, text=text, **hp)
     one.chunk = 1
