@@ -44,8 +44,7 @@ PASS_BYTES = 2 << 30
 MAX_CHUNK = 64
 # A method rewarded by a CLIP teacher (its card's `teacher` hparam names the backbone: RLCF) reads the teacher's
 # features in `run`'s auxiliary under these names: its features of the stream's views [n, V, D] and its class text
-# features [K, D] (`orchestrator.sweep.pieces.teacher_stream` reads both from the feature cache).
-TEACHER = "teacher"
+# features [K, D] (`orchestrator.sweep.pieces.with_teacher` reads both from the feature cache).
 TEACHER_VIEWS = "teacher_views"
 TEACHER_CLASSES = "teacher_classes"
 

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
                                        derive_order_seeds, protocol_from_spec, stream_for_batch, stream_value)
 from orchestrator.registry import baseline_method, method_card
+from orchestrator.registry.backbones import names_teacher
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
 from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, normalize_config, run_ids
@@ -463,6 +464,17 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
     return [tuple(group[start:start + pack]) for start in range(0, len(group), pack)]
 
 
+def teacher_source(source: DataSource, teacher: str) -> DataSource:
+    """The data source of a run's CLIP teacher (`orchestrator.registry.backbones.TEACHER`): the teacher backbone at
+    its published weights on the same images, views and stream, its class prompts the one template its code
+    encodes ('tpt1': "a photo of a {name}.")."""
+    from orchestrator.sweep.catalog import teacher_backbone
+
+    model, pretrained = teacher_backbone(teacher)
+    return replace(source, model=model, pretrained=pretrained, checkpoint=None, model_config=None, quick_gelu=None,
+                   templates="tpt1", auxiliary="")
+
+
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
     keys: dict[int, tuple[DataSource, bool] | None] = {}  # per run group (one source, one method): hashed once
@@ -475,9 +487,9 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
             continue
         card = method_card(run.method)
         if alone.setdefault(id(run._group), card.image_encoder is not None or bool(card.auxiliary)
-                            or "realtime_k" in run._group.base):
-            # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
-            # interleaves adapting and frozen steps (a realtime stream)
+                            or names_teacher(card) or "realtime_k" in run._group.base):
+            # never packed: its encoder is its own, it reads auxiliary (or a teacher's) features a pack does not
+            # pass, or it interleaves adapting and frozen steps (a realtime stream)
             trials.append(Trial(run.run_id, run.source, (run,)))
             continue
         key = keys.get(id(run._group), False)

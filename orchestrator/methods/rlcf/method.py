@@ -26,7 +26,7 @@ Where the code, the paper and this port differ:
   image, so a teacher at the student's resolution and normalisation, ViT-L/14 for ViT-B/16, sees the very pixels),
   and a teacher at another resolution would have its views drawn at its own resolution.
 - The teacher is frozen, so its features do not depend on the context: its image features of every view and its
-  class text features are read once from the cache (`orchestrator.sweep.pieces.teacher_stream`), not encoded per
+  class text features are read once from the cache (`orchestrator.sweep.pieces.with_teacher`), not encoded per
   sample.
 - The scripts start the context from CoOp's 16-shot ImageNet context (--load); here from "a photo of a" unless the
   spec names a learned `context` (as for TPT).
