@@ -35,7 +35,7 @@ CARDS = (
                 "same images and views come from the feature cache", "choice", choices=TEACHERS),
          LOGIT_SCALE),
         inputs="views", views="augmix", group_views={"ood": "crops"}, text_encoder=TEXT,
-        state_words=PROMPT_WORDS + " + K*a",
+        state_words=PROMPT_WORDS,
         source="mzhaoshuai/RLCF@0996a5d TPT/tpt_cls_rl.py (test_time_tuning, test_time_adapt_eval), "
                "TPT/clip_reward.py (CLIPRewards: CLIPScore, rewards_post_process); scripts/rlcf-prompt.sh (ImageNet "
                "and its variants: 3 steps) and rlcf-prompt-fine.sh (cross-domain: 5 steps), lr 7e-3, weight decay "

@@ -78,8 +78,8 @@ class RLCF(PromptTuning):
         self._teacher: tuple[torch.Tensor, torch.Tensor] | None = (views, classes)
         try:
             return super().run(features)
-        finally:
-            self._teacher = None
+        finally:  # the teacher's features are the trial's (its stream's), not the method's state
+            self._teacher = self._classes = self._confident = None
 
     def optimizer(self, ctx: torch.Tensor) -> torch.optim.Optimizer:
         return torch.optim.AdamW([ctx], lr=self.hp["lr"], weight_decay=self.hp["weight_decay"])
