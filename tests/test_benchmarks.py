@@ -132,7 +132,7 @@ def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
 
     prompt_benchmark.main(["--quick", "--n", "2", "--reference"])
     out = capsys.readouterr().out
-    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "rlcf"):
         assert f"    {name:<5} chunked " in out, out
     assert "    dynaprompt stream " in out, out  # online: one run over the samples in order
     assert out.count("(predictions identical, max dpost") == 2 and "MB of activations per class" in out
