@@ -30,11 +30,15 @@ Where the code, the paper and this port differ:
   sample.
 - The scripts start the context from CoOp's 16-shot ImageNet context (--load); here from "a photo of a" unless the
   spec names a learned `context` (as for TPT).
-- The paper writes the reward baseline as the mean reward over sampled classes, the code subtracts that mean per
-  view; the code's per-view mean is followed. The paper's optional entropy regulariser (--min_entropy_reg) and the
-  multi-teacher reward (--multiple_reward_models) are off in the scripts and left out.
-- The image-encoder variant (tune_cls_rl.py: the vision tower's parameters tuned on the reward) would fit
-  `orchestrator.methods.encoder` (its views through the tower, the teacher's through the cache) and is not built.
+- "Sampling" is the code's: the K classes of highest student logit (torch.topk), not draws from the student's
+  policy; and the baseline is the mean reward of each view's K classes (process_batch 0; 1 would take the mean
+  over all the confident views' samples). The code's options that the scripts leave off are left out: the
+  entropy regulariser (--min_entropy_reg), the rewards' division by their std (--reward_amplify), several
+  teachers (--multiple_reward_models). The paper's text was not at hand: this follows the code throughout.
+- The image-encoder variant (tune_cls_rl.py, scripts/rlcf-tune.sh: the whole vision tower tuned by AdamW at lr 1e-5
+  on the same reward, per sample over its 64 augmented views) is not built: `orchestrator.methods.encoder` decodes
+  one eval-transformed image a sample, so it would need the augmented views decoded through the tower's copy (the
+  teacher's could still come from the cache).
 """
 
 from __future__ import annotations
