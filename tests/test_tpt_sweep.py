@@ -121,7 +121,9 @@ def test_the_prompt_tuning_methods_run_in_a_sweep_and_report_beside_clip(tmp_pat
     from dashboard import APP_PATH, RESULTS_ENV
 
     path = real_spec(tmp_path, methods=[{"method": m} for m in ("clip", "tpt", "ctpt", "rtpt", "otpt", "atpt",
-                                                                  "dynaprompt")] + [{"method": "rlcf", "teacher": TINY_RN}])
+                                                                  "dynaprompt")]
+                     # RLCF in two shards (episodic): each reads its rows of the teacher's features
+                     + [{"method": "rlcf", "teacher": TINY_RN, "shards": 2}])
     r = bca("sweep", str(path), "--yes")
     assert r.exit_code == 0, r.output
     assert "8/8 runs finished, 0 failed" in r.stdout
