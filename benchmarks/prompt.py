@@ -1,8 +1,9 @@
 """Prompt tuning's cost per sample: `python -m benchmarks.prompt` (`--quick`: the tiny test tower, a smoke run).
 
-TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT run CLIP's text tower forward and backward over K class
-prompts per sample (`orchestrator.methods.prompt`). For each text tower (random weights: the cost does not depend on
-them) and method, on random unit view features near the class text features (64 views, view 0 the original):
+TPT, C-TPT, R-TPT, O-TPT, A-TPT, RLCF, DynaPrompt and HisTPT run CLIP's text tower forward and backward over K
+class prompts per sample (`orchestrator.methods.prompt`; RLCF's teacher features, which a sweep reads from the cache,
+are the student's own here). For each text tower (random weights: the cost does not depend on them) and method, on
+random unit view features near the class text features (64 views, view 0 the original):
 
 - chunked s/sample: the episodic method as a sweep runs it, several samples' contexts in one text-tower pass;
 - one-by-one s/sample: the same method with one sample per pass (its chunk forced to 1);
@@ -73,7 +74,10 @@ def measure(model: str, methods: tuple[str, ...], K: int, n: int, views: int, de
             reference: bool) -> list[str]:
     from orchestrator.methods import make_method
     from orchestrator.methods.episodic import order_free
+    from orchestrator.methods.prompt import TEACHER_CLASSES, TEACHER_VIEWS
     from orchestrator.methods.tpt.reference import run_reference
+    from orchestrator.registry import method_card
+    from orchestrator.registry.backbones import names_teacher
 
     text, emb, x = tower_inputs(model, K, n, views, device)
     ids = torch.arange(K, device=device)
@@ -87,13 +91,15 @@ def measure(model: str, methods: tuple[str, ...], K: int, n: int, views: int, de
             lines.append(_stream_line(name, text, emb, ids, x, device, reference) + f"; peak {_peak(device)}")
             continue
         timed = {}
+        # a CLIP teacher's features (RLCF's) come from the cache: here the student's own stand in, at their cost
+        teacher = {TEACHER_VIEWS: x, TEACHER_CLASSES: emb} if names_teacher(method_card(name)) else None
         for label, chunk in (("chunked", None), ("one-by-one", 1)):
             method = make_method(name, emb, ids, K, text=text)
             if chunk:
                 method.chunk = chunk
             _sync(device)
             start = time.perf_counter()
-            post = method.run(x).posteriors
+            post = method.run(x, teacher).posteriors
             _sync(device)
             timed[label] = ((time.perf_counter() - start) / n, method.chunk, post)
         line = (f"    {name:<5} chunked {timed['chunked'][0]:.3f} s/sample (chunk {timed['chunked'][1]}), one-by-one "
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--K", type=int, help="classes (default 1000; quick 20)")
     parser.add_argument("--n", type=int, help="samples per measurement (default 4)")
     parser.add_argument("--methods", nargs="+",
-                        default=["tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"])
+                        default=["tpt", "ctpt", "rtpt", "otpt", "atpt", "rlcf", "dynaprompt", "histpt"])
     parser.add_argument("--reference", action="store_true",
                         help="also time TPT's, DynaPrompt's and HisTPT's per-sample reference loops")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")

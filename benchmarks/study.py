@@ -307,6 +307,7 @@ def _variants(measured: list[Unit], swept: list[Unit], orders: int) -> list[str]
 
 def main(argv: list[str] | None = None) -> None:
     from orchestrator.registry import dataset_card, method_cards, paper_datasets
+    from orchestrator.registry.backbones import names_teacher
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -329,9 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     names = args.datasets or (QUICK_DATASETS if args.quick else paper_datasets())
     datasets = [dataset_card(name) for name in names]
     # the methods adapting the image encoder run on images, which the study's synthetic features are not; those
-    # reading an auxiliary encoder's features need them beside CLIP's, which the study's streams have not
+    # reading an auxiliary encoder's or a CLIP teacher's features need them beside CLIP's, which the study's streams
+    # have not (`python -m benchmarks.prompt` measures RLCF beside TPT)
     cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.image_encoder is None
-             and not c.auxiliary]
+             and not c.auxiliary and not names_teacher(c)]
     gemm = measured_gemm_rate(args.device, 256 if args.quick else 4096)
     name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(f"machine: {os.cpu_count()} cpus, device {args.device} ({name}); load average at start "

@@ -62,6 +62,10 @@ OFFICIAL = {
     # --I_augmix (the ImageNet script), else len(set_id) > 1 (the fine-grained script): AugMix everywhere.
     "atpt": ("MB-Shihab-Aaqil-Ahamed/A-TPT@d76ecf6 tpt_classification.py, atpt_classification.py AugMixAugmenter",
              _by_group("augmix", "augmix", "augmix")),
+    # RLCF: TPT's rule, batch_size 64 in both prompt scripts (args.augmix defaults to 1; the fine-grained script passes
+    # `--augmix ${augmix}` without setting it, so it runs as written only with augmix set, to 1 for AugMix).
+    "rlcf": ("mzhaoshuai/RLCF@0996a5d TPT/tpt_cls_rl.py:149-150 AugMixAugmenter(augmix=len(set_id)>1 and args.augmix)",
+             _by_group("crops", "crops", "augmix")),
     "rtpt": ("TomSheng21/R-TPT@961483d rtpt.py AugMixAugmenter(augmix=len(dset) > 1)",
              _by_group("crops", "crops", "augmix")),
     # Tent, SAR, DeYO, BATCLIP, CLIPArTT and WATT: the official loaders' test transform, one image a sample (no test-time

@@ -54,6 +54,7 @@ def test_quick_study_measures_every_registered_method():
     """Every card runs in the study (batch methods at their official size, prompt tuning through a text tower), each
     once per unit; the methods without a lockstep runner and prompt tuning measure one stream per pass."""
     from orchestrator.registry import method_cards, method_label
+    from orchestrator.registry.backbones import names_teacher
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -64,7 +65,8 @@ def test_quick_study_measures_every_registered_method():
     from orchestrator.methods.episodic import order_free
 
     for card in method_cards():
-        if card.image_encoder is not None or card.auxiliary:  # runs on images, or reads a second encoder's features
+        # runs on images, or reads a second encoder's (or a CLIP teacher's) features
+        if card.image_encoder is not None or card.auxiliary or names_teacher(card):
             assert method_label(card.name) not in table, card.name
             continue
         assert method_label(card.name) in table, card.name

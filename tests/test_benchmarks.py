@@ -145,7 +145,7 @@ def test_prompt_tuning_benchmark_quick_run_and_the_gpu_checks_section(capsys):
 
     prompt_benchmark.main(["--quick", "--n", "2", "--reference"])
     out = capsys.readouterr().out
-    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "rlcf"):
         assert f"    {name:<5} chunked " in out, out
     for name in ("dynaprompt", "histpt"):  # online: one run over the samples in order
         assert f"    {name:<5} stream " in out, out

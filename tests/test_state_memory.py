@@ -5,7 +5,7 @@ transient work arrays are not state), counted once per storage, the inputs (clas
 
 Every method that runs without CLIP's text tower is measured at a small shape; a few at the table's shape (K = 1000,
 d = 512: BCA, TDA, OGA, DMN-ZS, ECALP, StatA; DOTA's 1 GB of covariances stays at the small shape); the
-prompt-tuning methods (TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt) on the tiny test backbones' text towers."""
+prompt-tuning methods (TPT, C-TPT, R-TPT, O-TPT, A-TPT, RLCF, DynaPrompt) on the tiny test backbones' text towers."""
 
 from __future__ import annotations
 
@@ -123,12 +123,13 @@ def test_a_state_expression_other_than_arithmetic_on_its_names_is_refused(words,
 
 @pytest.mark.parametrize("model", ["bca-tiny-vit", "bca-tiny-rn"])
 def test_the_prompt_tuning_state_is_what_a_run_holds(model):
-    """TPT, C-TPT, R-TPT, O-TPT, A-TPT, DynaPrompt and HisTPT on the tiny test backbones' text towers (token width
-    w = 128, d = 64): the prompts' token embeddings, the initial text features, DynaPrompt's buffer of contexts and
-    HisTPT's context, AdamW moments and memories their cards count."""
+    """TPT, C-TPT, R-TPT, O-TPT, A-TPT, RLCF, DynaPrompt and HisTPT on the tiny test backbones' text towers (token
+    width w = 128, d = 64): the prompts' token embeddings, the initial text features, DynaPrompt's buffer of contexts
+    and HisTPT's context, AdamW moments and memories their cards count."""
     from orchestrator.clip.backbone import load_backbone
     from orchestrator.clip.prompts import prompt_text
     from orchestrator.clip.testing import TINY_RN, TINY_VIT, register_tiny_models
+    from orchestrator.methods.prompt import TEACHER_CLASSES, TEACHER_VIEWS
 
     assert model in (TINY_VIT, TINY_RN)
     register_tiny_models()
@@ -139,10 +140,11 @@ def test_the_prompt_tuning_state_is_what_a_run_holds(model):
     (num_classes, dim), width = embeddings.shape, embedded.shape[-1]
     # 10 views: the fewest whose int(V * keep) selects one at keep 0.1 (fewer are refused)
     views = F.normalize(torch.randn(4, 10, dim, generator=torch.Generator().manual_seed(0)), dim=-1)
-    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt"):
+    for name in ("tpt", "ctpt", "rtpt", "otpt", "atpt", "dynaprompt", "histpt", "rlcf"):
         ids = torch.arange(num_classes)
         method = make_method(name, embeddings, ids, num_classes, text=text)
-        method.run(views)
+        # RLCF's teacher (here the student's own features) is the trial's, not the method's state
+        method.run(views, {TEACHER_VIEWS: views, TEACHER_CLASSES: embeddings} if name == "rlcf" else None)
         held = held_bytes(method, [embeddings, ids, views, text.tokens])
         stated = method_card(name).state_bytes(num_classes, dim, text_width=width)
         assert abs(held - stated) <= TOLERANCE * held, (name, held, stated)

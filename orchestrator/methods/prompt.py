@@ -44,6 +44,11 @@ CTX_INIT = "a photo of a"  # the official scripts' --ctx_init a_photo_of_a (TPT,
 # tower's backward keeps about `TextTower.saved_bytes_per_prompt` per prompt, K prompts per sample.
 PASS_BYTES = 2 << 30
 MAX_CHUNK = 64
+# A method rewarded by a CLIP teacher (its card's `teacher` hparam names the backbone: RLCF) reads the teacher's
+# features in `run`'s auxiliary under these names: its features of the stream's views [n, V, D] and its class text
+# features [K, D] (`orchestrator.sweep.pieces.with_teacher` reads both from the feature cache).
+TEACHER_VIEWS = "teacher_views"
+TEACHER_CLASSES = "teacher_classes"
 
 
 class TextTower(torch.nn.Module):
@@ -241,11 +246,15 @@ class PromptTuning(Episodic):
         [B, K, d]: TPT's entropy of the averaged prediction."""
         return avg_entropy(logits)
 
+    def optimizer(self, ctx: torch.Tensor) -> torch.optim.Optimizer:
+        """The optimiser of a chunk's contexts: torch.optim.AdamW at lr, torch's defaults otherwise (TPT's)."""
+        return torch.optim.AdamW([ctx], lr=self.hp["lr"])
+
     def solve(self, chunk: torch.Tensor, shared: torch.Tensor, start: int) -> torch.Tensor:
         B, scale = chunk.shape[0], self.hp["logit_scale"]
         views = torch.gather(chunk, 1, shared[..., None].expand(-1, -1, chunk.shape[-1]))     # [B, k, d]
         ctx = self.prompts.ctx_init.expand(B, -1, -1).clone().requires_grad_(True)
-        optimizer = torch.optim.AdamW([ctx], lr=self.hp["lr"])   # fresh per sample: official optim_state reload
+        optimizer = self.optimizer(ctx)   # fresh per sample: official optim_state reload
         with torch.enable_grad():
             for _ in range(self.hp["steps"]):
                 features = self.prompts.features(ctx)

@@ -55,6 +55,23 @@ def backbone_card(model: str) -> BackboneCard | None:
     return BACKBONES.get(model.replace("/", "-"))
 
 
+# The hparam by which a method names a CLIP teacher (RLCF): a second backbone whose features of the run's images and
+# views, and of its class prompts, come from the feature cache (`orchestrator.sweep.pieces.with_teacher`).
+TEACHER = "teacher"
+
+
+def names_teacher(card: Any) -> bool:
+    """Whether a method's card names a CLIP teacher (declares the TEACHER hparam)."""
+    return any(h.name == TEACHER for h in card.hparams)
+
+
+def teacher_pretrained(model: str) -> str | None:
+    """The weights a teacher loads: a registered backbone's published tag, else None (random weights: the toy-size
+    test configs a teacher may also name)."""
+    card = backbone_card(model)
+    return None if card is None else card.tag
+
+
 def head_of_config(config: Mapping[str, Any]) -> str:
     """'sigmoid' for an open_clip model config that gives a logit bias (open_clip's CLIP then has one), else
     'softmax'."""

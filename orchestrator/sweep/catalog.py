@@ -91,6 +91,21 @@ def register_model_config(path: str) -> None:
     open_clip.add_model_config(path)
 
 
+def teacher_backbone(model: str) -> tuple[str, str | None]:
+    """(model, pretrained tag or None for random weights) of a teacher a method's `teacher` hparam names, its config
+    known to open_clip in this process (the toy-size test configs are registered here, as a trial needs them)."""
+    import open_clip
+
+    from orchestrator.registry.backbones import teacher_pretrained
+
+    if open_clip.get_model_config(model) is None:
+        from orchestrator.clip.testing import TINY_CONFIGS, register_tiny_models
+
+        if model in TINY_CONFIGS:
+            register_tiny_models()
+    return model, teacher_pretrained(model)
+
+
 def backbone_issue(model: str, pretrained: str | None, checkpoint: str | None,
                    config: str | None) -> tuple[str, str] | None:
     """(field, message) for a backbone that cannot be loaded as written, else None.

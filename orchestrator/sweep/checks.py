@@ -21,6 +21,7 @@ from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual
                                        protocol_from_spec)
 from orchestrator.data.synthetic import synthesize
 from orchestrator.registry import MethodCard, dataset_key, method_card, method_cards
+from orchestrator.registry.backbones import TEACHER, names_teacher
 from orchestrator.registry.templates import METHOD_TEMPLATES, TEMPLATE_SET_NAMES
 from orchestrator.sweep.cost import GPU_ENCODER_IMAGES_PER_S
 from orchestrator.sweep.spec import (
@@ -342,6 +343,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
                                                       f"expected precision 'fp32', or resources.gpu > 0"))
         if card.text_encoder is not None:
             issues += _selection_issues(spec, i, entry.method, datasets, grid)
+        if names_teacher(card):
+            issues += _teacher_issues(i, entry.method, grid)
         if entry.context is not None:
             issues += _context_issues(spec, i, entry.method, entry.context)
         if entry.shards is not None and entry.shards > 1:
@@ -351,6 +354,23 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))
+    return issues
+
+
+def _teacher_issues(i: int, method: str, grid: dict[str, list]) -> list[tuple[str, str]]:
+    """Each teacher a method entry names loads as its student would (its config known, its published tag one
+    open_clip knows); whether the weights are on disk is checked where they are loaded, as for the student."""
+    from orchestrator.sweep.catalog import backbone_issue, teacher_backbone
+
+    card, issues = method_card(method), []
+    values = grid.get(TEACHER, [card.hparam(TEACHER).default])
+    for j, teacher in enumerate(values):
+        if teacher not in card.hparam(TEACHER).choices:
+            continue  # refused above, naming the choices
+        problem = backbone_issue(*teacher_backbone(teacher), None, None)
+        if problem:
+            issues.append((f"methods[{i}].{TEACHER}" + (f"[{j}]" if len(values) > 1 else ""),
+                           f"{method}'s teacher {teacher} cannot be loaded: {problem[1]}"))
     return issues
 
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.sweep.load import SpecError
-from orchestrator.sweep.plan import DataSource, Run, Trial, computed_runs, make_trials
+from orchestrator.sweep.plan import DataSource, Run, Trial, computed_runs, make_trials, teacher_source
 from orchestrator.sweep.record import check_sweep_record
 from orchestrator.registry import MethodCard, method_card
-from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec
+from orchestrator.registry.backbones import TEACHER, names_teacher
+from orchestrator.sweep.spec import OFFICIAL_BATCH, RANDOM_WEIGHTS, SweepSpec, method_grid
 from orchestrator.sweep.cost import (projected_hours, registry_length, sweep_cost, sweep_memory, trial_device_bytes,
                                      unknown_device_note)
 from orchestrator.sweep.status import recorded_rows, run_status
@@ -128,6 +129,25 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     return lines
 
 
+def _teacher_lines(spec: SweepSpec, teachers) -> list[str]:
+    """The CLIP teachers the runs read (their feature-cache entries are listed and priced with the backbones'):
+    the memory a trial holds for a teacher's features of every view, beside the student's."""
+    import open_clip
+
+    from orchestrator.clip.views import parse_views
+
+    lines = ["CLIP teachers the runs read (frozen: their features of every view and their class prompts come from the "
+             "feature cache, encoded once; each trial holds them beside the student's):"] if teachers else []
+    for run, source in teachers:
+        dim = open_clip.get_model_config(source.model)["embed_dim"]
+        n, views = _stream_length(spec, source), parse_views(source.views, source.seed).num_views
+        mb = n * views * dim * 4 / 2**20
+        held = f"{mb / 1024:,.2f} GB" if mb >= 1024 else f"{mb:,.2f} MB"
+        lines.append(f"  {run.method} on {source.dataset}: teacher {source.model} ({source.weights or 'random weights'})"
+                     f", {n:,} samples x {views} views x {dim} float32 = {held} in the trial")
+    return lines
+
+
 def _sigmoid_lines(spec: SweepSpec, runs: list[Run]) -> list[str]:
     """The backbones that score with a sigmoid and a bias (SigLIP): the learned scale and bias read from their
     weights, and which methods run at that scale (their cards' sigmoid rules)."""
@@ -200,7 +220,16 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         source = trial.source
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
-                                None if source.views == "single" else source.seed, source.context_sha256), source)
+                               None if source.views == "single" else source.seed, source.context_sha256), source)
+    teachers: dict[tuple, tuple[Run, DataSource]] = {}  # per teacher entry, a run that reads it
+    for trial in trials:
+        for run in trial.runs:
+            if names_teacher(method_card(run.method)) and not run.source.is_synthetic:
+                source = teacher_source(run.source, run.hparams[TEACHER])
+                key = (source.model, source.weights, source.quick_gelu, source.dataset, source.views,
+                       None if source.views == "single" else source.seed, source.context_sha256)
+                entries.setdefault(key, source)
+                teachers.setdefault(key, (run, source))
     auxiliary: dict[tuple, tuple[dict, DataSource]] = {}  # the auxiliary encoders' entries, keyed alike
     for trial in trials:
         source = trial.source
@@ -240,6 +269,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
             lines.append(f"  {label} {aux['checkpoint'] or 'random weights'} (the pixels of {source.model}) "
                          f"{source.dataset} views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")
+    lines += _teacher_lines(spec, teachers.values())
     lines.append(f"estimated cost: {steps:,} online steps (samples through a method, over the runs to run)"
                  + (f", {sum(encode.values()):,} image views to encode" if entries or auxiliary else ""))
     replayed = [trial for trial in trials if trial.replay]
@@ -316,6 +346,22 @@ def weights_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             resolve_weights(BackboneSpec(backbone.model, backbone.pretrained, backbone.quick_gelu))
         except (WeightsNotFoundError, ValueError) as exc:
             issues.append((f"backbones[{i}].pretrained", str(exc)))
+    from orchestrator.sweep.catalog import teacher_backbone
+
+    for i, entry in enumerate(spec.methods):  # a CLIP teacher's published weights, as the backbones'
+        card = method_card(entry.method)
+        if not names_teacher(card):
+            continue
+        values = method_grid(entry).get(TEACHER, [card.hparam(TEACHER).default])
+        for j, teacher in enumerate(values):
+            model, tag = teacher_backbone(teacher)
+            if tag is None or teacher not in card.hparam(TEACHER).choices:
+                continue
+            try:
+                resolve_weights(BackboneSpec(model, tag))
+            except (WeightsNotFoundError, ValueError) as exc:
+                issues.append((f"methods[{i}].{TEACHER}" + (f"[{j}]" if len(values) > 1 else ""),
+                               f"{entry.method}'s teacher: {exc}"))
     return issues
 
 

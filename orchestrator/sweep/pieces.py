@@ -37,12 +37,13 @@ from orchestrator.methods import make_method
 from orchestrator.methods.hparams import CLIP_LOGIT_SCALE
 from orchestrator.methods.realtime import RealtimeMethod
 from orchestrator.registry import ensure_dataset, method_card
+from orchestrator.registry.backbones import TEACHER, names_teacher
 from orchestrator.results.metrics import TOP_K, run_metrics, stored_run_metrics
 from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.stages import ENCODER_STAGE, METHOD_STAGES, stage_column
-from orchestrator.sweep.plan import DataSource, Run
+from orchestrator.sweep.plan import DataSource, Run, teacher_source
 from orchestrator.sweep.spec import SweepSpec
 
 FAILPOINT_ENV = "BCA_SWEEP_FAILPOINT"
@@ -459,9 +460,38 @@ def features_for(config: RunConfig, stream: Stream, vision: ImageSide | None = N
 
 
 def auxiliary_for(config: RunConfig, stream: Stream, start: int, stop: int) -> dict[str, torch.Tensor] | None:
-    """Rows start:stop of the auxiliary features the run's method reads (None: it reads none)."""
+    """Rows start:stop of the auxiliary features the run's method reads, and of its teacher's where it names one
+    (`with_teacher`; the teacher's class features whole); None: it reads none."""
+    from orchestrator.methods.prompt import TEACHER_CLASSES, TEACHER_VIEWS
+
     names = method_card(config.method).auxiliary
-    return {name: stream.auxiliary[name][start:stop] for name in names} if names else None
+    out = {name: stream.auxiliary[name][start:stop] for name in names}
+    if names_teacher(method_card(config.method)):
+        out.update({TEACHER_VIEWS: stream.auxiliary[TEACHER_VIEWS][start:stop],
+                    TEACHER_CLASSES: stream.auxiliary[TEACHER_CLASSES]})
+    return out or None
+
+
+def with_teacher(stream: Stream, configs: list[RunConfig], source: DataSource, settings: Settings,
+                 progress: Progress = silent) -> Stream:
+    """The stream with its teacher's features beside (`auxiliary_for` hands them to the method) where a run names a
+    teacher, else the stream itself. The teacher is frozen, so its features of every view and of its class prompts
+    are read through the feature cache (encoded once, shared by every run that reads them) rather than by a second
+    model in the trial. A trial holds one such run (the plan never packs them)."""
+    from orchestrator.methods.prompt import TEACHER_CLASSES, TEACHER_VIEWS
+
+    teachers = {c.hparams[TEACHER] for c in configs if names_teacher(method_card(c.method))}
+    if not teachers:
+        return stream
+    if len(teachers) > 1:
+        raise ValueError(f"a trial holds runs of several teachers {sorted(teachers)}; such runs are not packed")
+    teacher, _ = load_stream(teacher_source(source, teachers.pop()), settings, keep_views=True, progress=progress)
+    if teacher.image_ids != stream.image_ids or teacher.view_features is None \
+            or teacher.view_features.shape[:2] != stream.view_features.shape[:2]:
+        raise ValueError(f"the teacher's stream of {source.dataset} does not match the run's (its images or views "
+                         f"differ); expected the same images and views for the student and its teacher")
+    return dataclasses.replace(stream, auxiliary={**stream.auxiliary, TEACHER_VIEWS: teacher.view_features,
+                                                  TEACHER_CLASSES: teacher.class_embeddings})
 
 
 def part_rows_for(part_rows: int, batch_size: int) -> int:

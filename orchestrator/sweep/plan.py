@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 from orchestrator.data.streams import (HELD_OUT_CLASSES, Contaminated, Continual, Iid, Protocol, Realtime,
                                        derive_order_seeds, protocol_from_spec, stream_for_batch, stream_value)
 from orchestrator.registry import MethodCard, baseline_method, method_card
+from orchestrator.registry.backbones import names_teacher
 from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
 from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, grid_run_ids, normalize_config
@@ -488,6 +489,17 @@ def _chunk_fixed(group: list[Run], pack: int) -> list[tuple[Run, ...]]:
     return [tuple(group[start:start + pack]) for start in range(0, len(group), pack)]
 
 
+def teacher_source(source: DataSource, teacher: str) -> DataSource:
+    """The data source of a run's CLIP teacher (`orchestrator.registry.backbones.TEACHER`): the teacher backbone at
+    its published weights on the same images, views and stream, its class prompts the one template its code
+    encodes ('tpt1': "a photo of a {name}.")."""
+    from orchestrator.sweep.catalog import teacher_backbone
+
+    model, pretrained = teacher_backbone(teacher)
+    return replace(source, model=model, pretrained=pretrained, checkpoint=None, model_config=None, quick_gelu=None,
+                   templates="tpt1", auxiliary="", context=None, context_sha256=None)
+
+
 def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, ...]]]) -> list[Trial]:
     groups: dict[tuple[DataSource, bool], list[Run]] = {}  # by the source's first order: its orders pack together
     # per run group (one source, one method entry), made and hashed once: None where its runs are never packed,
@@ -502,11 +514,12 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
         known = keys.get(id(run._group), False)
         if known is False:
             card = method_card(run.method)
-            # never packed: its encoder is its own, it reads auxiliary features a pack does not pass, or it
-            # interleaves adapting and frozen steps (a realtime stream); a method taking views or not whatever its
-            # hparams decides once per group, one whose hparams decide it (inputs 'either') per run
+            # never packed: its encoder is its own, it reads auxiliary (or a teacher's) features a pack does not
+            # pass, or it interleaves adapting and frozen steps (a realtime stream); a method taking views or not
+            # whatever its hparams decides once per group, one whose hparams decide it (inputs 'either') per run
             known = keys[id(run._group)] = None if (
-                card.image_encoder is not None or bool(card.auxiliary) or "realtime_k" in run._group.base) else (
+                card.image_encoder is not None or bool(card.auxiliary) or names_teacher(card)
+                or "realtime_k" in run._group.base) else (
                 replace(run.source, order_index=0), card,
                 None if card.inputs == "either" else run.source.views != "single" and card.takes_views)
         if known is None:

@@ -30,7 +30,7 @@ from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import PeakMemory
 from orchestrator.sweep.plan import Run, Shard
 from orchestrator.sweep.pieces import (WARMUP_SAMPLES, ImageSide, Outcome, Progress, Settings, Stream,
-                                       code_path, features_for, finish, fire_failpoint, mark_failed, method_for,
+                                       auxiliary_for, code_path, features_for, finish, fire_failpoint, mark_failed, method_for,
                                        part_rows_for, peak_mb_of, rows_on_disk, silent, warm_up)
 
 
@@ -66,7 +66,8 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
                 return method_for(config, stream, text, vision)
 
             warmup_s = warm_up([code_path(config, features)],
-                               lambda: method_for_stream().run(features[:WARMUP_SAMPLES]))
+                               lambda: method_for_stream().run(features[:WARMUP_SAMPLES],
+                                                               auxiliary_for(config, stream, 0, WARMUP_SAMPLES)))
             method = method_for_stream()
             # the unsharded run's part-sized calls that hold a missing row (holes never cross a shard's range)
             for start in range(lo, hi, part):
@@ -75,7 +76,7 @@ def execute_shard(run: Run, shard: Shard, stream: Stream, settings: Settings, *,
                 if not wanted:
                     continue
                 began = time.perf_counter()
-                trace = method.run(features[start:end])
+                trace = method.run(features[start:end], auxiliary_for(config, stream, start, end))
                 rows = outcome.add(trace, stream.labels[start:end], time.perf_counter() - began)
                 outcome.rows.clear()  # its rows go to disk; the metrics are computed from the whole run's there
                 for a, b in wanted:

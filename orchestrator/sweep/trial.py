@@ -27,7 +27,7 @@ from orchestrator.sweep.pieces import (STATE_ROWS, TEXT_STAGE, WARMUP_SAMPLES, I
                                        Settings, Stream, auxiliary_for, code_path, error_text, features_for,
                                        finish, image_side, load_stream, mark_failed, method_for, part_rows_for,
                                        peak_mb_of, prompt_text_for, resume_state, rows_on_disk, save_run_state,
-                                       silent, trial_device, wants_views, warm_up)
+                                       silent, trial_device, wants_views, warm_up, with_teacher)
 from orchestrator.sweep.plan import Run, Trial
 from orchestrator.sweep.shard import execute_shard
 
@@ -131,6 +131,7 @@ def execute_trial(trial: Trial, settings: Settings, progress: Progress = silent)
             return execute_orders(todo, settings, peak=peak, progress=progress)
         stream, cached = load_stream(trial.source, settings, keep_views, progress)
         encode_s = 0.0 if cached else stream.encode_s
+        stream = with_teacher(stream, [run.config for run in todo], trial.source, settings, progress)
         text = prompt_text_for([run.config for run in todo], trial.source, stream)
         vision = image_side([run.config for run in todo], trial.source, stream, settings)
         if trial.shard is not None:
