@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from orchestrator.methods.hparams import LOGIT_SCALE
 from orchestrator.registry.card import Cost, HParam, Lockstep, MethodCard
 
 CARDS = (
