@@ -115,6 +115,37 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
+def _short_cost(card) -> str:
+    """The README's cost of a method: samples/s on one CPU core (`_cost`'s first figure), or the encoder pass it
+    pays per sample or batch where it backpropagates through one, else that it is not measured yet."""
+    if card.cost.samples_per_s is not None:
+        rate = card.cost.samples_per_s
+        return f"{rate / 1000:.3g}k/s" if rate >= 1000 else f"{rate:.3g}/s"
+    if card.text_encoder is not None:
+        return "text-tower backward per sample"
+    if card.image_encoder is not None:
+        return "image-tower backward per batch"
+    return "not measured yet"
+
+
+def readme_methods() -> str:
+    """The README's methods table: one row per family (in the cards' order), each method with its source (official
+    code, or marked where written from the paper) and its cost."""
+    families: dict[str, list] = {}
+    for card in sorted(method_cards(), key=lambda c: c.order):
+        if isinstance(card.impl, str) and card.impl.startswith("orchestrator."):
+            families.setdefault(card.family, []).append(card)
+    rows = ["| family | methods: cost per sample (samples/s on one CPU core at K = 1,000, d = 512) |", "|---|---|"]
+    for family, cards in families.items():
+        by_cost: dict[str, list[str]] = {}  # methods of one cost written once (the encoder families)
+        for c in cards:
+            by_cost.setdefault(_short_cost(c), []).append(
+                f"{c.label}{' (from the paper)' if c.source.startswith('from the paper') else ''}")
+        cells = [", ".join(labels) + f": {cost}" for cost, labels in by_cost.items()]
+        rows.append(f"| {family} | {' · '.join(cells)} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------------------------------ datasets
 def datasets_table() -> str:
     """One row per registered dataset: name, title, benchmark, classes, test images, where its files go,
@@ -351,6 +382,7 @@ def compare_suite() -> str:
 
 # ------------------------------------------------------------------------------------------------- pages
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
+    "readme-methods": ("README.md", readme_methods),
     "methods-table": ("docs/methods.md", methods_table),
     "protocols-table": ("docs/methods.md", protocols_table),
     "datasets-table": ("docs/real-data.md", datasets_table),

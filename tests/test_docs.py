@@ -186,6 +186,24 @@ def test_generated_section_is_its_source(name):
         f"{page.relative_to(REPO)}: the section {name!r} differs from its source; run python -m orchestrator.docs"
 
 
+def test_the_readme_table_names_every_built_in_method_with_its_family_source_and_cost():
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ", 1)[1] for line in (REPO / "README.md").read_text()
+            .split(docs.markers("readme-methods")[0])[1].split(docs.markers("readme-methods")[1])[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| family")}
+    for card in registry.method_cards():
+        if not (isinstance(card.impl, str) and card.impl.startswith("orchestrator.")):
+            continue
+        row = rows[card.family]
+        cell = next(c for c in row.rstrip(" |").split(" · ")
+                    if card.label in c.split(": ")[0].replace(" (from the paper)", "").split(", "))
+        paper = card.source.startswith("from the paper")
+        assert (f"{card.label} (from the paper)" in cell) == paper, cell
+        rate = card.cost.samples_per_s
+        assert cell.endswith(f"{rate / 1000:.3g}k/s" if rate and rate >= 1000 else f"{rate:.3g}/s" if rate else
+                             "text-tower backward per sample" if card.text_encoder else
+                             "image-tower backward per batch" if card.image_encoder else "not measured yet"), cell
+
+
 def test_the_generator_rewrites_a_stale_section(tmp_path):
     for page in {p for p, _ in docs.SECTIONS.values()}:
         (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
