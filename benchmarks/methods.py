@@ -4,7 +4,8 @@ On one synthetic stream (K classes, M = K class embeddings, dimension d; view me
 view 0 the feature, the others the feature plus noise), in one process and the same run:
 
 - single /s: samples/s of `make_method(m, ...).run(features)` at the card's defaults and official batch size (the
-  BCA family runs on the blocked engine here: its multi-config path is `benchmarks.engine`);
+  BCA family runs on the blocked engine here: its multi-config path is `benchmarks.engine`; a method reading an
+  auxiliary encoder, COSMIC, gets random unit features of DINOv2 ViT-L/14's width beside the stream's);
 - official /s: the public code's per-sample algorithm where the project transcribes it (`OFFICIAL`: each method's
   `orchestrator/methods/<name>/reference.py`, the loop its tests hold it to), in float32 on this device: the BCA
   family (CLIP, LA and PA are BCA's public loop with the missing gates never firing) on one feature and BCA on
@@ -178,6 +179,9 @@ def differing_configs(card, g: int, n: int) -> list[dict]:
     return configs
 
 
+AUXILIARY_DIM = 1024
+
+
 def _timed(fn, *args):
     start = time.perf_counter()
     out = fn(*args)
@@ -204,9 +208,14 @@ def measure(card, stream, preset: dict, repeat: int = 1, views: bool | None = No
         # a batch method at its official batch size, the one its card's samples_per_s is for
         return make_method(card.name, emb, ids, K, batch_size=card.batch_size or 1, **dict(config, **length))
 
+    # an auxiliary encoder's features (COSMIC's DINOv2 ViT-L/14: 1,024 wide), random unit rows like the stream's
+    generator = torch.Generator().manual_seed(1)
+    auxiliary = {name: torch.nn.functional.normalize(torch.randn(n, AUXILIARY_DIM, generator=generator), dim=-1)
+                 .to(x.device) for name in card.auxiliary}
+
     def single(config, data):
         method = build(config, data)         # built outside the timed call, as the lockstep's methods are
-        return _timed(method.run, data)
+        return _timed(method.run, data, {k: v[:data.shape[0]] for k, v in auxiliary.items()} or None)
 
     official = OFFICIAL.get((card.name, views))
     lockstep_groups = preset["groups"] if card.lockstep_runner(x.ndim == 3) is not None else ()
@@ -299,10 +308,9 @@ def run(args: argparse.Namespace, preset: dict) -> None:
     """Measure the chosen methods on the preset's streams and print the table."""
     from orchestrator.registry import method_cards
 
-    # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it; a method
-    # reading an auxiliary encoder's features (COSMIC) needs them beside CLIP's, which it has not either.
+    # Prompt tuning runs a text tower, which this synthetic stream has not: benchmarks.prompt measures it
     cards = [c for c in method_cards() if (args.methods is None or c.name in args.methods) and c.text_encoder is None
-             and c.image_encoder is None and not c.auxiliary]
+             and c.image_encoder is None]
     print(f"machine: {os.cpu_count()} cpus, device {args.device}, torch threads {args.threads}; "
           f"load average at start {os.getloadavg()[0]:.1f}")
     print(f"stream: K = M = {preset['K']}, d = {preset['d']}, n = {preset['n']} (view methods: "

@@ -31,8 +31,7 @@ def test_methods_benchmark_quick_run_prints_every_method_and_agrees(capsys):
     head, rows = table[0], {cells[0]: dict(zip(table[0], cells)) for cells in table[1:]}
     assert head[:4] == ["method", "single /s", "official /s", "single / official"], head
     on_views = {"TDA (10 views)", "BCA (10 views)"}  # the quick preset's study views
-    cards = [card for card in method_cards() if card.text_encoder is None and card.image_encoder is None
-             and not card.auxiliary]
+    cards = [card for card in method_cards() if card.text_encoder is None and card.image_encoder is None]
     assert set(rows) == {card.label for card in cards} | on_views, out
     lockstep = [row for row in rows.values() if row["G=1 cfg-samples/s (/ single)"] != "-"]
     assert len(lockstep) >= 3 and all(row["agree, max dpost"].startswith("yes") for row in lockstep), out
