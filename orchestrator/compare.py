@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from orchestrator import registry
+from orchestrator.registry.backbones import names_teacher
 from orchestrator.results import metrics, stats
 
 PRESETS = ("fine_grained", "imagenet_like")
@@ -30,6 +31,24 @@ def _runs_on_one_view(card: registry.MethodCard) -> bool:
     """Whether a method runs on the synthetic presets, which have a single view per sample and no images (a method
     adapting the image encoder needs them)."""
     return not card.views_everywhere and card.image_encoder is None
+
+
+def _needs_more_than_the_backbone(card: registry.MethodCard) -> str | None:
+    """Why a method cannot run on the real-data suite's one backbone, if it cannot: it reads an auxiliary encoder's
+    features (which the suite's backbone does not name) or a CLIP teacher's (a second backbone's weights)."""
+    if card.auxiliary:
+        return f"reads the {', '.join(card.auxiliary)} auxiliary encoder's features"
+    if names_teacher(card):
+        return "reads a CLIP teacher's features (a second backbone's weights)"
+    return None
+
+
+def left_out(field: Sequence[str], data_root: str | Path | None) -> dict[str, str]:
+    """The built-in methods the suite leaves out on real data, each with why (a sweep of its own runs them)."""
+    if data_root is None:
+        return {}
+    reasons = {name: _needs_more_than_the_backbone(registry.method_card(name)) for name in field}
+    return {name: why for name, why in reasons.items() if why}
 
 
 def resolve_method(method: str) -> tuple[str, list[str], list[str]]:
@@ -68,6 +87,11 @@ def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, res
     else:
         if not datasets:
             raise ValueError("--data-root needs at least one --dataset to compare on")
+        why = _needs_more_than_the_backbone(registry.method_card(method))
+        if why:
+            raise ValueError(f"METHOD {method!r} {why}, which the suite's one backbone does not give; compare it in "
+                             f"a sweep whose backbones name them (docs/real-data.md)")
+        builtins = [name for name in builtins if name not in left_out(builtins, data_root)]
         data = list(datasets)
     names = list(dict.fromkeys([*builtins, method]))
     spec: dict[str, Any] = {
@@ -202,6 +226,8 @@ def compare_command(method: str, *, results_dir: Path, orders: int, samples: int
     except (ValueError, SpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for other, why in left_out(field, data_root).items():
+        out(f"left out: {registry.method_label(other)} {why}, which the suite's one backbone does not give")
     if dry_run:
         from orchestrator.sweep.dryrun import dry_run as plan_of
 

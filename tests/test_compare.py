@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from orchestrator import registry
 from orchestrator.cli import app
-from orchestrator.compare import leaderboard
+from orchestrator.compare import DEFAULT_ORDERS, leaderboard
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.testing import make_fake_results
 from plugin_sources import SHARPEN as PLUGIN
@@ -102,6 +102,31 @@ def test_dry_run_plans_the_suite_with_the_plugin_and_every_single_view_builtin(t
 def test_bad_method_or_suite_exits_2_with_a_message(tmp_path, args, message):
     out = runner.invoke(app, ["compare", *args, "--dry-run", "--results", str(tmp_path)])
     assert out.exit_code == 2 and message in out.output, out.output
+
+
+def test_the_real_data_suite_plans_every_method_its_backbone_can_run_and_names_the_others(tmp_path):
+    """On the user's datasets the suite has one backbone: the methods that read more (an auxiliary encoder's
+    features, a CLIP teacher's) are left out with why, not a refusal of the whole comparison; METHOD itself
+    reading more is refused (exit 2) saying where it runs."""
+    from orchestrator.clip.testing import TINY_VIT, build_dataset, register_tiny_models
+
+    register_tiny_models()
+    build_dataset("dtd", tmp_path / "data")
+    suite = ["--data-root", str(tmp_path / "data"), "--dataset", "dtd", "--cache-dir", str(tmp_path / "cache"),
+             "--backbone", TINY_VIT, "--pretrained", "random", "--dry-run", "--results", str(tmp_path / "results")]
+    out = runner.invoke(app, ["compare", "bca", *suite], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    left = [line for line in out.output.splitlines() if line.startswith("left out: ")]
+    assert left == ["left out: RLCF reads a CLIP teacher's features (a second backbone's weights), which the "
+                    "suite's one backbone does not give",
+                    "left out: COSMIC reads the dinov2 auxiliary encoder's features, which the suite's one "
+                    "backbone does not give"]
+    planned = set(registry.method_names()) - {"rlcf", "cosmic"}  # each over the default orders
+    assert (f"sweep compare-bca (dry run: nothing is run or written): {len(planned) * DEFAULT_ORDERS} runs"
+            in out.output)
+    out = runner.invoke(app, ["compare", "cosmic", *suite])
+    assert out.exit_code == 2
+    assert "METHOD 'cosmic' reads the dinov2 auxiliary encoder's features" in " ".join(out.output.split())
 
 
 def test_an_unknown_method_lists_the_known_ones(tmp_path):
