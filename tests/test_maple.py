@@ -234,3 +234,15 @@ def test_a_maple_context_that_cannot_be_used_exits_2_naming_the_field_and_file(t
     assert r.exit_code == 2, r.output
     assert expected.format(files=files) in " ".join(r.stderr.split())
     assert "Traceback" not in r.output and not (tmp_path / "results").exists()
+
+
+def test_a_maple_context_under_several_template_sets_exits_2(tmp_path, files):
+    """MaPLe's prompts replace the templates: two sets would be two runs of one computation, which a table would
+    read as two configurations."""
+    path = _spec(tmp_path, [{"method": "tda", "context": MAPLE.format(files=files)}])
+    path.write_text(path.read_text() + "templates: [single, ensemble]\n")
+    r = bca("sweep", str(path), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert ("methods[0].context: a MaPLe context's prompts replace the class templates, so the spec's 2 template "
+            "sets (single, ensemble) would give 2 runs of the same numbers") in " ".join(r.stderr.split())
+

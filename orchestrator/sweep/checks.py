@@ -408,6 +408,11 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
             maple = load_maple(path)
         except ValueError as exc:
             return [(where, str(exc))]
+        sets = method_templates(spec, method)
+        if len(sets) > 1:  # each set would be a run of its own, all of the same numbers
+            return [(where, f"a MaPLe context's prompts replace the class templates, so the spec's {len(sets)} "
+                            f"template sets ({', '.join(sets)}) would give {len(sets)} runs of the same numbers; "
+                            f"expected one template set (`templates:`) in a spec with a MaPLe context")]
         synthetic = [dataset_name(d) for d in entry_datasets(spec, spec.methods[i])
                      if isinstance(d, SyntheticDataset)]
         if synthetic:
