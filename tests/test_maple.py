@@ -246,3 +246,21 @@ def test_a_maple_context_under_several_template_sets_exits_2(tmp_path, files):
     assert ("methods[0].context: a MaPLe context's prompts replace the class templates, so the spec's 2 template "
             "sets (single, ensemble) would give 2 runs of the same numbers") in " ".join(r.stderr.split())
 
+
+def test_a_maple_file_learnt_on_another_patch_size_exits_2(tmp_path, files):
+    """ViT-B/16's file on ViT-B/32 has every width right: the patch size of the CLIP weights MaPLe saves beside its
+    prompts tells them apart."""
+    import torch
+
+    path = tmp_path / "b32" / "MultiModalPromptLearner" / "model.pth.tar-5"
+    path.parent.mkdir(parents=True)
+    checkpoint = torch.load(MAPLE.format(files=files), weights_only=False)
+    conv = checkpoint["state_dict"]["image_encoder.conv1.weight"]
+    patch = conv.shape[-1]
+    checkpoint["state_dict"]["image_encoder.conv1.weight"] = torch.zeros(*conv.shape[:2], 2 * patch, 2 * patch)
+    torch.save(checkpoint, path)
+    r = bca("sweep", str(_spec(tmp_path, [{"method": "tda", "context": str(path)}])), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert (f"methods[0].context: context file {path}: it was learnt on a ViT of patch size {2 * patch} (its "
+            f"image_encoder.conv1.weight); {TINY_VIT}'s is {patch}") in " ".join(r.stderr.split())
+

@@ -66,7 +66,9 @@ class MapleContext:
     """MaPLe's prompts, float32: the first layer's text context `ctx` [n_ctx, w_t] and its projection to the vision
     side (`proj_weight` [w_v, w_t], `proj_bias` [w_v]); per deeper layer j = 1 .. depth - 1 the text prompt
     `text_deep[j - 1]` [n_ctx, w_t] and its projection `vision_deep[j - 1]` (weight, bias). The file's path and
-    sha256."""
+    sha256; `patch_size`: the patch size of the ViT it was learnt on, read from the CLIP weights MaPLe's trainer
+    saves beside its prompts (None where the file holds none), so a file is not run on another ViT of equal
+    widths (ViT-B/16's on ViT-B/32)."""
 
     ctx: torch.Tensor
     proj_weight: torch.Tensor
@@ -75,6 +77,7 @@ class MapleContext:
     vision_deep: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     path: str
     sha256: str
+    patch_size: int | None = None
     source: str = MAPLE
 
     @property
@@ -216,7 +219,10 @@ def load_maple(path: str | os.PathLike) -> MapleContext:
     text_deep = tuple(tensor(f"compound_prompts_text.{i}", (n_ctx, w_t)) for i in range(deeper))
     vision_deep = tuple((tensor(f"compound_prompt_projections.{i}.weight", (w_v, w_t)),
                          tensor(f"compound_prompt_projections.{i}.bias", (w_v,))) for i in range(deeper))
-    return MapleContext(ctx, proj_weight, proj_bias, text_deep, vision_deep, str(path.resolve()), file_sha256(path))
+    conv = state.get("image_encoder.conv1.weight")  # [w_v, 3, patch, patch]
+    patch = int(conv.shape[-1]) if isinstance(conv, torch.Tensor) and conv.ndim == 4 else None
+    return MapleContext(ctx, proj_weight, proj_bias, text_deep, vision_deep, str(path.resolve()), file_sha256(path),
+                        patch)
 
 
 def context_issue(path: str, model: str, width: int, max_ctx: int) -> str | None:

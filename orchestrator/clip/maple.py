@@ -50,6 +50,10 @@ def fit_issue(context: MapleContext, model: str, cfg: dict[str, Any]) -> str | N
     if (context.text_width, context.vision_width) != widths:
         return (f"{where}: its prompts are {context.text_width} wide in text and {context.vision_width} in vision; "
                 f"{model}'s towers are {widths[0]} and {widths[1]}; expected a file learnt on the same CLIP model")
+    patch = vision.get("patch_size")
+    if context.patch_size is not None and patch is not None and context.patch_size != int(patch):
+        return (f"{where}: it was learnt on a ViT of patch size {context.patch_size} (its image_encoder.conv1.weight); "
+                f"{model}'s is {patch}; expected a file learnt on the same CLIP model")
     layers = min(int(text.get("layers", 12)), int(vision.get("layers", 12)))
     if context.depth > layers:
         return (f"{where}: prompt depth {context.depth} (ctx and {context.depth - 1} compound prompts) exceeds "

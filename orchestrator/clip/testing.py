@@ -325,7 +325,8 @@ def write_maple_context(directory: str | Path, model: str = TINY_VIT, n_ctx: int
         state[f"prompt_learner.compound_prompt_projections.{i}.weight"] = layer.weight.detach()
         state[f"prompt_learner.compound_prompt_projections.{i}.bias"] = layer.bias.detach()
     state.update({"prompt_learner.token_prefix": embedding[:, :1], "prompt_learner.token_suffix": embedding[:, 1 + n_ctx:],
-                  "image_encoder.proj": clip.visual.proj.detach(), "text_encoder.text_projection":
+                  "image_encoder.proj": clip.visual.proj.detach(),
+                  "image_encoder.conv1.weight": clip.visual.conv1.weight.detach(), "text_encoder.text_projection":
                   clip.text_projection.detach(), "logit_scale": clip.logit_scale.detach()})
     path = Path(directory) / "MultiModalPromptLearner" / f"model.pth.tar-{epoch}"
     path.parent.mkdir(parents=True, exist_ok=True)
