@@ -144,7 +144,8 @@ def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
 @pytest.mark.parametrize("entry,expected", [
     ({"method": "clip", "context": "coop/prompt_learner/model.pth.tar-50"},
      "methods[0].context: context file {root}/coop/prompt_learner/model.pth.tar-50 is CoOp's (a text context only); "
-     "'clip' reads frozen features, so its context is MaPLe's"),
+     "'clip' reads frozen features, and class embeddings from CoOp's prompts are not supported for such a method "
+     "yet"),
     ({"method": "tpt", "context": "missing.pth.tar"}, "methods[0].context: context file {root}/missing.pth.tar does "
                                                       "not exist"),
     ({"method": "tpt", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"},

@@ -402,9 +402,10 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
         try:
             if context_source(path) != MAPLE:
                 return [(where, f"context file {path} is CoOp's (a text context only); {method!r} reads frozen "
-                                f"features, so its context is MaPLe's, whose prompts give both towers' features: "
-                                f"expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch> (a CoOp context is "
-                                f"for the prompt-tuning methods: tpt, ctpt, rtpt, dynaprompt, ...)")]
+                                f"features, and class embeddings from CoOp's prompts are not supported for such a "
+                                f"method yet: expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch>, whose "
+                                f"prompts give both towers' features (a CoOp context is for the prompt-tuning "
+                                f"methods: tpt, ctpt, rtpt, dynaprompt, ...)")]
             maple = load_maple(path)
         except ValueError as exc:
             return [(where, str(exc))]
