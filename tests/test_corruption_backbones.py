@@ -12,8 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.clip.testing import TINY_SIGLIP, TINY_VIT, build_corrupted, register_tiny_models, write_model_config
+from orchestrator.clip.testing import (TINY_RN, TINY_SIGLIP, TINY_VIT, build_corrupted, register_tiny_models,
+                                       write_model_config)
 from orchestrator.registry import method_card, method_names
+from orchestrator.registry.backbones import TEACHER, names_teacher
 from orchestrator.results.writer import read_run
 from orchestrator.sweep.load import load_spec
 from orchestrator.sweep.pieces import settings_of
@@ -27,7 +29,9 @@ CHEAP = {"clipartt": {"steps": 1}, "watt": {"rounds": 1, "template_steps": 1}}
 
 def entry(name: str) -> dict:
     card = method_card(name)
-    return {"method": name, **CHEAP.get(name, {}), **({"batch_size": 2} if card.image_encoder else {})}
+    # a CLIP teacher (RLCF's) at toy size too: the other tiny model
+    return {"method": name, **CHEAP.get(name, {}), **({"batch_size": 2} if card.image_encoder else {}),
+            **({TEACHER: TINY_RN} if names_teacher(card) else {})}
 
 
 @pytest.mark.parametrize("backbone", [TINY_SIGLIP, TINY_VIT, "ViT-B-32"])
