@@ -33,7 +33,7 @@ CARDS = (
         state=("bank_keys", "bank_labels", "bank_probs", "bank_loss", "means", "weights", "bias"),
         # the banks [K L, d], int64 labels [K L], their probabilities [K L, K] and losses [K L]; the means [K, d], the
         # text [K, d], the GDA weights [d, K] and bias [K]; the last update's similarities [K L]
-        cost=Cost(state_words="K*bank_size*d + 2*K*bank_size + K*bank_size*K + K*bank_size + 2*K*d + d*K + K "
+        cost=Cost(samples_per_s=28.0, state_words="K*bank_size*d + 2*K*bank_size + K*bank_size*K + K*bank_size + 2*K*d + d*K + K "
                               "+ K*bank_size"),
         source="AIM-SKKU/ADAPT@68481c0 ADAPT_online.py (evaluation, update_knowledge_banks, param_estimation, "
                "compute_final_prediction, get_clip_feature_logits), data/cls_to_names.py (custom_scale), "

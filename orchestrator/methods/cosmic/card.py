@@ -56,7 +56,7 @@ CARDS = (
         # keys [K, dino_shot, a], losses and int64 counts (a: the auxiliary encoder's width). Besides these, the two
         # graphs' cliques and anchors, whose number the data decide (about one clique per node: 2K of width d for
         # CLIP's graph, K of width a for DINOv2's), are counted at that estimate.
-        cost=Cost(state_words="K*memory_size*d + K*memory_size + K*d + 2*K + K*dino_shot*a + K*dino_shot + 2*K "
+        cost=Cost(samples_per_s=1.5, state_words="K*memory_size*d + K*memory_size + K*d + 2*K + K*dino_shot*a + K*dino_shot + 2*K "
                               "+ 2*K*d + K*a"),
         auxiliary=("dinov2",),
         source="hf618/COSMIC@34fde07 cosmic_main.py (direct_inference), utils/DualMems.py (update_memory_bank, "

@@ -74,7 +74,7 @@ CARDS = (
         state=("text", "text_updates", "counter", "confidence", "cache_keys", "cache_loss", "cache_time"),
         # the initial and the global prototypes [K, d], the cache's keys [K, shot, d], losses, int64 times and
         # counts, the class counters (int64 pseudo-labels, float mean confidence, int64 confidence counts)
-        cost=Cost(state_words="2*K*d + K*shot*d + 3*K*shot + 7*K"),
+        cost=Cost(samples_per_s=146.0, state_words="2*K*d + K*shot*d + 3*K*shot + 7*K"),
         source="whynotcooper/dlae@253163b main_dlae.py (run_test_dlae, update_cache, cache_key_value), utils.py "
                "(get_clip_logits_2, get_clip_logits_3, logits_adjustment), configs/ (ViT-B/16 entries); views: "
                "utils.py build_test_data_loader: 63 crops on ImageNet, -A, -V2, -Sketch and UCF101, 63 AugMix views "

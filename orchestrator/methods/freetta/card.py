@@ -29,7 +29,7 @@ CARDS = (
         ),
         state=("means", "counts", "total", "covariance"),
         # the means [K, d], counts [K], the total weight t and the shared covariance [d, d]; the text [K, d]
-        cost=Cost(state_words="2*K*d + K + 1 + d*d"),
+        cost=Cost(samples_per_s=42.0, state_words="2*K*d + K + 1 + d*d"),
         source="from the paper: Dai & Yang, CVPR 2025, \"Free on the Fly: Enhancing Flexibility in Test-Time "
                "Adaptation with Online EM\" (arXiv 2507.06973), reconstructed from its abstract (Gaussian "
                "discriminant analysis, online EM with the zero-shot prior, entropy weighting, fusion): its method "

@@ -46,24 +46,25 @@ _MCP_HPARAMS = (
            per_dataset={"imagenet-a": "confident"}),
     LOGIT_SCALE,
 )
+# caches' keys [K, shot, d] and losses [K, shot], the negative masks [K, neg_shot, K], their int64 counts; the cached
+# features [K, entropy_shot + align_shot, d], the prototypes [K, d] with their bool flags, the text [K, d]
+_WORDS = ("2*K*(entropy_shot + align_shot)*d + K*neg_shot*d + K*(entropy_shot + align_shot + neg_shot) + K*neg_shot*K "
+          "+ 6*K + 2*K*d + K/4")
 _VIEWS_AND_STATE = dict(
     inputs="views", views=Views("augmix", count=32, groups={"ood": "crops"}),
     state=("entropy_keys", "entropy_loss", "align_keys", "align_loss", "neg_keys", "neg_loss", "neg_values",
            "memory", "prototypes"),
-    # caches' keys [K, shot, d] and losses [K, shot], the negative masks [K, neg_shot, K], their int64 counts;
-    # the cached features [K, entropy_shot + align_shot, d], the prototypes [K, d] with their bool flags, the
-    # text [K, d]
-    cost=Cost(state_words="2*K*(entropy_shot + align_shot)*d + K*neg_shot*d "
-                          "+ K*(entropy_shot + align_shot + neg_shot) + K*neg_shot*K + 6*K + 2*K*d + K/4"),
     source="CenturyChen/MCP@f9d063f mcp_runner.py (run_test_mcp with --res False, update_cache, "
            "update_align_cache, update_cache_joint, get_cache_pred), utils.py (get_clip_logits, "
            "select_confident_samples), configs/; views: utils.py build_test_data_loader, AugMixAugmenter "
            "n_views=31: random resized crops + flips on ImageNet and its variants (augmix=False), AugMix on the "
            "cross-domain sets")
+# samples/s at K = M = 1000, d = 512 on 8 views (benchmarks/logs/methods-cpu-2026-11-29.txt)
 CARDS = (
     MethodCard("mcp", "MCP", 170, "tda",
                "entropy, align and negative caches; their per-class prototypes and a read-out of the cached features",
-               "orchestrator.methods.mcp.method:MCP", _MCP_HPARAMS, **_VIEWS_AND_STATE),
+               "orchestrator.methods.mcp.method:MCP", _MCP_HPARAMS, cost=Cost(samples_per_s=28.0, state_words=_WORDS),
+               **_VIEWS_AND_STATE),
     MethodCard("mcp_pp", "MCP++", 171, "tda",
                "MCP plus one AdamW step per sample on residuals of the text embeddings and the prototypes",
                "orchestrator.methods.mcp.method:MCPPlusPlus",
@@ -72,6 +73,7 @@ CARDS = (
                        low_open=True, log=True, per_dataset=_LR),
                 HParam("lr_image", "float", 6e-5, "AdamW learning rate of the prototype residual", "rate", low=0.0,
                        low_open=True, log=True, per_dataset=_LR)),
+               cost=Cost(samples_per_s=22.0, state_words=_WORDS),
                **{**_VIEWS_AND_STATE,
                   "source": _VIEWS_AND_STATE["source"].replace("--res False", "--res True, --tta_steps 1")}),
 )
