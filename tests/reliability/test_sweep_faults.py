@@ -210,7 +210,9 @@ def test_disk_full_mid_sweep_then_resume(ray_session, faults, tmp_path, ledger):
         # Nothing half-written is visible and the parts written before the disk filled are intact.
         assert not [p for p in results.rglob("*") if schema.is_temp_name(p.name) and "samples" in p.parts]
         problems = verify_results(results).problems
-        assert {p.kind for p in problems} <= {"missing_rows"}, problems
+        # a run whose trial was still going when the disk filled cannot record its stop either: its record stays
+        # 'running', which verify names as not finished (CI caught clip's trial there under load)
+        assert {p.kind for p in problems} <= {"missing_rows", "not_finished"}, problems
         done = RunWriter(results, bca.config).rows_done()
         assert done in (2 * PART, 3 * PART) and len(sample_rows(results)[bca.run_id]) == done
         assert sample_rows(results)[bca.run_id] == reference[bca.run_id][:done]
