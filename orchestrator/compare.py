@@ -91,7 +91,8 @@ def suite_spec(method: str, plugins: Sequence[str], field: Sequence[str], *, res
         if why:
             raise ValueError(f"METHOD {method!r} {why}, which the suite's one backbone does not give; compare it in "
                              f"a sweep whose backbones name them (docs/real-data.md)")
-        builtins = [name for name in builtins if name not in left_out(builtins, data_root)]
+        dropped = left_out(builtins, data_root)
+        builtins = [name for name in builtins if name not in dropped]
         data = list(datasets)
     names = list(dict.fromkeys([*builtins, method]))
     spec: dict[str, Any] = {

@@ -89,20 +89,25 @@ def _cached(spec: SweepSpec, source: DataSource, manifests: list[dict]) -> bool:
                and m.get("key_fields", {}).get("context_sha256") == source.context_sha256 for m in manifests)
 
 
+def _known_classes(dataset: Any) -> int | None:
+    """A registered dataset's K (a folder dataset's is unknown before its listing: None)."""
+    from orchestrator.registry.datasets import DATASETS, dataset_key
+
+    key = dataset_key(dataset)
+    return DATASETS[key].num_classes if key in DATASETS else None
+
+
 def _text_encoder_lines(runs: list[Run]) -> list[str]:
     """The methods that run CLIP's text encoder at test time, with the device they want and their memory per
     sample at each dataset's K (a folder dataset's K is unknown before its listing: per class only)."""
     from orchestrator.registry import method_card
-    from orchestrator.registry.datasets import DATASETS, dataset_key
 
     uses = {m: method_card(m).text_encoder is not None for m in {r.method for r in runs}}  # a card per method
     pairs = dict.fromkeys((r.method, r.source.dataset) for r in runs if uses[r.method])
     lines = ["methods running CLIP's text encoder at test time (the trial loads the backbone's text tower):"] if pairs \
         else []
     for method, dataset in pairs:
-        key = dataset_key(dataset)
-        k = DATASETS[key].num_classes if key in DATASETS else None
-        lines.append(f"  {method} on {dataset}: {method_card(method).text_encoder.describe(k)}")
+        lines.append(f"  {method} on {dataset}: {method_card(method).text_encoder.describe(_known_classes(dataset))}")
     return lines
 
 
@@ -111,11 +116,6 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     own copy), with the device they want and their activation memory at each run's batch size (and classes, for a
     method adapting the text tower too)."""
     from orchestrator.registry import method_card
-    from orchestrator.registry.datasets import DATASETS, dataset_key
-
-    def classes(dataset: Any) -> int | None:
-        key = dataset_key(dataset)
-        return DATASETS[key].num_classes if key in DATASETS else None
 
     uses = {m: method_card(m).image_encoder for m in {r.method for r in runs}}
     keys = dict.fromkeys((r.method, r.batch_size, r.source.dataset if uses[r.method].text_mb_per_class else None)
@@ -123,7 +123,7 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     lines = ["methods adapting CLIP's image encoder on the images (one trial per run, never packed; the trial "
              "decodes the stream's images and loads the backbone's vision tower):"] if keys else []
     for method, batch, dataset in keys:
-        k = None if dataset is None else classes(dataset)
+        k = None if dataset is None else _known_classes(dataset)
         at = f" on {k} classes" if k else ""
         lines.append(f"  {method} at batch size {batch}{at}: {method_card(method).image_encoder.describe(batch, k)}")
     return lines
