@@ -2,7 +2,9 @@
 tiny open_clip model) is read as TPT's official --load reads it; TPT started from it equals the per-sample reference
 started from the same context and predicts otherwise than from the hand-written prompt; in a sweep the run records
 the file's sha256 (a runs-table column) and `bca report` labels its row apart (a backbone checkpoint's sha256:
-test_checkpoints.py); a context that cannot be used exits 2 naming the field and the file."""
+test_checkpoints.py); a frozen-feature method from a CoOp file classifies with CoOp's prompts (checked against
+open_clip's text tower run by hand) over the plain image features, and a prompt-tuning run's gain is measured
+against CLIP from the same file; a context that cannot be used exits 2 naming the field and the file."""
 
 from __future__ import annotations
 
@@ -142,10 +144,11 @@ def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
 
 
 @pytest.mark.parametrize("entry,expected", [
-    ({"method": "clip", "context": "coop/prompt_learner/model.pth.tar-50"},
-     "methods[0].context: context file {root}/coop/prompt_learner/model.pth.tar-50 is CoOp's (a text context only); "
-     "'clip' reads frozen features, and class embeddings from CoOp's prompts are not supported for such a method "
-     "yet"),
+    ({"method": "tent", "context": "coop/prompt_learner/model.pth.tar-50"},
+     "methods[0].context: 'tent' adapts CLIP's image encoder at test time, which a learned context's prompts do not "
+     "enter"),
+    ({"method": "tda", "context": "csc/prompt_learner/model.pth.tar-50"},
+     "methods[0].context: context file {root}/csc/prompt_learner/model.pth.tar-50: a class-specific context"),
     ({"method": "tpt", "context": "missing.pth.tar"}, "methods[0].context: context file {root}/missing.pth.tar does "
                                                       "not exist"),
     ({"method": "tpt", "context": "maple/MultiModalPromptLearner/model.pth.tar-5"},
@@ -156,6 +159,7 @@ def test_a_run_from_a_coop_file_records_it_and_reports_apart(tmp_path):
 ])
 def test_a_context_that_cannot_be_used_exits_2_naming_the_field_and_file(tmp_path, entry, expected):
     write_coop_context(tmp_path / "coop", TINY_VIT, NAMES)
+    write_coop_context(tmp_path / "csc", TINY_VIT, NAMES, class_specific=True)
     write_maple_context(tmp_path / "maple")
     wide = tmp_path / "wide" / "prompt_learner" / "model.pth.tar-50"
     wide.parent.mkdir(parents=True)
@@ -164,3 +168,63 @@ def test_a_context_that_cannot_be_used_exits_2_naming_the_field_and_file(tmp_pat
     assert r.exit_code == 2, r.output
     assert expected.format(root=tmp_path.resolve()) in " ".join(r.stderr.split())
     assert "Traceback" not in r.output and not (tmp_path / "results").exists()
+
+
+def _coop_reference(file: Path, class_names: list[str]) -> torch.Tensor:
+    """[K, d] CoOp's classifier written out on the open_clip model: each class's "X X X X <name>." tokenized, the X's
+    token embeddings replaced by the file's ctx (CoOp's PromptLearner), then encode_text's remaining steps."""
+    model = load_backbone(TINY_VIT, None, "cpu")
+    clip = model.model
+    ctx = torch.load(file, weights_only=False)["state_dict"]["ctx"]
+    n = ctx.shape[0]
+    tokens = model.tokenizer([" ".join(["X"] * n) + f" {name.replace('_', ' ')}." for name in class_names])
+    with torch.no_grad():
+        x = clip.token_embedding(tokens)
+        x = torch.cat([x[:, :1], ctx.expand(len(class_names), -1, -1), x[:, 1 + n:]], dim=1)
+        x = clip.ln_final(clip.transformer(x + clip.positional_embedding, attn_mask=clip.attn_mask))
+        x = x[torch.arange(len(class_names)), tokens.argmax(-1)] @ clip.text_projection
+    return F.normalize(x, dim=-1)
+
+
+def test_frozen_feature_methods_from_a_coop_file_classify_with_its_prompts(tmp_path):
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.writer import read_run
+    from orchestrator.sweep.load import load_spec
+    from orchestrator.sweep.pieces import load_stream, settings_of
+    from orchestrator.sweep.plan import data_sources, expand, make_trials
+    from orchestrator.sweep.trial import execute_trial
+
+    file = write_coop_context(tmp_path / "coop", TINY_VIT, NAMES, n_ctx=4, seed=7)
+    sha = hashlib.sha256(file.read_bytes()).hexdigest()
+    at = "coop/prompt_learner/model.pth.tar-50"
+    path = _spec(tmp_path, [{"method": "clip"}, {"method": "clip", "context": at}, {"method": "tda", "context": at},
+                            {"method": "tpt", "context": at}])
+    dry = bca("sweep", str(path), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "feature-cache entries the trials read (1)" in dry.output    # CoOp leaves the images' features as they are
+    cached = bca("cache", str(path), "--workers", "0", "--device", "cpu")
+    assert cached.exit_code == 0, cached.output
+    assert f"(CoOp context {sha[:8]})" in cached.output and "MaPLe" not in cached.output
+    spec = load_spec(path)
+    runs = expand(spec)
+    assert len(data_sources(spec)) == 2      # the plain source (clip, tpt) and the one whose classes are CoOp's
+    settings = settings_of(spec)
+    for trial in make_trials(runs, "auto"):
+        execute_trial(trial, settings)
+    by = {(r.method, r.config.get("context_sha256")): r for r in runs}
+    assert set(by) == {("clip", None), ("clip", sha), ("tda", sha), ("tpt", sha)}
+    assert read_run(spec.results_dir, spec.name, by["tda", sha].run_id)["context_sha256"] == sha
+    manifests = list(Path(spec.cache_dir).glob("features/*/manifest.json"))
+    assert len(manifests) == 1 and "context_sha256" not in json.loads(manifests[0].read_text())["key_fields"]
+
+    plain, _ = load_stream(by["clip", None].source, settings)
+    coop, _ = load_stream(by["clip", sha].source, settings)
+    reference = _coop_reference(file, coop.class_names)
+    assert (coop.class_embeddings - reference).abs().max() <= 1e-6   # one float32 computation, two writings
+    assert not torch.allclose(coop.class_embeddings, plain.class_embeddings, atol=1e-3)
+    db = ResultsDB(spec.results_dir)
+    preds = db.df(f"SELECT pred FROM samples WHERE run_id = '{by['clip', sha].run_id}' ORDER BY sample_idx")
+    assert preds["pred"].tolist() == (coop.features @ reference.T).argmax(1).tolist()
+    # TPT from the file gains against CLIP from the same file: the starting point it tunes from
+    pairs = db.df("SELECT run_id, baseline_run FROM paired")
+    assert dict(zip(pairs.run_id, pairs.baseline_run))[by["tpt", sha].run_id] == by["clip", sha].run_id

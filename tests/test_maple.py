@@ -23,7 +23,7 @@ from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.context import load_maple
 from orchestrator.clip.maple import PromptedEncoder, class_tokens
 from orchestrator.clip.testing import (TINY_CONFIGS, TINY_VIT, build_dataset, register_tiny_models,
-                                       write_coop_context, write_maple_context, write_model_config)
+                                       write_maple_context, write_model_config)
 
 EPS32 = torch.finfo(torch.float32).eps
 ENV = {"COLUMNS": "250", "NO_COLOR": "1"}
@@ -206,10 +206,9 @@ def test_frozen_feature_methods_run_on_maple_features_recorded_by_the_files_hash
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> Path:
-    """A MaPLe file, a CoOp file and a MaPLe file deeper than the tiny ViT's two layers."""
+    """A MaPLe file and a MaPLe file deeper than the tiny ViT's two layers."""
     root = tmp_path_factory.mktemp("contexts")
     write_maple_context(root / "maple", TINY_VIT)
-    write_coop_context(root / "coop", TINY_VIT, NAMES)
     write_maple_context(root / "deep", TINY_VIT, depth=3)
     return root
 
@@ -219,8 +218,6 @@ MAPLE = "{files}/maple/MultiModalPromptLearner/model.pth.tar-5"
 
 @pytest.mark.parametrize("entry,model,expected", [
     ({"method": "tpt", "context": MAPLE}, TINY_VIT, f"methods[0].context: context file {MAPLE} is MaPLe's"),
-    ({"method": "tda", "context": "{files}/coop/prompt_learner/model.pth.tar-50"}, TINY_VIT,
-     "methods[0].context: context file {files}/coop/prompt_learner/model.pth.tar-50 is CoOp's (a text context only)"),
     ({"method": "tda", "context": MAPLE}, "bca-tiny-rn",
      "MaPLe prompts a ViT's tokens and reads its class token; bca-tiny-rn's image tower is not open_clip's ViT"),
     ({"method": "tda", "context": MAPLE}, "bca-tiny-sig", "bca-tiny-sig's text tower is not open_clip's CLIP text tower"),

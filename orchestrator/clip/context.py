@@ -8,7 +8,10 @@ token embeddings, recomputed for the classes at hand). TPT's official code start
 `--load`: `torch.load(args.load)['state_dict']['ctx']`, asserting a generic context (`ctx.size(0) == n_ctx`),
 copied into its prompt learner as the context each sample's tuning resets to. That is what a prompt-tuning
 method's `context:` does here (`load_context`); the class prompts are laid out as CoOp's ("X" * n_ctx, the class
-name, "."), the context after the start token.
+name, "."), the context after the start token. On a frozen-feature method (tda, bca, ...) a CoOp context gives
+the class embeddings, one per class: CoOp's own classifier (its CustomCLIP's text features of those prompts) as
+the method's starting point. CoOp leaves the image encoder as it is, so the images' features are the plain cache
+entry's.
 
 MaPLe (muzairkhattak/multimodal-prompt-learning, trainers/maple.py) saves its whole CustomCLIP as
 `MultiModalPromptLearner/model.pth.tar-<epoch>`; its prompts are the `prompt_learner.*` keys (`load_maple`):
@@ -196,7 +199,7 @@ def load_maple(path: str | os.PathLike) -> MapleContext:
     if not _maple_keys(state):
         raise ValueError(f"context file {path} is not MaPLe's (no {MAPLE_PREFIX}proj.weight or compound prompts; "
                          f"keys: {sorted(state)[:8]}); expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch> "
-                         f"(a CoOp context is for the prompt-tuning methods)")
+                         f"(a CoOp context gives the class prompts only)")
 
     def tensor(key: str, shape: tuple[int | None, ...]) -> torch.Tensor:
         value = state.get(MAPLE_PREFIX + key)
@@ -223,6 +226,17 @@ def load_maple(path: str | os.PathLike) -> MapleContext:
     patch = int(conv.shape[-1]) if isinstance(conv, torch.Tensor) and conv.ndim == 4 else None
     return MapleContext(ctx, proj_weight, proj_bias, text_deep, vision_deep, str(path.resolve()), file_sha256(path),
                         patch)
+
+
+def load_learned(path: str | os.PathLike) -> LearnedContext | MapleContext:
+    """A context file as its format gives it: CoOp's generic context or MaPLe's prompts (`load_context`,
+    `load_maple`)."""
+    return load_maple(path) if context_source(path) == MAPLE else load_context(path)
+
+
+def image_prompts(context: LearnedContext | MapleContext | None) -> MapleContext | None:
+    """What a context prompts the image encoder with: MaPLe's prompts; CoOp's context enters the text tower only."""
+    return context if isinstance(context, MapleContext) else None
 
 
 def context_issue(path: str, model: str, width: int, max_ctx: int) -> str | None:

@@ -15,9 +15,10 @@ Ensembled sets: each prompt is L2-normalised, prompts are averaged per class, an
 L2-normalised again (M = K). Text embeddings are cached on disk (keyed by the backbone's identity, the
 device's precision, the prompts and the mode) so a sweep's trials do not re-run the text encoder.
 
-With a MaPLe context (`orchestrator.clip.context.MapleContext`) the class embeddings are its prompted text tower's,
-one per class (`orchestrator.clip.maple`): the file's learned prompts stand in for the template set, and the cache
-key holds the file's sha256.
+With a learned context the class embeddings are its prompts' through the text tower, one per class: CoOp's
+(`orchestrator.clip.context.LearnedContext`: "X ... X <name>." with the context in the X's, as CoOp's CustomCLIP
+classifies) or MaPLe's (`MapleContext`: its prompted text tower, `orchestrator.clip.maple`). The file's learned
+prompts stand in for the template set, and the cache key holds the file's sha256.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _encode_per_class(backbone: Backbone, class_names: list[str], tset: Template
 
 
 def _text_key(identity: dict, precision: str, class_names: list[str], tset: TemplateSet, context=None) -> str:
-    prompts = ({"maple_sha256": context.sha256} if context is not None else
+    prompts = ({f"{context.source.lower()}_sha256": context.sha256} if context is not None else
                {"templates": tset.templates, "ensemble": tset.ensemble,
                 **({"extra": dict(tset.extra)} if tset.extra else {})})
     blob = json.dumps({"v": _TEXT_CACHE_VERSION, "backbone": identity, "precision": precision,
@@ -226,7 +227,8 @@ def class_embeddings(
     cache_dir: where text embeddings are cached (<cache_dir>/text/); None disables the cache. With a cache, one
     process encodes a key while the others wait on its lock and then read its file (ImageNet x 80 templates
     takes minutes on a CPU: two trials must not both pay). progress: hears (prompts done, prompts) per batch.
-    context: a MaPLe context (`MapleContext`): its prompted class embeddings (M = K) instead of the templates'.
+    context: a learned context (CoOp's `LearnedContext` or MaPLe's `MapleContext`): its prompts' class embeddings
+    (M = K) instead of the templates'.
     """
     tset = resolve_templates(templates, dataset, ensemble, data_root)
     device = auto_device(device)  # once, here: the key's precision and the backbone take it as it is
@@ -242,9 +244,11 @@ def class_embeddings(
     def encode(model: Backbone) -> tuple[torch.Tensor, torch.Tensor]:
         if context is None:
             return _encode(model, class_names, tset, progress)
+        from orchestrator.clip.context import MAPLE
         from orchestrator.clip.maple import PromptedEncoder
 
-        emb = PromptedEncoder(model, context).class_features(class_names)
+        emb = (PromptedEncoder(model, context).class_features(class_names) if context.source == MAPLE
+               else _coop_features(model, class_names, context))
         if progress is not None:
             progress(len(class_names), len(class_names))
         return emb, torch.arange(len(class_names), dtype=torch.int64)
@@ -267,6 +271,18 @@ def class_embeddings(
                 return emb, ids
     with np.load(path) as z:
         return torch.from_numpy(z["embeddings"]), torch.from_numpy(z["class_ids"])
+
+
+@torch.no_grad()
+def _coop_features(backbone: Backbone, class_names: list[str], context) -> torch.Tensor:
+    """[K, d] float32 on the CPU, L2-normalised: each class's CoOp prompt with the context's vectors through the text
+    tower (the classifier a prompt-tuning method starts from, `prompt_text`, before any tuning)."""
+    from orchestrator.methods.prompt import ClassPrompts
+
+    text = prompt_text(backbone, class_names, context=context)
+    with backbone.autocast():
+        feats = ClassPrompts("context", text, len(class_names), backbone.device).init_features
+    return F.normalize(feats.float(), dim=-1).cpu()
 
 
 def prompt_text(backbone: Backbone, class_names: list[str], ctx_init: str | None = None, context=None):

@@ -16,7 +16,7 @@ import torch
 
 from orchestrator.clip.auxiliary import AuxiliarySpec
 from orchestrator.clip.backbone import BackboneSpec
-from orchestrator.clip.context import MapleContext
+from orchestrator.clip.context import LearnedContext, MapleContext, image_prompts
 from orchestrator.clip.prompts import class_embeddings
 from orchestrator.clip.selection import select_views
 from orchestrator.data.types import Benchmark
@@ -66,7 +66,7 @@ def load_benchmark(
     allow_download: bool = False,
     text_progress: Callable[[int, int], None] | None = None,
     auxiliary: tuple[AuxiliarySpec, ...] = (),
-    context: MapleContext | None = None,
+    context: LearnedContext | MapleContext | None = None,
 ) -> RealBenchmark:
     """A real dataset as a Benchmark (a RealBenchmark) in dataset order.
 
@@ -77,8 +77,9 @@ def load_benchmark(
     computed without a float32 copy of every view. templates: a named set or a list (see orchestrator.clip.prompts).
     progress / text_progress: hear (done, total) images and prompts as they are encoded. auxiliary: encoders
     whose features (of the original view, [n, d']) come too, from their own cache entries for the same images
-    and views (`FeatureCache.get_or_encode_auxiliary`). context: a MaPLe context both towers are prompted with
-    (`orchestrator.clip.maple`): the images' features and the class embeddings are its own entries.
+    and views (`FeatureCache.get_or_encode_auxiliary`). context: a learned context (`orchestrator.clip.context`):
+    its prompts give the class embeddings (an entry of their own); MaPLe's prompt the image encoder too
+    (`orchestrator.clip.maple`), so its images' features are an entry of their own as well.
     """
     name = dataset_card(dataset).name
     if views == DATASET_PROTOCOL:
@@ -87,7 +88,7 @@ def load_benchmark(
     load_kwargs = {"weights_dir": weights_dir, "allow_download": allow_download}
     cached = FeatureCache(cache_dir).get_or_encode(
         spec, name, data_root, views, seed, device=device, batch_size=batch_size, num_workers=num_workers,
-        corrupt=corrupt, progress=progress, context=context, **load_kwargs)
+        corrupt=corrupt, progress=progress, context=image_prompts(context), **load_kwargs)
     emb, ids = class_embeddings(spec, cached.class_names, templates, dataset=name, data_root=data_root,
                                 cache_dir=cache_dir, device=device, progress=text_progress, context=context,
                                 **load_kwargs)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.clip.backbone import BackboneSpec, WeightsNotFoundError
-from orchestrator.clip.context import load_maple
+from orchestrator.clip.context import image_prompts, load_learned
 from orchestrator.clip.prompts import class_embeddings, console_progress
 from orchestrator.registry.views import DATASET_PROTOCOL, parse_views
 from orchestrator.data.datasets import DatasetLayoutError
@@ -28,7 +28,7 @@ class CacheJob:
     views: str
     seed: int
     templates: tuple[str, ...]
-    context: str | None = None  # a MaPLe file both towers are prompted with (its own entries)
+    context: str | None = None  # a learned context file: the class prompts' (CoOp) or both towers' (MaPLe) own entries
 
 
 def jobs_from_args(
@@ -71,14 +71,14 @@ def run_jobs(
     load = {"weights_dir": weights_dir, "allow_download": allow_download}
     try:
         for n, job in enumerate(jobs, start=1):
-            context = None if job.context is None else load_maple(job.context)
+            context = None if job.context is None else load_learned(job.context)
             cached = FeatureCache(job.cache_dir).get_or_encode(
                 job.backbone, job.dataset, job.data_root, job.views, job.seed, device=device,
                 batch_size=batch_size, num_workers=num_workers, corrupt=corrupt, progress=True, force=force,
-                context=context, **load)
+                context=image_prompts(context), **load)
             m = cached.manifest
             state = "encoded" if cached.encoded else "hit"
-            prompted = "" if context is None else f" (MaPLe context {context.sha256[:8]})"
+            prompted = "" if image_prompts(context) is None else f" (MaPLe context {context.sha256[:8]})"
             echo(f"[{n}/{len(jobs)}] {state:7s} {job.backbone.label}{prompted} {job.dataset} views={job.views} "
                  f"seed={m['seed']}: {m['count']} images ({m['skipped_count']} skipped), "
                  f"features {tuple(m['shape'])} -> {cached.path}")
@@ -89,7 +89,8 @@ def run_jobs(
                                           data_root=job.data_root, cache_dir=job.cache_dir, device=device,
                                           progress=console_progress(f"text embeddings '{templates}'"),
                                           context=context, **load)
-                echo(f"    text embeddings '{templates}': {tuple(emb.shape)}")
+                learned = "" if context is None else f" ({context.source} context {context.sha256[:8]})"
+                echo(f"    text embeddings '{templates}'{learned}: {tuple(emb.shape)}")
     except (DatasetLayoutError, WeightsNotFoundError, CorruptImageError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -104,8 +104,8 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
     Column("weights_sha256", pa.string(), "VARCHAR", "sha256 of the backbone's checkpoint file (fine-tuned weights "
                                                      "such as TeCoA's); null for a tag or random weights"),
     Column("context_sha256", pa.string(), "VARCHAR", "sha256 of the learned context file the run started from "
-                                                     "(CoOp's for a prompt-tuning run, MaPLe's for a frozen-feature "
-                                                     "one); null: the hand-written prompt"),
+                                                     "(CoOp's for a prompt-tuning run, CoOp's or MaPLe's for a "
+                                                     "frozen-feature one); null: the hand-written prompt"),
     Column("dataset", pa.string(), "VARCHAR", "dataset or synthetic scenario name"),
     Column("method", pa.string(), "VARCHAR", "method name (a card of orchestrator.registry)"),
     Column("seed", pa.int64(), "BIGINT", "stream seed"),

@@ -385,8 +385,9 @@ def _tower_use(card: MethodCard) -> tuple[str, str] | None:
 
 
 def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tuple[str, str]]:
-    """A learned context: for a prompt-tuning method a CoOp file, for a frozen-feature method a MaPLe file (its
-    prompted encoders give the features), fitting each backbone; none for a method adapting the image encoder."""
+    """A learned context: for a prompt-tuning method a CoOp file, for a frozen-feature method a CoOp file (its
+    prompts give the class embeddings) or a MaPLe file (its prompted encoders give the features), fitting each
+    backbone; none for a method adapting the image encoder."""
     import open_clip
 
     from orchestrator.clip.context import MAPLE, context_issue, context_source, load_maple
@@ -400,25 +401,20 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
     maple = None
     if card.text_encoder is None:
         try:
-            if context_source(path) != MAPLE:
-                return [(where, f"context file {path} is CoOp's (a text context only); {method!r} reads frozen "
-                                f"features, and class embeddings from CoOp's prompts are not supported for such a "
-                                f"method yet: expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch>, whose "
-                                f"prompts give both towers' features (a CoOp context is for the prompt-tuning "
-                                f"methods: tpt, ctpt, rtpt, dynaprompt, ...)")]
-            maple = load_maple(path)
+            source = context_source(path)
+            maple = load_maple(path) if source == MAPLE else None
         except ValueError as exc:
             return [(where, str(exc))]
         sets = method_templates(spec, method)
         if len(sets) > 1:  # each set would be a run of its own, all of the same numbers
-            return [(where, f"a MaPLe context's prompts replace the class templates, so the spec's {len(sets)} "
+            return [(where, f"a {source} context's prompts replace the class templates, so the spec's {len(sets)} "
                             f"template sets ({', '.join(sets)}) would give {len(sets)} runs of the same numbers; "
-                            f"expected one template set (`templates:`) in a spec with a MaPLe context")]
+                            f"expected one template set (`templates:`) in a spec with a {source} context")]
         synthetic = [dataset_name(d) for d in entry_datasets(spec, spec.methods[i])
                      if isinstance(d, SyntheticDataset)]
         if synthetic:
             return [(where, f"the synthetic dataset {synthetic[0]!r} has generated embeddings, no encoders for a "
-                            f"MaPLe context to prompt; expected real datasets for this entry (`datasets:`)")]
+                            f"{source} context to prompt; expected real datasets for this entry (`datasets:`)")]
     for backbone in spec.backbones:
         cfg = open_clip.get_model_config(backbone.model.replace("/", "-"))
         if cfg is None:  # an unknown model: reported by the backbone's own check

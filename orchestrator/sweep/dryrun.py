@@ -86,7 +86,7 @@ def _cached(spec: SweepSpec, source: DataSource, manifests: list[dict]) -> bool:
     return any(m.get("backbone") == label and m.get("dataset") == source.dataset and m.get("views") == views.name
                and m.get("num_views") == views.num_views and (views.num_views == 1 or m.get("seed") == views.seed)
                and m.get("key_fields", {}).get("listing_sha256") == listing
-               and m.get("key_fields", {}).get("context_sha256") == source.context_sha256 for m in manifests)
+               and m.get("key_fields", {}).get("context_sha256") == source.image_context_sha256 for m in manifests)
 
 
 def _known_classes(dataset: Any) -> int | None:
@@ -220,14 +220,14 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
         source = trial.source
         if not source.is_synthetic:
             entries.setdefault((source.model, source.weights, source.quick_gelu, source.dataset, source.views,
-                               None if source.views == "single" else source.seed, source.context_sha256), source)
+                               None if source.views == "single" else source.seed, source.image_context_sha256), source)
     teachers: dict[tuple, tuple[Run, DataSource]] = {}  # per teacher entry, a run that reads it
     for trial in trials:
         for run in trial.runs:
             if names_teacher(method_card(run.method)) and not run.source.is_synthetic:
                 source = teacher_source(run.source, run.hparams[TEACHER])
                 key = (source.model, source.weights, source.quick_gelu, source.dataset, source.views,
-                       None if source.views == "single" else source.seed, source.context_sha256)
+                       None if source.views == "single" else source.seed, source.image_context_sha256)
                 entries.setdefault(key, source)
                 teachers.setdefault(key, (run, source))
     auxiliary: dict[tuple, tuple[dict, DataSource]] = {}  # the auxiliary encoders' entries, keyed alike
@@ -251,7 +251,7 @@ def plan_lines(spec: SweepSpec, runs: list[Run], trials: list[Trial], status: di
                 from orchestrator.clip.views import parse_views
 
                 encode[source.model] += _stream_length(spec, source) * parse_views(source.views, source.seed).num_views
-            prompted = "" if source.context is None else f" (MaPLe context {source.context_sha256[:8]})"
+            prompted = "" if source.image_context_sha256 is None else f" (MaPLe context {source.context_sha256[:8]})"
             lines.append(f"  {source.model} {source.weights or 'random weights'}{prompted} {source.dataset} "
                          f"views={source.views}"
                          f"{'' if source.views == 'single' else f' seed={source.seed}'}: {state}")

@@ -147,13 +147,13 @@ def _benchmark(source: DataSource, dataset: str, settings: Settings, reduce_view
 
 
 def source_context(source: DataSource) -> Any:
-    """The MaPLe context a source's encoders are prompted with (None: none), as planned: a file changed since is
-    refused, so that a run never records one file's hash beside another's features."""
+    """The learned context a source's class prompts (CoOp's) or both towers (MaPLe's) read (None: none), as planned:
+    a file changed since is refused, so that a run never records one file's hash beside another's features."""
     if source.context is None:
         return None
-    from orchestrator.clip.context import load_maple
+    from orchestrator.clip.context import load_learned
 
-    context = load_maple(source.context)
+    context = load_learned(source.context)
     if context.sha256 != source.context_sha256:
         raise ValueError(f"context file {source.context} changed since the sweep was planned (sha256 "
                          f"{context.sha256[:16]}, planned {str(source.context_sha256)[:16]}); expected the file the "

@@ -33,6 +33,7 @@ import gc
 import hashlib
 import itertools
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
@@ -74,12 +75,20 @@ class DataSource:
     order_index: int = 0                  # which of `orders: N` (0: the seed's own order)
     others: tuple[str, ...] = ()          # a contaminated stream's pool dataset, a continual stream's next datasets
     auxiliary: str = ""                   # canonical JSON of the auxiliary encoders its runs read ("": none)
-    context: str | None = None            # a MaPLe file both towers are prompted with (`orchestrator.clip.maple`)
+    context: str | None = None            # a learned context file a frozen-feature method reads (`clip.context`)
     context_sha256: str | None = None     # its sha256 when planned (a trial refuses a file changed since)
+    context_source: str | None = None     # whose: CoOp's prompts the text tower only, MaPLe's both towers
 
     @property
     def is_synthetic(self) -> bool:
         return self.synthetic is not None
+
+    @property
+    def image_context_sha256(self) -> str | None:
+        """The context the images are encoded through (the feature-cache entry's key): MaPLe's, none for CoOp's."""
+        from orchestrator.clip.context import MAPLE
+
+        return self.context_sha256 if self.context_source == MAPLE else None
 
     @property
     def weights(self) -> str | None:
@@ -316,23 +325,36 @@ def _with_auxiliary(spec: SweepSpec, method: str, source: DataSource, fields: di
     return replace(source, auxiliary=canonical_json(chosen)), {**fields, "auxiliary": recorded}
 
 
+@functools.lru_cache(maxsize=None)
+def _context_file(path: str, stamp: tuple[int, int]) -> tuple[str, str]:
+    from orchestrator.clip.backbone import file_sha256
+    from orchestrator.clip.context import context_source
+
+    return file_sha256(path), context_source(path)
+
+
+def _learned_context(path: str) -> tuple[str, str]:
+    """A context file's sha256 and format (CoOp or MaPLe), read once per version of the file (a plan asks per
+    source and entry)."""
+    stat = os.stat(path)
+    return _context_file(path, (stat.st_mtime_ns, stat.st_size))
+
+
 def _context_fields(entry: Any) -> dict[str, Any]:
     """Run-config keys of a method entry's learned context (none without one): the file, and its content's hash,
     which the runs table carries so that tables never mix starting points."""
     if entry.context is None:
         return {}
-    from orchestrator.clip.backbone import file_sha256
-
-    return {"context": entry.context, "context_sha256": file_sha256(entry.context)}
+    return {"context": entry.context, "context_sha256": _learned_context(entry.context)[0]}
 
 
 def _with_context(entry: Any, source: DataSource) -> DataSource:
-    """A frozen-feature method's context (MaPLe's: the checks allow no other there) prompts the encoders its
-    features come from, so its runs read a source of their own; a prompt-tuning method's (CoOp's) is its text
-    side's starting point (`pieces.PromptTexts`), on the plain source."""
+    """A frozen-feature method's context gives its class embeddings (CoOp's prompts) or prompts both encoders its
+    features come from (MaPLe's), so its runs read a source of their own; a prompt-tuning method's (CoOp's) is its
+    text side's starting point (`pieces.PromptTexts`), on the plain source."""
     if entry.context is None or source.is_synthetic or method_card(entry.method).text_encoder is not None:
         return source
-    return replace(source, **_context_fields(entry))
+    return replace(source, **_context_fields(entry), context_source=_learned_context(entry.context)[1])
 
 
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:

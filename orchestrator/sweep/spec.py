@@ -227,7 +227,7 @@ def _method_model(name: str) -> type[BaseModel]:
     # shards: split each run's stream into this many contiguous shards, each its own trial (order-free methods
     # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id.
     # context: a learned context file a method starts from (`orchestrator.clip.context`): CoOp's for a prompt-tuning
-    # method, MaPLe's for a frozen-feature one
+    # method, CoOp's or MaPLe's for a frozen-feature one
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
                         datasets=(only, None), batch_size=(BatchSizes | None, None),
                         shards=(PositiveInt | None, None), context=(StrictStr | None, None), **fields)
