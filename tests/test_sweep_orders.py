@@ -258,3 +258,28 @@ def test_bca_sweep_runs_orders_together_through_ray(reference, tmp_path):
     assert verify_results(spec.results_dir).ok
     again = subprocess.run([bca_executable(), "sweep", str(path)], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and f"{runs} runs, {runs} already finished, 0 to run" in again.stdout, again.stdout
+
+
+def test_an_order_free_method_reading_a_teacher_computes_once_and_replays_its_orders(reference, tmp_path):
+    """RLCF reads a CLIP teacher's features, which a pack does not pass, so its runs are never packed with others;
+    it is episodic, so its orders are one computation replayed (the paper study's 100 orders at the cost of one),
+    each order's rows those of the run in a trial of its own order."""
+    from orchestrator.clip.testing import TINY_RN
+    from orchestrator.registry.backbones import TEACHER
+
+    directory, _ = reference
+    entry = {"method": "rlcf", TEACHER: TINY_RN, "steps": 1}
+    spec = validate_spec({**spec_dict(directory), "methods": [entry], "results_dir": str(tmp_path / "replayed")},
+                         base_dir=directory)
+    runs = expand(spec)
+    trials = make_trials(runs, "auto")
+    assert [(len(t.runs), len(t.replay)) for t in trials] == [(ORDERS, 1)]
+    alone = validate_spec({**spec_dict(directory), "methods": [entry], "results_dir": str(tmp_path / "alone")},
+                          base_dir=directory)
+    each_in_its_own_order(alone)
+    execute_trial(trials[0], settings_of(spec))
+    got, want = outcome(spec), outcome(alone)
+    assert got.keys() == want.keys() == {r.run_id for r in runs}
+    for run_id in want:
+        assert_same_run(got[run_id], want[run_id])
+    assert len({tuple(row["pred"] for row in rows) for rows, _ in got.values()}) > 1  # the orders differ

@@ -15,7 +15,7 @@ within float32 rounding, `orchestrator.methods.lockstep`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -37,12 +37,16 @@ def _build(config: Any, index: int, class_embeddings: torch.Tensor, class_ids: t
 
 def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, class_ids: torch.Tensor,
                     num_classes: int, configs: list[dict[str, Any]], text: Any = None,
-                    orders: torch.Tensor | None = None) -> list[Trace]:
+                    orders: torch.Tensor | None = None, auxiliary: Mapping[str, torch.Tensor] | None = None
+                    ) -> list[Trace]:
     """One Trace per config, each equal to `make_method(**config).run(features)` (or of features[orders[g]])
     (a BCA-family trace's state always holds U, V, C1 and C2, also for clip, whose counters never change);
-    `text` goes to the configs whose method runs the text encoder (`make_method`)."""
+    `text` goes to the configs whose method runs the text encoder (`make_method`), `auxiliary` (features besides,
+    a teacher's: `Method.run`'s) to every config, over the stream as given (not with `orders`)."""
     if not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a non-empty list of dicts, got {configs!r}")
+    if auxiliary is not None and orders is not None:
+        raise ValueError("auxiliary features are given over the stream as it is; expected no orders with them")
     validate_class_inputs(class_embeddings, class_ids, num_classes)  # once for the G methods sharing them
     methods = [_build(c, i, class_embeddings, class_ids, num_classes, text) for i, c in enumerate(configs)]
     if orders is not None:
@@ -54,13 +58,16 @@ def run_traces_many(features: torch.Tensor, class_embeddings: torch.Tensor, clas
         runner = method.card().lockstep_runner(views)
         if runner is not None:
             groups.setdefault((id(runner), method.batch_size), (runner, []))[1].append(i)
+    if auxiliary is not None and groups:
+        raise ValueError("a lockstep runner reads no auxiliary features; expected none for its methods")
     traces: dict[int, Trace] = {}
     for runner, members in groups.values():
         traces.update(zip(members, run_over_orders(runner, [methods[i] for i in members], features,
                                                    None if orders is None else orders[members])))
     for i, method in enumerate(methods):
         if i not in traces:
-            traces[i] = method.run(features if orders is None else features[orders[i]])
+            traces[i] = (method.run(features, auxiliary) if auxiliary is not None
+                         else method.run(features if orders is None else features[orders[i]]))
     return [traces[i] for i in range(len(methods))]
 
 

@@ -46,7 +46,8 @@ from orchestrator.sweep.plan import DataSource, Run, order_class
 from orchestrator.sweep.pack import execute_pack, pack_traces, start_pack, write_pack
 from orchestrator.sweep.pieces import (Outcome, Progress, Settings, Stream, load_benchmarks, load_stream,
                                        mark_unfinished_failed, peak_mb_of, prompt_text_for, reduces_views,
-                                       remember_stream, stream_from, to_numpy, trace_rows, wants_views)
+                                       remember_stream, stream_from, to_numpy, trace_rows, wants_views,
+                                       with_teacher)
 
 
 def _skeleton(bench: Benchmark) -> Benchmark:
@@ -122,6 +123,7 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     first = runs[0].source
     keep_views = any(wants_views(run.config) for run in runs)
     computed, skeleton, encode_s = _source_data(first, settings, keep_views, progress)
+    computed = with_teacher(computed, [run.config for run in runs], first, settings, progress)  # a replayed RLCF reads its teacher's
     laid: dict[DataSource, tuple[Arranged, np.ndarray] | None] = {}
     for run in runs:
         if run.source not in laid:
@@ -135,6 +137,7 @@ def execute_orders(runs: list[Run], settings: Settings, *, peak: PeakMemory | No
     for source in dict.fromkeys(run.source for run in elsewhere):
         own = [run for run in elsewhere if run.source == source]
         stream, _ = load_stream(source, settings, keep_views, progress)
+        stream = with_teacher(stream, [run.config for run in own], source, settings, progress)
         out += execute_pack(own, stream, settings, peak=peak,
                             text=prompt_text_for([run.config for run in own], source, stream))
     return out

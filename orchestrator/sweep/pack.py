@@ -16,7 +16,7 @@ from orchestrator.results.schema import RunConfig
 from orchestrator.results.writer import RunWriter
 from orchestrator.sweep.memory import MethodCost, PeakMemory
 from orchestrator.sweep.pieces import (WARMUP_SAMPLES, Cost, Outcome, PromptTexts, RowSink, Settings, Stream,
-                                       code_path, feature_kind, features_for, finished_metrics, mark_finished,
+                                       auxiliary_for, code_path, feature_kind, features_for, finished_metrics, mark_finished,
                                        mark_unfinished_failed, method_hparams, part_rows_for, peak_mb_of,
                                        save_run_state, warm_up)
 from orchestrator.sweep.plan import Run
@@ -51,18 +51,20 @@ def pack_traces(runs: list[Run], stream: Stream, text: PromptTexts | None = None
         configs = [{"method": runs[i].method, "batch_size": runs[i].batch_size,
                     **method_hparams(runs[i].config, len(stream))} for i in picked]
         first = runs[picked[0]].config
-        passes.append((picked, configs, features_for(first, stream), None if text is None else text.for_run(first)))
+        passes.append((picked, configs, features_for(first, stream), None if text is None else text.for_run(first),
+                       first))
 
-    def run_pass(configs: list[dict], features: torch.Tensor, prompts: Any, order: torch.Tensor | None = None
-                 ) -> list[Any]:
+    def run_pass(configs: list[dict], features: torch.Tensor, prompts: Any, first: RunConfig,
+                 order: torch.Tensor | None = None) -> list[Any]:
+        # a teacher's features (RLCF's, the one such configuration of an order-free replay) over these samples
         return run_traces_many(features, stream.class_embeddings, stream.class_ids, stream.num_classes, configs,
-                               prompts, order)
+                               prompts, order, auxiliary_for(first, stream, 0, len(features)))
 
-    warmup_s = warm_up([("pack", *code_path(runs[i].config, f)) for picked, _, f, _ in passes for i in picked],
-                       lambda: [run_pass(c, f[:WARMUP_SAMPLES], p) for _, c, f, p in passes])
-    for picked, configs, features, prompts in passes:
+    warmup_s = warm_up([("pack", *code_path(runs[i].config, f)) for picked, _, f, _, _ in passes for i in picked],
+                       lambda: [run_pass(c, f[:WARMUP_SAMPLES], p, first) for _, c, f, p, first in passes])
+    for picked, configs, features, prompts, first in passes:
         with MethodCost(features.device) as cost:
-            done = run_pass(configs, features, prompts, None if orders is None else orders[picked])
+            done = run_pass(configs, features, prompts, first, None if orders is None else orders[picked])
         for i, trace in zip(picked, done):
             traces[i], costs[i] = trace, Cost(cost.seconds / len(picked), cost.mb / len(picked))
     return traces, warmup_s, costs

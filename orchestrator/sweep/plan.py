@@ -528,6 +528,9 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
     # else its source's first order, its card, and whether it takes views (None: its hparams decide, per run)
     keys: dict[int, tuple[DataSource, MethodCard, bool | None] | None] = {}
     trials: list[Trial] = []
+    alone: dict[tuple, list[Run]] = {}  # never packed: a configuration's orders (one computation if order-free)
+    free: dict[str, bool] = {}
+    bases: dict[int, str] = {}
     for run in runs:
         if run.shards > 1:  # a sharded run is never packed: one trial per shard
             trials += [Trial(f"{run.run_id}-shard{k + 1}of{run.shards}", run.source, (run,), Shard(k, run.shards))
@@ -545,7 +548,7 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
                 replace(run.source, order_index=0), card,
                 None if card.inputs == "either" else run.source.views != "single" and card.takes_views)
         if known is None:
-            trials.append(Trial(run.run_id, run.source, (run,)))
+            alone.setdefault(order_class(run, bases), []).append(run)
             continue
         first, card, views = known
         if views is None:
@@ -553,7 +556,23 @@ def _make_trials(runs: list[Run], chunk: Callable[[list[Run]], list[tuple[Run, .
         groups.setdefault((first, views), []).append(run)
     for group in groups.values():
         trials += _order_trials(group, chunk)
+    for members in alone.values():
+        trials += _alone_trials(members, free)
     return trials
+
+
+def _alone_trials(members: list[Run], free: dict[str, bool]) -> list[Trial]:
+    """The trials of a configuration whose runs are never packed (`_make_trials`), over its stream orders: one per
+    run, but an order-free method off a realtime stream (RLCF, which reads a teacher's features a pack does not
+    pass) computes once and replays the computation in every order, as a pack's order-free runs do."""
+    first = members[0]
+    if first.method not in free:
+        from orchestrator.methods.episodic import order_free
+
+        free[first.method] = order_free(first.method) and method_card(first.method).image_encoder is None
+    if len(members) == 1 or not free[first.method] or "realtime_k" in first._group.base:
+        return [Trial(run.run_id, run.source, (run,)) for run in members]
+    return [Trial(_trial_key(tuple(members)), first.source, tuple(members), replay=(first,))]
 
 
 def order_class(run: Run, bases: dict[int, str] | None = None) -> tuple[str, str]:
