@@ -65,21 +65,27 @@ def fit_issue(context: MapleContext, model: str, cfg: dict[str, Any]) -> str | N
 
 def _blocks(transformer: torch.nn.Module, x: torch.Tensor, prompts: list[torch.Tensor],
             splice: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-            attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """open_clip's Transformer.forward on batch-first x, `splice(x, prompts[j])` before block j (1 <= j < len)."""
+            attn_mask: torch.Tensor | None = None, inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """open_clip's Transformer.forward on batch-first x, `splice(x, prompts[j])` before block j (1 <= j < len);
+    each block's input (after the splice) appended to `inputs` where given."""
     if len(prompts) > len(transformer.resblocks):
         raise ValueError(f"MaPLe prompt depth {len(prompts)} exceeds the tower's {len(transformer.resblocks)} layers")
     lnd = not getattr(transformer, "batch_first", True)
     for j, block in enumerate(transformer.resblocks):
         if 1 <= j < len(prompts):
             x = splice(x, prompts[j])
+        if inputs is not None:
+            inputs.append(x)
         x = block(x.transpose(0, 1), attn_mask=attn_mask).transpose(0, 1) if lnd else block(x, attn_mask=attn_mask)
     return x
 
 
-def image_features(visual: torch.nn.Module, pixels: torch.Tensor, prompts: list[torch.Tensor]) -> torch.Tensor:
+def image_features(visual: torch.nn.Module, pixels: torch.Tensor, prompts: list[torch.Tensor],
+                   inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
     """[B, 3, H, W] -> [B, d] (not normalised): open_clip's VisionTransformer with MaPLe's vision prompts
-    (`MapleContext.vision_prompts`, one [n, w_v] per prompted layer)."""
+    (`MapleContext.vision_prompts`, one [n, w_v] per prompted layer). `inputs`: where given, each block's input
+    [B, 1 + patches + n, w_v] (class token, patches, the prompts; after the splice) is appended to it, the tokens
+    PromptAlign aligns (its ResidualAttentionBlock_MaPLe's `visual_feat`)."""
     from open_clip.transformer import VisionTransformer
 
     if not isinstance(visual, VisionTransformer) or visual.attn_pool is not None or visual.pool_type != "tok":
@@ -93,7 +99,8 @@ def image_features(visual: torch.nn.Module, pixels: torch.Tensor, prompts: list[
     x = torch.cat([x, prompts[0].to(x.dtype).expand(b, -1, -1)], dim=1)
     x = visual.ln_pre(x)
     x = _blocks(visual.transformer, x, prompts,
-                lambda x, p: torch.cat([x[:, :-n], p.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1))
+                lambda x, p: torch.cat([x[:, :-n], p.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1),
+                inputs=inputs)
     pooled = visual.ln_post(x[:, 0])
     return pooled @ visual.proj if visual.proj is not None else pooled
 
@@ -107,13 +114,19 @@ def class_tokens(tokenizer: Any, class_names: list[str], n_ctx: int) -> torch.Te
 def text_features(clip: torch.nn.Module, tokens: torch.Tensor, context: MapleContext) -> torch.Tensor:
     """[K, L] class prompts (`class_tokens`) -> [K, d] (not normalised): open_clip's CLIP.encode_text with MaPLe's
     text context in the first layer and its compound prompts in the next."""
+    return prompted_text(clip, tokens, [context.ctx, *context.text_deep])
+
+
+def prompted_text(clip: torch.nn.Module, tokens: torch.Tensor, prompts: list[torch.Tensor]) -> torch.Tensor:
+    """`text_features` from the text prompts themselves, one [n, w_t] per prompted layer (the context first): clip
+    is open_clip's CLIP or its text tower (`orchestrator.methods.prompt.TextTower`)."""
     if getattr(clip, "text_pool_type", None) != "argmax" or not hasattr(clip, "token_embedding"):
         raise ValueError(f"MaPLe's text prompts need open_clip's CLIP text tower pooled at the end-of-text token, got "
                          f"{type(clip).__name__}")
-    n = context.n_ctx
+    n = int(prompts[0].shape[0])
     x = clip.token_embedding(tokens)
     k = x.shape[0]
-    prompts = [p.to(x.device) for p in (context.ctx, *context.text_deep)]
+    prompts = [p.to(x.device) for p in prompts]
 
     def splice(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[:, :1], p.to(x.dtype).expand(k, -1, -1), x[:, 1 + n:]], dim=1)

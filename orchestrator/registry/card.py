@@ -225,7 +225,7 @@ class TextEncoderUse:
         return f"CLIP's text encoder at test time, wants {'a GPU' if self.device == 'gpu' else 'any device'}, {need}"
 
 
-ENCODER_PARAMS = ("norm", "lora", "all")
+ENCODER_PARAMS = ("norm", "lora", "all", "prompts")
 LORA_TARGETS = ("q", "k", "v", "out")
 
 
@@ -256,7 +256,8 @@ class ImageEncoderUse:
     augmented by the view code that fills the feature cache) through its own copy of the backbone's vision tower.
 
     params: what it updates: 'norm' (the affine scale and shift of every LayerNorm / BatchNorm / GroupNorm,
-    BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention) or 'all'; episodic: True (the
+    BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention), 'all', or 'prompts' (MaPLe's
+    prompts from the run's MaPLe context, the tower frozen: PromptAlign); episodic: True (the
     encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
     name of the bool hparam that chooses per run; lora: the adapters' rank, alpha and projections where params is
     'lora' (`LoRA`; None there: its defaults); device: 'gpu' (impractical on a CPU at benchmark scale) or
@@ -308,6 +309,7 @@ class ImageEncoderUse:
             if num_classes:
                 need += f" (~{self.text_mb_per_class * num_classes / 1024:,.1f} GB at K = {num_classes})"
         what = {"norm": "its norm layers' affine parameters", "all": "all its parameters",
+                "prompts": "MaPLe's prompts in it, the tower frozen",
                 "lora": self.lora and f"LoRA on its attention's {'/'.join(self.lora.targets)} projections, rank "
                                       f"{self.lora.rank}, alpha {self.lora.alpha:g}"}[self.params]
         text = ", running its text tower too" if self.text_tower else ""
@@ -564,7 +566,7 @@ class MethodCard:
         feature get the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident
         views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
-        if self.image_encoder is not None:  # it decodes each image with the backbone's eval transform itself
+        if self.image_encoder is not None and not self.takes_views:  # one image a sample, the eval transform's
             return parse_views("single")
         card = dataset_card(dataset)
         own = parse_views(card.views)
