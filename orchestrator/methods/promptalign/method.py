@@ -36,21 +36,24 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from orchestrator.clip.context import MapleContext, SourceStatistics
-from orchestrator.clip.maple import image_features, prompted_text
+from orchestrator.methods.maple import image_features, prompted_text
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
 from orchestrator.methods.prompt import PromptText, check_prompt_text
 from orchestrator.methods.tpt.reference import avg_entropy
 
 
+_MAPLE = ("ctx", "proj_weight", "proj_bias", "text_deep", "vision_deep")  # MapleContext's prompts
+
+
 @dataclass(frozen=True)
 class AlignVision:
     """What PromptAlign takes besides the text side: the backbone's vision tower (open_clip's `CLIP.visual`, a ViT,
-    frozen), MaPLe's prompts and the source statistics (None: align_weight 0)."""
+    frozen), MaPLe's prompts (`orchestrator.clip.context.MapleContext`) and the source statistics
+    (`orchestrator.clip.context.SourceStatistics`; None: align_weight 0 only)."""
 
     tower: torch.nn.Module
-    prompts: MapleContext
-    statistics: SourceStatistics | None = None
+    prompts: Any
+    statistics: Any = None
 
 
 def confident(logits: torch.Tensor, keep: float) -> torch.Tensor:
@@ -67,7 +70,7 @@ class PromptAlign(Method):
         super().__init__(class_embeddings, class_ids, num_classes, **hparams)
         device = class_embeddings.device
         self.text = check_prompt_text(self.name, text, num_classes, device)
-        if not isinstance(vision, AlignVision) or not isinstance(vision.prompts, MapleContext):
+        if not isinstance(vision, AlignVision) or not all(hasattr(vision.prompts, a) for a in _MAPLE):
             raise ValueError(f"{self.name}: tunes MaPLe's prompts in both towers, so it needs vision=AlignVision(tower, "
                              f"MaPLe prompts, source statistics), got {type(vision).__name__}")
         self.visual, prompts = vision.tower, vision.prompts

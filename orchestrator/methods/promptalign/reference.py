@@ -7,19 +7,18 @@ any dtype (the tests run it in float64 as the truth and in float32 to measure fl
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from orchestrator.clip.context import MapleContext
-
 
 class MultiModalPromptLearner(nn.Module):
     """The official prompt learner's parameters, set from the MaPLe file, with their initial states for `reset`."""
 
-    def __init__(self, maple: MapleContext, dtype: torch.dtype) -> None:
+    def __init__(self, maple: Any, dtype: torch.dtype) -> None:
         super().__init__()
         self.ctx = nn.Parameter(maple.ctx.to(dtype).clone())
         self.proj = nn.Linear(maple.text_width, maple.vision_width).to(dtype)
@@ -102,7 +101,7 @@ def distr_align_loss(out_feat, targ_feat, layers_from=0, layers_to=12):
     return distr_loss
 
 
-def run_reference(views: torch.Tensor, clip: nn.Module, tokens: torch.Tensor, maple: MapleContext,
+def run_reference(views: torch.Tensor, clip: nn.Module, tokens: torch.Tensor, maple: Any,
                   means: torch.Tensor | None, variances: torch.Tensor | None, *, lr: float = 4e-2, steps: int = 1,
                   keep: float = 0.1, align_keep: float = 0.1, align_weight: float = 100.0, align_from: int = 0,
                   align_to: int = 3, logit_scale: float = 100.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
