@@ -4,18 +4,23 @@ statistics files are read in their released format and a wrong one is refused na
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from orchestrator.clip.backbone import load_backbone
 from orchestrator.clip.context import load_maple, load_statistics
 from orchestrator.clip.maple import class_tokens
-from orchestrator.clip.testing import (TINY_VIT, register_tiny_models, write_maple_context,
-                                       write_promptalign_statistics)
+from orchestrator.clip.testing import (TINY_VIT, build_dataset, register_tiny_models, write_maple_context,
+                                       write_model_config, write_promptalign_statistics)
 from orchestrator.methods.base import make_method
 from orchestrator.methods.prompt import PromptText, TextTower
 from orchestrator.methods.promptalign.method import AlignVision
 from orchestrator.methods.promptalign.reference import run_reference
+from orchestrator.registry import method_card
 
 NAMES = ["dog", "cat", "golden_retriever", "airplane"]
 EPS32 = torch.finfo(torch.float32).eps
@@ -80,3 +85,115 @@ def test_what_cannot_run_is_refused(setup, tmp_path):
         load_statistics(means, variances, (2, 19, 128))
     with pytest.raises(ValueError, match=r"vis_vars file .*nothing.pt does not exist"):
         load_statistics(means, tmp_path / "nothing.pt")
+
+
+# ----------------------------------------------------------------------------------------------------- sweeps
+
+ENV = {"COLUMNS": "250", "NO_COLOR": "1"}
+
+
+def bca(*args: str):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    return CliRunner().invoke(app, list(args), env=ENV)
+
+
+def _spec(tmp_path: Path, methods: list[dict]) -> Path:
+    build_dataset("dtd", tmp_path / "data", num_classes=3, per_class=2)
+    spec = {"name": "promptalign", "results_dir": "results", "cache_dir": "cache", "data_root": "data",
+            "backbones": [{"model": TINY_VIT, "pretrained": "random",
+                           "config": str(write_model_config(TINY_VIT, tmp_path / "models"))}],
+            "datasets": ["dtd"], "methods": methods, "seeds": [1], "resources": {"cpus": 1}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+MAPLE_AT = "maple/MultiModalPromptLearner/model.pth.tar-5"
+
+
+def test_a_sweep_runs_promptalign_on_the_images_crops_recorded_by_its_files_hashes(tmp_path):
+    """Through the trial: the run's rows are the method's on each image's crops (the views the cache's ViewTransform
+    makes), its config records the MaPLe file's and both statistics files' sha256, and `bca report` shows its row."""
+    from orchestrator.clip.views import ViewTransform
+    from orchestrator.data.datasets import open_image
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.writer import read_run
+    from orchestrator.sweep.load import load_spec
+    from orchestrator.sweep.pieces import load_stream, settings_of
+    from orchestrator.sweep.plan import expand, make_trials
+    from orchestrator.sweep.trial import execute_trial
+
+    maple_file = write_maple_context(tmp_path / "maple", TINY_VIT, n_ctx=2, depth=2, seed=3)
+    means, variances = write_promptalign_statistics(tmp_path / "stats", TINY_VIT, n_ctx=2)
+    path = _spec(tmp_path, [{"method": "promptalign", "context": MAPLE_AT, "vis_means": str(means),
+                             "vis_vars": str(variances), "align_weight": [100.0, 0.0]}])
+    spec = load_spec(path)
+    runs = expand(spec)
+    assert len(runs) == 2
+    sha = {name: hashlib.sha256(Path(p).read_bytes()).hexdigest()
+           for name, p in (("context", maple_file), ("vis_means", means), ("vis_vars", variances))}
+    for run in runs:
+        assert {k: run.config.get(f"{k}_sha256") for k in sha} == sha
+    settings = settings_of(spec)
+    for trial in make_trials(runs, "auto"):
+        execute_trial(trial, settings)
+    stream, _ = load_stream(runs[0].source, settings)
+    backbone = load_backbone(TINY_VIT, None, "cpu")
+    maple = load_maple(maple_file)
+    stats = load_statistics(means, variances)
+    transform = ViewTransform(method_card("promptalign").protocol_views("dtd"), backbone.preprocess,
+                              backbone.resolved.preprocess)
+    views = []
+    for image_id in stream.image_ids:
+        with open_image(Path(spec.data_root) / image_id) as image:
+            views.append(transform(image, image_id))
+    views = torch.stack(views)
+    assert views.shape[1:3] == (64, 3)
+    tokens = class_tokens(backbone.tokenizer, stream.class_names, maple.n_ctx)
+    db = ResultsDB(spec.results_dir)
+    for run in runs:
+        record = read_run(spec.results_dir, spec.name, run.run_id)
+        assert record["status"] == "finished" and record["context_sha256"] == sha["context"]
+        weight = run.config["hparams"]["align_weight"]
+        truth = run_reference(views, backbone.model, tokens, maple, stats.means, stats.vars, align_weight=weight)
+        got = db.df(f"SELECT pred, prob_true FROM samples WHERE run_id = '{run.run_id}' ORDER BY sample_idx")
+        assert got["pred"].tolist() == truth.argmax(1).tolist()
+        want = truth[torch.arange(len(stream)), stream.labels.cpu()].numpy()
+        assert abs(got["prob_true"].to_numpy() - want).max() <= 1e-5
+    report = bca("report", "--results", spec.results_dir)
+    assert report.exit_code == 0, report.output
+    statistics = f"statistics {sha['vis_means'][:8]} {sha['vis_vars'][:8]}"
+    for weight in (0, 100):
+        assert f"PromptAlign (align_weight={weight}) [context {sha['context'][:8]}, {statistics}]" in report.stdout
+
+
+@pytest.mark.parametrize("entry,expected", [
+    ({"method": "promptalign"}, "methods[0].context: 'promptalign' tunes MaPLe's prompts in both towers from a MaPLe "
+                                "context"),
+    ({"method": "promptalign", "context": MAPLE_AT}, "methods[0].vis_means: 'promptalign' with align_weight > 0 "
+                                                     "aligns with PromptAlign's source statistics"),
+    ({"method": "promptalign", "context": MAPLE_AT, "vis_means": "stats/ImgNetpre_vis_means.pt",
+      "vis_vars": "stats/nothing.pt"}, "methods[0].vis_vars: vis_vars file {root}/stats/nothing.pt does not exist"),
+    ({"method": "promptalign", "context": MAPLE_AT, "vis_means": "wrong/ImgNetpre_vis_means.pt",
+      "vis_vars": "wrong/ImgNetpre_vis_vars.pt"},
+     "methods[0].vis_means: vis_means file {root}/wrong/ImgNetpre_vis_means.pt holds torch.float32 (3, 19, 128); "
+     "expected a float tensor [2, 19, 128]"),
+    ({"method": "promptalign", "context": "coop/prompt_learner/model.pth.tar-50", "align_weight": 0.0},
+     "methods[0].context: context file {root}/coop/prompt_learner/model.pth.tar-50 is CoOp's; 'promptalign' tunes "
+     "MaPLe's prompts"),
+    ({"method": "tda", "vis_means": "stats/ImgNetpre_vis_means.pt"}, "methods[0].vis_means"),
+])
+def test_what_promptalign_cannot_start_from_exits_2_naming_the_field_and_file(tmp_path, entry, expected):
+    from orchestrator.clip.testing import write_coop_context
+
+    write_maple_context(tmp_path / "maple", TINY_VIT, n_ctx=2, depth=2)
+    write_promptalign_statistics(tmp_path / "stats", TINY_VIT, n_ctx=2)
+    write_promptalign_statistics(tmp_path / "wrong", TINY_VIT, n_ctx=2, layers=3)
+    write_coop_context(tmp_path / "coop", TINY_VIT, ["a", "b", "c"], n_ctx=2)
+    r = bca("sweep", str(_spec(tmp_path, [entry])), "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert expected.format(root=tmp_path) in " ".join(r.stderr.split())
+    assert "Traceback" not in r.output and not (tmp_path / "results").exists()

@@ -76,6 +76,17 @@ def text_features(clip: torch.nn.Module, tokens: torch.Tensor, context: MapleCon
     return prompted_text(clip, tokens, [context.ctx, *context.text_deep])
 
 
+def maple_prompt_text(backbone: Any, class_names: list[str], context: MapleContext) -> Any:
+    """What a method tuning MaPLe's prompts takes as its text side (`orchestrator.methods.prompt.PromptText`): the
+    backbone's text tower, MaPLe's class prompts (`class_tokens`) and the file's context, on the backbone's device."""
+    from orchestrator.methods.prompt import PromptText, TextTower
+
+    names = [name.replace("_", " ") for name in class_names]
+    tokens = class_tokens(backbone.tokenizer, class_names, context.n_ctx).to(backbone.device)
+    return PromptText(TextTower(backbone.model), tokens, context.n_ctx, tuple(names), backbone.tokenizer,
+                      context.ctx.to(backbone.device))
+
+
 class PromptedEncoder:
     """A loaded backbone seen through MaPLe's prompts, as the feature cache encodes with one (`encode_images`,
     `encode_texts`, `spec`, `device`, `embed_dim`): features L2-normalised, float32, on the CPU."""

@@ -603,6 +603,12 @@ class MethodCard:
         return sorted(h.name for h in self.hparams)
 
     @property
+    def tunes_maple(self) -> bool:
+        """Whether it tunes MaPLe's prompts in both towers from a MaPLe context (image_encoder params 'prompts':
+        PromptAlign)."""
+        return self.image_encoder is not None and self.image_encoder.params == "prompts"
+
+    @property
     def takes_text(self) -> bool:
         """Whether a run is handed CLIP's text tower and class prompts: prompt tuning (`text_encoder`) and the
         image-encoder methods that run the text tower too (`ImageEncoderUse.text_tower`)."""

@@ -30,6 +30,7 @@ overflows).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -73,7 +74,8 @@ class PromptAlign(Method):
         if not isinstance(vision, AlignVision) or not all(hasattr(vision.prompts, a) for a in _MAPLE):
             raise ValueError(f"{self.name}: tunes MaPLe's prompts in both towers, so it needs vision=AlignVision(tower, "
                              f"MaPLe prompts, source statistics), got {type(vision).__name__}")
-        self.visual, prompts = vision.tower, vision.prompts
+        # its own frozen copy: no gradient reaches the tower the process shares
+        self.visual, prompts = copy.deepcopy(vision.tower).float().eval().requires_grad_(False), vision.prompts
         layers = len(getattr(getattr(self.visual, "transformer", None), "resblocks", ()))
         if prompts.n_ctx != text.n_ctx or prompts.text_width != text.tower.width:
             raise ValueError(f"{self.name}: the class prompts hold {text.n_ctx} context tokens of width "
@@ -150,6 +152,9 @@ class PromptAlign(Method):
                 optimizer.step()
         with torch.no_grad():
             return self.towers(params, views[:1])[0]
+
+    def load_state_tensors(self, state: Mapping[str, Any]) -> None:
+        """Nothing carries from one sample to the next (episodic), so a resumed run goes on from its saved rows."""
 
     def run(self, features: torch.Tensor, auxiliary: Mapping[str, torch.Tensor] | None = None) -> Trace:
         """`features`: the samples' pixel views [n, V, 3, H, W] float32 (view 0 the original) on the class
