@@ -109,7 +109,8 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
                                                      "such as TeCoA's); null for a tag or random weights"),
     Column("context_sha256", pa.string(), "VARCHAR", "sha256 of the learned context file the run started from "
                                                      "(CoOp's for a prompt-tuning run, CoOp's or MaPLe's for a "
-                                                     "frozen-feature one); null: the hand-written prompt"),
+                                                     "frozen-feature one, MaPLe's for PromptAlign); null: the "
+                                                     "hand-written prompt"),
     Column("vis_means_sha256", pa.string(), "VARCHAR", "sha256 of PromptAlign's source means file (vis_means) the "
                                                        "run aligned with; null: none"),
     Column("vis_vars_sha256", pa.string(), "VARCHAR", "sha256 of PromptAlign's source variances file (vis_vars) "
