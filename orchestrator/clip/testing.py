@@ -356,3 +356,11 @@ def write_promptalign_statistics(directory: str | Path, model: str = TINY_VIT, n
     torch.save(torch.randn(*shape, generator=g), paths[0])
     torch.save(torch.randn(*shape, generator=g).abs(), paths[1])
     return paths
+
+
+def promptalign_files(directory: str | Path, model: str = TINY_VIT) -> dict[str, str]:
+    """A method entry's files for PromptAlign on the (random-weights) model named: a MaPLe context and source
+    statistics written under `directory` ({context, vis_means, vis_vars}), for the suites that run every method."""
+    context = write_maple_context(Path(directory) / "maple", model, n_ctx=2, depth=2)
+    means, variances = write_promptalign_statistics(Path(directory) / "statistics", model, n_ctx=2)
+    return {"context": str(context), "vis_means": str(means), "vis_vars": str(variances)}
