@@ -28,8 +28,9 @@ CARDS = (
                 "official range(from, to - 1)) and the weight is divided by align_to - align_from", "count", low=1),
          PRECISION, LOGIT_SCALE),
         inputs="views", views=Views("crops"),
-        # its step back-propagates through every block of the vision tower as a norm-layer step does, and through
-        # the text tower's K class prompts as TPT's
+        # its step back-propagates through every block of the vision tower as a norm-layer step does (its 2 prompt
+        # tokens add under 0.1 MB at ViT-B/16), and through the text tower's K class prompts from the first layer's
+        # tokens, as TPT's (tests/test_encoder_methods.py holds it)
         image_encoder=ImageEncoderUse("prompts", True, NORM_STEP, device="gpu", text_tower=True,
                                       text_mb_per_class=TEXT.mb_per_class),
         source="jameelhassan/PromptAlign@9290564 trainers/prompt_align.py (MultiModalPromptLearner.reset, "
