@@ -173,10 +173,10 @@ def load_context(path: str | os.PathLike) -> LearnedContext:
     if maple:
         raise ValueError(f"context file {path} is MaPLe's (it holds {', '.join(maple[:3])}"
                          f"{', ...' if len(maple) > 3 else ''}): its prompts enter the image encoder too, so tuning "
-                         f"them at test time (PromptAlign, jameelhassan/PromptAlign) re-encodes every view through "
-                         f"the prompted vision tower at each step, which the prompt-tuning methods here (tuning a "
-                         f"text context over cached image features) do not do; expected a CoOp context "
-                         f"(state_dict['ctx']) for them, or the MaPLe file on a frozen-feature method (tda, bca, ...)")
+                         f"them re-encodes every view through the prompted vision tower at each step, which the "
+                         f"prompt-tuning methods (a text context over cached image features) do not do; expected a "
+                         f"CoOp context (state_dict['ctx']) for them, or the MaPLe file on promptalign (which tunes "
+                         f"MaPLe's prompts) or on a frozen-feature method (tda, bca, ...)")
     ctx = state.get("ctx")
     if not isinstance(ctx, torch.Tensor):
         raise ValueError(f"context file {path}: its state_dict has no tensor 'ctx' (keys: {sorted(state)[:8]}); "
