@@ -130,6 +130,9 @@ def test_a_sweep_runs_promptalign_on_the_images_crops_recorded_by_its_files_hash
     means, variances = write_promptalign_statistics(tmp_path / "stats", TINY_VIT, n_ctx=2)
     path = _spec(tmp_path, [{"method": "promptalign", "context": MAPLE_AT, "vis_means": str(means),
                              "vis_vars": str(variances), "align_weight": [100.0, 0.0]}])
+    plan = bca("sweep", str(path), "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert "396.2 MB per image view (~24.8 GB at batch size 1, 64 views each)" in " ".join(plan.stdout.split())
     spec = load_spec(path)
     runs = expand(spec)
     assert len(runs) == 2

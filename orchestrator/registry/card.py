@@ -299,11 +299,12 @@ class ImageEncoderUse:
         """Whether a run with these (resolved) hparams resets the encoder before every batch."""
         return self.episodic if isinstance(self.episodic, bool) else bool(hparams[self.episodic])
 
-    def describe(self, batch_size: int | None = None, num_classes: int | None = None) -> str:
-        """In words, for the plan and the docs."""
-        need = f"{self.mb_per_image:g} MB per image"
+    def describe(self, batch_size: int | None = None, num_classes: int | None = None, views: int = 1) -> str:
+        """In words, for the plan and the docs; `views`: the views of each image a step runs (PromptAlign's 64)."""
+        need = f"{self.mb_per_image:g} MB per image" + (" view" if views > 1 else "")
         if batch_size:
-            need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
+            each = f", {views} views each" if views > 1 else ""
+            need += f" (~{self.mb_per_image * batch_size * views / 1024:,.1f} GB at batch size {batch_size}{each})"
         if self.text_mb_per_class is not None:
             need += f" and {self.text_mb_per_class:g} MB per class for its text tower"
             if num_classes:
