@@ -80,6 +80,11 @@ def test_what_cannot_run_is_refused(setup, tmp_path):
     with pytest.raises(ValueError, match="align_to .2. must exceed align_from .2."):
         _run(setup, align_from=2, align_to=2)
     means, variances = write_promptalign_statistics(tmp_path, TINY_VIT, n_ctx=2, layers=3)
+    backbone, maple, _, _, text, views = setup
+    with pytest.raises(ValueError, match=r"the source statistics are \(3, 19, 128\) and \(3, 19, 128\); expected "
+                                         r"\(2, 19, 128\)"):
+        make_method("promptalign", torch.eye(len(NAMES), 64), torch.arange(len(NAMES)), len(NAMES), text=text,
+                    vision=AlignVision(backbone.model.visual, maple, load_statistics(means, variances)))
     with pytest.raises(ValueError, match=r"vis_means file .*ImgNetpre_vis_means.pt holds torch.float32 \(3, 19, 128\); "
                                          r"expected a float tensor \[2, 19, 128\]"):
         load_statistics(means, variances, (2, 19, 128))

@@ -92,9 +92,11 @@ class PromptAlign(Method):
         if self.aligned and stats is None:
             raise ValueError(f"{self.name}: align_weight {hparams['align_weight']} needs the source statistics "
                              f"(vision.statistics: PromptAlign's vis_means and vis_vars); none given")
-        if self.aligned and stats.means.shape[0] < layers:
-            raise ValueError(f"{self.name}: the source statistics cover {stats.means.shape[0]} blocks, the vision "
-                             f"tower has {layers}")
+        shape = (layers, int(self.visual.positional_embedding.shape[0]) + prompts.n_ctx, prompts.vision_width)
+        if self.aligned and (tuple(stats.means.shape) != shape or tuple(stats.vars.shape) != shape):
+            raise ValueError(f"{self.name}: the source statistics are {tuple(stats.means.shape)} and "
+                             f"{tuple(stats.vars.shape)}; expected {shape} (the vision tower's blocks, its tokens with "
+                             f"the {prompts.n_ctx} prompts, its width)")
         self.stats = None if not self.aligned else (stats.means.to(device), stats.vars.to(device))
         self.initial = [t.to(device) for t in (prompts.ctx, prompts.proj_weight, prompts.proj_bias,
                                                *prompts.text_deep, *(t for wb in prompts.vision_deep for t in wb))]
