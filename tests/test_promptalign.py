@@ -20,7 +20,6 @@ from orchestrator.methods.base import make_method
 from orchestrator.methods.prompt import PromptText, TextTower
 from orchestrator.methods.promptalign.method import AlignVision
 from orchestrator.methods.promptalign.reference import run_reference
-from orchestrator.registry import method_card
 
 NAMES = ["dog", "cat", "golden_retriever", "airplane"]
 EPS32 = torch.finfo(torch.float32).eps
@@ -122,7 +121,7 @@ MAPLE_AT = "maple/MultiModalPromptLearner/model.pth.tar-5"
 def test_a_sweep_runs_promptalign_on_the_images_crops_recorded_by_its_files_hashes(tmp_path):
     """Through the trial: the run's rows are the method's on each image's crops (the views the cache's ViewTransform
     makes), its config records the MaPLe file's and both statistics files' sha256, and `bca report` shows its row."""
-    from orchestrator.clip.views import ViewTransform
+    from orchestrator.clip.views import ViewTransform, parse_views
     from orchestrator.data.datasets import open_image
     from orchestrator.results.db import ResultsDB
     from orchestrator.results.writer import read_run
@@ -152,7 +151,8 @@ def test_a_sweep_runs_promptalign_on_the_images_crops_recorded_by_its_files_hash
     backbone = load_backbone(TINY_VIT, None, "cpu")
     maple = load_maple(maple_file)
     stats = load_statistics(means, variances)
-    transform = ViewTransform(method_card("promptalign").protocol_views("dtd"), backbone.preprocess,
+    assert runs[0].config["views"] == "crops"  # its protocol's, recorded as any view method's
+    transform = ViewTransform(parse_views("crops", runs[0].source.seed), backbone.preprocess,
                               backbone.resolved.preprocess)
     views = []
     for image_id in stream.image_ids:

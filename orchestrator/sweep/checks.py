@@ -353,7 +353,7 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
         issues += _realtime_issues(spec, i, entry)
-        if card.views_everywhere and "single" in views and card.image_encoder is None:
+        if card.views_everywhere and "single" in views:
             issues.append((f"methods[{i}].method", f"{entry.method!r} works on augmented views of every image, so "
                                                    f"each of its datasets needs views (got single); expected views: "
                                                    "protocol (its official views), augmix or crops"))

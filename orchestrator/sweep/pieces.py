@@ -577,7 +577,7 @@ def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, set
                 ) -> ImageSide | None:
     """The vision tower and the stream's images for the runs whose method adapts CLIP's image encoder (the source's
     backbone, loaded once per process, as `prompt_text_for` loads it), else None. Their images take the backbone's eval
-    transform (the 'single' view), or where the method takes views its protocol's (PromptAlign's crops)."""
+    transform (the 'single' view), or where the method takes views its source's (PromptAlign's crops)."""
     if all(method_card(c.method).image_encoder is None for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
@@ -586,10 +586,8 @@ def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, set
 
     backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
-    # the plan never packs these runs: one method, one protocol
-    card = next(method_card(c.method) for c in configs if method_card(c.method).image_encoder is not None)
-    views = card.protocol_views(source.dataset)
-    transform = ViewTransform(views, backbone.preprocess, backbone.resolved.preprocess)
+    # the views the source's cache entry holds, drawn alike (`spec.dataset_views`)
+    transform = ViewTransform(parse_views(source.views, source.seed), backbone.preprocess, backbone.resolved.preprocess)
     images = StreamImages(stream.image_ids, settings.data_root, transform, stream.class_embeddings.device)
     return ImageSide(backbone.model.visual, images)
 

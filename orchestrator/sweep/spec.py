@@ -379,10 +379,12 @@ def current_spec_model() -> type[SweepSpec]:
 def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, method: str) -> str:
     """The views a method runs on for a dataset: the dataset's own setting, else the spec's, where 'protocol'
     means the method's official protocol on that dataset (its card: e.g. AugMix for BCA on ImageNet-A/-V2/-R/
-    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet). A method that adapts the image encoder
-    takes the single view whatever the spec says: it decodes each image with the backbone's eval transform itself,
-    and its source shares the single-view cache entry."""
-    if isinstance(dataset, SyntheticDataset) or method_card(method).image_encoder is not None:
+    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet). A method that adapts the image encoder on
+    one image a sample takes the single view whatever the spec says: it decodes each image with the backbone's eval
+    transform itself, and its source shares the single-view cache entry; one taking views (PromptAlign) decodes the
+    views its source names, the same pixels as that source's cache entry."""
+    card = method_card(method)
+    if isinstance(dataset, SyntheticDataset) or (card.image_encoder is not None and not card.takes_views):
         return "single"
     choice = dataset.views or spec.views
     return method_card(method).protocol_views(dataset.name).name if choice == METHOD_PROTOCOL else choice
