@@ -35,7 +35,10 @@ def _runs_on_one_view(card: registry.MethodCard) -> bool:
 
 def _needs_more_than_the_backbone(card: registry.MethodCard) -> str | None:
     """Why a method cannot run on the real-data suite's one backbone, if it cannot: it reads an auxiliary encoder's
-    features (which the suite's backbone does not name) or a CLIP teacher's (a second backbone's weights)."""
+    features (which the suite's backbone does not name) or a CLIP teacher's (a second backbone's weights), or it
+    starts from files of its own (PromptAlign: a MaPLe context and its source statistics)."""
+    if card.tunes_maple:
+        return "tunes MaPLe's prompts from a MaPLe context file and PromptAlign's source statistics"
     if card.auxiliary:
         return f"reads the {', '.join(card.auxiliary)} auxiliary encoder's features"
     if names_teacher(card):

@@ -86,6 +86,8 @@ def _memory(card) -> str:
     counts), with its growth per sample where it grows with the stream."""
     from orchestrator.sweep.cost import state_bytes
 
+    if card.tunes_maple:
+        return "MaPLe's prompts and their optimiser state, reset every sample"
     if card.image_encoder is not None:
         return "its adapted encoder parameters and their optimiser state"
     start = state_bytes(card.name, *MEMORY_SHAPE)
@@ -106,7 +108,9 @@ def methods_table() -> str:
         if card.image_encoder is not None:
             params = {"norm": "norm-layer affine", "lora": "LoRA on attention", "all": "all"}
             reset = card.image_encoder.episodic
-            inputs = (f"images; updates the image encoder ({params[card.image_encoder.params]}), "
+            what = ("the 64 crops of each image; tunes MaPLe's prompts in both towers" if card.tunes_maple else
+                    f"images; updates the image encoder ({params[card.image_encoder.params]})")
+            inputs = (f"{what}, "
                       f"{'episodic' if reset is True else 'continual' if reset is False else f'continual or {reset}'}")
         if card.batch_size is not None:
             inputs += f", batches of {card.batch_size}"
@@ -123,6 +127,8 @@ def _short_cost(card) -> str:
         return f"{rate / 1000:.3g}k/s" if rate >= 1000 else f"{rate:.3g}/s"
     if card.text_encoder is not None:
         return "text-tower backward per sample"
+    if card.tunes_maple:
+        return "both towers' backward per sample"
     if card.image_encoder is not None:
         return "image-tower backward per batch"
     return "not measured yet"

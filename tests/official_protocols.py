@@ -116,6 +116,9 @@ OFFICIAL = {
     "boostadapter": ("taolinzhang/BoostAdapter@9983e1a utils.py:122,131,155-168", _by_group("single", "crops", "crops")),
     # Zero: data/augs.py:57-67 get_transforms, MultiViewCropAndFlip (augs.py:43) on every dataset.
     "zero": ("FarinaMatteo/zero data/augs.py:43,57-67", _by_group("crops", "crops", "crops")),
+    # PromptAlign's AugMixAugmenter keeps an empty aug_list whatever its augmix argument: crops everywhere.
+    "promptalign": ("jameelhassan/PromptAlign@9290564 trainers/prompt_align.py AugMixAugmenter, "
+                    "get_tpt_dataloader (n_views=TPT.BATCH_SIZE - 1)", _by_group("crops", "crops", "crops")),
     # StatA's harness (its own method and the TransCLIP and ZLaP solvers it compares): datasets/__init__.py
     # get_all_dataloaders, clip.load's preprocess on every dataset.
     **{m: ("MaxZanella/StatA@eea8637 datasets/__init__.py:40-58", _by_group("single", "single", "single"))

@@ -117,11 +117,13 @@ def test_the_real_data_suite_plans_every_method_its_backbone_can_run_and_names_t
     out = runner.invoke(app, ["compare", "bca", *suite], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     left = [line for line in out.output.splitlines() if line.startswith("left out: ")]
-    assert left == ["left out: RLCF reads a CLIP teacher's features (a second backbone's weights), which the "
+    assert left == ["left out: PromptAlign tunes MaPLe's prompts from a MaPLe context file and PromptAlign's "
+                    "source statistics, which the suite's one backbone does not give",
+                    "left out: RLCF reads a CLIP teacher's features (a second backbone's weights), which the "
                     "suite's one backbone does not give",
                     "left out: COSMIC reads the dinov2 auxiliary encoder's features, which the suite's one "
                     "backbone does not give"]
-    planned = set(registry.method_names()) - {"rlcf", "cosmic"}  # each over the default orders
+    planned = set(registry.method_names()) - {"rlcf", "cosmic", "promptalign"}  # each over the default orders
     assert (f"sweep compare-bca (dry run: nothing is run or written): {len(planned) * DEFAULT_ORDERS} runs"
             in out.output)
     out = runner.invoke(app, ["compare", "cosmic", *suite])

@@ -54,8 +54,10 @@ def test_a_coop_file_is_read_as_tpts_load_reads_it(tmp_path):
 
 
 @pytest.mark.parametrize("make,expected", [
-    (lambda d: write_maple_context(d), "): its prompts enter the image encoder too, so tuning them at test time "
-                                       "(PromptAlign, jameelhassan/PromptAlign) re-encodes every view"),
+    (lambda d: write_maple_context(d), "): its prompts enter the image encoder too, so tuning them re-encodes every "
+                                       "view through the prompted vision tower at each step, which the prompt-tuning "
+                                       "methods (a text context over cached image features) do not do; expected a "
+                                       "CoOp context (state_dict['ctx']) for them, or the MaPLe file on promptalign"),
     (lambda d: write_coop_context(d, TINY_VIT, NAMES, class_specific=True),
      "a class-specific context (CoOp's CSC, ctx (5, 4, 128) = n_cls x n_ctx x width)"),
     (lambda d: d / "absent.pth.tar-50", "does not exist; expected CoOp's prompt_learner/model.pth.tar-<epoch> or "

@@ -6,14 +6,15 @@ tower's size, so few on a CPU)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.clip.testing import (TINY_RN, TINY_SIGLIP, TINY_VIT, build_corrupted, register_tiny_models,
-                                       write_model_config)
+from orchestrator.clip.testing import (TINY_RN, TINY_SIGLIP, TINY_VIT, build_corrupted, promptalign_files,
+                                       register_tiny_models, write_model_config)
 from orchestrator.registry import method_card, method_names
 from orchestrator.registry.backbones import TEACHER, names_teacher
 from orchestrator.results.writer import read_run
@@ -27,11 +28,13 @@ pytestmark = pytest.mark.timeout(1200)
 CHEAP = {"clipartt": {"steps": 1}, "watt": {"rounds": 1, "template_steps": 1}}
 
 
-def entry(name: str) -> dict:
+def entry(name: str, files: Path) -> dict:
     card = method_card(name)
-    # a CLIP teacher (RLCF's) at toy size too: the other tiny model
-    return {"method": name, **CHEAP.get(name, {}), **({"batch_size": 2} if card.image_encoder else {}),
-            **({TEACHER: TINY_RN} if names_teacher(card) else {})}
+    # a CLIP teacher (RLCF's) at toy size too: the other tiny model; PromptAlign's MaPLe file and statistics
+    return {"method": name, **CHEAP.get(name, {}),
+            **({"batch_size": 2} if card.image_encoder and card.batch_size else {}),
+            **({TEACHER: TINY_RN} if names_teacher(card) else {}),
+            **(promptalign_files(files, TINY_VIT) if card.tunes_maple else {})}
 
 
 @pytest.mark.parametrize("backbone", [TINY_SIGLIP, TINY_VIT, "ViT-B-32"])
@@ -51,7 +54,7 @@ def test_every_method_on_cifar10c_and_its_continual_stream(tmp_path, monkeypatch
              "ViT-B-32": ["clip", "tda", "tent"]}[backbone]
     noise = {"name": "cifar10-c", "corruption": "gaussian_noise", "severity": 5}
     spec = {"name": "cb", "results_dir": "results", "cache_dir": "cache", "data_root": "data", "views": "augmix9",
-            "backbones": [model], "datasets": [noise], "methods": [entry(n) for n in names], "seeds": [1],
+            "backbones": [model], "datasets": [noise], "methods": [entry(n, tmp_path) for n in names], "seeds": [1],
             "stream": ["iid", {"continual": [{**noise, "corruption": ["gaussian_noise", "shot_noise"]}]}]}
     (tmp_path / "cb.yaml").write_text(yaml.safe_dump(spec))
     loaded = load_spec(tmp_path / "cb.yaml")

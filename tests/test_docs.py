@@ -201,6 +201,7 @@ def test_the_readme_table_names_every_built_in_method_with_its_family_source_and
         rate = card.cost.samples_per_s
         assert cell.endswith(f"{rate / 1000:.3g}k/s" if rate and rate >= 1000 else f"{rate:.3g}/s" if rate else
                              "text-tower backward per sample" if card.text_encoder else
+                             "both towers' backward per sample" if card.tunes_maple else
                              "image-tower backward per batch" if card.image_encoder else "not measured yet"), cell
 
 

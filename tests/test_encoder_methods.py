@@ -171,7 +171,11 @@ def test_the_cards_memory_per_image_is_the_measured_one():
         assert method_card(name).image_encoder.mb_per_image == round(measured, 1)
     per_class = TextTower(model).saved_bytes_per_prompt(77, norm=True) / 2**20
     assert method_card("batclip").image_encoder.text_mb_per_class == round(per_class, 1)
-    assert [c.name for c in method_cards() if c.image_encoder and c.image_encoder.text_mb_per_class] == ["batclip"]
+    # PromptAlign's text step backpropagates to the first layer's tokens, as a prompt-tuning step does
+    assert method_card("promptalign").image_encoder.text_mb_per_class == round(
+        TextTower(model).saved_bytes_per_prompt(77) / 2**20, 1)
+    assert [c.name for c in method_cards() if c.image_encoder and c.image_encoder.text_mb_per_class] == [
+        "promptalign", "batclip"]
 
 
 def lora_tent(lora):

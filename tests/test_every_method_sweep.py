@@ -44,7 +44,7 @@ def test_every_single_view_method_on_a_synthetic_scenario(tmp_path):
 
 
 def test_every_method_on_a_tiny_real_dataset_with_its_official_views(tmp_path):
-    from orchestrator.clip.testing import TINY_RN, TINY_VIT, build_dataset, write_model_config
+    from orchestrator.clip.testing import TINY_RN, TINY_VIT, build_dataset, promptalign_files, write_model_config
     from orchestrator.registry.backbones import TEACHER, names_teacher
 
     build_dataset("imagenet-a", tmp_path / "data", num_classes=3, per_class=3)
@@ -55,8 +55,9 @@ def test_every_method_on_a_tiny_real_dataset_with_its_official_views(tmp_path):
         "backbones": [{"model": TINY_VIT, "config": str(config), "pretrained": "random",
                        "auxiliary": [{"name": "dinov2", "arch": "bca-tiny-dinov2", "pretrained": "random"}]}],
         "datasets": ["imagenet-a"], "views": "protocol",
-        # a CLIP teacher (RLCF's) at toy size too: the other tiny model
-        "methods": [{"method": m, **({TEACHER: TINY_RN} if names_teacher(registry.method_card(m)) else {})}
+        # a CLIP teacher (RLCF's) at toy size too: the other tiny model; PromptAlign's MaPLe file and statistics
+        "methods": [{"method": m, **({TEACHER: TINY_RN} if names_teacher(registry.method_card(m)) else {}),
+                     **(promptalign_files(tmp_path, TINY_VIT) if registry.method_card(m).tunes_maple else {})}
                     for m in methods], "seeds": [1], "resources": {"cpus": 1}, "part_rows": 4})
     assert sorted(r.config["method"] for r in runs) == sorted(methods)
     views = {r.config["method"]: r.config["views"] for r in runs}

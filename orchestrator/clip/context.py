@@ -173,10 +173,10 @@ def load_context(path: str | os.PathLike) -> LearnedContext:
     if maple:
         raise ValueError(f"context file {path} is MaPLe's (it holds {', '.join(maple[:3])}"
                          f"{', ...' if len(maple) > 3 else ''}): its prompts enter the image encoder too, so tuning "
-                         f"them at test time (PromptAlign, jameelhassan/PromptAlign) re-encodes every view through "
-                         f"the prompted vision tower at each step, which the prompt-tuning methods here (tuning a "
-                         f"text context over cached image features) do not do; expected a CoOp context "
-                         f"(state_dict['ctx']) for them, or the MaPLe file on a frozen-feature method (tda, bca, ...)")
+                         f"them re-encodes every view through the prompted vision tower at each step, which the "
+                         f"prompt-tuning methods (a text context over cached image features) do not do; expected a "
+                         f"CoOp context (state_dict['ctx']) for them, or the MaPLe file on promptalign (which tunes "
+                         f"MaPLe's prompts) or on a frozen-feature method (tda, bca, ...)")
     ctx = state.get("ctx")
     if not isinstance(ctx, torch.Tensor):
         raise ValueError(f"context file {path}: its state_dict has no tensor 'ctx' (keys: {sorted(state)[:8]}); "
@@ -252,3 +252,46 @@ def context_issue(path: str, model: str, width: int, max_ctx: int) -> str | None
     if context.n_ctx > max_ctx:
         return f"context file {path}: {context.n_ctx} context vectors leave no room for a class name in {max_ctx + 2}"
     return None
+
+
+@dataclass(frozen=True)
+class SourceStatistics:
+    """PromptAlign's source statistics of MaPLe's vision tokens (jameelhassan/PromptAlign, TPT.VIS_MEANS and
+    TPT.VIS_VARS: `ImgNetpre_vis_means.pt`, `ImgNetpre_vis_vars.pt`, computed once on ImageNet's training set through
+    the MaPLe prompts by their code and released beside it): per block of the vision tower, the mean and the variance
+    over images of each token's input to that block, [layers, 1 + patches + n_ctx, w_v] each, float32 here. The
+    files' paths and sha256."""
+
+    means: torch.Tensor
+    vars: torch.Tensor
+    paths: tuple[str, str]
+    sha256: tuple[str, str]
+
+
+def _statistics_tensor(path: Path, what: str, shape: tuple[int, int, int] | None) -> torch.Tensor:
+    expected = ("a float tensor [layers, tokens, width]" if shape is None
+                else f"a float tensor [{shape[0]}, {shape[1]}, {shape[2]}] (the vision tower's layers, 1 + patches + "
+                     f"n_ctx tokens, width)")
+    if not path.is_file():
+        raise ValueError(f"{what} file {path} does not exist; expected PromptAlign's torch-saved {expected}")
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+        raise ValueError(f"{what} file {path}: not a torch file that loads with weights_only=True "
+                         f"({str(exc).splitlines()[0][:200]}); expected {expected}") from None
+    fits = isinstance(value, torch.Tensor) and value.is_floating_point() and value.ndim == 3 and (
+        shape is None or tuple(value.shape) == shape)
+    if not fits:
+        found = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{what} file {path} holds {found}; expected {expected}")
+    return value.detach().float().contiguous()
+
+
+def load_statistics(means: str | os.PathLike, variances: str | os.PathLike,
+                    shape: tuple[int, int, int] | None = None) -> SourceStatistics:
+    """PromptAlign's source means and variances (`SourceStatistics`), or a ValueError naming the file, what it holds
+    and the shape expected (`shape`: [layers, tokens, width] of the tower they are for; None: any, alike in both)."""
+    m = _statistics_tensor(Path(means), "vis_means", shape)
+    v = _statistics_tensor(Path(variances), "vis_vars", tuple(m.shape))
+    return SourceStatistics(m, v, (str(Path(means).resolve()), str(Path(variances).resolve())),
+                            (file_sha256(means), file_sha256(variances)))

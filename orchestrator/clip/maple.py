@@ -19,12 +19,13 @@ and a text tower with a start token, pooled at the end-of-text token; `fit_issue
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from orchestrator.clip.context import MapleContext
+from orchestrator.methods.maple import image_features, prompted_text
 
 CTX_INIT = "a photo of a"   # MaPLe's configs (configs/trainers/MaPLe/*.yaml: CTX_INIT), used when N_CTX <= 4
 
@@ -63,41 +64,6 @@ def fit_issue(context: MapleContext, model: str, cfg: dict[str, Any]) -> str | N
     return None
 
 
-def _blocks(transformer: torch.nn.Module, x: torch.Tensor, prompts: list[torch.Tensor],
-            splice: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-            attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """open_clip's Transformer.forward on batch-first x, `splice(x, prompts[j])` before block j (1 <= j < len)."""
-    if len(prompts) > len(transformer.resblocks):
-        raise ValueError(f"MaPLe prompt depth {len(prompts)} exceeds the tower's {len(transformer.resblocks)} layers")
-    lnd = not getattr(transformer, "batch_first", True)
-    for j, block in enumerate(transformer.resblocks):
-        if 1 <= j < len(prompts):
-            x = splice(x, prompts[j])
-        x = block(x.transpose(0, 1), attn_mask=attn_mask).transpose(0, 1) if lnd else block(x, attn_mask=attn_mask)
-    return x
-
-
-def image_features(visual: torch.nn.Module, pixels: torch.Tensor, prompts: list[torch.Tensor]) -> torch.Tensor:
-    """[B, 3, H, W] -> [B, d] (not normalised): open_clip's VisionTransformer with MaPLe's vision prompts
-    (`MapleContext.vision_prompts`, one [n, w_v] per prompted layer)."""
-    from open_clip.transformer import VisionTransformer
-
-    if not isinstance(visual, VisionTransformer) or visual.attn_pool is not None or visual.pool_type != "tok":
-        raise ValueError(f"MaPLe prompts a ViT pooled at its class token, got {type(visual).__name__}")
-    n = int(prompts[0].shape[0])
-    x = visual.conv1(pixels)
-    x = x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)
-    b = x.shape[0]
-    x = torch.cat([visual.class_embedding.view(1, 1, -1).expand(b, -1, -1).to(x.dtype), x], dim=1)
-    x = x + visual.positional_embedding.to(x.dtype)
-    x = torch.cat([x, prompts[0].to(x.dtype).expand(b, -1, -1)], dim=1)
-    x = visual.ln_pre(x)
-    x = _blocks(visual.transformer, x, prompts,
-                lambda x, p: torch.cat([x[:, :-n], p.to(x.dtype).expand(x.shape[0], -1, -1)], dim=1))
-    pooled = visual.ln_post(x[:, 0])
-    return pooled @ visual.proj if visual.proj is not None else pooled
-
-
 def class_tokens(tokenizer: Any, class_names: list[str], n_ctx: int) -> torch.Tensor:
     """[K, L] MaPLe's class prompts tokenized (underscores in names read as spaces, as its prompt learner does)."""
     prefix = prompt_prefix(n_ctx)
@@ -107,24 +73,18 @@ def class_tokens(tokenizer: Any, class_names: list[str], n_ctx: int) -> torch.Te
 def text_features(clip: torch.nn.Module, tokens: torch.Tensor, context: MapleContext) -> torch.Tensor:
     """[K, L] class prompts (`class_tokens`) -> [K, d] (not normalised): open_clip's CLIP.encode_text with MaPLe's
     text context in the first layer and its compound prompts in the next."""
-    if getattr(clip, "text_pool_type", None) != "argmax" or not hasattr(clip, "token_embedding"):
-        raise ValueError(f"MaPLe's text prompts need open_clip's CLIP text tower pooled at the end-of-text token, got "
-                         f"{type(clip).__name__}")
-    n = context.n_ctx
-    x = clip.token_embedding(tokens)
-    k = x.shape[0]
-    prompts = [p.to(x.device) for p in (context.ctx, *context.text_deep)]
+    return prompted_text(clip, tokens, [context.ctx, *context.text_deep])
 
-    def splice(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x[:, :1], p.to(x.dtype).expand(k, -1, -1), x[:, 1 + n:]], dim=1)
 
-    x = splice(x, prompts[0]) + clip.positional_embedding.to(x.dtype)
-    x = _blocks(clip.transformer, x, prompts, splice, attn_mask=clip.attn_mask)
-    x = clip.ln_final(x)
-    x = x[torch.arange(k, device=x.device), tokens.argmax(dim=-1)]
-    if isinstance(clip.text_projection, torch.nn.Linear):
-        return clip.text_projection(x)
-    return x @ clip.text_projection
+def maple_prompt_text(backbone: Any, class_names: list[str], context: MapleContext) -> Any:
+    """What a method tuning MaPLe's prompts takes as its text side (`orchestrator.methods.prompt.PromptText`): the
+    backbone's text tower, MaPLe's class prompts (`class_tokens`) and the file's context, on the backbone's device."""
+    from orchestrator.methods.prompt import PromptText, TextTower
+
+    names = [name.replace("_", " ") for name in class_names]
+    tokens = class_tokens(backbone.tokenizer, class_names, context.n_ctx).to(backbone.device)
+    return PromptText(TextTower(backbone.model), tokens, context.n_ctx, tuple(names), backbone.tokenizer,
+                      context.ctx.to(backbone.device))
 
 
 class PromptedEncoder:

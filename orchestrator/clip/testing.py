@@ -333,3 +333,34 @@ def write_maple_context(directory: str | Path, model: str = TINY_VIT, n_ctx: int
     torch.save({"state_dict": state, **_dassl_training_state(torch.nn.Parameter(state["prompt_learner.ctx"].clone()),
                                                              epoch)}, path)
     return path
+
+
+def write_promptalign_statistics(directory: str | Path, model: str = TINY_VIT, n_ctx: int = 2, seed: int = 0,
+                                 layers: int | None = None) -> tuple[Path, Path]:
+    """PromptAlign's source statistics as its code saves them (`torch.save` of one tensor each,
+    `<directory>/ImgNetpre_vis_means.pt` and `ImgNetpre_vis_vars.pt`): [layers, 1 + patches + n_ctx, width] for the
+    (random-weights) model named, means normal and variances |normal| drawn from `seed`; `layers`: another count
+    than the tower's (a wrong file). Returns (means, vars)."""
+    import torch
+
+    from orchestrator.clip.backbone import load_backbone
+
+    register_tiny_models()
+    visual = load_backbone(model, None, "cpu").model.visual
+    shape = (len(visual.transformer.resblocks) if layers is None else layers,
+             int(visual.positional_embedding.shape[0]) + n_ctx, int(visual.conv1.out_channels))
+    g = torch.Generator().manual_seed(seed)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = directory / "ImgNetpre_vis_means.pt", directory / "ImgNetpre_vis_vars.pt"
+    torch.save(torch.randn(*shape, generator=g), paths[0])
+    torch.save(torch.randn(*shape, generator=g).abs(), paths[1])
+    return paths
+
+
+def promptalign_files(directory: str | Path, model: str = TINY_VIT) -> dict[str, str]:
+    """A method entry's files for PromptAlign on the (random-weights) model named: a MaPLe context and source
+    statistics written under `directory` ({context, vis_means, vis_vars}), for the suites that run every method."""
+    context = write_maple_context(Path(directory) / "maple", model, n_ctx=2, depth=2)
+    means, variances = write_promptalign_statistics(Path(directory) / "statistics", model, n_ctx=2)
+    return {"context": str(context), "vis_means": str(means), "vis_vars": str(variances)}

@@ -55,6 +55,8 @@ class TextTower(torch.nn.Module):
     """CLIP's text tower from token embeddings: open_clip's `CLIP.encode_text` after its token-embedding lookup,
     so that learnt context vectors can stand in for some tokens (CoOp's TextEncoder)."""
 
+    text_pool_type = "argmax"  # as the CLIP it was built from pools (checked there); MaPLe's text forward reads it
+
     def __init__(self, clip: torch.nn.Module) -> None:
         super().__init__()
         pool = getattr(clip, "text_pool_type", "argmax")

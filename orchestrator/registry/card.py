@@ -225,7 +225,7 @@ class TextEncoderUse:
         return f"CLIP's text encoder at test time, wants {'a GPU' if self.device == 'gpu' else 'any device'}, {need}"
 
 
-ENCODER_PARAMS = ("norm", "lora", "all")
+ENCODER_PARAMS = ("norm", "lora", "all", "prompts")
 LORA_TARGETS = ("q", "k", "v", "out")
 
 
@@ -256,7 +256,8 @@ class ImageEncoderUse:
     augmented by the view code that fills the feature cache) through its own copy of the backbone's vision tower.
 
     params: what it updates: 'norm' (the affine scale and shift of every LayerNorm / BatchNorm / GroupNorm,
-    BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention) or 'all'; episodic: True (the
+    BatchNorm on the batch's statistics), 'lora' (low-rank adapters on attention), 'all', or 'prompts' (MaPLe's
+    prompts from the run's MaPLe context, the tower frozen: PromptAlign); episodic: True (the
     encoder and optimiser are reset before every batch), False (continual: they carry along the stream), or the
     name of the bool hparam that chooses per run; lora: the adapters' rank, alpha and projections where params is
     'lora' (`LoRA`; None there: its defaults); device: 'gpu' (impractical on a CPU at benchmark scale) or
@@ -298,16 +299,18 @@ class ImageEncoderUse:
         """Whether a run with these (resolved) hparams resets the encoder before every batch."""
         return self.episodic if isinstance(self.episodic, bool) else bool(hparams[self.episodic])
 
-    def describe(self, batch_size: int | None = None, num_classes: int | None = None) -> str:
-        """In words, for the plan and the docs."""
-        need = f"{self.mb_per_image:g} MB per image"
+    def describe(self, batch_size: int | None = None, num_classes: int | None = None, views: int = 1) -> str:
+        """In words, for the plan and the docs; `views`: the views of each image a step runs (PromptAlign's 64)."""
+        need = f"{self.mb_per_image:g} MB per image" + (" view" if views > 1 else "")
         if batch_size:
-            need += f" (~{self.mb_per_image * batch_size / 1024:,.1f} GB at batch size {batch_size})"
+            each = f", {views} views each" if views > 1 else ""
+            need += f" (~{self.mb_per_image * batch_size * views / 1024:,.1f} GB at batch size {batch_size}{each})"
         if self.text_mb_per_class is not None:
             need += f" and {self.text_mb_per_class:g} MB per class for its text tower"
             if num_classes:
                 need += f" (~{self.text_mb_per_class * num_classes / 1024:,.1f} GB at K = {num_classes})"
         what = {"norm": "its norm layers' affine parameters", "all": "all its parameters",
+                "prompts": "MaPLe's prompts in it, the tower frozen",
                 "lora": self.lora and f"LoRA on its attention's {'/'.join(self.lora.targets)} projections, rank "
                                       f"{self.lora.rank}, alpha {self.lora.alpha:g}"}[self.params]
         text = ", running its text tower too" if self.text_tower else ""
@@ -564,7 +567,7 @@ class MethodCard:
         feature get the dataset's own protocol (AugMix on ImageNet-A/-V2/-R/-Sketch, reduced to the confident
         views' mean).
         tests/official_protocols.py holds what each official loader feeds, and a test holds every card to it."""
-        if self.image_encoder is not None:  # it decodes each image with the backbone's eval transform itself
+        if self.image_encoder is not None and not self.takes_views:  # one image a sample, the eval transform's
             return parse_views("single")
         card = dataset_card(dataset)
         own = parse_views(card.views)
@@ -599,6 +602,12 @@ class MethodCard:
     @property
     def hparam_names(self) -> list[str]:
         return sorted(h.name for h in self.hparams)
+
+    @property
+    def tunes_maple(self) -> bool:
+        """Whether it tunes MaPLe's prompts in both towers from a MaPLe context (image_encoder params 'prompts':
+        PromptAlign)."""
+        return self.image_encoder is not None and self.image_encoder.params == "prompts"
 
     @property
     def takes_text(self) -> bool:

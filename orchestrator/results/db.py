@@ -100,7 +100,7 @@ def _select_list(columns: Sequence[schema.Column], present: set[str], cast: str 
 
 _PARTITION_COLUMNS = tuple(schema.Column(k, pa.string(), "VARCHAR", "from the path") for k in schema.PARTITION_KEYS[:-1])
 # Runs columns carried into accuracy and summary: the configuration, not bookkeeping or the trial's metrics.
-_CONFIG_COLUMNS = ("pretrained", "weights_sha256", "context_sha256", "seed", "templates", "num_templates", "views",
+_CONFIG_COLUMNS = ("pretrained", "weights_sha256", *schema.STARTING_POINT, "seed", "templates", "num_templates", "views",
                    "stream", "order_index", "batch_size", "group_id", "setting_id")
 _RUNS_TABLE = "runs_rows"
 _COMPACTED = "compacted_runs"

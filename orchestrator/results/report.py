@@ -196,11 +196,17 @@ def weights_notes(runs: pd.DataFrame) -> pd.Series:
 
 def _with_context_note(runs: pd.DataFrame, labels: pd.Series) -> pd.Series:
     """A run started from a learned context says so on its row, "TPT [context 1a2b3c4d]" (its file's sha256,
-    short): rows of the hand-written prompt and of each context never merge."""
+    short), and one aligned with PromptAlign's source statistics too ("[context 1a2b3c4d, statistics 5e6f7a8b
+    9c0d1e2f]": the means' and the variances' files): rows of the hand-written prompt, of each context and of each
+    statistics pair never merge."""
     if "context_sha256" not in runs.columns:
         return labels
     sha = runs["context_sha256"]
-    return labels.where(sha.isna(), labels + " [context " + _short_sha(sha) + "]")
+    note = " [context " + _short_sha(sha)
+    if {"vis_means_sha256", "vis_vars_sha256"} <= set(runs.columns):
+        means, variances = runs["vis_means_sha256"], runs["vis_vars_sha256"]
+        note = note.where(means.isna(), note + ", statistics " + _short_sha(means) + " " + _short_sha(variances))
+    return labels.where(sha.isna(), labels + note + "]")
 
 
 def _short_sha(sha: pd.Series) -> pd.Series:
@@ -224,7 +230,7 @@ def _configuration_labels(runs: pd.DataFrame, candidates: list[str]) -> tuple[pd
     labels = per_value(runs["method"], registry.method_label)
     # distinct values of each setting per (backbone, method, dataset) and starting context (its rows are told apart
     # by `_with_context_note`), then the most any of them has
-    within = ["backbone", "method", "dataset", *(["context_sha256"] if "context_sha256" in runs.columns else [])]
+    within = ["backbone", "method", "dataset", *(c for c in schema.STARTING_POINT if c in runs.columns)]
     distinct = runs.groupby(within, dropna=False)[candidates].nunique(dropna=False)
     most = distinct.groupby(level=["backbone", "method"]).max()
     # a stream or batch size that differs anywhere is named on every row: rows of different protocols are not
@@ -640,7 +646,7 @@ def _best_of_notes(runs: pd.DataFrame) -> list[str]:
         return []
     fit = fit[fit["_fit"]]
     # runs from different starting contexts are rows apart (`_with_context_note`), not configurations to choose from
-    context = ["context_sha256"] if "context_sha256" in fit else []
+    context = [c for c in schema.STARTING_POINT if c in fit]
     counts = fit.groupby(["backbone", "method", "dataset", "_protocol", *context], sort=False,
                          dropna=not context)["group_id"].nunique()
     most = counts.groupby(level=["backbone", "method"], sort=False).max()

@@ -14,7 +14,8 @@ A run config is a dict:
     sweep, backbone, dataset, method: non-empty str;  seed: int          (required)
     pretrained: str | None; templates: str | None; num_templates: int | None; views: str | int | None
     weights_sha256, context_sha256: str, present only for a checkpoint file / a learned context (with `context`,
-                             its path), so every other run keeps its run_id
+                             its path), so every other run keeps its run_id; so too vis_means_sha256 and
+                             vis_vars_sha256 (with `vis_means`, `vis_vars`), PromptAlign's source statistics files
     batch_size: int >= 1, present only when it is not 1 (so every per-sample run keeps its run_id)
     realtime_k: int >= 1, present only on a realtime stream: the method adapts on every k-th sample
     hparams: {name: value}   every method hparam (defaults filled), one runs-table column each (typed by the
@@ -95,6 +96,9 @@ SAMPLE_REQUIRED = ("run_id", "sample_idx", "label", "pred", "correct")
 # What write_part fills when the method has no such notion (e.g. CLIP never gates).
 SAMPLE_DEFAULTS: dict[str, Any] = {"gated": False, "gated_prior": False, "selected": -1, "is_ood": False}
 PARTITION_KEYS = ("sweep", "backbone", "dataset", "method", "run_id")
+# What a run starts from beside the backbone (a learned context, PromptAlign's source statistics): runs of different
+# ones are rows apart in every table, never configurations of one row
+STARTING_POINT = ("context_sha256", "vis_means_sha256", "vis_vars_sha256")
 
 # ------------------------------------------------------------------------------------------------ runs
 IDENTITY_COLUMNS: tuple[Column, ...] = (
@@ -105,7 +109,12 @@ IDENTITY_COLUMNS: tuple[Column, ...] = (
                                                      "such as TeCoA's); null for a tag or random weights"),
     Column("context_sha256", pa.string(), "VARCHAR", "sha256 of the learned context file the run started from "
                                                      "(CoOp's for a prompt-tuning run, CoOp's or MaPLe's for a "
-                                                     "frozen-feature one); null: the hand-written prompt"),
+                                                     "frozen-feature one, MaPLe's for PromptAlign); null: the "
+                                                     "hand-written prompt"),
+    Column("vis_means_sha256", pa.string(), "VARCHAR", "sha256 of PromptAlign's source means file (vis_means) the "
+                                                       "run aligned with; null: none"),
+    Column("vis_vars_sha256", pa.string(), "VARCHAR", "sha256 of PromptAlign's source variances file (vis_vars) "
+                                                      "the run aligned with; null: none"),
     Column("dataset", pa.string(), "VARCHAR", "dataset or synthetic scenario name"),
     Column("method", pa.string(), "VARCHAR", "method name (a card of orchestrator.registry)"),
     Column("seed", pa.int64(), "BIGINT", "stream seed"),

@@ -47,7 +47,7 @@ def tuned_choice_sql(tune_ids: str, metric: str) -> str:
     (SQL expressions: a list of run ids and a metric's name), with that mean, its runs and the candidates."""
     return f"""
 WITH candidates AS (
-    SELECT method, backbone, pretrained, weights_sha256, context_sha256, dataset, stream, group_id,
+    SELECT method, backbone, pretrained, weights_sha256, context_sha256, vis_means_sha256, vis_vars_sha256, dataset, stream, group_id,
            avg({_value_sql(metric)}) AS tune_mean, count(*) AS tune_runs
     FROM accuracy
     WHERE status = 'finished' AND complete AND group_id IS NOT NULL AND run_id IN (SELECT unnest({tune_ids}))
@@ -59,7 +59,7 @@ FROM (
            count(*) OVER cell AS candidates
     FROM candidates
     -- a cell: one method on one backbone's weights from one starting point, one dataset and stream protocol
-    WINDOW cell AS (PARTITION BY method, backbone, pretrained, weights_sha256, context_sha256, dataset, stream)
+    WINDOW cell AS (PARTITION BY method, backbone, pretrained, weights_sha256, context_sha256, vis_means_sha256, vis_vars_sha256, dataset, stream)
 ) WHERE rk = 1"""
 
 

@@ -27,6 +27,7 @@ from orchestrator.sweep.cost import GPU_ENCODER_IMAGES_PER_S
 from orchestrator.sweep.spec import (
     OFFICIAL_BATCH,
     RANDOM_WEIGHTS,
+    STATISTICS_FIELDS,
     RealDataset,
     SweepSpec,
     SyntheticDataset,
@@ -347,6 +348,8 @@ def _method_issues(spec: SweepSpec) -> list[tuple[str, str]]:
             issues += _teacher_issues(i, entry.method, grid)
         if entry.context is not None:
             issues += _context_issues(spec, i, entry.method, entry.context)
+        if card.tunes_maple:
+            issues += _maple_tuning_issues(spec, i, entry, grid)
         if entry.shards is not None and entry.shards > 1:
             issues += _shard_issues(i, entry.method, grid)
         issues += _realtime_issues(spec, i, entry)
@@ -395,7 +398,7 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
 
     where = f"methods[{i}].context"
     card = method_card(method)
-    if card.image_encoder is not None:
+    if card.image_encoder is not None and not card.tunes_maple:
         return [(where, f"{method!r} adapts CLIP's image encoder at test time, which a learned context's prompts do "
                         f"not enter; expected no context (for fine-tuned weights give the backbone's checkpoint)")]
     maple = None
@@ -405,6 +408,9 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
             maple = load_maple(path) if source == MAPLE else None
         except ValueError as exc:
             return [(where, str(exc))]
+        if card.tunes_maple and maple is None:
+            return [(where, f"context file {path} is CoOp's; {method!r} tunes MaPLe's prompts in both towers, so it "
+                            f"starts from MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch>")]
         sets = method_templates(spec, method)
         if len(sets) > 1:  # each set would be a run of its own, all of the same numbers
             return [(where, f"a {source} context's prompts replace the class templates, so the spec's {len(sets)} "
@@ -424,6 +430,48 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
             path, backbone.model, int(text.get("width", 512)), int(text.get("context_length", 77)) - 2)
         if problem:
             return [(where, problem)]
+    return []
+
+
+def _maple_tuning_issues(spec: SweepSpec, i: int, entry: Any, grid: dict[str, list]) -> list[tuple[str, str]]:
+    """A method tuning MaPLe's prompts starts from a MaPLe context (`_context_issues` checks the file) and, where
+    any of its runs aligns (align_weight > 0), reads PromptAlign's source statistics of the shape each backbone's
+    vision tower gives (layers, 1 + patches + the file's n_ctx tokens, width)."""
+    import open_clip
+
+    from orchestrator.clip.context import load_maple, load_statistics
+
+    card = method_card(entry.method)
+    if entry.context is None:
+        return [(f"methods[{i}].context", f"{entry.method!r} tunes MaPLe's prompts in both towers from a MaPLe "
+                                          f"context; expected context: <MaPLe's MultiModalPromptLearner/"
+                                          f"model.pth.tar-<epoch>>")]
+    weights = grid.get("align_weight", [card.hparam("align_weight").default])
+    aligned = any(isinstance(w, (int, float)) and w > 0 for w in weights)
+    given = [name for name in STATISTICS_FIELDS if getattr(entry, name) is not None]
+    if not aligned:
+        return []
+    missing = [name for name in STATISTICS_FIELDS if name not in given]
+    if missing:
+        return [(f"methods[{i}].{missing[0]}", f"{entry.method!r} with align_weight > 0 aligns with PromptAlign's "
+                                               f"source statistics; expected {missing[0]}: <its "
+                                               f"ImgNetpre_{missing[0]}.pt> (or align_weight 0: MaPLe + TPT)")]
+    try:
+        n_ctx = load_maple(entry.context).n_ctx
+    except ValueError:
+        return []  # the context's own check names it
+    for backbone in spec.backbones:
+        cfg = open_clip.get_model_config(backbone.model.replace("/", "-"))
+        vision = (cfg or {}).get("vision_cfg", {})
+        if cfg is None or not isinstance(vision.get("layers", 12), int):
+            continue  # an unknown model or not a ViT: the backbone's and the context's checks name it
+        grid_side = int(vision.get("image_size", 224)) // int(vision.get("patch_size", 16))
+        shape = (int(vision["layers"]), 1 + grid_side ** 2 + n_ctx, int(vision.get("width", 768)))
+        try:
+            load_statistics(entry.vis_means, entry.vis_vars, shape)
+        except ValueError as exc:
+            field = "vis_vars" if str(exc).startswith("vis_vars") else "vis_means"
+            return [(f"methods[{i}].{field}", f"{exc} for {backbone.model}")]
     return []
 
 

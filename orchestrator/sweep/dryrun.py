@@ -125,7 +125,9 @@ def _image_encoder_lines(runs: list[Run]) -> list[str]:
     for method, batch, dataset in keys:
         k = None if dataset is None else _known_classes(dataset)
         at = f" on {k} classes" if k else ""
-        lines.append(f"  {method} at batch size {batch}{at}: {method_card(method).image_encoder.describe(batch, k)}")
+        card = method_card(method)
+        views = card.views.count if card.takes_views else 1
+        lines.append(f"  {method} at batch size {batch}{at}: {card.image_encoder.describe(batch, k, views)}")
     return lines
 
 

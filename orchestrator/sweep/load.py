@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from orchestrator.registry import load_plugins, method_names
 from orchestrator.sweep.checks import semantic_issues
-from orchestrator.sweep.spec import SweepSpec, current_spec_model, register_folder_datasets
+from orchestrator.sweep.spec import STATISTICS_FIELDS, SweepSpec, current_spec_model, register_folder_datasets
 
 
 class SpecError(ValueError):
@@ -137,7 +137,9 @@ def _absolute_paths(spec: SweepSpec, base: Path) -> SweepSpec:
                                       "auxiliary": [a.model_copy(update={"checkpoint": absolute(a.checkpoint)})
                                                     for a in b.auxiliary]})
                  for b in spec.backbones]
-    methods = [m.model_copy(update={"context": absolute(m.context)}) for m in spec.methods]
+    methods = [m.model_copy(update={"context": absolute(m.context), **{k: absolute(getattr(m, k))
+                                                                     for k in STATISTICS_FIELDS if hasattr(m, k)}})
+               for m in spec.methods]
     return spec.model_copy(update={"results_dir": absolute(spec.results_dir), "cache_dir": absolute(spec.cache_dir),
                                    "data_root": absolute(spec.data_root), "backbones": backbones, "methods": methods})
 

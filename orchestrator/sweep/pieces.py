@@ -510,18 +510,44 @@ class PromptTexts:
         self._made: dict[str | None, Any] = {}
 
     def for_run(self, config: RunConfig) -> Any:
-        from orchestrator.clip.context import load_context
+        from orchestrator.clip.maple import maple_prompt_text
         from orchestrator.clip.prompts import prompt_text
 
         path = config.get("context")
         if path not in self._made:
-            context = None if path is None else load_context(path)
-            if context is not None and context.sha256 != config.get("context_sha256"):
-                raise ValueError(f"context file {path} changed since the sweep was planned (sha256 "
-                                 f"{context.sha256[:16]}, planned {str(config.get('context_sha256'))[:16]}); expected "
-                                 f"the file the run's config names")
-            self._made[path] = prompt_text(self.backbone, self.class_names, context=context)
+            context = None if path is None else planned_context(config)
+            self._made[path] = (maple_prompt_text(self.backbone, self.class_names, context)
+                                if method_card(config.method).tunes_maple
+                                else prompt_text(self.backbone, self.class_names, context=context))
         return self._made[path]
+
+
+def planned_context(config: RunConfig) -> Any:
+    """The learned context a run's config names, as planned (a file changed since is refused): CoOp's context, or
+    MaPLe's prompts for a method tuning them."""
+    from orchestrator.clip.context import load_context, load_maple
+
+    path = config["context"]
+    context = load_maple(path) if method_card(config.method).tunes_maple else load_context(path)
+    if context.sha256 != config.get("context_sha256"):
+        raise ValueError(f"context file {path} changed since the sweep was planned (sha256 {context.sha256[:16]}, "
+                         f"planned {str(config.get('context_sha256'))[:16]}); expected the file the run's config names")
+    return context
+
+
+def planned_statistics(config: RunConfig) -> Any:
+    """PromptAlign's source statistics a run's config names, as planned (None where it names none)."""
+    from orchestrator.clip.context import load_statistics
+
+    if config.get("vis_means") is None:
+        return None
+    stats = load_statistics(config["vis_means"], config["vis_vars"])
+    for field, sha in zip(("vis_means", "vis_vars"), stats.sha256):
+        if sha != config.get(f"{field}_sha256"):
+            raise ValueError(f"{field} file {config[field]} changed since the sweep was planned (sha256 {sha[:16]}, "
+                             f"planned {str(config.get(f'{field}_sha256'))[:16]}); expected the file the run's config "
+                             f"names")
+    return stats
 
 
 def prompt_text_for(configs: list[RunConfig], source: DataSource, stream: Stream) -> PromptTexts | None:
@@ -551,7 +577,7 @@ def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, set
                 ) -> ImageSide | None:
     """The vision tower and the stream's images for the runs whose method adapts CLIP's image encoder (the source's
     backbone, loaded once per process, as `prompt_text_for` loads it), else None. Their images take the backbone's eval
-    transform (the 'single' view): the encoder methods here take one image a sample."""
+    transform (the 'single' view), or where the method takes views its source's (PromptAlign's crops)."""
     if all(method_card(c.method).image_encoder is None for c in configs):
         return None
     from orchestrator.clip.backbone import BackboneSpec, shared_backbone
@@ -560,7 +586,8 @@ def image_side(configs: list[RunConfig], source: DataSource, stream: Stream, set
 
     backbone = shared_backbone(BackboneSpec(source.model, source.weights, source.quick_gelu), trial_device(),
                                weights_dir=None, allow_download=False)
-    transform = ViewTransform(parse_views("single"), backbone.preprocess, backbone.resolved.preprocess)
+    # the views the source's cache entry holds, drawn alike (`spec.dataset_views`)
+    transform = ViewTransform(parse_views(source.views, source.seed), backbone.preprocess, backbone.resolved.preprocess)
     images = StreamImages(stream.image_ids, settings.data_root, transform, stream.class_embeddings.device)
     return ImageSide(backbone.model.visual, images)
 
@@ -570,6 +597,10 @@ def method_for(config: RunConfig, stream: Stream, text: PromptTexts | None, visi
     context where it runs one; the vision tower where it adapts the image encoder); on a realtime stream, adapting
     on every k-th sample only."""
     tower = vision.tower if vision is not None and method_card(config.method).image_encoder else None
+    if tower is not None and method_card(config.method).tunes_maple:
+        from orchestrator.methods.promptalign.method import AlignVision
+
+        tower = AlignVision(tower, planned_context(config), planned_statistics(config))
     method = make_method(config.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
                          batch_size=config.batch_size, text=None if text is None else text.for_run(config),
                          vision=tower, **method_hparams(config, len(stream)))

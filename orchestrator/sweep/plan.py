@@ -46,8 +46,9 @@ from orchestrator.registry.corruptions import continual_name
 from orchestrator.registry.views import parse_views
 from orchestrator.results.schema import RunConfig, batch_size_of, canonical_json, grid_run_ids, normalize_config
 from orchestrator.sweep import cost as costs
-from orchestrator.sweep.spec import (RANDOM_WEIGHTS, Backbone, RealDataset, SweepSpec, SyntheticDataset, dataset_name,
-                                     dataset_views, entry_datasets, method_grid, method_templates)
+from orchestrator.sweep.spec import (RANDOM_WEIGHTS, STATISTICS_FIELDS, Backbone, RealDataset, SweepSpec,
+                                     SyntheticDataset, dataset_name, dataset_views, entry_datasets, method_grid,
+                                     method_templates)
 
 SYNTHETIC_BACKBONE = "synthetic"
 
@@ -342,19 +343,28 @@ def _learned_context(path: str) -> tuple[str, str]:
 
 def _context_fields(entry: Any) -> dict[str, Any]:
     """Run-config keys of a method entry's learned context (none without one): the file, and its content's hash,
-    which the runs table carries so that tables never mix starting points."""
-    if entry.context is None:
-        return {}
-    return {"context": entry.context, "context_sha256": _learned_context(entry.context)[0]}
+    which the runs table carries so that tables never mix starting points; so too PromptAlign's source statistics
+    files (`<field>`, `<field>_sha256`)."""
+    from orchestrator.clip.backbone import file_sha256
+
+    fields = {} if entry.context is None else {"context": entry.context,
+                                               "context_sha256": _learned_context(entry.context)[0]}
+    for name in STATISTICS_FIELDS:
+        path = getattr(entry, name, None)
+        if path is not None:
+            fields.update({name: path, f"{name}_sha256": file_sha256(path)})
+    return fields
 
 
 def _with_context(entry: Any, source: DataSource) -> DataSource:
     """A frozen-feature method's context gives its class embeddings (CoOp's prompts) or prompts both encoders its
-    features come from (MaPLe's), so its runs read a source of their own; a prompt-tuning method's (CoOp's) is its
-    text side's starting point (`pieces.PromptTexts`), on the plain source."""
-    if entry.context is None or source.is_synthetic or method_card(entry.method).text_encoder is not None:
+    features come from (MaPLe's), so its runs read a source of their own; a method running the text tower itself
+    starts from it there (`pieces.PromptTexts`: a prompt-tuning method's CoOp context, PromptAlign's MaPLe prompts),
+    on the plain source."""
+    if entry.context is None or source.is_synthetic or method_card(entry.method).takes_text:
         return source
-    return replace(source, **_context_fields(entry), context_source=_learned_context(entry.context)[1])
+    return replace(source, context=entry.context, context_sha256=_learned_context(entry.context)[0],
+                   context_source=_learned_context(entry.context)[1])
 
 
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:

@@ -218,6 +218,11 @@ Dataset = Annotated[Union[Annotated[RealDataset, Tag("real")], Annotated[Synthet
                     Discriminator(_dataset_kind)]
 
 
+# PromptAlign's source statistics files on a method entry (its official TPT.VIS_MEANS and TPT.VIS_VARS:
+# `orchestrator.clip.context.load_statistics`); the run config records each path and its sha256 (`<field>_sha256`)
+STATISTICS_FIELDS = ("vis_means", "vis_vars")
+
+
 @cache
 def _method_model(name: str) -> type[BaseModel]:
     """A method entry: the method, optionally the datasets it runs on (default: all), and a grid per hparam
@@ -227,10 +232,13 @@ def _method_model(name: str) -> type[BaseModel]:
     # shards: split each run's stream into this many contiguous shards, each its own trial (order-free methods
     # only, checked in `checks`); not part of the run's config, so a sharded run keeps its run_id.
     # context: a learned context file a method starts from (`orchestrator.clip.context`): CoOp's for a prompt-tuning
-    # method, CoOp's or MaPLe's for a frozen-feature one
+    # method, CoOp's or MaPLe's for a frozen-feature one, MaPLe's for one tuning MaPLe's prompts (PromptAlign), whose
+    # entry also takes its source statistics files (STATISTICS_FIELDS)
+    use = method_card(name).image_encoder
+    statistics = {k: (StrictStr | None, None) for k in STATISTICS_FIELDS} if use and use.params == "prompts" else {}
     return create_model(f"MethodEntry_{name}", __base__=_Strict, method=(Literal[name], ...),
                         datasets=(only, None), batch_size=(BatchSizes | None, None),
-                        shards=(PositiveInt | None, None), context=(StrictStr | None, None), **fields)
+                        shards=(PositiveInt | None, None), context=(StrictStr | None, None), **statistics, **fields)
 
 
 def _method_entry_type(names: tuple[str, ...]) -> Any:
@@ -248,7 +256,8 @@ def _method_entry_type(names: tuple[str, ...]) -> Any:
 
 def method_grid(entry: BaseModel) -> dict[str, list[Any]]:
     """The hyperparameter axes a method entry gives (unset ones take the method's defaults)."""
-    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards", "context"}).items()
+    return {k: v for k, v in entry.model_dump(exclude={"method", "datasets", "batch_size", "shards", "context",
+                                                       *STATISTICS_FIELDS}).items()
             if v is not None}
 
 
@@ -370,10 +379,12 @@ def current_spec_model() -> type[SweepSpec]:
 def dataset_views(spec: SweepSpec, dataset: RealDataset | SyntheticDataset, method: str) -> str:
     """The views a method runs on for a dataset: the dataset's own setting, else the spec's, where 'protocol'
     means the method's official protocol on that dataset (its card: e.g. AugMix for BCA on ImageNet-A/-V2/-R/
-    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet). A method that adapts the image encoder
-    takes the single view whatever the spec says: it decodes each image with the backbone's eval transform itself,
-    and its source shares the single-view cache entry."""
-    if isinstance(dataset, SyntheticDataset) or method_card(method).image_encoder is not None:
+    -Sketch, crops for MTA everywhere, a single view for BCA on ImageNet). A method that adapts the image encoder on
+    one image a sample takes the single view whatever the spec says: it decodes each image with the backbone's eval
+    transform itself, and its source shares the single-view cache entry; one taking views (PromptAlign) decodes the
+    views its source names, the same pixels as that source's cache entry."""
+    card = method_card(method)
+    if isinstance(dataset, SyntheticDataset) or (card.image_encoder is not None and not card.takes_views):
         return "single"
     choice = dataset.views or spec.views
     return method_card(method).protocol_views(dataset.name).name if choice == METHOD_PROTOCOL else choice
