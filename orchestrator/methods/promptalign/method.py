@@ -39,8 +39,7 @@ import torch.nn.functional as F
 
 from orchestrator.methods.maple import image_features, prompted_text
 from orchestrator.methods.base import Method, StageTimer, Trace, empty_trace
-from orchestrator.methods.prompt import PromptText, check_prompt_text
-from orchestrator.methods.tpt.reference import avg_entropy
+from orchestrator.methods.prompt import avg_entropy, check_prompt_text
 
 
 _MAPLE = ("ctx", "proj_weight", "proj_bias", "text_deep", "vision_deep")  # MapleContext's prompts
