@@ -168,7 +168,10 @@ def load_context(path: str | os.PathLike) -> LearnedContext:
     """The generic context of a CoOp checkpoint, or a ValueError naming the file and what it holds instead (a
     MaPLe checkpoint, a class-specific context, no `ctx`)."""
     path = _existing(path)
-    state = _state_dict(path)
+    return _coop(path, _state_dict(path))
+
+
+def _coop(path: Path, state: dict[str, Any]) -> LearnedContext:
     maple = _maple_keys(state)
     if maple:
         raise ValueError(f"context file {path} is MaPLe's (it holds {', '.join(maple[:3])}"
@@ -195,7 +198,10 @@ def load_maple(path: str | os.PathLike) -> MapleContext:
     """MaPLe's prompts from its released checkpoint (module docstring), or a ValueError naming the file, the key and
     the shape expected."""
     path = _existing(path)
-    state = _state_dict(path)
+    return _maple(path, _state_dict(path))
+
+
+def _maple(path: Path, state: dict[str, Any]) -> MapleContext:
     if not _maple_keys(state):
         raise ValueError(f"context file {path} is not MaPLe's (no {MAPLE_PREFIX}proj.weight or compound prompts; "
                          f"keys: {sorted(state)[:8]}); expected MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch> "
@@ -230,8 +236,10 @@ def load_maple(path: str | os.PathLike) -> MapleContext:
 
 def load_learned(path: str | os.PathLike) -> LearnedContext | MapleContext:
     """A context file as its format gives it: CoOp's generic context or MaPLe's prompts (`load_context`,
-    `load_maple`)."""
-    return load_maple(path) if context_source(path) == MAPLE else load_context(path)
+    `load_maple`), its checkpoint read once."""
+    path = _existing(path)
+    state = _state_dict(path)
+    return _maple(path, state) if _maple_keys(state) else _coop(path, state)
 
 
 def image_prompts(context: LearnedContext | MapleContext | None) -> MapleContext | None:

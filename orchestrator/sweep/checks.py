@@ -393,7 +393,7 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
     backbone; none for a method adapting the image encoder."""
     import open_clip
 
-    from orchestrator.clip.context import MAPLE, context_issue, context_source, load_maple
+    from orchestrator.clip.context import MAPLE, context_issue, load_learned
     from orchestrator.clip.maple import fit_issue
 
     where = f"methods[{i}].context"
@@ -404,10 +404,11 @@ def _context_issues(spec: SweepSpec, i: int, method: str, path: str) -> list[tup
     maple = None
     if card.text_encoder is None:
         try:
-            source = context_source(path)
-            maple = load_maple(path) if source == MAPLE else None
+            context = load_learned(path)
         except ValueError as exc:
             return [(where, str(exc))]
+        source = context.source
+        maple = context if source == MAPLE else None
         if card.tunes_maple and maple is None:
             return [(where, f"context file {path} is CoOp's; {method!r} tunes MaPLe's prompts in both towers, so it "
                             f"starts from MaPLe's MultiModalPromptLearner/model.pth.tar-<epoch>")]

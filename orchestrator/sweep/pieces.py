@@ -508,6 +508,15 @@ class PromptTexts:
     def __init__(self, backbone: Any, class_names: list[str]) -> None:
         self.backbone, self.class_names = backbone, class_names
         self._made: dict[str | None, Any] = {}
+        self._contexts: dict[str | None, Any] = {}
+
+    def context_for(self, config: RunConfig) -> Any:
+        """The learned context a run's config names (`planned_context`; None: none), read once per file: a MaPLe
+        checkpoint holds all of CLIP, so a run's text and image sides share one read and one hash of it."""
+        path = config.get("context")
+        if path not in self._contexts:
+            self._contexts[path] = None if path is None else planned_context(config)
+        return self._contexts[path]
 
     def for_run(self, config: RunConfig) -> Any:
         from orchestrator.clip.maple import maple_prompt_text
@@ -515,7 +524,7 @@ class PromptTexts:
 
         path = config.get("context")
         if path not in self._made:
-            context = None if path is None else planned_context(config)
+            context = self.context_for(config)
             self._made[path] = (maple_prompt_text(self.backbone, self.class_names, context)
                                 if method_card(config.method).tunes_maple
                                 else prompt_text(self.backbone, self.class_names, context=context))
@@ -600,7 +609,7 @@ def method_for(config: RunConfig, stream: Stream, text: PromptTexts | None, visi
     if tower is not None and method_card(config.method).tunes_maple:
         from orchestrator.methods.promptalign.method import AlignVision
 
-        tower = AlignVision(tower, planned_context(config), planned_statistics(config))
+        tower = AlignVision(tower, text.context_for(config), planned_statistics(config))
     method = make_method(config.method, stream.class_embeddings, stream.class_ids, stream.num_classes,
                          batch_size=config.batch_size, text=None if text is None else text.for_run(config),
                          vision=tower, **method_hparams(config, len(stream)))

@@ -363,8 +363,8 @@ def _with_context(entry: Any, source: DataSource) -> DataSource:
     on the plain source."""
     if entry.context is None or source.is_synthetic or method_card(entry.method).takes_text:
         return source
-    return replace(source, context=entry.context, context_sha256=_learned_context(entry.context)[0],
-                   context_source=_learned_context(entry.context)[1])
+    sha256, kind = _learned_context(entry.context)
+    return replace(source, context=entry.context, context_sha256=sha256, context_source=kind)
 
 
 def _backbone_extras(backbone: Backbone) -> dict[str, Any]:
